@@ -1,0 +1,52 @@
+"""The environment contract between the launcher and every worker.
+
+The launcher sets these variables in each worker; the runtime (``PartialState``,
+``Accelerator``) reads only the environment, so the same code also runs under
+``torchrun`` or SLURM, where the torchrun-standard names are set by them.
+"""
+
+from __future__ import annotations
+
+# torchrun-standard names.
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+# Our own settings.
+MIXED_PRECISION = "NOTEBOOK_ACCEL_MIXED_PRECISION"  # "no" | "fp16" | "bf16"
+DEVICE_TYPE = "NOTEBOOK_ACCEL_DEVICE"  # "cpu" | "cuda" | "xla"
+LAUNCHED = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+DEVICE_TYPE_CHOICES = ("cpu", "cuda", "xla")
+
+
+def worker_environment(
+    *,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    local_world_size: int,
+    group_rank: int,
+    master_addr: str,
+    master_port: int,
+    mixed_precision: str,
+    device_type: str,
+) -> dict[str, str]:
+    """Return the variables one worker gets, as strings."""
+    return {
+        RANK: str(rank),
+        LOCAL_RANK: str(local_rank),
+        WORLD_SIZE: str(world_size),
+        LOCAL_WORLD_SIZE: str(local_world_size),
+        GROUP_RANK: str(group_rank),
+        MASTER_ADDR: master_addr,
+        MASTER_PORT: str(master_port),
+        MIXED_PRECISION: mixed_precision,
+        DEVICE_TYPE: device_type,
+        LAUNCHED: "1",
+    }
