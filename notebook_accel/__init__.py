@@ -1,0 +1,39 @@
+"""notebook_accel: distributed PyTorch training started from inside a notebook.
+
+Public names are imported lazily, so ``import notebook_accel`` stays cheap in the
+kernel and does not import torch until something needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "notebook_launcher": "notebook_accel.launch.launcher",
+    "WorkerError": "notebook_accel.launch.errors",
+    "PartialState": "notebook_accel.state",
+    "Accelerator": "notebook_accel.accelerator",
+    "set_seed": "notebook_accel.seeding",
+    "get_logger": "notebook_accel.logging_utils",
+    "LaunchConfig": "notebook_accel.config",
+    "load_config": "notebook_accel.config",
+    "save_config": "notebook_accel.config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'notebook_accel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,126 @@
+"""What this machine has, found without initialising CUDA or XLA in this process.
+
+Touching ``torch.cuda`` in the kernel would make every later ``fork`` unsafe, so
+GPUs are counted from the driver's ``/proc`` entries or ``nvidia-smi`` instead,
+honouring ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_NVIDIA_PROC = Path("/proc/driver/nvidia/gpus")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A summary of the accelerators and CPU cores this process may use."""
+
+    cpu_count: int
+    gpu_names: tuple[str, ...] = field(default_factory=tuple)
+    tpu: bool = False
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_names)
+
+    def summary(self) -> str:
+        """One human line, e.g. ``2 × NVIDIA H100, 32 CPU cores``."""
+        parts = []
+        if self.tpu:
+            parts.append("TPU")
+        if self.gpu_names:
+            names = sorted(set(self.gpu_names))
+            parts.append(", ".join(f"{self.gpu_names.count(n)} × {n}" for n in names))
+        parts.append(f"{self.cpu_count} CPU cores")
+        return ", ".join(parts)
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _gpu_names_from_proc() -> list[str]:
+    names = []
+    if _NVIDIA_PROC.is_dir():
+        for entry in sorted(_NVIDIA_PROC.iterdir()):
+            model = "NVIDIA GPU"
+            info = entry / "information"
+            try:
+                for line in info.read_text().splitlines():
+                    if line.startswith("Model:"):
+                        model = line.split(":", 1)[1].strip()
+            except OSError:
+                pass
+            names.append(model)
+    return names
+
+
+def _gpu_names_from_smi() -> list[str]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _apply_visible_devices(names: list[str], visible: str | None) -> list[str]:
+    """Keep the GPUs ``CUDA_VISIBLE_DEVICES`` lets this process see."""
+    if visible is None:
+        return names
+    visible = visible.strip()
+    if visible in ("", "-1", "NoDevFiles"):
+        return []
+    kept = []
+    for item in visible.split(","):
+        item = item.strip()
+        if item.isdigit() and int(item) < len(names):
+            kept.append(names[int(item)])
+        elif item.startswith(("GPU-", "MIG-")) and names:
+            kept.append(names[0])  # UUIDs: we cannot map them without NVML; count them
+        else:
+            break  # CUDA stops at the first invalid entry
+    return kept
+
+
+def gpu_names() -> list[str]:
+    """Names of the NVIDIA GPUs visible to this process, without initialising CUDA."""
+    import torch
+
+    if torch.version.cuda is None:  # a CPU (or ROCm) build cannot use NVIDIA GPUs
+        return []
+    names = _gpu_names_from_proc() or _gpu_names_from_smi()
+    return _apply_visible_devices(names, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def tpu_present() -> bool:
+    """True on a TPU runtime (Colab, Kaggle, Cloud TPU VM or ``PJRT_DEVICE=TPU``)."""
+    if os.environ.get("PJRT_DEVICE", "").upper() == "TPU":
+        return True
+    if os.environ.get("COLAB_TPU_ADDR") or os.environ.get("TPU_NAME"):
+        return True
+    if os.environ.get("KAGGLE_TPU") or os.environ.get("TPU_ACCELERATOR_TYPE"):
+        return True
+    return any(Path("/dev").glob("accel*")) or Path("/dev/vfio").is_dir() and any(
+        p.name.isdigit() for p in Path("/dev/vfio").iterdir()
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> Hardware:
+    """Detect the hardware once per process (cached)."""
+    return Hardware(cpu_count=_cpu_count(), gpu_names=tuple(gpu_names()), tpu=tpu_present())
