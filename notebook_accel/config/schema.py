@@ -1,0 +1,153 @@
+"""``LaunchConfig``: the keys and values of Accelerate's ``default_config.yaml``, validated."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
+MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+DEVICE_TYPES = ("cpu", "cuda", "xla")
+_DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect)
+    "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "TPU": "xla",
+    "DEEPSPEED": None, "FSDP": None, "MEGATRON_LM": None,
+}
+UNSUPPORTED_DISTRIBUTED_TYPES = ("MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU",
+                        "MULTI_HPU", "MULTI_NEURON")
+DISTRIBUTED_TYPES = (*_DEVICE_OF, *UNSUPPORTED_DISTRIBUTED_TYPES)
+
+
+class KeyValueError(ValueError):
+    """A bad value for one key (``.key``); :func:`~notebook_accel.config.load_config` adds
+    the file and line."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def choice(key: str, value: Any, valid: tuple[str, ...], fold: Callable[[str], str]) -> str:
+    if isinstance(value, str) and fold(value) in valid:
+        return fold(value)
+    valid_text = ", ".join(repr(v) for v in valid)
+    raise KeyValueError(key, f"invalid value {value!r} for {key!r}; valid values: {valid_text}")
+
+
+def check_int(key: str, value: Any, low: int, high: int | None = None, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= low and (
+            high is None or value <= high):
+        return value
+    valid = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+    valid += " or null" if optional else ""
+    raise KeyValueError(key, f"invalid value {value!r} for {key!r}; valid values: {valid}")
+
+
+def _gpu_ids(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value).replace(" ", "") if isinstance(value, (str, int)) else ""
+    if not isinstance(value, bool) and (text == "all" or (
+            text and all(part.isdigit() for part in text.split(",")))):
+        return text
+    raise KeyValueError("gpu_ids", f"invalid value {value!r} for 'gpu_ids'; valid values: "
+                        "'all', a comma-separated list of GPU indices such as '0,1', or null")
+
+
+@dataclass
+class LaunchConfig:
+    """How to launch the workers, with the keys of Accelerate's ``default_config.yaml``.
+
+    ``None`` means "not set": the launcher detects it. ``distributed_type`` and
+    ``use_cpu`` are the peer's way to name the device; :attr:`device_type` is ours.
+    ``start_method`` is our own key (``auto``, ``fork``, ``forkserver``, ``spawn``).
+    ``extra`` holds keys of the file we do not use; they are written back on save.
+    Bad values raise :class:`ValueError` naming the key and the valid values.
+
+    Example::
+
+        cfg = LaunchConfig(num_processes=2, mixed_precision="bf16").with_device("cuda")
+    """
+
+    compute_environment: str = "LOCAL_MACHINE"
+    distributed_type: str = "NO"
+    num_processes: int | None = None
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    gpu_ids: str | None = None
+    mixed_precision: str = "no"
+    use_cpu: bool = False
+    start_method: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)
+    source: Path | None = field(default=None, compare=False)  # the file it was read from
+
+    def __post_init__(self) -> None:
+        self.compute_environment = choice(
+            "compute_environment", self.compute_environment, COMPUTE_ENVIRONMENTS, str.upper)
+        self.distributed_type = choice(
+            "distributed_type", self.distributed_type, DISTRIBUTED_TYPES, str.upper)
+        if self.num_processes == -1:  # the peer's "not set"
+            self.num_processes = None
+        self.num_processes = check_int("num_processes", self.num_processes, 1, optional=True)
+        self.num_machines = check_int("num_machines", self.num_machines, 1)
+        self.machine_rank = check_int("machine_rank", self.machine_rank, 0, self.num_machines - 1)
+        if self.main_process_ip is not None and not isinstance(self.main_process_ip, str):
+            raise KeyValueError("main_process_ip", f"invalid value {self.main_process_ip!r} "
+                                "for 'main_process_ip'; valid values: a host name or IP address, "
+                                "or null")
+        self.main_process_port = check_int(
+            "main_process_port", self.main_process_port, 1, 65535, optional=True)
+        self.gpu_ids = _gpu_ids(self.gpu_ids)
+        if self.mixed_precision in (None, False):  # YAML 1.1 reads a bare `no` as false
+            self.mixed_precision = "no"
+        self.mixed_precision = choice(
+            "mixed_precision", self.mixed_precision, MIXED_PRECISIONS, str.lower)
+        if not isinstance(self.use_cpu, bool):
+            raise KeyValueError(
+                "use_cpu", f"invalid value {self.use_cpu!r} for 'use_cpu'; valid values: true, false")
+        self.start_method = choice("start_method", self.start_method, START_METHODS, str.lower)
+
+    @property
+    def device_type(self) -> str | None:
+        """``"cpu"``, ``"cuda"``, ``"xla"``, or ``None`` (auto-detect), from the peer's keys."""
+        return "cpu" if self.use_cpu else _DEVICE_OF.get(self.distributed_type)
+
+    def with_device(self, device: str | None) -> LaunchConfig:
+        """A copy whose ``distributed_type``/``use_cpu`` say ``device`` (None: auto).
+
+        Call it after setting ``num_processes``: as in the peer's format, one process
+        on ``cuda`` is written ``distributed_type: NO`` and reads back as auto-detect.
+        """
+        if device is not None:
+            device = choice("device", device, DEVICE_TYPES, str.lower)
+        many = (self.num_processes or 1) > 1 or self.num_machines > 1
+        kind = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU"}.get(device or "", "NO") if many else "NO"
+        return dataclasses.replace(self, distributed_type="XLA" if device == "xla" else kind,
+                                   use_cpu=device == "cpu", extra=dict(self.extra))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's content: our keys (unset ones and ``start_method: auto`` left out,
+        so the peer can read the file too) merged with :attr:`extra`, sorted by key."""
+        data = dict(self.extra)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("extra", "source") and value is not None:
+                data[f.name] = value
+        if data.get("start_method") == "auto":
+            del data["start_method"]
+        return dict(sorted(data.items()))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: Path | None = None) -> LaunchConfig:
+        """Build from a file's mapping; keys that are not fields go to :attr:`extra`."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "source"}
+        known = {k: v for k, v in data.items() if k in names}
+        extra = {k: v for k, v in data.items() if k not in names}
+        return cls(**known, extra=extra, source=source)
