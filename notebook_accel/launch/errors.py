@@ -1,0 +1,58 @@
+"""The exception raised in the kernel when a worker fails."""
+
+from __future__ import annotations
+
+
+class WorkerError(RuntimeError):
+    """A worker failed: it raised, exited without a result, was killed, or timed out.
+
+    Attributes:
+        rank: the global rank of the root-cause worker.
+        exitcode: its exit status (negative: killed by that signal), or None if it
+            was still running (a timeout) or was stopped by us.
+        remote_traceback: the worker's own traceback text (or its stack dump on a
+            timeout); empty when the worker died without one (e.g. SIGKILL).
+        other_failures: one short line per other rank that failed as a consequence.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        exitcode: int | None = None,
+        remote_traceback: str = "",
+        other_failures: list[str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.remote_traceback = remote_traceback
+        self.other_failures = list(other_failures or [])
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.remote_traceback:
+            text += "\n\n" + self.remote_traceback.rstrip()
+        if self.other_failures:
+            text += "\n\nOther ranks:\n" + "\n".join(f"  {line}" for line in self.other_failures)
+        return text
+
+    def __reduce__(self):
+        return (_rebuild, (self.args[0], self.rank, self.exitcode, self.remote_traceback,
+                           self.other_failures))
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython hook: show the worker's own frames, not the launcher's internals."""
+        red, reset = "\x1b[31m", "\x1b[0m"
+        lines = [f"{red}WorkerError{reset}: [rank {self.rank}] {self.args[0]}"]
+        if self.remote_traceback:
+            lines += ["", *self.remote_traceback.rstrip().splitlines()]
+        if self.other_failures:
+            lines += ["", "Other ranks:", *(f"  {line}" for line in self.other_failures)]
+        return lines
+
+
+def _rebuild(message, rank, exitcode, remote_traceback, other_failures):
+    return WorkerError(message, rank=rank, exitcode=exitcode, remote_traceback=remote_traceback,
+                       other_failures=other_failures)

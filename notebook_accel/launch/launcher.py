@@ -1,0 +1,144 @@
+"""``notebook_launcher``: run a notebook function on N workers and get its result back."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.output import OutputRelay
+from notebook_accel.launch.payload import serialise_payload
+from notebook_accel.launch.plan import LaunchPlan, make_plan
+from notebook_accel.launch.processes import close_worker_fds, kill_workers, start_workers
+from notebook_accel.launch.supervisor import Supervisor
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple | list = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: int | str | None = None,
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    max_restarts: int = 0,
+    *,
+    kwargs: dict | None = None,
+    start_method: str = "auto",
+    timeout: float | None = None,
+    return_all: bool = False,
+    output: str = "all",
+    device: str | None = None,
+) -> Any:
+    """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
+
+    Each worker gets the torchrun-standard environment (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``...) and our settings, so ``Accelerator()`` inside ``function``
+    joins the job. Worker output appears live in the cell, prefixed ``[rank N] ``.
+
+    Args:
+        function: any callable; functions and classes defined in the notebook
+            travel by value (cloudpickle).
+        args, kwargs: its arguments; each must be picklable.
+        num_processes: workers on this machine; default: one per visible GPU, or
+            one per CPU core (at most 8) without a GPU.
+        mixed_precision: "no", "fp16" or "bf16"; read by ``Accelerator()``.
+        use_port: rendezvous port; default: a free one, picked per launch.
+        master_addr, node_rank, num_nodes: multi-machine jobs (same call on each node).
+        rdzv_backend, rdzv_endpoint: only the static rendezvous is supported.
+        max_restarts: relaunch the whole job up to this many times after a failure.
+        start_method: "auto" (fork when safe, else a warm forkserver), "fork",
+            "forkserver" or "spawn".
+        timeout: seconds after which a still-running job is stopped (WorkerError).
+        return_all: return every local rank's value (a list in rank order)
+            instead of rank 0's.
+        output: "all" ranks' output, only the "main" process's, or "none".
+        device: "cpu" or "cuda"; default: CUDA when a GPU is visible.
+
+    Returns:
+        Rank 0's return value (tensors moved to the CPU), or the list of all
+        ranks' values with ``return_all=True``.
+
+    Raises:
+        TypeError, ValueError: bad input, before any worker starts.
+        WorkerError: a worker failed; names the root-cause rank with its traceback.
+        KeyboardInterrupt: interrupted; every worker was stopped.
+
+    Example:
+        >>> def train(lr):
+        ...     from notebook_accel import Accelerator
+        ...     accelerator = Accelerator()
+        ...     return accelerator.process_index
+        >>> notebook_launcher(train, (0.1,), num_processes=2)  # doctest: +SKIP
+        0
+    """
+    if not callable(function):
+        raise TypeError(f"function={function!r} is not callable; pass the function to run")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple or list, not {type(args).__name__}: {args!r}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict or None, not {type(kwargs).__name__}")
+    if rdzv_backend != "static" or rdzv_endpoint:
+        raise ValueError(
+            f"rdzv_backend={rdzv_backend!r} / rdzv_endpoint={rdzv_endpoint!r}: only the static "
+            "rendezvous is supported; give master_addr and use_port (the same on every node)"
+        )
+    plan = make_plan(
+        num_processes=num_processes, mixed_precision=mixed_precision, use_port=use_port,
+        master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
+        start_method=start_method, timeout=timeout, output=output, return_all=return_all,
+        max_restarts=max_restarts, device=device,
+    )
+    payload = serialise_payload(function, tuple(args), dict(kwargs or {}))
+    if plan.start.reason:
+        print(f"[notebook_accel] start method: {plan.start.method} ({plan.start.reason})",
+              flush=True)
+    for attempt in range(plan.max_restarts + 1):
+        try:
+            return _launch_once(plan, payload)
+        except WorkerError as error:
+            if attempt == plan.max_restarts:
+                raise
+            print(f"[notebook_accel] {error.args[0]}; restarting "
+                  f"({attempt + 1}/{plan.max_restarts})", file=sys.stderr, flush=True)
+            if plan.port is not None and use_port is None:
+                plan = _with_new_port(plan)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _with_new_port(plan: LaunchPlan) -> LaunchPlan:
+    from dataclasses import replace
+
+    from notebook_accel.launch.ports import free_port
+
+    return replace(plan, port=free_port(plan.master_addr))
+
+
+def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
+    relay = OutputRelay(show=plan.output)
+    workers, alive_fd = start_workers(plan, payload)
+    try:
+        Supervisor(workers, relay, plan.timeout).run()
+        results = []
+        for worker in workers:
+            if worker.result is None:
+                results.append(None)
+                continue
+            try:
+                results.append(pickle.loads(worker.result))
+            except Exception as exc:
+                raise WorkerError(
+                    f"rank {worker.rank} returned a value the kernel cannot load: "
+                    f"{type(exc).__name__}: {exc}", rank=worker.rank, exitcode=0,
+                ) from None
+    finally:
+        kill_workers(workers)
+        close_worker_fds(workers)
+        os.close(alive_fd)
+    return results if plan.return_all else results[0]

@@ -1,0 +1,130 @@
+"""Relay worker output into the launching cell, one ``[rank N] `` prefixed line at a time.
+
+Lines of one rank stay in order. Carriage-return progress lines (tqdm) collapse to
+their latest state: the final state is printed when the line ends, and a snapshot
+at most every ``snapshot_every`` seconds while it is still moving.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import sys
+import time
+from typing import TextIO
+
+OUTPUT_CHOICES = ("all", "main", "none")
+_TAIL_LINES = 200
+
+
+class _Stream:
+    """One rank's stdout or stderr: an incremental decoder and the unfinished line."""
+
+    def __init__(self) -> None:
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.partial = ""
+        self.snapshot_at = time.monotonic()
+        self.snapshot_text = ""
+        self.tail: collections.deque[tuple[int, str]] = collections.deque(maxlen=_TAIL_LINES)
+        self.count = 0
+
+    def add_line(self, text: str) -> None:
+        self.tail.append((self.count, text))
+        self.count += 1
+
+
+def _latest(segment: str) -> str:
+    """The visible text of a line that may contain carriage returns."""
+    pieces = [piece for piece in segment.split("\r") if piece]
+    return pieces[-1] if pieces else ""
+
+
+class OutputRelay:
+    """Prefixes, orders and forwards worker output; remembers each rank's last lines.
+
+    Args:
+        show: "all" relays every rank, "main" only rank 0, "none" nothing (the
+            tails are still kept, so failures can show what a rank printed).
+        stdout, stderr: where relayed lines go (the cell's streams by default).
+        snapshot_every: seconds between snapshots of a moving progress line.
+    """
+
+    def __init__(
+        self,
+        show: str = "all",
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        snapshot_every: float = 5.0,
+    ) -> None:
+        self.show = show
+        self._targets = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
+        self._streams: dict[tuple[int, str], _Stream] = {}
+        self._pending: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.snapshot_every = snapshot_every
+
+    def _stream(self, rank: int, name: str) -> _Stream:
+        key = (rank, name)
+        if key not in self._streams:
+            self._streams[key] = _Stream()
+        return self._streams[key]
+
+    def _visible(self, rank: int) -> bool:
+        return self.show == "all" or (self.show == "main" and rank == 0)
+
+    def _emit(self, rank: int, name: str, text: str) -> None:
+        self._stream(rank, name).add_line(text)
+        if self._visible(rank):
+            self._pending[name].append(f"[rank {rank}] {text}\n")
+
+    def feed(self, rank: int, name: str, data: bytes) -> None:
+        """Take raw bytes read from ``rank``'s ``name`` ("stdout"/"stderr") pipe."""
+        stream = self._stream(rank, name)
+        text = stream.partial + stream.decoder.decode(data)
+        *lines, stream.partial = text.split("\n")
+        for line in lines:
+            self._emit(rank, name, _latest(line))
+        if "\r" in stream.partial:
+            stream.partial = "\r" + _latest(stream.partial)  # keep one state, not thousands
+
+    def tick(self, now: float | None = None) -> None:
+        """Print a snapshot of progress lines that have moved for a while."""
+        now = time.monotonic() if now is None else now
+        for (rank, name), stream in self._streams.items():
+            current = _latest(stream.partial)
+            if (
+                current
+                and current != stream.snapshot_text
+                and now - stream.snapshot_at >= self.snapshot_every
+            ):
+                stream.snapshot_at, stream.snapshot_text = now, current
+                if self._visible(rank):
+                    self._pending[name].append(f"[rank {rank}] {current}\n")
+
+    def finish(self, rank: int) -> None:
+        """Flush the unfinished last line of ``rank`` (its process has ended)."""
+        for name in ("stdout", "stderr"):
+            stream = self._streams.get((rank, name))
+            if stream is None:
+                continue
+            rest = stream.partial + stream.decoder.decode(b"", final=True)
+            stream.partial = ""
+            if _latest(rest):
+                self._emit(rank, name, _latest(rest))
+
+    def flush(self) -> None:
+        """Write what was gathered since the last flush to the cell."""
+        for name, lines in self._pending.items():
+            if lines:
+                target = self._targets[name]
+                target.write("".join(lines))
+                target.flush()
+                lines.clear()
+
+    def line_count(self, rank: int, name: str = "stderr") -> int:
+        """How many lines ``rank`` has written to ``name`` so far."""
+        return self._stream(rank, name).count
+
+    def tail(self, rank: int, name: str = "stderr", since: int = 0, limit: int = 60) -> str:
+        """The last lines of ``rank``'s ``name`` stream (numbered ``since`` or later)."""
+        lines = [text for index, text in self._stream(rank, name).tail if index >= since]
+        return "\n".join(lines[-limit:])

@@ -1,0 +1,181 @@
+"""What travels between the kernel and the workers: the payload in, results out.
+
+The function, its args and kwargs are serialised with cloudpickle, so functions and
+classes defined in the notebook travel by value. When something cannot be
+serialised we find *where* it is (``args[0].lock``) and say so before any worker
+starts.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import linecache
+import os
+import pickle
+import sys
+import types
+from typing import Any
+
+import cloudpickle
+
+_MAX_DEPTH = 12
+_MAX_SOURCE_BYTES = 4 << 20
+
+
+def serialise_payload(function: Any, args: tuple, kwargs: dict) -> bytes:
+    """Serialise ``(function, args, kwargs)`` plus the notebook cell sources.
+
+    Raises:
+        TypeError: a value cannot be serialised; the message names its path.
+    """
+    try:
+        return _dumps((function, tuple(args), dict(kwargs), _cell_sources()))
+    except Exception as exc:  # cloudpickle raises TypeError, PicklingError, AttributeError...
+        where, error = _locate_failure(function, args, kwargs) or ("the payload", exc)
+        raise TypeError(
+            f"cannot send {where} to the workers: {type(error).__name__}: {error}. "
+            "Create it inside the function instead, or pass something that can be pickled."
+        ) from None
+
+
+def _code_reduce_keeping_filename(code: types.CodeType):
+    """cloudpickle renames every shipped code object's file to ``<dynamic-code>``;
+    keep the real name so worker tracebacks point into the notebook cell."""
+    constructor, args = _cloudpickle_code_reduce(code)
+    args = tuple(code.co_filename if arg == "<dynamic-code>" else arg for arg in args)
+    return constructor, args
+
+
+_cloudpickle_code_reduce = cloudpickle.cloudpickle._code_reduce
+
+
+class _PayloadPickler(cloudpickle.CloudPickler):
+    dispatch_table = collections.ChainMap(
+        {types.CodeType: _code_reduce_keeping_filename}, cloudpickle.CloudPickler.dispatch_table
+    )
+
+
+def _dumps(obj: Any, pickler_class: type = None) -> bytes:
+    buffer = io.BytesIO()
+    (pickler_class or _PayloadPickler)(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def load_payload(data: bytes) -> tuple[Any, tuple, dict]:
+    """Inverse of :func:`serialise_payload`; registers the shipped cell sources."""
+    function, args, kwargs, sources = pickle.loads(data)
+    for filename, entry in sources.items():
+        linecache.cache.setdefault(filename, entry)
+    return function, args, kwargs
+
+
+def _cell_sources() -> dict[str, tuple]:
+    """linecache entries of notebook cells (they exist in memory only), for tracebacks."""
+    sources, total = {}, 0
+    for filename, entry in list(linecache.cache.items()):
+        if len(entry) != 4 or entry[1] is not None or os.path.exists(filename):
+            continue  # a real file: the worker reads it itself
+        size = sum(len(line) for line in entry[2])
+        if total + size > _MAX_SOURCE_BYTES:
+            break
+        sources[filename], total = entry, total + size
+    return sources
+
+
+def _picklable(obj: Any) -> Exception | None:
+    try:
+        _dumps(obj)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _children(obj: Any, path: str):
+    """(path, value) pairs of the parts of ``obj`` that cloudpickle serialises."""
+    if isinstance(obj, types.FunctionType):
+        code = obj.__code__
+        for name, cell in zip(code.co_freevars, obj.__closure__ or ()):
+            try:
+                yield f"{path} (closure variable {name!r})", cell.cell_contents
+            except ValueError:  # empty cell
+                continue
+        for name in _global_names(code):
+            if name in obj.__globals__:
+                yield f"{path} (global {name!r})", obj.__globals__[name]
+        for i, value in enumerate(obj.__defaults__ or ()):
+            yield f"{path} (default {i})", value
+        for name, value in (obj.__kwdefaults__ or {}).items():
+            yield f"{path} (default {name!r})", value
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"{path}[{key!r}]", value
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for i, value in enumerate(obj):
+            yield f"{path}[{i}]", value
+    else:
+        state = getattr(obj, "__dict__", None)
+        if isinstance(state, dict):
+            for key, value in state.items():
+                yield f"{path}.{key}", value
+        for cls in type(obj).__mro__:
+            for key in getattr(cls, "__slots__", ()):
+                if isinstance(key, str) and hasattr(obj, key):
+                    yield f"{path}.{key}", getattr(obj, key)
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _locate(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[str, Exception] | None:
+    error = _picklable(obj)
+    if error is None:
+        return None
+    if depth < _MAX_DEPTH and id(obj) not in seen and not isinstance(obj, types.ModuleType):
+        seen.add(id(obj))
+        for child_path, child in _children(obj, path):
+            found = _locate(child, child_path, depth + 1, seen)
+            if found is not None:
+                return found
+    return path, error
+
+
+def _locate_failure(function: Any, args: tuple, kwargs: dict) -> tuple[str, Exception] | None:
+    seen: set[int] = set()
+    name = getattr(function, "__name__", "function")
+    roots = [(f"function {name!r}", function)]
+    roots += [(f"args[{i}]", value) for i, value in enumerate(args)]
+    roots += [(f"kwargs[{key!r}]", value) for key, value in kwargs.items()]
+    for path, value in roots:
+        found = _locate(value, path, 0, seen)
+        if found is not None:
+            return found
+    return None
+
+
+class _ResultPickler(_PayloadPickler):
+    """Moves tensors to the CPU and unwraps DDP models on the way out of a worker."""
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+                return obj.detach().cpu().__reduce_ex__(self.proto)
+            ddp = torch.nn.parallel.DistributedDataParallel
+            if isinstance(obj, ddp):
+                return _identity, (obj.module,)
+        return super().reducer_override(obj)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def dumps_result(value: Any) -> bytes:
+    """Serialise a worker's return value for the kernel (tensors on CPU)."""
+    return _dumps(value, _ResultPickler)

@@ -1,0 +1,146 @@
+"""Check every launch option up front and turn them into one plan.
+
+All bad input is refused here, before any worker starts, with a message naming
+the value and the valid choices.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from dataclasses import dataclass
+
+from notebook_accel import hardware
+from notebook_accel.launch.environment import MIXED_PRECISION_CHOICES
+from notebook_accel.launch.output import OUTPUT_CHOICES
+from notebook_accel.launch.ports import check_port_free, free_port, parse_port
+from notebook_accel.launch.start_method import StartChoice, choose_start_method
+
+DEVICE_CHOICES = ("cpu", "cuda")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_MAX_DEFAULT_CPU_PROCESSES = 8
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything the supervisor needs to start and watch one job."""
+
+    num_processes: int  # on this node
+    num_nodes: int
+    node_rank: int
+    device_type: str
+    mixed_precision: str
+    start: StartChoice
+    master_addr: str
+    port: int
+    timeout: float | None
+    output: str
+    return_all: bool
+    max_restarts: int
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes * self.num_nodes
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.num_processes + local_rank
+
+    def threads_per_worker(self) -> int | None:
+        """Intra-op threads per worker, so N workers do not oversubscribe the cores."""
+        if os.environ.get("OMP_NUM_THREADS"):
+            return None  # the user decided
+        return max(1, hardware.detect().cpu_count // self.num_processes)
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}={value!r} must be an int >= {minimum}")
+    if value < minimum:
+        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
+    return int(value)
+
+
+def _device_type(device: str | None, gpus: int) -> str:
+    if device is not None and device not in DEVICE_CHOICES:
+        raise ValueError(f"device={device!r} is not one of {', '.join(map(repr, DEVICE_CHOICES))}")
+    if device == "cuda" and gpus == 0:
+        raise ValueError("device='cuda' but no NVIDIA GPU is visible to this kernel")
+    if device is not None:
+        return device
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return "cpu"
+    return "cuda" if gpus else "cpu"
+
+
+def _num_processes(value: object, device_type: str, hw: hardware.Hardware) -> int:
+    if value is None:
+        if device_type == "cuda":
+            return hw.gpu_count
+        return max(1, min(hw.cpu_count, _MAX_DEFAULT_CPU_PROCESSES))
+    count = _check_int("num_processes", value, 1)
+    if device_type == "cuda" and count > hw.gpu_count:
+        raise ValueError(
+            f"num_processes={count} but only {hw.gpu_count} GPU(s) are visible "
+            f"({hw.summary()}); use num_processes <= {hw.gpu_count}, or device='cpu'"
+        )
+    return count
+
+
+def make_plan(
+    *,
+    num_processes: object,
+    mixed_precision: str | None,
+    use_port: int | str | None,
+    master_addr: str,
+    node_rank: object,
+    num_nodes: object,
+    start_method: str,
+    timeout: float | None,
+    output: str,
+    return_all: bool,
+    max_restarts: object,
+    device: str | None,
+) -> LaunchPlan:
+    """Validate the options of :func:`notebook_launcher` and build the plan.
+
+    Raises:
+        TypeError, ValueError: a bad option, named with its valid values.
+    """
+    mixed_precision = "no" if mixed_precision is None else str(mixed_precision).lower()
+    if mixed_precision not in MIXED_PRECISION_CHOICES:
+        raise ValueError(
+            f"mixed_precision={mixed_precision!r} is not one of "
+            f"{', '.join(map(repr, MIXED_PRECISION_CHOICES))}"
+        )
+    if output not in OUTPUT_CHOICES:
+        raise ValueError(f"output={output!r} is not one of {', '.join(map(repr, OUTPUT_CHOICES))}")
+    num_nodes = _check_int("num_nodes", num_nodes, 1)
+    node_rank = _check_int("node_rank", node_rank, 0)
+    if node_rank >= num_nodes:
+        raise ValueError(f"node_rank={node_rank} must be < num_nodes={num_nodes} (0..{num_nodes - 1})")
+    max_restarts = _check_int("max_restarts", max_restarts, 0)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0:
+            raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
+        timeout = float(timeout)
+    hw = hardware.detect()
+    device_type = _device_type(device, hw.gpu_count)
+    count = _num_processes(num_processes, device_type, hw)
+    start = choose_start_method(start_method)
+
+    if num_nodes > 1:
+        if master_addr in _LOOPBACK:
+            raise ValueError(
+                f"num_nodes={num_nodes} needs master_addr set to the main node's address that "
+                f"every node can reach, not {master_addr!r}"
+            )
+        if use_port is None:
+            raise ValueError(f"num_nodes={num_nodes} needs use_port: every node must use the same port")
+    port = free_port(master_addr) if use_port is None else parse_port(use_port)
+    if use_port is not None and node_rank == 0:
+        check_port_free(master_addr, port)
+    return LaunchPlan(
+        num_processes=count, num_nodes=num_nodes, node_rank=node_rank, device_type=device_type,
+        mixed_precision=mixed_precision, start=start, master_addr=master_addr, port=port,
+        timeout=timeout, output=output, return_all=bool(return_all), max_restarts=max_restarts,
+    )

@@ -1,0 +1,106 @@
+"""Choose how workers are started: fork when it is safe, a warm forkserver when not.
+
+``fork`` copies the kernel (cheap) but a forked child cannot use CUDA or XLA once
+the parent initialised them. Driver-level initialisation (a library calling
+``cuInit`` directly) is invisible to ``torch.cuda.is_initialized()``, so we also
+look at what this process has mapped and opened.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from dataclasses import dataclass
+
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+
+# Modules the forkserver imports once, so workers forked from it start warm.
+FORKSERVER_PRELOAD = ["notebook_accel.launch.warm"]
+
+
+@dataclass(frozen=True)
+class StartChoice:
+    method: str  # "fork" | "forkserver" | "spawn"
+    reason: str  # why, when it is not what the user might expect; "" otherwise
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _open_device_files(fd_dir: str = "/proc/self/fd") -> list[str]:
+    targets = []
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return targets
+    for name in names:
+        try:
+            targets.append(os.readlink(os.path.join(fd_dir, name)))
+        except OSError:
+            continue
+    return targets
+
+
+def fork_unsafe_reason(maps: str | None = None, open_files: list[str] | None = None) -> str | None:
+    """Why forking this process would break the workers, or None when fork is safe.
+
+    Args:
+        maps: text of ``/proc/self/maps`` (read when None).
+        open_files: targets of this process's open file descriptors (read when None).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised in this kernel"
+    maps = _read("/proc/self/maps") if maps is None else maps
+    if "libcuda.so" in maps:
+        return "the CUDA driver is loaded in this kernel (libcuda.so; a library called cuInit)"
+    if open_files is None:
+        open_files = _open_device_files()
+    if any(target.startswith("/dev/nvidia-uvm") for target in open_files):
+        return "the CUDA driver is in use in this kernel (/dev/nvidia-uvm is open)"
+    if "torch_xla" in sys.modules and (
+        "libtpu" in maps or any(t.startswith(("/dev/accel", "/dev/vfio/")) for t in open_files)
+    ):
+        return "the XLA runtime is initialised in this kernel"
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return "a torch.distributed process group exists in this kernel"
+    return None
+
+
+def choose_start_method(requested: str) -> StartChoice:
+    """Resolve ``requested`` (one of START_METHODS) to a concrete method.
+
+    Raises:
+        ValueError: unknown method, or ``fork`` requested when it is unsafe.
+    """
+    if requested not in START_METHODS:
+        raise ValueError(
+            f"start_method={requested!r} is not one of {', '.join(map(repr, START_METHODS))}"
+        )
+    if requested in ("forkserver", "spawn"):
+        return StartChoice(requested, "")
+    reason = fork_unsafe_reason()
+    if reason is None:
+        return StartChoice("fork", "")
+    if requested == "fork":
+        raise ValueError(
+            f"start_method='fork' is unsafe here: {reason}, and forked workers would crash. "
+            "Use start_method='auto' (or 'forkserver'), which starts workers from a clean "
+            "process; no kernel restart needed."
+        )
+    return StartChoice("forkserver", f"{reason}, so workers start from a warm forkserver")
+
+
+def get_context(method: str) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context for ``method``; the forkserver preloads torch and us."""
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context

@@ -1,0 +1,226 @@
+"""Watch running workers: relay their output, collect outcomes, find the root cause.
+
+The kernel waits on every worker at once (output pipes, control pipes, process
+sentinels). On the first failure it waits a moment for other reports, stops the
+rest and raises one ``WorkerError`` naming the earliest real failure; errors of
+peers whose collectives broke because of it are listed, not headlined.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import signal
+import time
+
+from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.output import OutputRelay
+from notebook_accel.launch.processes import Worker, stop_workers
+
+_COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
+_STACK_DUMP_WAIT = 0.5
+
+
+def _describe_exit(worker: Worker) -> str:
+    code = worker.exitcode
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    if code == 0:
+        return "exited (code 0) before its function returned (os._exit() or a killed interpreter)"
+    return f"exited with code {code} without reporting an error"
+
+
+class Supervisor:
+    """Runs the watch loop for one launch."""
+
+    def __init__(self, workers: list[Worker], relay: OutputRelay, timeout: float | None) -> None:
+        self.workers = workers
+        self.relay = relay
+        self.timeout = timeout
+        self.by_rank = {w.rank: w for w in workers}
+        self.selector = selectors.DefaultSelector()
+        self.first_failure: float | None = None
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        for w in self.workers:
+            self.selector.register(w.stdout_fd, selectors.EVENT_READ, (w.rank, "stdout"))
+            self.selector.register(w.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
+            self.selector.register(w.control.fileno(), selectors.EVENT_READ, (w.rank, "control"))
+            self.selector.register(w.process.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
+
+    def _unregister(self, fd: int) -> None:
+        try:
+            self.selector.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+    def _read_output(self, worker: Worker, name: str) -> None:
+        fd = worker.stdout_fd if name == "stdout" else worker.stderr_fd
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._unregister(fd)
+                return
+            self.relay.feed(worker.rank, name, data)
+
+    def _read_control(self, worker: Worker) -> None:
+        try:
+            while worker.control.poll(0):
+                kind, when, body = pickle.loads(worker.control.recv_bytes())
+                if kind == "ok":
+                    worker.returned, worker.result = True, body
+                elif kind == "error":
+                    worker.error, worker.error_time = body, when
+                    self._failed()
+        except (EOFError, OSError):
+            self._unregister(worker.control.fileno())
+
+    def _on_exit(self, worker: Worker) -> None:
+        worker.process.join(timeout=1)
+        worker.exited, worker.exit_time = True, time.monotonic()
+        self._unregister(worker.process.sentinel)
+        self._read_control(worker)
+        self._read_output(worker, "stdout")
+        self._read_output(worker, "stderr")
+        self.relay.finish(worker.rank)
+        if not (worker.returned and worker.exitcode == 0) and not worker.stopped:
+            self._failed()
+
+    def _failed(self) -> None:
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
+
+    def _drain(self) -> None:
+        for w in self.workers:
+            self._read_output(w, "stdout")
+            self._read_output(w, "stderr")
+            self._read_control(w)
+        self.relay.flush()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _poll(self, timeout: float) -> None:
+        order = {"stdout": 0, "stderr": 0, "control": 1, "exit": 2}
+        events = self.selector.select(timeout)
+        for key, _ in sorted(events, key=lambda e: order[e[0].data[1]]):
+            rank, kind = key.data
+            worker = self.by_rank[rank]
+            if kind == "exit":
+                if not worker.exited:
+                    self._on_exit(worker)
+            elif kind == "control":
+                self._read_control(worker)
+            else:
+                self._read_output(worker, kind)
+        self.relay.tick()
+        self.relay.flush()
+
+    def run(self) -> list[Worker]:
+        """Watch until every worker has ended; returns them when all succeeded.
+
+        Raises:
+            WorkerError: a worker failed, or the timeout passed.
+            KeyboardInterrupt: the user interrupted; every worker has been stopped.
+        """
+        self._register()
+        start = time.monotonic()
+        try:
+            while any(not w.exited for w in self.workers):
+                now = time.monotonic()
+                if self.first_failure is not None and now - self.first_failure >= _COLLECT_AFTER_FAILURE:
+                    break
+                if self.timeout is not None and now - start >= self.timeout:
+                    raise self._timed_out(now - start)
+                self._poll(0.1)
+        except KeyboardInterrupt:
+            stop_workers(self.workers, on_wait=self._drain)
+            self._finish()
+            print(f"[notebook_accel] interrupted: stopped {len(self.workers)} workers", flush=True)
+            raise
+        if self.first_failure is not None or any(w.exitcode != 0 for w in self.workers):
+            stop_workers(self.workers, on_wait=self._drain)
+            self._finish()
+            raise self._root_cause()
+        self._finish()
+        return self.workers
+
+    def _finish(self) -> None:
+        for w in self.workers:
+            if not w.exited and w.process.exitcode is not None:
+                self._on_exit(w)
+        self._drain()
+        for w in self.workers:
+            self.relay.finish(w.rank)
+        self.relay.flush()
+        self.selector.close()
+
+    # -- verdicts ------------------------------------------------------------------------------
+
+    def _timed_out(self, elapsed: float) -> WorkerError:
+        running = [w for w in self.workers if not w.exited]
+        marks = {w.rank: self.relay.line_count(w.rank) for w in running}
+        for w in running:
+            try:
+                os.kill(w.process.pid, signal.SIGUSR1)  # faulthandler dumps every thread's stack
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + _STACK_DUMP_WAIT
+        while time.monotonic() < deadline:
+            self._poll(0.05)
+        stop_workers(self.workers, on_wait=self._drain)
+        self._finish()
+        first = running[0] if running else self.workers[0]
+        dumps = {w.rank: self.relay.tail(w.rank, since=marks[w.rank]) for w in running}
+        return WorkerError(
+            f"timed out after {elapsed:.1f} s; ranks still running: "
+            + ", ".join(str(w.rank) for w in running),
+            rank=first.rank,
+            remote_traceback=f"Stack of rank {first.rank} when stopped:\n{dumps.get(first.rank, '')}",
+            other_failures=[f"rank {r}: still running, stack dump in its output" for r in dumps
+                            if r != first.rank],
+        )
+
+    def _root_cause(self) -> WorkerError:
+        candidates = []
+        for w in self.workers:
+            if w.error is not None:
+                tier = 2 if w.error["secondary"] else 0
+                candidates.append((tier, w.error_time, w))
+            elif w.exited and not w.stopped and not (w.returned and w.exitcode == 0):
+                candidates.append((1, w.exit_time, w))
+        if not candidates:  # pragma: no cover - run() only calls this after a failure
+            candidates = [(3, 0.0, w) for w in self.workers if w.exitcode != 0]
+        candidates.sort(key=lambda c: (c[0], c[1] or 0.0, c[2].rank))
+        cause = candidates[0][2]
+        others = [self._summary(w) for _, _, w in candidates[1:]]
+        others += [f"rank {w.rank}: stopped" for w in self.workers
+                   if w.stopped and w.error is None and w is not cause]
+        if cause.error is not None:
+            return WorkerError(
+                f"rank {cause.rank} failed: {cause.error['headline']}",
+                rank=cause.rank, exitcode=cause.exitcode,
+                remote_traceback=cause.error["traceback"], other_failures=others,
+            )
+        return WorkerError(
+            f"rank {cause.rank} {_describe_exit(cause)}",
+            rank=cause.rank, exitcode=cause.exitcode,
+            remote_traceback=self.relay.tail(cause.rank), other_failures=others,
+        )
+
+    @staticmethod
+    def _summary(worker: Worker) -> str:
+        if worker.error is not None:
+            return f"rank {worker.rank}: {worker.error['headline'].splitlines()[0][:200]}"
+        return f"rank {worker.rank}: {_describe_exit(worker)}"

@@ -1,0 +1,201 @@
+"""The worker side: set up the process, run the user's function, report back.
+
+Runs first thing in every worker, whatever the start method. Output goes to the
+pipes the kernel reads (file descriptors 1 and 2, so C-level output is caught);
+the outcome goes over a private control pipe; a watchdog thread ends the worker
+(and everything it started) when the kernel goes away.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import io
+import os
+import pickle
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+from notebook_accel.launch.payload import dumps_result, load_payload
+
+_SECONDARY = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+    r"communicator was aborted|Socket Timeout|pair closure|failed to recv|"
+    r"Connection refused|ProcessGroup.*(?:aborted|shut ?down)",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class WorkerSpec:
+    """What one worker needs to know about itself (plain data, pickled by multiprocessing)."""
+
+    rank: int
+    env: dict[str, str]
+    num_threads: int | None
+    send_result: bool
+    close_fds: tuple[int, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class WorkerPipes:
+    """The worker's ends of its pipes to the kernel."""
+
+    stdout: Connection
+    stderr: Connection
+    control: Connection
+    alive: Connection
+
+
+def _set_process_name(rank: int) -> None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, f"nbaccel-r{rank}".encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_kernel(alive_fd: int) -> None:
+    """End this worker's whole process group once the kernel's end of the pipe closes."""
+
+    def watch() -> None:
+        while True:
+            try:
+                if not os.read(alive_fd, 1):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="notebook-accel-watchdog", daemon=True).start()
+
+
+def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+    def text_stream(fd: int) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, "w", closefd=False)
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace",
+                                line_buffering=True)
+
+    sys.stdout = sys.__stdout__ = text_stream(1)
+    sys.stderr = sys.__stderr__ = text_stream(2)
+    sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115 - lives as long as the worker
+
+
+def _reset_signals() -> None:
+    """Default handlers: the kernel's (or a leaked library's) must not leak into workers."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
+def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
+    try:
+        os.setsid()  # our own session: the kernel's process-group SIGINT does not reach us
+    except OSError:
+        pass
+    for fd in spec.close_fds:  # fork only: the kernel's ends of other pipes
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _redirect_output(pipes.stdout.fileno(), pipes.stderr.fileno())
+    _watch_kernel(pipes.alive.fileno())
+    _set_process_name(spec.rank)
+    _reset_signals()
+    os.environ.update(spec.env)
+    if spec.num_threads:
+        import torch
+
+        torch.set_num_threads(spec.num_threads)
+
+
+def _format_exception(exc: BaseException) -> str:
+    """The traceback without this module's own frames."""
+    summary = traceback.TracebackException.from_exception(exc)
+    summary.stack = traceback.StackSummary.from_list(
+        [frame for frame in summary.stack if frame.filename != __file__]
+    )
+    return "".join(summary.format())
+
+
+def _error(exc: BaseException, exitcode: int, headline: str | None = None) -> dict:
+    message = str(exc)
+    return {
+        "type": type(exc).__name__,
+        "headline": headline or f"{type(exc).__name__}: {message}".rstrip(": "),
+        "traceback": _format_exception(exc),
+        "secondary": bool(_SECONDARY.search(message)),
+        "exitcode": exitcode,
+    }
+
+
+def _send(pipes: WorkerPipes, *message) -> None:
+    pipes.control.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _run(spec: WorkerSpec, payload: bytes, pipes: WorkerPipes) -> int:
+    try:
+        function, args, kwargs = load_payload(payload)
+        value = function(*args, **kwargs)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code == 0:
+            value = None
+        else:
+            _send(pipes, "error", time.monotonic(),
+                  _error(exc, code, f"called sys.exit({exc.code!r})"))
+            return code
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the kernel
+        _send(pipes, "error", time.monotonic(), _error(exc, 1))
+        return 1
+    try:
+        data = dumps_result(value) if spec.send_result else None
+    except Exception as exc:
+        headline = f"its return value could not be pickled: {type(exc).__name__}: {exc}"
+        _send(pipes, "error", time.monotonic(), _error(exc, 1, headline))
+        return 1
+    _flush_output()
+    _send(pipes, "ok", time.monotonic(), data)
+    return 0
+
+
+def _flush_output() -> None:
+    """Flush Python's and C's buffered output, so none is lost at ``os._exit``."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
+def worker_main(spec: WorkerSpec, payload: bytes, pipes: WorkerPipes) -> None:
+    """Entry point of every worker process; never returns."""
+    code = 1
+    try:
+        _setup(spec, pipes)
+        code = _run(spec, payload, pipes)
+    except BaseException:  # noqa: BLE001 - a broken setup is still reported as output
+        traceback.print_exc()
+    finally:
+        _flush_output()
+        os._exit(code)
