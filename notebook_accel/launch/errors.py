@@ -45,9 +45,10 @@ class WorkerError(RuntimeError):
     def _render_traceback_(self) -> list[str]:
         """IPython hook: show the worker's own frames, not the launcher's internals."""
         red, reset = "\x1b[31m", "\x1b[0m"
-        lines = [f"{red}WorkerError{reset}: [rank {self.rank}] {self.args[0]}"]
+        lines = [f"{red}WorkerError{reset}: {self.args[0]}"]
         if self.remote_traceback:
-            lines += ["", *self.remote_traceback.rstrip().splitlines()]
+            lines += ["", f"{red}[rank {self.rank}]{reset}",
+                      *self.remote_traceback.rstrip().splitlines()]
         if self.other_failures:
             lines += ["", "Other ranks:", *(f"  {line}" for line in self.other_failures)]
         return lines

@@ -1,0 +1,139 @@
+"""A real Jupyter kernel for tests, driven through jupyter_client."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+from jupyter_client import KernelManager
+
+WORKER_NAME_PREFIX = "nbaccel-r"
+
+
+@dataclass
+class CellResult:
+    stdout: str = ""
+    stderr: str = ""
+    error: dict | None = None  # ename, evalue, traceback (ANSI stripped)
+    outputs: list[dict] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    @property
+    def traceback(self) -> str:
+        return "\n".join(self.error["traceback"]) if self.error else ""
+
+
+def _strip_ansi(text: str) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+class Kernel:
+    """One IPython kernel running the test interpreter (so it sees this checkout)."""
+
+    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
+        self.manager = KernelManager(kernel_name="python3")
+        env = dict(os.environ)
+        env.pop("PYTEST_CURRENT_TEST", None)
+        env.update(extra_env or {})
+        self.manager.start_kernel(
+            env=env, extra_arguments=["--HistoryManager.enabled=False"]
+        )
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+        result = self.run("import sys, os; print(sys.executable, os.getpid())")
+        executable, pid = result.stdout.split()
+        assert os.path.realpath(executable) == os.path.realpath(sys.executable), executable
+        self.pid = int(pid)
+
+    def execute(self, code: str) -> str:
+        return self.client.execute(code, store_history=False)
+
+    def collect(self, msg_id: str, timeout: float = 120.0, on_output=None) -> CellResult:
+        """Gather the outputs of one execution until the kernel is idle again."""
+        result = CellResult()
+        start = time.monotonic()
+        deadline = start + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"cell did not finish in {timeout} s; so far: {result}")
+            try:
+                msg = self.client.get_iopub_msg(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    result.stdout += content["text"]
+                else:
+                    result.stderr += content["text"]
+                if on_output is not None:
+                    on_output(result)
+            elif kind == "error":
+                result.error = {
+                    "ename": content["ename"],
+                    "evalue": content["evalue"],
+                    "traceback": [_strip_ansi(line) for line in content["traceback"]],
+                }
+            elif kind in ("display_data", "update_display_data", "execute_result"):
+                result.outputs.append(msg)
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        result.elapsed = time.monotonic() - start
+        return result
+
+    def run(self, code: str, timeout: float = 120.0) -> CellResult:
+        return self.collect(self.execute(code), timeout)
+
+    def ok(self, code: str, timeout: float = 120.0) -> CellResult:
+        """Run a cell that must succeed."""
+        result = self.run(code, timeout)
+        assert result.error is None, result.traceback + "\n" + result.stderr
+        return result
+
+    def value(self, expression: str):
+        """Evaluate ``expression`` in the kernel and return it (via repr / literal_eval)."""
+        import ast
+
+        result = self.ok(f"print(repr({expression}))")
+        return ast.literal_eval(result.stdout.strip().splitlines()[-1])
+
+    def shutdown(self) -> None:
+        try:
+            self.client.stop_channels()
+            self.manager.shutdown_kernel(now=True)
+        except Exception:  # noqa: BLE001 - best effort in teardown
+            pass
+
+
+def worker_processes() -> list[psutil.Process]:
+    """Every process on the machine that is one of our workers (or a child of one)."""
+    found = []
+    for proc in psutil.process_iter(["name", "status"]):
+        try:
+            if (proc.info["name"] or "").startswith(WORKER_NAME_PREFIX) and proc.info[
+                "status"
+            ] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def wait_no_workers(timeout: float = 5.0) -> list[psutil.Process]:
+    """Wait until no worker process is left; returns the ones still there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = worker_processes()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
