@@ -118,6 +118,14 @@ def test_unknown_keys_reported_once_and_kept(tmp_path):
     assert saved["mixed_precison"] == "fp16" and saved["deepspeed_config"] == {"zero_stage": 2}
 
 
+def test_unsupported_distributed_type_loads_with_a_warning(tmp_path):
+    path = _write(tmp_path / "c.yaml", PEER_YAML.replace("MULTI_GPU", "FSDP"))
+    with pytest.warns(UserWarning, match="'FSDP' is not supported"):
+        cfg = load_config(path)
+    assert cfg.device_type is None
+    assert yaml.safe_load(save_config(cfg, tmp_path / "o.yaml").read_text())["distributed_type"] == "FSDP"
+
+
 def test_malformed_yaml_names_file_and_line(tmp_path):
     path = _write(tmp_path / "broken.yaml", "num_processes: 2\nmixed_precision: [bf16\nuse_cpu: x\n")
     with pytest.raises(ValueError, match="malformed YAML") as err:

@@ -78,8 +78,8 @@ def _report_unused(cfg: LaunchConfig, path: Path) -> None:
         f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, known, 1)) for k in unknown]
     notes += [f"{k!r} is not used by notebook_accel" for k in ignored]
     if cfg.distributed_type in UNSUPPORTED_DISTRIBUTED_TYPES:
-        notes.append(f"distributed_type {cfg.distributed_type!r} is not supported; "
-                     "the device will be auto-detected")
+        notes.append(f"distributed_type {cfg.distributed_type!r} is not supported by "
+                     "notebook_accel; the device will be auto-detected")
     token = (str(path), tuple(notes))
     if notes and token not in _reported:
         _reported.add(token)
