@@ -1,0 +1,516 @@
+"""``Accelerator``: the peer's training-loop surface, as a thin composition of small parts.
+
+State and process control come from ``state.PartialState``, data sharding from
+``data``, mixed precision from ``precision``, optimizer/scheduler wrappers from
+``optim``, collectives from ``ops``, checkpoints from ``checkpoint`` and trackers
+from ``tracking``. Every ``Accelerator`` owns its own bookkeeping, so several in
+one process never interfere.
+
+Example:
+    >>> accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2)
+    >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    >>> for x, y in loader:
+    ...     with accelerator.accumulate(model):
+    ...         loss = torch.nn.functional.mse_loss(model(x), y)
+    ...         accelerator.backward(loss)
+    ...         optimizer.step()
+    ...         optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import gc
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from notebook_accel import checkpoint, ops, precision, tracking
+from notebook_accel.data import DataLoaderShard, prepare_data_loader, skip_first_batches
+from notebook_accel.gradient_state import GradientState
+from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
+from notebook_accel.state import DistributedType, PartialState
+
+_SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
+if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
+    _SCHEDULER_TYPES += (torch.optim.lr_scheduler.ReduceLROnPlateau,)
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How ``prepare`` shards data loaders (the peer's names).
+
+    Attributes:
+        split_batches: cut each batch across the processes instead of dealing whole batches.
+        even_batches: fill the last round so every process gets the same number of batches.
+        non_blocking: copy batches to the device asynchronously (with ``pin_memory``).
+    """
+
+    split_batches: bool = False
+    even_batches: bool = True
+    non_blocking: bool = False
+
+
+def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, Any]:
+    """Keyword arguments from a kwargs handler (ours or the peer's) of that class name."""
+    for handler in handlers or []:
+        if type(handler).__name__ == class_name:
+            return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
+    return {}
+
+
+class Accelerator:
+    """Runs one training loop on CPU, one GPU, many GPUs or TPU (see the module docstring).
+
+    Args:
+        device_placement: move prepared models and batches to ``device``.
+        split_batches: see ``DataLoaderConfiguration`` (overridden by ``dataloader_config``).
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``; default from
+            ``NOTEBOOK_ACCEL_MIXED_PRECISION``, then ``ACCELERATE_MIXED_PRECISION``, then ``"no"``.
+        gradient_accumulation_steps: micro-batches per optimizer step under ``accumulate``.
+        cpu: use the CPU even when a GPU is present.
+        log_with: tracker names (``"jsonl"``, ``"tensorboard"``) or tracker objects.
+        project_dir: default place for logs and checkpoints.
+        even_batches: see ``DataLoaderConfiguration``.
+        step_scheduler_with_optimizer: step schedulers as the peer does (see ``optim``).
+        dataloader_config: a ``DataLoaderConfiguration``.
+        ddp_kwargs: extra ``DistributedDataParallel`` arguments.
+        scaler_kwargs: extra ``GradScaler`` arguments.
+        kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` / ``GradScalerKwargs``
+            objects are understood too.
+
+    Raises:
+        ValueError: an invalid mixed precision, or fp16 where no scaler exists.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = False,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        log_with: Any = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        even_batches: bool = True,
+        step_scheduler_with_optimizer: bool = True,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        ddp_kwargs: dict[str, Any] | None = None,
+        scaler_kwargs: dict[str, Any] | None = None,
+        kwargs_handlers: list[Any] | None = None,
+    ) -> None:
+        self.state = PartialState(cpu=cpu)
+        self.mixed_precision = precision.resolve_mixed_precision(mixed_precision)
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches, even_batches)
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.gradient_state = GradientState(gradient_accumulation_steps)
+        self.ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
+        scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
+        self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)
+        self.log_with = log_with
+        self.project_dir = None if project_dir is None else Path(project_dir)
+        self.trackers: list[Any] = []
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoaderShard] = []
+        self._custom_objects: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
+
+    # ---- where am I ---------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this step's gradients are synchronised and the optimizer steps."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.num_steps = value
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the fp16 scaler skipped the last optimizer step (inf/NaN gradients)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # ---- prepare ------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and data loaders, returned in the given order.
+
+        Schedulers are prepared last, so they can find their prepared optimizers.
+        Other objects are returned unchanged.
+        """
+        placement = device_placement or [self.device_placement] * len(args)
+        if len(placement) != len(args):
+            raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
+        out = list(args)
+        for i, obj in enumerate(args):
+            if not isinstance(obj, _SCHEDULER_TYPES):
+                out[i] = self._prepare_one(obj, placement[i])
+        for i, obj in enumerate(args):
+            if isinstance(obj, _SCHEDULER_TYPES):
+                out[i] = self.prepare_scheduler(obj)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _prepare_one(self, obj: Any, placement: bool) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
+            return self.prepare_optimizer(obj)
+        if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
+            return self.prepare_data_loader(obj, device_placement=placement)
+        return obj
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
+        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed."""
+        if device_placement if device_placement is not None else self.device_placement:
+            model = model.to(self.device)
+        precision.wrap_forward(model, self.mixed_precision, self.device)
+        trainable = any(p.requires_grad for p in model.parameters())
+        if self.use_distributed and trainable and not evaluation_mode and not isinstance(model, DistributedDataParallel):
+            device_ids = [self.local_process_index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
+        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap ``scheduler`` (see ``optim.AcceleratedScheduler``)."""
+        mine = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
+        wrapped = AcceleratedScheduler(
+            scheduler, mine or self._optimizers, self.gradient_state, self.num_processes,
+            split_batches=self.split_batches, step_with_optimizer=self.step_scheduler_with_optimizer,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(self, loader: DataLoader, device_placement: bool | None = None) -> DataLoaderShard:
+        """Shard ``loader`` across processes (see ``data``)."""
+        place = device_placement if device_placement is not None else self.device_placement
+        shard = prepare_data_loader(
+            loader, num_processes=self.num_processes, process_index=self.process_index,
+            device=self.device if place else None, gradient_state=self.gradient_state,
+            split_batches=self.split_batches, even_batches=self.even_batches,
+            loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
+        )
+        self._dataloaders.append(shard)
+        return shard
+
+    def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int | None = None) -> DataLoaderShard:
+        """A loader that skips the first ``num_batches`` (default: where ``load_state`` left off)."""
+        return skip_first_batches(dataloader, num_batches)
+
+    # ---- training step ------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled under fp16."""
+        if self.gradient_state.num_steps > 1:
+            loss = loss / self.gradient_state.num_steps
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One micro-step: gradients sync (and the optimizer steps) every N-th time, or at the loader's end."""
+        self.gradient_state.do_sync()
+        with contextlib.ExitStack() as stack:
+            if not self.gradient_state.sync_gradients:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Skip DDP's gradient all-reduce inside the block (a null context when not distributed)."""
+        if self.use_distributed and isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast for this accelerator's mixed precision and device."""
+        return precision.autocast_context(self.mixed_precision, self.device)
+
+    def unscale_gradients(self) -> None:
+        """Unscale fp16 gradients before inspecting them (done once per optimizer step)."""
+        if self.scaler is None or not self.sync_gradients:
+            return
+        for opt in self._optimizers:
+            try:
+                self.scaler.unscale_(opt.optimizer)
+            except RuntimeError as exc:  # already unscaled for this step
+                if "already been called" not in str(exc):
+                    raise
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm."""
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_``."""
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # ---- collectives and process control ------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors (nested) from all processes along dim 0."""
+        return ops.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather``, dropping the duplicates that ``even_batches`` added to the last batch."""
+        use_object = use_gather_object or not ops.is_tensor_structure(input_data)
+        data = ops.gather_object(input_data) if use_object else ops.gather(input_data, uneven=True)
+        remainder = self.gradient_state.remainder
+        if self.gradient_state.end_of_dataloader and remainder > 0:
+            if use_object:
+                return data[:remainder]
+            return ops.recursively_apply(lambda t: t[:remainder], data)
+        return data
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Gather picklable objects from all processes (lists are flattened)."""
+        return ops.gather_object(obj)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce tensors (nested): ``"sum"``, ``"mean"`` or ``"none"``."""
+        return ops.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+        """Pad tensors (nested) to the largest size along ``dim`` on any process."""
+        return ops.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        """Overwrite tensors (nested) with those of ``from_process``."""
+        return ops.broadcast(tensor, from_process)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            builtins.print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across all processes."""
+        self.state.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager[Any]:
+        return self.state.split_between_processes(inputs, apply_padding)
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_local_main_process(function)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` sees on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (resets it)."""
+        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
+        fired = bool(ops.reduce(flag, "sum").item() >= 1)
+        self.flag_tensor = None
+        return fired
+
+    # ---- models and checkpoints ---------------------------------------------------------
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+        """The user's module inside DDP / ``torch.compile``; optionally without the autocast forward."""
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        model = getattr(model, "_orig_mod", model)
+        if not keep_fp32_wrapper:
+            precision.unwrap_forward(model)
+        return model
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict)."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, str(f), metadata={"format": "pt"})
+        else:
+            torch.save(obj, f)
+
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
+                   safe_serialization: bool = True) -> Path | None:
+        """Save the unwrapped model's weights (``model.safetensors`` or ``pytorch_model.bin``) on the main process."""
+        if not self.is_main_process:
+            return None
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        unwrapped = self.unwrap_model(model)
+        if safe_serialization:
+            from safetensors.torch import save_model
+
+            path = directory / "model.safetensors"
+            save_model(unwrapped, str(path.with_suffix(".tmp")), metadata={"format": "pt"})
+        else:
+            path = directory / "pytorch_model.bin"
+            torch.save(unwrapped.state_dict(), path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+        return path
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``."""
+        for obj in objects:
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"{type(obj).__name__} has no state_dict/load_state_dict; it cannot be checkpointed")
+        self._custom_objects.extend(objects)
+
+    def _checkpoint_items(self) -> checkpoint.CheckpointItems:
+        return checkpoint.CheckpointItems(
+            self._models, self._optimizers, self._schedulers, self._dataloaders,
+            self._custom_objects, self.scaler, _AcceleratorCounters(self),
+        )
+
+    def _checkpoint_dir(self, path: str | os.PathLike[str] | None) -> Path:
+        if path is not None:
+            return Path(path)
+        if self.project_dir is None:
+            raise ValueError("save_state/load_state need a directory, or Accelerator(project_dir=...)")
+        return self.project_dir / "checkpoint"
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
+        """Atomically checkpoint models, optimizers, schedulers, loaders, scaler and RNGs (all processes call it)."""
+        return checkpoint.save_state(self._checkpoint_dir(output_dir), self._checkpoint_items(), self.state)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True) -> Path:
+        """Restore what ``save_state`` wrote. ``weights_only=False`` can run code from the files: trusted ones only."""
+        path = checkpoint.load_state(self._checkpoint_dir(input_dir), self._checkpoint_items(), self.state, weights_only)
+        self.wait_for_everyone()
+        return path
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget prepared objects, collect garbage, empty the CUDA cache; returns ``None`` for each object."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        return [None for _ in objects]
+
+    clear = free_memory
+
+    # ---- trackers -----------------------------------------------------------------------
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Start the ``log_with`` trackers on the main process and record ``config``."""
+        if not self.is_main_process:
+            return
+        self.trackers = tracking.make_trackers(self.log_with, project_name, self.project_dir, init_kwargs)
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(config)
+
+    def get_tracker(self, name: str) -> Any:
+        """The started tracker called ``name``."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker
+        raise ValueError(f"no tracker {name!r} started; started: {[t.name for t in self.trackers]}")
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
+        """Send ``values`` to every tracker (main process only)."""
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Finish every tracker, then wait for all processes."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+        self.wait_for_everyone()
+
+
+class _AcceleratorCounters:
+    """The Accelerator's own counters, as a checkpointable object."""
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.accelerator.step, "gradient_state": self.accelerator.gradient_state.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.accelerator.step = int(state["step"])
+        self.accelerator.gradient_state.load_state_dict(state["gradient_state"])

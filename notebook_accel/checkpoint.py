@@ -1,0 +1,206 @@
+"""Saving and restoring the whole training state, atomically.
+
+A checkpoint is a directory::
+
+    model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process)
+    optimizer.pt, scheduler.pt, ...    likewise, one per prepared object
+    dataloader.pt, ...                 shuffling generator and position in the epoch
+    scaler.pt                          the fp16 GradScaler, when there is one
+    custom_checkpoint_0.pt, ...        objects given to ``register_for_checkpointing``
+    accelerator.pt                     accumulation counters and the tracker step
+    random_states_<rank>.pt            python, numpy, torch, CUDA/XLA RNGs of each process
+
+Atomicity: everything is written (and fsync'd) into ``<dir>.tmp``; only then does
+the main process move the old ``<dir>`` aside to ``<dir>.old``, rename
+``<dir>.tmp`` to ``<dir>`` and delete ``<dir>.old``. A crash while writing leaves
+the previous checkpoint untouched; a crash between the two renames leaves a
+complete ``<dir>.old``, which ``load_state`` falls back to.
+
+Security: files are read with ``torch.load(weights_only=True)``, which refuses
+arbitrary pickled objects; a state that needs them can be loaded with
+``weights_only=False``. Loading an untrusted checkpoint that way is as dangerous as
+``torch.load`` on it: it can run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from notebook_accel.state import PartialState
+
+
+@dataclass
+class CheckpointItems:
+    """What ``save_state`` / ``load_state`` handle, in the order they were prepared."""
+
+    models: list[torch.nn.Module] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    dataloaders: list[Any] = field(default_factory=list)
+    custom: list[Any] = field(default_factory=list)
+    scaler: Any = None
+    accelerator: Any = None  # an object with state_dict / load_state_dict
+
+
+def _name(prefix: str, index: int) -> str:
+    return f"{prefix}.pt" if index == 0 else f"{prefix}_{index}.pt"
+
+
+def _write(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read(path: Path, weights_only: bool) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=weights_only)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG state of this process, in types ``weights_only`` loading accepts."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state`` returned."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState) -> Path:
+    """Write a checkpoint of ``items`` to ``output_dir`` atomically; returns its path.
+
+    Every process must call it (each writes its own RNG file).
+    """
+    final = Path(output_dir).absolute()
+    tmp = final.with_name(final.name + ".tmp")
+    old = final.with_name(final.name + ".old")
+    if state.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
+        tmp.mkdir(parents=True)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        for i, model in enumerate(items.models):
+            _write(_unwrap(model).state_dict(), tmp / _name("model", i))
+        for prefix, objs in (
+            ("optimizer", items.optimizers), ("scheduler", items.schedulers),
+            ("dataloader", items.dataloaders),
+        ):
+            for i, obj in enumerate(objs):
+                _write(obj.state_dict(), tmp / _name(prefix, i))
+        for i, obj in enumerate(items.custom):
+            _write(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
+        if items.scaler is not None:
+            _write(items.scaler.state_dict(), tmp / "scaler.pt")
+        if items.accelerator is not None:
+            _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
+    _write(rng_state(), tmp / f"random_states_{state.process_index}.pt")
+    state.wait_for_everyone()
+    if state.is_main_process:
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    state.wait_for_everyone()
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - not possible on every platform
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def resolve_checkpoint(input_dir: str | os.PathLike[str]) -> Path:
+    """The directory to load: ``input_dir``, or its ``.old`` copy left by an interrupted save.
+
+    Raises:
+        FileNotFoundError: when neither exists.
+    """
+    path = Path(input_dir).absolute()
+    if path.is_dir():
+        return path
+    old = path.with_name(path.name + ".old")
+    if old.is_dir():
+        warnings.warn(f"{path} is missing; loading {old}, left by an interrupted save_state", stacklevel=3)
+        return old
+    raise FileNotFoundError(f"no checkpoint directory at {path}")
+
+
+def load_state(
+    input_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, weights_only: bool = True
+) -> Path:
+    """Restore ``items`` and this process's RNGs from a ``save_state`` directory.
+
+    Raises:
+        FileNotFoundError: missing directory or a missing file for a prepared object.
+    """
+    path = resolve_checkpoint(input_dir)
+
+    def read(name: str) -> Any:
+        file = path / name
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"checkpoint {path} has no {name}; was it saved with the same prepared objects?"
+            )
+        return _read(file, weights_only)
+
+    for i, model in enumerate(items.models):
+        _unwrap(model).load_state_dict(read(_name("model", i)))
+    for prefix, objs in (
+        ("optimizer", items.optimizers), ("scheduler", items.schedulers), ("dataloader", items.dataloaders),
+    ):
+        for i, obj in enumerate(objs):
+            obj.load_state_dict(read(_name(prefix, i)))
+    for i, obj in enumerate(items.custom):
+        obj.load_state_dict(read(f"custom_checkpoint_{i}.pt"))
+    if items.scaler is not None:
+        items.scaler.load_state_dict(read("scaler.pt"))
+    if items.accelerator is not None and (path / "accelerator.pt").is_file():
+        items.accelerator.load_state_dict(read("accelerator.pt"))
+    rng_file = path / f"random_states_{state.process_index}.pt"
+    if rng_file.is_file():
+        set_rng_state(_read(rng_file, weights_only))
+    else:
+        warnings.warn(f"{rng_file.name} not found in {path}; random states not restored", stacklevel=2)
+    return path

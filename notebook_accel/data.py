@@ -1,0 +1,312 @@
+"""Data loaders sharded across processes, with checkpointable shuffling and position.
+
+Sharding is batch-level, as in the peer: the original loader's batch sampler makes
+global batches 0, 1, 2, ...; rank ``r`` of ``N`` takes batches ``r, r+N, r+2N, ...``.
+With ``split_batches`` every global batch is cut into ``N`` equal slices instead.
+With ``even_batches`` (default) the last, incomplete round is filled with samples
+from the start of the epoch so every rank gets the same number of full batches;
+``remainder`` then says how many samples of the last global batch are real, and
+``gather_for_metrics`` drops the rest.
+
+Shuffling: a ``RandomSampler`` is given our own ``torch.Generator``, seeded the
+same on every rank (rank 0's seed is broadcast), so every rank draws the same
+permutation. The loader's ``state_dict`` holds that generator's state at the start
+of the current epoch and how many batches of it were yielded, so a checkpoint can
+replay the epoch and ``skip_first_batches`` resume mid-epoch. Skipped batches are
+never loaded: skipping happens on indices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+
+from notebook_accel.gradient_state import GradientState
+from notebook_accel.ops import broadcast, send_to_device
+
+_LOADER_ARGS = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+    "multiprocessing_context", "persistent_workers",
+)
+
+
+class ShardBatchSampler(Sampler[list[int]]):
+    """Yield this rank's batches of ``batch_sampler`` (see the module docstring).
+
+    Args:
+        batch_sampler: the global batch sampler.
+        num_processes: ``N``.
+        process_index: this rank.
+        split_batches: slice each global batch instead of dealing whole batches.
+        even_batches: fill the last round so every rank gets the same full batches.
+    """
+
+    def __init__(
+        self, batch_sampler: Any, num_processes: int, process_index: int,
+        split_batches: bool = False, even_batches: bool = True,
+    ) -> None:
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
+        self.drop_last: bool = getattr(batch_sampler, "drop_last", False)
+        if split_batches and self.batch_size is not None and self.batch_size % num_processes:
+            raise ValueError(
+                f"split_batches=True needs a batch size divisible by the {num_processes} processes, "
+                f"got batch_size={self.batch_size}"
+            )
+        self.skip_batches = 0
+
+    def _global_batches(self) -> int:
+        return len(self.batch_sampler)
+
+    def __len__(self) -> int:
+        n = self._global_batches()
+        if self.split_batches:
+            return max(n - self.skip_batches, 0)
+        if self.even_batches:
+            rounds = n // self.num_processes if self.drop_last else math.ceil(n / self.num_processes)
+            mine = rounds
+        else:
+            mine = n // self.num_processes + (1 if self.process_index < n % self.num_processes else 0)
+        return max(mine - self.skip_batches, 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._split() if self.split_batches else self._deal()
+        for i, batch in enumerate(batches):
+            if i >= self.skip_batches:
+                yield batch
+
+    def _deal(self) -> Iterator[list[int]]:
+        n, rank = self.num_processes, self.process_index
+        head: list[int] = []  # samples of the first round, used to fill the last one
+        round_: list[list[int]] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if len(head) < n * (self.batch_size or len(batch)):
+                head.extend(batch)
+            round_.append(batch)
+            if len(round_) == n:
+                if self.batch_size is None or len(round_[-1]) == self.batch_size:
+                    yield round_[rank]
+                    round_ = []
+                else:
+                    break
+        if not round_ or (self.drop_last and self.even_batches):
+            return
+        if not self.even_batches:
+            if rank < len(round_):
+                yield round_[rank]
+            return
+        yield self._fill(round_, head)[rank]
+
+    def _fill(self, round_: list[list[int]], head: list[int]) -> list[list[int]]:
+        size = self.batch_size or len(round_[0])
+        flat = [i for b in round_ for i in b]
+        wanted = size * self.num_processes
+        while len(head) < wanted:
+            head = head + head
+        flat += head[: wanted - len(flat)]
+        return [flat[i * size : (i + 1) * size] for i in range(self.num_processes)]
+
+    def _split(self) -> Iterator[list[int]]:
+        n, rank = self.num_processes, self.process_index
+        head: list[int] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if not head:
+                head = batch
+            size = self.batch_size or len(batch)
+            if len(batch) < size:
+                if not self.even_batches:
+                    part = math.ceil(len(batch) / n)
+                    mine = batch[rank * part : (rank + 1) * part]
+                    if mine:
+                        yield mine
+                    return
+                filler = head
+                while len(filler) < size:
+                    filler = filler + filler
+                batch = batch + filler[: size - len(batch)]
+            part = size // n
+            yield batch[rank * part : (rank + 1) * part]
+
+
+class LoaderProgress:
+    """Where a loader stands in its epoch; shared with the loaders ``skip_first_batches`` makes."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+        self.epoch_start_state = generator.get_state()
+        self.batches_yielded = 0
+        self.in_epoch = False
+        self.resume_step = 0  # batches already done in the epoch a checkpoint interrupted
+
+    def state_dict(self) -> dict[str, Any]:
+        """Generator state and position: replays an unfinished epoch, or starts the next."""
+        if self.in_epoch:
+            return {"generator": self.epoch_start_state, "batches_yielded": self.batches_yielded}
+        return {"generator": self.generator.get_state(), "batches_yielded": 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.resume_step = int(state["batches_yielded"])
+        self.in_epoch = False
+
+
+class DataLoaderShard(DataLoader):
+    """A ``DataLoader`` yielding this process's share, on its device.
+
+    Created by ``Accelerator.prepare``; see the module docstring. Extra attributes:
+    ``end_of_dataloader``, ``remainder``, ``total_batch_size``, ``resume_step``.
+    """
+
+    def __init__(
+        self, dataset: Any, batch_sampler: ShardBatchSampler, *, device: torch.device | None,
+        gradient_state: GradientState, generator: torch.Generator, remainder: int,
+        total_batch_size: int | None, non_blocking: bool = False,
+        progress: LoaderProgress | None = None, **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, batch_sampler=batch_sampler, generator=generator, **kwargs)
+        self.device = device
+        self.gradient_state = gradient_state
+        self.remainder = remainder
+        self.total_batch_size = total_batch_size
+        self.non_blocking = non_blocking
+        self.end_of_dataloader = False
+        self.progress = progress if progress is not None else LoaderProgress(generator)
+        self.iteration = 0
+
+    @property
+    def resume_step(self) -> int:
+        """Batches the interrupted epoch had done, as restored by ``load_state`` (else 0)."""
+        return self.progress.resume_step
+
+    @property
+    def shard_sampler(self) -> ShardBatchSampler:
+        return self.batch_sampler  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[Any]:
+        progress = self.progress
+        progress.epoch_start_state = self.generator.get_state()
+        progress.batches_yielded = self.shard_sampler.skip_batches
+        progress.in_epoch = True
+        self.end_of_dataloader = False
+        self.gradient_state.add_dataloader(self)
+        try:
+            it = super().__iter__()
+            try:
+                current = next(it)
+            except StopIteration:
+                self.end_of_dataloader = True
+                progress.in_epoch = False
+                return
+            while True:
+                try:
+                    upcoming = next(it)
+                except StopIteration:
+                    self.end_of_dataloader = True
+                    progress.batches_yielded += 1
+                    progress.in_epoch = False
+                    yield self._to_device(current)
+                    break
+                progress.batches_yielded += 1
+                yield self._to_device(current)
+                current = upcoming
+        finally:
+            self.gradient_state.remove_dataloader(self)
+            self.iteration += 1
+
+    def _to_device(self, batch: Any) -> Any:
+        return batch if self.device is None else send_to_device(batch, self.device, self.non_blocking)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted for compatibility; shuffling already differs per epoch through the generator."""
+        sampler = getattr(self.shard_sampler.batch_sampler, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Generator state and position: replays an unfinished epoch, or starts the next."""
+        return self.progress.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``; ``resume_step`` tells how many batches the epoch had done."""
+        self.progress.load_state_dict(state)
+
+
+def skip_first_batches(loader: DataLoaderShard, num_batches: int | None = None) -> DataLoaderShard:
+    """A loader over the same data, generator and state that skips the first ``num_batches``.
+
+    Args:
+        loader: a prepared loader.
+        num_batches: batches to skip; ``None`` takes ``loader.resume_step`` from the last
+            ``load_state``.
+
+    Returns:
+        A new loader; iterate it once for the rest of the epoch, then go back to ``loader``.
+        Skipped batches are never loaded.
+    """
+    if not isinstance(loader, DataLoaderShard):
+        raise TypeError(f"skip_first_batches takes a prepared data loader, not {type(loader).__name__}")
+    skip = loader.resume_step if num_batches is None else num_batches
+    old = loader.shard_sampler
+    sampler = ShardBatchSampler(old.batch_sampler, old.num_processes, old.process_index, old.split_batches, old.even_batches)
+    sampler.skip_batches = skip
+    kwargs = {k: getattr(loader, k) for k in _LOADER_ARGS}
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoaderShard(
+        loader.dataset, sampler, device=loader.device, gradient_state=loader.gradient_state,
+        generator=loader.generator, remainder=loader.remainder, total_batch_size=loader.total_batch_size,
+        non_blocking=loader.non_blocking, progress=loader.progress, **kwargs,
+    )
+
+
+def _shared_seed(index: int) -> int:
+    seed = torch.tensor([(torch.initial_seed() + 7919 * (index + 1)) % (2**62)], dtype=torch.int64)
+    return int(broadcast(seed, from_process=0).item())
+
+
+def prepare_data_loader(
+    loader: DataLoader, *, num_processes: int, process_index: int, device: torch.device | None,
+    gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
+    loader_index: int = 0, non_blocking: bool = False,
+) -> DataLoaderShard:
+    """Build this process's ``DataLoaderShard`` from a user's ``DataLoader``.
+
+    Raises:
+        NotImplementedError: for an ``IterableDataset`` (not supported yet).
+        ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``.
+    """
+    if isinstance(loader.dataset, IterableDataset):
+        raise NotImplementedError("prepare() does not support loaders over an IterableDataset yet")
+    generator = torch.Generator()
+    generator.manual_seed(_shared_seed(loader_index))
+    batch_sampler = loader.batch_sampler
+    sampler = getattr(batch_sampler, "sampler", None)
+    if isinstance(sampler, RandomSampler) and isinstance(batch_sampler, BatchSampler):
+        sampler = RandomSampler(
+            sampler.data_source, replacement=sampler.replacement,
+            num_samples=sampler._num_samples, generator=generator,
+        )
+        batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+    shard = ShardBatchSampler(batch_sampler, num_processes, process_index, split_batches, even_batches)
+    global_bs = shard.batch_size
+    total = None if global_bs is None else (global_bs if split_batches else global_bs * num_processes)
+    remainder = -1
+    if even_batches and total is not None and not shard.drop_last:
+        remainder = len(sampler if sampler is not None else loader.dataset) % total
+    kwargs = {k: getattr(loader, k) for k in _LOADER_ARGS}
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoaderShard(
+        loader.dataset, shard, device=device, gradient_state=gradient_state, generator=generator,
+        remainder=remainder, total_batch_size=total, non_blocking=non_blocking, **kwargs,
+    )
