@@ -36,7 +36,8 @@ def _describe(cfg: cfgmod.LaunchConfig) -> list[str]:
     for f in dataclasses.fields(cfg):
         if f.name not in ("extra", "source"):
             value = getattr(cfg, f.name)
-            lines.append(f"  {f.name}: {'auto' if value is None else value}")
+            shown = "auto" if value is None else str(value).lower() if isinstance(value, bool) else value
+            lines.append(f"  {f.name}: {shown}")
     if cfg.extra:
         lines.append(f"  kept, not used: {', '.join(sorted(cfg.extra))}")
     return lines

@@ -53,6 +53,7 @@ def test_env_reports_versions_hardware_and_config(home):
     assert f"{len(os.sched_getaffinity(0))} CPU cores" in out
     assert f"Config file: {path}" in out
     assert "num_processes: 3" in out and "mixed_precision: bf16" in out and "device: cpu" in out
+    assert "num_machines: 1\n" in out and "use_cpu: false\n" in out
     assert "NOTEBOOK_ACCEL_START_METHOD=spawn" in out
 
 

@@ -138,6 +138,8 @@ def test_top_level_must_be_a_mapping(tmp_path):
     with pytest.raises(ValueError, match="expected a mapping") as err:
         load_config(path)
     assert str(path) in str(err.value)
+    with pytest.raises(ValueError, match="keys must be names.*got 2"):
+        load_config(_write(tmp_path / "intkey.yaml", "2: num_processes\n"))
 
 
 @pytest.mark.parametrize(("key", "value", "valid"), [

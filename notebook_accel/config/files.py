@@ -113,9 +113,12 @@ def load_config(path: str | os.PathLike[str] | None = None) -> LaunchConfig:
         raise ValueError(f"{file}{where}: malformed YAML: {problem}") from err
     if data is None:
         data = {}
-    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+    if not isinstance(data, dict):
         raise ValueError(f"{file}: expected a mapping of keys to values, such as "
                          f"'num_processes: 2', got {type(data).__name__}")
+    bad_keys = [k for k in data if not isinstance(k, str)]
+    if bad_keys:
+        raise ValueError(f"{file}: keys must be names such as 'num_processes', got {bad_keys[0]!r}")
     try:
         cfg = LaunchConfig.from_dict(data, source=file)
     except KeyValueError as err:
