@@ -102,7 +102,7 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="notebook-accel", description="Distributed PyTorch training from notebooks.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config-file", type=Path, default=None,
+    common.add_argument("--config-file", type=Path, default=None, metavar="PATH",
                         help="config file (default: $NOTEBOOK_ACCEL_CONFIG_FILE, else "
                              "~/.cache/notebook_accel/default_config.yaml)")
     env = sub.add_parser("env", parents=[common], help="versions, hardware and the config in force")
@@ -115,9 +115,10 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="write a config detected from this machine's hardware")
     config.add_argument("--force", action="store_true", help="let --default overwrite a file")
     config.add_argument("--device", choices=("auto", *cfgmod.DEVICE_TYPES),
-                        help="device type")
+                        help="device type (auto: chosen at launch)")
     for name, (kind, text) in _FIELD_FLAGS.items():
-        config.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
+        config.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text,
+                            metavar="N" if kind is int else "VALUE")
     config.set_defaults(func=_cmd_config)
     return parser
 
