@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import sys
@@ -121,6 +122,10 @@ def _with_new_port(plan: LaunchPlan) -> LaunchPlan:
 
 
 def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
+    if plan.start.method == "fork":
+        # Forked workers inherit what the kernel imported: pay torch's lazy imports
+        # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.
+        importlib.import_module("notebook_accel.launch.warm")
     relay = OutputRelay(show=plan.output)
     workers, alive_fd = start_workers(plan, payload)
     try:

@@ -1,0 +1,11 @@
+# Sourced by the other scripts: make .venv with the project and its dev tools, once.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+# torch first and pinned: an unpinned torch can pull a multi-GB CUDA build.
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[dev,notebook]"

@@ -1,0 +1,134 @@
+"""Launcher pieces that need no worker: output relay, fork-safety probe, payload, errors."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import socket
+import threading
+
+import pytest
+
+from notebook_accel import hardware
+from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.output import OutputRelay
+from notebook_accel.launch.payload import dumps_result, load_payload, serialise_payload
+from notebook_accel.launch.start_method import choose_start_method, fork_unsafe_reason
+
+
+def relay(show="all"):
+    out, err = io.StringIO(), io.StringIO()
+    return OutputRelay(show=show, stdout=out, stderr=err, snapshot_every=5.0), out, err
+
+
+def test_relay_prefixes_each_line_and_keeps_partial_lines():
+    r, out, _ = relay()
+    r.feed(0, "stdout", b"hel")
+    r.feed(1, "stdout", b"other\n")
+    r.feed(0, "stdout", b"lo\nwor")
+    r.flush()
+    assert out.getvalue() == "[rank 1] other\n[rank 0] hello\n"
+    r.finish(0)
+    r.flush()
+    assert out.getvalue().endswith("[rank 0] wor\n")
+
+
+def test_relay_collapses_carriage_returns_and_snapshots_slowly():
+    r, out, _ = relay()
+    for i in range(1000):
+        r.feed(0, "stderr", f"\r{i}%".encode())
+    r.tick(now=1e12)  # long after: one snapshot of the latest state
+    r.feed(0, "stderr", b"\rdone\n")
+    r.flush()
+    assert out.getvalue() == ""
+    assert r.tail(0) == "done"
+    r2, _, err = relay()
+    for i in range(5):
+        r2.feed(0, "stderr", f"\r{i}%".encode())
+    r2.tick(now=1e12)
+    r2.tick(now=1e12)  # nothing new: no second snapshot
+    r2.feed(0, "stderr", b"\r100%\n")
+    r2.flush()
+    assert err.getvalue() == "[rank 0] 4%\n[rank 0] 100%\n"
+
+
+def test_relay_decodes_utf8_split_across_reads_and_filters_ranks():
+    r, out, _ = relay(show="main")
+    data = "héllo ✓\n".encode()
+    r.feed(0, "stdout", data[:2])
+    r.feed(0, "stdout", data[2:])
+    r.feed(1, "stdout", b"hidden\n")
+    r.flush()
+    assert out.getvalue() == "[rank 0] héllo ✓\n"
+    assert r.tail(1, "stdout") == "hidden"
+
+
+def test_fork_probe_sees_driver_level_cuda_and_uvm():
+    assert fork_unsafe_reason(maps="", open_files=[]) is None
+    assert "libcuda.so" in fork_unsafe_reason(
+        maps="7f00-7f10 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.535.1\n",
+        open_files=[])
+    assert "nvidia-uvm" in fork_unsafe_reason(maps="", open_files=["/dev/nvidia-uvm"])
+    assert fork_unsafe_reason(maps="", open_files=["/dev/nvidiactl"]) is None  # NVML only
+
+
+def test_choose_start_method_here_and_bad_names():
+    assert choose_start_method("auto").method == "fork"
+    assert choose_start_method("spawn").method == "spawn"
+    with pytest.raises(ValueError, match="'auto', 'fork', 'forkserver', 'spawn'"):
+        choose_start_method("threads")
+
+
+class Config:
+    def __init__(self):
+        self.name = "ok"
+        self.nested = {"fine": 1, "sock": socket.socket()}
+
+
+def test_payload_names_the_path_of_what_cannot_be_sent():
+    config = Config()
+    try:
+        with pytest.raises(TypeError, match=r"kwargs\['cfg'\]\.nested\['sock'\]"):
+            serialise_payload(print, (1,), {"cfg": config})
+    finally:
+        config.nested["sock"].close()
+    lock = threading.Lock()
+
+    def closes_over():
+        return lock
+
+    with pytest.raises(TypeError, match=r"closure variable 'lock'"):
+        serialise_payload(closes_over, (), {})
+
+
+def test_payload_round_trip_and_results_move_off_device():
+    import torch
+
+    data = serialise_payload(lambda x, y=2: x * y, (3,), {"y": 4})
+    function, args, kwargs = load_payload(data)
+    assert function(*args, **kwargs) == 12
+    model = torch.nn.Linear(2, 2)
+    back = pickle.loads(dumps_result({"t": torch.ones(2), "m": model}))
+    assert torch.equal(back["t"], torch.ones(2))
+    assert torch.equal(back["m"].weight, model.weight)
+
+
+def test_worker_error_pickles_and_renders_for_ipython():
+    error = WorkerError("rank 1 failed: ValueError: x", rank=1, exitcode=1,
+                        remote_traceback="Traceback...\nValueError: x",
+                        other_failures=["rank 0: stopped"])
+    back = pickle.loads(pickle.dumps(error))
+    assert (back.rank, back.exitcode, back.other_failures) == (1, 1, ["rank 0: stopped"])
+    rendered = "\n".join(back._render_traceback_())
+    assert "[rank 1]" in rendered and "ValueError: x" in rendered and "rank 0: stopped" in rendered
+    assert "ValueError: x" in str(back)
+
+
+def test_visible_devices_filter_and_summary():
+    names = ["A100", "A100", "H100"]
+    assert hardware._apply_visible_devices(names, None) == names
+    assert hardware._apply_visible_devices(names, "2,0") == ["H100", "A100"]
+    assert hardware._apply_visible_devices(names, "") == []
+    assert hardware._apply_visible_devices(names, "0,7,1") == ["A100"]  # stops at invalid
+    summary = hardware.Hardware(cpu_count=8, gpu_names=("A100", "A100")).summary()
+    assert summary == "2 × A100, 8 CPU cores"
