@@ -37,3 +37,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext notebook_accel``: register the ``%%accelerate`` magics."""
+    from magics import load_ipython_extension as load
+
+    load(ipython)

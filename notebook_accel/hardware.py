@@ -115,9 +115,18 @@ def tpu_present() -> bool:
         return True
     if os.environ.get("KAGGLE_TPU") or os.environ.get("TPU_ACCELERATOR_TYPE"):
         return True
-    return any(Path("/dev").glob("accel*")) or Path("/dev/vfio").is_dir() and any(
-        p.name.isdigit() for p in Path("/dev/vfio").iterdir()
-    )
+    # Cloud TPU VMs expose /dev/accel0.. (v4) or /dev/vfio/N (v5+); /dev/vfio alone is
+    # also used for GPU passthrough, so it only counts together with the TPU library.
+    if any(Path("/dev").glob("accel[0-9]*")):
+        return True
+    vfio = Path("/dev/vfio")
+    return vfio.is_dir() and any(p.name.isdigit() for p in vfio.iterdir()) and _libtpu_installed()
+
+
+def _libtpu_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
 
 
 @functools.lru_cache(maxsize=1)

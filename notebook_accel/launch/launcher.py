@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan
@@ -21,21 +22,22 @@ def notebook_launcher(
     function: Callable[..., Any],
     args: tuple | list = (),
     num_processes: int | None = None,
-    mixed_precision: str = "no",
+    mixed_precision: str | None = None,
     use_port: int | str | None = None,
-    master_addr: str = "127.0.0.1",
-    node_rank: int = 0,
-    num_nodes: int = 1,
+    master_addr: str | None = None,
+    node_rank: int | None = None,
+    num_nodes: int | None = None,
     rdzv_backend: str = "static",
     rdzv_endpoint: str = "",
     max_restarts: int = 0,
     *,
     kwargs: dict | None = None,
-    start_method: str = "auto",
+    start_method: str | None = None,
     timeout: float | None = None,
     return_all: bool = False,
     output: str = "all",
     device: str | None = None,
+    config_file: str | os.PathLike | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
 
@@ -49,7 +51,7 @@ def notebook_launcher(
         args, kwargs: its arguments; each must be picklable.
         num_processes: workers on this machine; default: one per visible GPU, or
             one per CPU core (at most 8) without a GPU.
-        mixed_precision: "no", "fp16" or "bf16"; read by ``Accelerator()``.
+        mixed_precision: "no" (default), "fp16" or "bf16"; read by ``Accelerator()``.
         use_port: rendezvous port; default: a free one, picked per launch.
         master_addr, node_rank, num_nodes: multi-machine jobs (same call on each node).
         rdzv_backend, rdzv_endpoint: only the static rendezvous is supported.
@@ -61,6 +63,12 @@ def notebook_launcher(
             instead of rank 0's.
         output: "all" ranks' output, only the "main" process's, or "none".
         device: "cpu" or "cuda"; default: CUDA when a GPU is visible.
+        config_file: a YAML launch config (ours or Accelerate's format); default:
+            ``$NOTEBOOK_ACCEL_CONFIG_FILE``, else the default config file if any.
+
+    Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
+    then the config file, then the defaults (``mixed_precision="no"``,
+    ``start_method="auto"``, ``master_addr="127.0.0.1"``, one node).
 
     Returns:
         Rank 0's return value (tensors moved to the CPU), or the list of all
@@ -90,12 +98,14 @@ def notebook_launcher(
             f"rdzv_backend={rdzv_backend!r} / rdzv_endpoint={rdzv_endpoint!r}: only the static "
             "rendezvous is supported; give master_addr and use_port (the same on every node)"
         )
-    plan = make_plan(
-        num_processes=num_processes, mixed_precision=mixed_precision, use_port=use_port,
-        master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
-        start_method=start_method, timeout=timeout, output=output, return_all=return_all,
-        max_restarts=max_restarts, device=device,
+    options = fill_options(
+        {"num_processes": num_processes, "mixed_precision": mixed_precision,
+         "use_port": use_port, "master_addr": master_addr, "node_rank": node_rank,
+         "num_nodes": num_nodes, "start_method": start_method, "device": device},
+        config_file,
     )
+    plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
+                     max_restarts=max_restarts)
     payload = serialise_payload(function, tuple(args), dict(kwargs or {}))
     if plan.start.reason:
         print(f"[notebook_accel] start method: {plan.start.method} ({plan.start.reason})",
@@ -108,7 +118,7 @@ def notebook_launcher(
                 raise
             print(f"[notebook_accel] {error.args[0]}; restarting "
                   f"({attempt + 1}/{plan.max_restarts})", file=sys.stderr, flush=True)
-            if plan.port is not None and use_port is None:
+            if options["use_port"] is None:
                 plan = _with_new_port(plan)
     raise AssertionError("unreachable")  # pragma: no cover
 

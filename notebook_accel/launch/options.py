@@ -1,0 +1,46 @@
+"""Fill in the launch options the caller left unset: environment, then the config file.
+
+Precedence (DESIGN.md): explicit argument > environment (``NOTEBOOK_ACCEL_*``) >
+config file > built-in defaults and auto-detection.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from notebook_accel.config import load_config, resolve_launch_options
+
+DEFAULTS = {
+    "mixed_precision": "no",
+    "start_method": "auto",
+    "master_addr": "127.0.0.1",
+    "num_nodes": 1,
+    "node_rank": 0,
+}
+
+
+def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None) -> dict[str, Any]:
+    """Return ``explicit`` with its None values filled from the layers below it.
+
+    ``explicit`` holds ``num_processes``, ``mixed_precision``, ``start_method``,
+    ``use_port``, ``master_addr``, ``num_nodes``, ``node_rank`` and ``device``.
+    Explicit values pass through untouched (the plan validates them); values that
+    come from the config file are checked there, with the file's name in the error.
+    """
+    config = load_config(config_file)
+    layered = resolve_launch_options({}, config)
+    filled = {}
+    for key, value in explicit.items():
+        if value is None:
+            value = layered.get(key)
+        if value is None:
+            value = DEFAULTS.get(key)
+        filled[key] = value
+    if filled.get("device") == "xla":
+        source = f" (from {config.source})" if config.source else ""
+        raise ValueError(
+            f"device 'xla'{source}: TPU launches are not supported yet; "
+            "use device='cpu' or 'cuda'"
+        )
+    return filled
