@@ -50,3 +50,19 @@ def worker_environment(
         DEVICE_TYPE: device_type,
         LAUNCHED: "1",
     }
+
+
+def network_environment(plan) -> dict[str, str]:
+    """Keep a one-machine job on loopback: collectives and the store bind nowhere else.
+
+    Workers join the kernel-hosted rendezvous store as clients. For one machine,
+    gloo and NCCL are pinned to the loopback interface unless the user chose one.
+    """
+    import os
+
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    if plan.num_nodes == 1 and os.path.exists("/sys/class/net/lo"):
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if not os.environ.get(name):
+                env[name] = "lo"
+    return env

@@ -15,6 +15,7 @@ from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan
 from notebook_accel.launch.processes import close_worker_fds, kill_workers, start_workers
+from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Supervisor
 
 
@@ -118,17 +119,7 @@ def notebook_launcher(
                 raise
             print(f"[notebook_accel] {error.args[0]}; restarting "
                   f"({attempt + 1}/{plan.max_restarts})", file=sys.stderr, flush=True)
-            if options["use_port"] is None:
-                plan = _with_new_port(plan)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _with_new_port(plan: LaunchPlan) -> LaunchPlan:
-    from dataclasses import replace
-
-    from notebook_accel.launch.ports import free_port
-
-    return replace(plan, port=free_port(plan.master_addr))
 
 
 def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
@@ -137,7 +128,15 @@ def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
         # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.
         importlib.import_module("notebook_accel.launch.warm")
     relay = OutputRelay(show=plan.output)
-    workers, alive_fd = start_workers(plan, payload)
+    rendezvous = Rendezvous(plan.master_addr, plan.port or 0) if plan.hosts_rendezvous else None
+    try:
+        port = rendezvous.port if rendezvous is not None else plan.port
+        kernel_only = (rendezvous.fd,) if rendezvous is not None else ()
+        workers, alive_fd = start_workers(plan, payload, port, kernel_only)
+    except BaseException:
+        if rendezvous is not None:
+            rendezvous.close()
+        raise
     try:
         Supervisor(workers, relay, plan.timeout).run()
         results = []
@@ -156,4 +155,6 @@ def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
         kill_workers(workers)
         close_worker_fds(workers)
         os.close(alive_fd)
+        if rendezvous is not None:
+            rendezvous.close()
     return results if plan.return_all else results[0]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from notebook_accel import hardware
 from notebook_accel.launch.environment import MIXED_PRECISION_CHOICES
 from notebook_accel.launch.output import OUTPUT_CHOICES
-from notebook_accel.launch.ports import check_port_free, free_port, parse_port
+from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
 
 DEVICE_CHOICES = ("cpu", "cuda")
@@ -32,7 +32,7 @@ class LaunchPlan:
     mixed_precision: str
     start: StartChoice
     master_addr: str
-    port: int
+    port: int | None  # None: any free port, bound by the kernel at launch
     timeout: float | None
     output: str
     return_all: bool
@@ -44,6 +44,11 @@ class LaunchPlan:
 
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.num_processes + local_rank
+
+    @property
+    def hosts_rendezvous(self) -> bool:
+        """The main node's kernel hosts the store; other nodes' workers join it."""
+        return self.node_rank == 0
 
     def threads_per_worker(self) -> int | None:
         """Intra-op threads per worker, so N workers do not oversubscribe the cores."""
@@ -136,9 +141,7 @@ def make_plan(
             )
         if use_port is None:
             raise ValueError(f"num_nodes={num_nodes} needs use_port: every node must use the same port")
-    port = free_port(master_addr) if use_port is None else parse_port(use_port)
-    if use_port is not None and node_rank == 0:
-        check_port_free(master_addr, port)
+    port = None if use_port is None else parse_port(use_port)
     return LaunchPlan(
         num_processes=count, num_nodes=num_nodes, node_rank=node_rank, device_type=device_type,
         mixed_precision=mixed_precision, start=start, master_addr=master_addr, port=port,

@@ -6,13 +6,13 @@ import contextlib
 import os
 import signal
 import sys
-import types
 import time
+import types
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
-from notebook_accel.launch.environment import worker_environment
+from notebook_accel.launch.environment import network_environment, worker_environment
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.start_method import get_context
 from notebook_accel.launch.worker import WorkerPipes, WorkerSpec, worker_main
@@ -64,8 +64,12 @@ def _pipe() -> tuple[int, int]:
     return read_fd, write_fd
 
 
-def start_workers(plan: LaunchPlan, payload: bytes) -> tuple[list[Worker], int]:
+def start_workers(
+    plan: LaunchPlan, payload: bytes, port: int, kernel_only: tuple[int, ...] = ()
+) -> tuple[list[Worker], int]:
     """Start one process per local rank; returns the workers and the kernel-alive fd.
+
+    ``kernel_only``: other kernel fds that forked workers must close (the store's socket).
 
     Worker-side pipe ends are closed in the kernel only after every worker has
     started, so a forked worker never closes an fd number that got reused.
@@ -73,7 +77,7 @@ def start_workers(plan: LaunchPlan, payload: bytes) -> tuple[list[Worker], int]:
     context = get_context(plan.start.method)
     alive_r, alive_w = _pipe()
     ends = [(_pipe(), _pipe(), _pipe()) for _ in range(plan.num_processes)]
-    kernel_fds = [alive_w] + [pair[0] for triple in ends for pair in triple]
+    kernel_fds = [alive_w, *kernel_only] + [pair[0] for triple in ends for pair in triple]
     alive = Connection(alive_r, writable=False)
     worker_side = [alive] + [
         Connection(pair[1], readable=False) for triple in ends for pair in triple
@@ -89,9 +93,10 @@ def start_workers(plan: LaunchPlan, payload: bytes) -> tuple[list[Worker], int]:
             env = worker_environment(
                 rank=rank, local_rank=local_rank, world_size=plan.world_size,
                 local_world_size=plan.num_processes, group_rank=plan.node_rank,
-                master_addr=plan.master_addr, master_port=plan.port,
+                master_addr=plan.master_addr, master_port=port,
                 mixed_precision=plan.mixed_precision, device_type=plan.device_type,
             )
+            env.update(network_environment(plan))
             spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
                               send_result=plan.return_all or local_rank == 0, close_fds=close_fds)
             base = 1 + 3 * local_rank
