@@ -132,3 +132,18 @@ def test_visible_devices_filter_and_summary():
     assert hardware._apply_visible_devices(names, "0,7,1") == ["A100"]  # stops at invalid
     summary = hardware.Hardware(cpu_count=8, gpu_names=("A100", "A100")).summary()
     assert summary == "2 × A100, 8 CPU cores"
+
+
+def test_relay_limits_a_flood_and_says_how_much_was_skipped(monkeypatch):
+    from notebook_accel.launch import output
+
+    monkeypatch.setattr(output, "BURST_BYTES", 1000)
+    monkeypatch.setattr(output, "RATE_BYTES", 0)
+    r, out, err = relay()
+    r.feed(0, "stdout", b"".join(b"x" * 90 + b"\n" for _ in range(100)))
+    r.finish(0)
+    r.flush()
+    shown = out.getvalue().splitlines()
+    assert 1 <= len(shown) <= 11 and all(line == "[rank 0] " + "x" * 90 for line in shown)
+    assert f"{100 - len(shown)} lines" in err.getvalue() and "not shown" in err.getvalue()
+    assert r.tail(0, "stdout").count("\n") == 59  # the tail still has the last lines

@@ -2,7 +2,10 @@
 
 Lines of one rank stay in order. Carriage-return progress lines (tqdm) collapse to
 their latest state: the final state is printed when the line ends, and a snapshot
-at most every ``snapshot_every`` seconds while it is still moving.
+at most every ``snapshot_every`` seconds while it is still moving. A rank that
+floods (more than a burst of ``BURST_BYTES`` then ``RATE_BYTES`` per second) has
+the excess counted, not relayed, so the kernel and the browser stay responsive;
+its last lines are still kept for error reports.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import TextIO
 
 OUTPUT_CHOICES = ("all", "main", "none")
 _TAIL_LINES = 200
+BURST_BYTES = 4 << 20
+RATE_BYTES = 256 << 10
 
 
 class _Stream:
@@ -31,6 +36,36 @@ class _Stream:
     def add_line(self, text: str) -> None:
         self.tail.append((self.count, text))
         self.count += 1
+
+
+class _Budget:
+    """A token bucket of relayed bytes per rank; what does not fit is counted."""
+
+    def __init__(self) -> None:
+        self.tokens = float(BURST_BYTES)
+        self.updated = time.monotonic()
+        self.skipped_lines = 0
+        self.skipped_bytes = 0
+
+    def allow(self, size: int) -> bool:
+        now = time.monotonic()
+        self.tokens = min(BURST_BYTES, self.tokens + (now - self.updated) * RATE_BYTES)
+        self.updated = now
+        if self.tokens >= size:
+            self.tokens -= size
+            return True
+        self.skipped_lines += 1
+        self.skipped_bytes += size
+        return False
+
+    def notice(self) -> str | None:
+        """A line saying what was skipped since the last notice, if anything."""
+        if not self.skipped_lines:
+            return None
+        text = (f"... {self.skipped_lines} lines ({self.skipped_bytes / 1e6:.1f} MB) not shown: "
+                "too much output")
+        self.skipped_lines = self.skipped_bytes = 0
+        return text
 
 
 def _latest(segment: str) -> str:
@@ -60,6 +95,7 @@ class OutputRelay:
         self._targets = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
         self._streams: dict[tuple[int, str], _Stream] = {}
         self._pending: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._budgets: dict[int, _Budget] = {}
         self.snapshot_every = snapshot_every
 
     def _stream(self, rank: int, name: str) -> _Stream:
@@ -74,7 +110,13 @@ class OutputRelay:
     def _emit(self, rank: int, name: str, text: str) -> None:
         self._stream(rank, name).add_line(text)
         if self._visible(rank):
-            self._pending[name].append(f"[rank {rank}] {text}\n")
+            line = f"[rank {rank}] {text}\n"
+            budget = self._budgets.setdefault(rank, _Budget())
+            if budget.allow(len(line)):
+                notice = budget.notice()
+                if notice:
+                    self._pending[name].append(f"[rank {rank}] {notice}\n")
+                self._pending[name].append(line)
 
     def feed(self, rank: int, name: str, data: bytes) -> None:
         """Take raw bytes read from ``rank``'s ``name`` ("stdout"/"stderr") pipe."""
@@ -102,6 +144,10 @@ class OutputRelay:
 
     def finish(self, rank: int) -> None:
         """Flush the unfinished last line of ``rank`` (its process has ended)."""
+        budget = self._budgets.get(rank)
+        notice = budget.notice() if budget is not None else None
+        if notice:
+            self._pending["stderr"].append(f"[rank {rank}] {notice}\n")
         for name in ("stdout", "stderr"):
             stream = self._streams.get((rank, name))
             if stream is None:
