@@ -1,0 +1,101 @@
+"""``%%accelerate``: run a notebook cell on every worker, names in and results out.
+
+Data flows one way: cell -> names it reads (``names``) -> checked shipment
+(``shipping``) -> ``notebook_launcher`` running ``cell_runner.run_cell`` on every
+worker -> rank 0's assigned names (``pulling``) -> the notebook namespace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import parse_argstring
+
+from magics import commands, pulling
+from magics.arguments import launch_options, magic_flags
+from magics.cell_runner import run_cell
+from magics.cell_source import make_cell_code
+from magics.names import analyse_cell
+from magics.shipping import collect_names
+
+
+@magics_class
+class AccelerateMagics(Magics):
+    """The ``%%accelerate`` cell magic and the ``%accelerate env|test|config`` line magic."""
+
+    def __init__(self, shell: Any = None) -> None:
+        super().__init__(shell)
+        self._raw_cell: str | None = None
+        if shell is not None:
+            shell.events.register("pre_run_cell", self._remember_cell)
+
+    def _remember_cell(self, info: Any) -> None:
+        self._raw_cell = getattr(info, "raw_cell", None)
+
+    @line_cell_magic
+    @magic_flags
+    def accelerate(self, line: str, cell: str | None = None) -> Any:
+        """Run this cell on every worker: the notebook's names go in, the results come out.
+
+        Cell magic::
+
+            %%accelerate -n 2 --mixed-precision bf16
+            accelerator = Accelerator()
+            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            ...
+
+        Every worker runs the cell in a fresh namespace holding the notebook names
+        the cell reads (modules are imported again, notebook functions and classes
+        travel by value); names that cannot be sent are listed before any worker
+        starts. Output appears live, prefixed ``[rank N]``; a failing rank fails the
+        cell with its own traceback. Afterwards the names the cell assigned come
+        back from rank 0 (tensors on the CPU, models unwrapped from DDP); what
+        cannot come back is listed in one line. ``Accelerator()`` in the cell picks
+        up the flags through the worker environment.
+
+        Line magic::
+
+            %accelerate env      versions, devices and the config in force
+            %accelerate test     a short training sanity check on the workers (-n N)
+            %accelerate config   the configuration panel
+
+        Unset flags fall back to NOTEBOOK_ACCEL_* environment variables, then the
+        config file (--config, else the default one), then auto-detection.
+        """
+        args = parse_argstring(self.accelerate, line)
+        if cell is None:
+            return self._line(args)
+        if args.command:
+            raise UsageError(f"'{args.command}' is a line magic: use %accelerate {args.command} "
+                             "(one % sign) in a cell of its own")
+        return self._cell(args, line, cell)
+
+    def _line(self, args: Any) -> Any:
+        if args.command is None:
+            raise UsageError("%accelerate needs a command: env, test or config; "
+                             "use %%accelerate at the top of a cell to run the cell on the "
+                             "workers (%%accelerate? for help)")
+        runner = {"env": commands.env, "test": commands.test, "config": commands.config}
+        return runner[args.command](args)
+
+    def _cell(self, args: Any, line: str, body: str) -> None:
+        raw_cell, self._raw_cell = self._raw_cell, None
+        code, tree = make_cell_code(self.shell, line, body, raw_cell)
+        names = analyse_cell(tree)
+        shipment = collect_names(names.reads, self.shell.user_ns, self.shell.user_ns_hidden)
+        pull = names.assigns if args.pull is None else args.pull
+        options = launch_options(args)
+        from notebook_accel.launch.launcher import notebook_launcher
+
+        try:
+            result = notebook_launcher(
+                run_cell, kwargs={"cell": code, "values": shipment.values,
+                                  "modules": shipment.modules, "pull": tuple(pull)},
+                **options)
+        except ValueError as error:  # a bad option or config value: no traceback needed
+            raise UsageError(str(error)) from None
+        values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)
+        self.shell.push(values)
+        pulling.report(failed)

@@ -1,0 +1,72 @@
+"""Turn a ``%%accelerate`` cell into code whose tracebacks point into the notebook cell.
+
+The body is compiled under the name IPython gives the cell (registered in
+``linecache`` with mtime None), and shifted down so its line numbers count from
+the top of the cell as the user sees it: the ``%%accelerate`` line is line 1.
+"""
+
+from __future__ import annotations
+
+import ast
+import traceback
+from typing import Any
+
+from magics.cell_runner import CellCode
+
+
+class CellSyntaxError(ValueError):
+    """The cell does not compile (found in the kernel, before any worker starts).
+
+    Attributes:
+        error: the ``SyntaxError``, with the cell's file name and line.
+    """
+
+    def __init__(self, error: SyntaxError, label: str) -> None:
+        super().__init__(f"{label}, line {error.lineno}: {error.msg}")
+        self.error = error
+        self.label = label
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython hook: the syntax error as IPython shows one in a plain cell."""
+        lines = traceback.format_exception_only(type(self.error), self.error)
+        text = "".join(lines).replace(f'File "{self.error.filename}", ', f"{self.label}, ", 1)
+        return text.rstrip("\n").splitlines()
+
+
+def _cell_text(raw_cell: str | None, line: str, body: str) -> tuple[list[str], int]:
+    """The notebook cell's lines, and how many of them come before the body."""
+    body_lines = body.splitlines()
+    if raw_cell:
+        lines = raw_cell.splitlines()
+        for index, text in enumerate(lines):
+            if text.lstrip().startswith("%%") and lines[index + 1:] == body_lines:
+                return [text + "\n" for text in lines], index + 1
+    return [f"%%accelerate {line}".rstrip() + "\n", *(text + "\n" for text in body_lines)], 1
+
+
+def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tuple[CellCode, ast.Module]:
+    """Compile-check the body in the kernel and describe it for the workers.
+
+    Args:
+        shell: the IPython shell (its compiler names and caches the cell).
+        line: the magic's arguments; body: the cell body.
+        raw_cell: the whole cell as typed, when known.
+    Returns:
+        The :class:`CellCode` and the parsed body (for name analysis).
+    Raises:
+        CellSyntaxError: the body does not compile; it names the cell's line.
+    """
+    lines, offset = _cell_text(raw_cell, line, body)
+    text = "".join(lines)
+    compiler = getattr(shell, "compile", None)
+    if compiler is not None and hasattr(compiler, "cache"):
+        filename = compiler.cache(text, shell.execution_count, raw_code=raw_cell or text)
+    else:
+        filename = f"<%%accelerate cell {shell.execution_count}>"
+    code = CellCode("\n" * offset + body, filename, lines)
+    code.register()
+    try:
+        tree = ast.parse(code.source, filename)
+    except SyntaxError as error:
+        raise CellSyntaxError(error, f"Cell In[{shell.execution_count}]") from None
+    return code, tree

@@ -1,0 +1,70 @@
+"""The line magic's commands: ``%accelerate env``, ``test`` and ``config``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from magics.arguments import launch_options
+
+
+class SanityCheckFailed(RuntimeError):
+    """``%accelerate test`` found a problem (the PASS/FAIL lines above say which)."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython hook: one line; the details were printed as the check ran."""
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self.args[0]}"]
+
+
+def _version(module_name: str) -> str:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return "not installed"
+    return getattr(module, "__version__", "installed")
+
+
+def env(args: argparse.Namespace) -> None:
+    """Versions, devices and the config in force (the ``notebook-accel env`` report),
+    plus what matters in this kernel: the notebook packages and the start method."""
+    from notebook_accel.cli import main
+    from notebook_accel.launch.start_method import fork_unsafe_reason
+
+    main(["env", *(["--config-file", args.config] if args.config else [])])
+    print(f"IPython: {_version('IPython')}; ipywidgets: {_version('ipywidgets')}")
+    reason = fork_unsafe_reason()
+    print("Start method 'auto' in this kernel: "
+          + ("fork" if reason is None else f"forkserver ({reason})"))
+
+
+def test(args: argparse.Namespace) -> None:
+    """Run :func:`notebook_accel.sanity.run_sanity_check` with the magic's launch flags.
+
+    Raises:
+        SanityCheckFailed: a check failed.
+    """
+    from notebook_accel.sanity import run_sanity_check
+
+    options = launch_options(args)
+    num_processes = options.pop("num_processes") or 2
+    if not run_sanity_check(num_processes, **options):
+        raise SanityCheckFailed("the sanity check failed; see the FAIL lines above")
+
+
+PANEL_MISSING = (
+    "The configuration panel is not available in this installation yet. Meanwhile, "
+    "`!notebook-accel config --num-processes 2 --mixed-precision bf16` writes the config file "
+    "(see `!notebook-accel config --help`), and `%accelerate env` shows the config in force.")
+
+
+def config(args: argparse.Namespace) -> Any:
+    """Show the config panel (``magics.config_panel.config_panel()``) if it is installed."""
+    try:
+        panel = importlib.import_module("magics.config_panel")
+    except ModuleNotFoundError as error:
+        if error.name != "magics.config_panel":
+            raise
+        print(PANEL_MISSING)
+        return None
+    return panel.config_panel()

@@ -1,0 +1,142 @@
+"""The kernel side of names in: pick what a cell needs from the notebook, check it travels.
+
+Modules go by name (the worker imports them again); everything else by cloudpickle,
+so functions and classes defined in the notebook travel by value. Each value is
+tried on its own, so *every* name that cannot travel is reported at once, before
+any worker starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import re
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from notebook_accel.launch.payload import serialise_payload
+
+
+class UnshippableNamesError(TypeError):
+    """Names the cell reads cannot be sent to the workers (raised before any starts).
+
+    Attributes:
+        reasons: name -> why it cannot be sent.
+    """
+
+    def __init__(self, reasons: Mapping[str, str]) -> None:
+        self.reasons = dict(reasons)
+        listing = "\n".join(f"  {name}: {why}" for name, why in self.reasons.items())
+        super().__init__(
+            f"%%accelerate cannot send {len(self.reasons)} name(s) the cell uses to the workers; "
+            f"no worker was started:\n{listing}\n"
+            "Create them inside the cell instead, or pass something that can be pickled.")
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython hook: the message alone; the magic's internals are no help here."""
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self.args[0]}"]
+
+
+@dataclass
+class Shipment:
+    """What goes to the workers.
+
+    Attributes:
+        values: name -> value, serialised by the launcher with cloudpickle.
+        modules: name -> module name, imported again in each worker.
+    """
+
+    values: dict[str, Any] = field(default_factory=dict)
+    modules: dict[str, str] = field(default_factory=dict)
+
+
+def collect_names(reads: Iterable[str], namespace: Mapping[str, Any],
+                  hidden: Mapping[str, Any] = types.MappingProxyType({})) -> Shipment:
+    """Pick the names in ``reads`` that ``namespace`` holds and check each can travel.
+
+    Args:
+        reads: names the cell may read (:func:`magics.names.analyse_cell`).
+        namespace: the notebook's namespace.
+        hidden: IPython's own names (``In``, ``Out``, ``get_ipython``...); skipped
+            while they still hold IPython's value.
+    Returns:
+        The :class:`Shipment`.
+    Raises:
+        UnshippableNamesError: listing every name that cannot travel, with the reason.
+    """
+    shipment, refused = Shipment(), {}
+    for name in reads:
+        if name not in namespace:
+            continue  # a builtin, or a NameError the worker reports with the cell's line
+        value = namespace[name]
+        if name in hidden and hidden[name] is value:
+            continue
+        if isinstance(value, types.ModuleType):
+            reason = _module_problem(value)
+            if reason is None:
+                shipment.modules[name] = value.__name__
+            else:
+                refused[name] = reason
+            continue
+        reason = _value_problem(name, value)
+        if reason is None:
+            shipment.values[name] = value
+        else:
+            refused[name] = reason
+    if refused:
+        raise UnshippableNamesError(refused)
+    return shipment
+
+
+def _module_problem(module: types.ModuleType) -> str | None:
+    name = module.__name__
+    if name == "__main__":
+        return "it is the __main__ module, which workers cannot import"
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return f"module {name!r} cannot be imported by name in a worker"
+    return None
+
+
+class _Discard:
+    """A file that throws away what is written: checking picklability costs no memory."""
+
+    @staticmethod
+    def write(data: bytes) -> int:
+        return len(data)
+
+
+def _value_problem(name: str, value: Any) -> str | None:
+    try:
+        cloudpickle.CloudPickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception as exc:  # noqa: BLE001 - any failure means it cannot travel
+        return _where(name, value) or f"{type(exc).__name__}: {exc}"
+    return None
+
+
+_LAUNCHER_MESSAGE = re.compile(r"cannot send kwargs\[(?P<key>'[^']*')\](?P<path>.*?) to the "
+                               r"workers: (?P<error>.*?)\. Create it", re.DOTALL)
+
+
+def _where(name: str, value: Any) -> str | None:
+    """The launcher's diagnosis (which part of the value fails), reworded for a cell."""
+    try:
+        serialise_payload(_nothing, (), {name: value})
+    except TypeError as exc:
+        match = _LAUNCHER_MESSAGE.search(str(exc))
+        if match is None:
+            return None
+        path = match["path"].strip()
+        return f"{match['error']}" + (f" (at {name}{path})" if path else "")
+    return None
+
+
+def _nothing() -> None:
+    return None
