@@ -1,7 +1,10 @@
 """The ``notebook-accel`` command (also ``python -m notebook_accel``).
 
 ``notebook-accel env`` reports versions, hardware and the config in force;
-``notebook-accel config`` shows or writes the config file without questions.
+``notebook-accel config`` shows or writes the config file without questions;
+``notebook-accel launch SCRIPT [ARGS]`` runs a script on N workers and
+``notebook-accel test`` checks distributed training works here (both in
+:mod:`notebook_accel.cli_launch`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from notebook_accel import config as cfgmod
+from notebook_accel.cli_launch import add_subcommands
 from notebook_accel.config.schema import KeyValueError
 
 # config field -> (flag type, help); each becomes --field-name
@@ -120,6 +124,7 @@ def _build_parser() -> argparse.ArgumentParser:
         config.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text,
                             metavar="N" if kind is int else "VALUE")
     config.set_defaults(func=_cmd_config)
+    add_subcommands(sub, common)
     return parser
 
 
