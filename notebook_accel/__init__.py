@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
+    "last_launch": "notebook_accel.launch.record",
     "PartialState": "notebook_accel.state",
     "Accelerator": "notebook_accel.accelerator",
     "set_seed": "notebook_accel.seeding",

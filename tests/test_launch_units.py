@@ -147,3 +147,28 @@ def test_relay_limits_a_flood_and_says_how_much_was_skipped(monkeypatch):
     assert 1 <= len(shown) <= 11 and all(line == "[rank 0] " + "x" * 90 for line in shown)
     assert f"{100 - len(shown)} lines" in err.getvalue() and "not shown" in err.getvalue()
     assert r.tail(0, "stdout").count("\n") == 59  # the tail still has the last lines
+
+
+def test_event_channel_is_bounded_coalesces_and_never_blocks():
+    import os
+
+    from notebook_accel.launch.events import EventChannel, EventReader
+
+    read_fd, write_fd = os.pipe()
+    try:
+        channel = EventChannel(write_fd)
+        reader = EventReader(read_fd)
+        os.set_blocking(read_fd, False)
+        for i in range(200_000):  # nobody reads: the pipe fills, then the queue
+            channel.emit("progress", {"n": i}, key="bar")
+            channel.emit("metrics", {"step": i})
+        assert len(channel.queue) <= 10_001  # bounded; the progress slot coalesced
+        assert channel.dropped > 0
+        events, still_open = reader.read()
+        assert still_open and events
+        steps = [data["step"] for kind, _, data in events if kind == "metrics"]
+        assert steps == sorted(steps) and steps[0] == 0  # in order, from the start
+        assert channel.emit("big", "x" * 10_000) is False  # larger than an atomic write
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)

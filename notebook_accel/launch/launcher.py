@@ -15,8 +15,10 @@ from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan
 from notebook_accel.launch.processes import close_worker_fds, kill_workers, start_workers
+from notebook_accel.launch.record import LaunchRecord, remember
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Supervisor
+from notebook_accel.launch.views import make_view
 
 
 def notebook_launcher(
@@ -138,7 +140,13 @@ def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
             rendezvous.close()
         raise
     try:
-        Supervisor(workers, relay, plan.timeout).run()
+        record = LaunchRecord(
+            world_size=plan.world_size, num_processes=plan.num_processes,
+            device_type=plan.device_type, start_method=plan.start.method,
+            mixed_precision=plan.mixed_precision,
+        )
+        remember(record)
+        Supervisor(workers, relay, plan.timeout, record, make_view(record, plan.output)).run()
         results = []
         for worker in workers:
             if worker.result is None:

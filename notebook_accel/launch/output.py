@@ -96,6 +96,7 @@ class OutputRelay:
         self._streams: dict[tuple[int, str], _Stream] = {}
         self._pending: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._budgets: dict[int, _Budget] = {}
+        self._last: dict[int, str] = {}
         self.snapshot_every = snapshot_every
 
     def _stream(self, rank: int, name: str) -> _Stream:
@@ -109,6 +110,8 @@ class OutputRelay:
 
     def _emit(self, rank: int, name: str, text: str) -> None:
         self._stream(rank, name).add_line(text)
+        if text.strip():
+            self._last[rank] = text
         if self._visible(rank):
             line = f"[rank {rank}] {text}\n"
             budget = self._budgets.setdefault(rank, _Budget())
@@ -165,6 +168,14 @@ class OutputRelay:
                 target.write("".join(lines))
                 target.flush()
                 lines.clear()
+
+    def last_line(self, rank: int) -> str:
+        """What ``rank`` shows last: its moving progress line, else its last line."""
+        for name in ("stderr", "stdout"):
+            stream = self._streams.get((rank, name))
+            if stream is not None and _latest(stream.partial).strip():
+                return _latest(stream.partial)
+        return self._last.get(rank, "")
 
     def line_count(self, rank: int, name: str = "stderr") -> int:
         """How many lines ``rank`` has written to ``name`` so far."""

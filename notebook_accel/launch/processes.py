@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
 from notebook_accel.launch.environment import network_environment, worker_environment
+from notebook_accel.launch.events import enlarge_pipe
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.start_method import get_context
 from notebook_accel.launch.worker import WorkerPipes, WorkerSpec, worker_main
@@ -27,6 +28,7 @@ class Worker:
     stdout_fd: int
     stderr_fd: int
     control: Connection
+    events_fd: int
     result: bytes | None = None
     returned: bool = False  # it sent its outcome "ok"
     error: dict | None = None
@@ -76,7 +78,9 @@ def start_workers(
     """
     context = get_context(plan.start.method)
     alive_r, alive_w = _pipe()
-    ends = [(_pipe(), _pipe(), _pipe()) for _ in range(plan.num_processes)]
+    ends = [(_pipe(), _pipe(), _pipe(), _pipe()) for _ in range(plan.num_processes)]
+    for triple in ends:
+        enlarge_pipe(triple[3][1])
     kernel_fds = [alive_w, *kernel_only] + [pair[0] for triple in ends for pair in triple]
     alive = Connection(alive_r, writable=False)
     worker_side = [alive] + [
@@ -85,8 +89,8 @@ def start_workers(
     threads = plan.threads_per_worker()
     workers: list[Worker] = []
     try:
-        for local_rank, (out, err, ctl) in enumerate(ends):
-            own = {out[1], err[1], ctl[1], alive_r}
+        for local_rank, (out, err, ctl, ev) in enumerate(ends):
+            own = {out[1], err[1], ctl[1], ev[1], alive_r}
             every = {fd for triple in ends for pair in triple for fd in pair} | set(kernel_fds)
             close_fds = tuple(sorted(every - own)) if plan.start.method == "fork" else ()
             rank = plan.global_rank(local_rank)
@@ -99,17 +103,18 @@ def start_workers(
             env.update(network_environment(plan))
             spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
                               send_result=plan.return_all or local_rank == 0, close_fds=close_fds)
-            base = 1 + 3 * local_rank
+            base = 1 + 4 * local_rank
             pipes = WorkerPipes(stdout=worker_side[base], stderr=worker_side[base + 1],
-                                control=worker_side[base + 2], alive=alive)
+                                control=worker_side[base + 2], events=worker_side[base + 3],
+                                alive=alive)
             process = context.Process(target=worker_main, args=(spec, payload, pipes),
                                       name=f"notebook-accel-rank{rank}", daemon=False)
             with _main_module_hidden(plan.start.method != "fork"):
                 process.start()
-            for fd in (out[0], err[0]):
+            for fd in (out[0], err[0], ev[0]):
                 os.set_blocking(fd, False)
             workers.append(Worker(rank=rank, process=process, stdout_fd=out[0], stderr_fd=err[0],
-                                  control=Connection(ctl[0], writable=False)))
+                                  control=Connection(ctl[0], writable=False), events_fd=ev[0]))
     except BaseException:
         _close(alive_w)
         kill_workers(workers)
@@ -181,4 +186,5 @@ def close_worker_fds(workers: list[Worker]) -> None:
     for worker in workers:
         _close(worker.stdout_fd)
         _close(worker.stderr_fd)
+        _close(worker.events_fd)
         worker.control.close()

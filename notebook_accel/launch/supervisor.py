@@ -14,9 +14,14 @@ import selectors
 import signal
 import time
 
+import psutil
+
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.events import EventReader
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.processes import Worker, stop_workers
+from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.views import View
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
 _STACK_DUMP_WAIT = 0.5
@@ -38,13 +43,27 @@ def _describe_exit(worker: Worker) -> str:
 class Supervisor:
     """Runs the watch loop for one launch."""
 
-    def __init__(self, workers: list[Worker], relay: OutputRelay, timeout: float | None) -> None:
+    def __init__(
+        self,
+        workers: list[Worker],
+        relay: OutputRelay,
+        timeout: float | None,
+        record: LaunchRecord,
+        view: View,
+    ) -> None:
         self.workers = workers
         self.relay = relay
         self.timeout = timeout
+        self.record = record
+        self.view = view
+        self.readers = {w.rank: EventReader(w.events_fd) for w in workers}
+        self._next_sample = 0.0
+        for w in workers:
+            record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.process.pid)
         self.by_rank = {w.rank: w for w in workers}
         self.selector = selectors.DefaultSelector()
         self.first_failure: float | None = None
+        self.timed_out = False
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -53,6 +72,7 @@ class Supervisor:
             self.selector.register(w.stdout_fd, selectors.EVENT_READ, (w.rank, "stdout"))
             self.selector.register(w.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
             self.selector.register(w.control.fileno(), selectors.EVENT_READ, (w.rank, "control"))
+            self.selector.register(w.events_fd, selectors.EVENT_READ, (w.rank, "events"))
             self.selector.register(w.process.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
 
     def _unregister(self, fd: int) -> None:
@@ -75,6 +95,13 @@ class Supervisor:
                 return
             self.relay.feed(worker.rank, name, data)
 
+    def _read_events(self, worker: Worker) -> None:
+        events, still_open = self.readers[worker.rank].read()
+        for kind, when, data in events:
+            self.record.apply(worker.rank, kind, when, data)
+        if not still_open:
+            self._unregister(worker.events_fd)
+
     def _read_control(self, worker: Worker) -> None:
         try:
             while worker.control.poll(0):
@@ -92,10 +119,18 @@ class Supervisor:
         worker.exited, worker.exit_time = True, time.monotonic()
         self._unregister(worker.process.sentinel)
         self._read_control(worker)
+        self._read_events(worker)
         self._read_output(worker, "stdout")
         self._read_output(worker, "stderr")
         self.relay.finish(worker.rank)
-        if not (worker.returned and worker.exitcode == 0) and not worker.stopped:
+        status = self.record.ranks[worker.rank]
+        status.ended, status.exitcode = time.time(), worker.exitcode
+        if worker.returned and worker.exitcode == 0:
+            status.state = "finished"
+        elif worker.stopped:
+            status.state = "stopped"
+        else:
+            status.state = "failed"
             self._failed()
 
     def _failed(self) -> None:
@@ -107,12 +142,13 @@ class Supervisor:
             self._read_output(w, "stdout")
             self._read_output(w, "stderr")
             self._read_control(w)
+            self._read_events(w)
         self.relay.flush()
 
     # -- the loop ------------------------------------------------------------------------------
 
     def _poll(self, timeout: float) -> None:
-        order = {"stdout": 0, "stderr": 0, "control": 1, "exit": 2}
+        order = {"stdout": 0, "stderr": 0, "events": 0, "control": 1, "exit": 2}
         events = self.selector.select(timeout)
         for key, _ in sorted(events, key=lambda e: order[e[0].data[1]]):
             rank, kind = key.data
@@ -122,10 +158,31 @@ class Supervisor:
                     self._on_exit(worker)
             elif kind == "control":
                 self._read_control(worker)
+            elif kind == "events":
+                self._read_events(worker)
             else:
                 self._read_output(worker, kind)
         self.relay.tick()
         self.relay.flush()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Bring the record up to date (states, memory once a second) and redraw."""
+        now = time.monotonic()
+        sample = now >= self._next_sample
+        if sample:
+            self._next_sample = now + 1.0
+        for w in self.workers:
+            status = self.record.ranks[w.rank]
+            status.last_line = self.relay.last_line(w.rank)
+            if status.state == "starting" and not w.exited:
+                status.state = "running"
+            if sample and not w.exited:
+                try:
+                    status.rss = psutil.Process(w.process.pid).memory_info().rss or status.rss
+                except (psutil.Error, TypeError):
+                    pass
+        self.view.update(self.record)
 
     def run(self) -> list[Worker]:
         """Watch until every worker has ended; returns them when all succeeded.
@@ -134,6 +191,22 @@ class Supervisor:
             WorkerError: a worker failed, or the timeout passed.
             KeyboardInterrupt: the user interrupted; every worker has been stopped.
         """
+        outcome = "failed"
+        try:
+            self._watch()
+            outcome = "finished"
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+            raise
+        except WorkerError:
+            outcome = "timed out" if self.timed_out else "failed"
+            raise
+        finally:
+            self.record.finish(outcome)
+            self.view.update(self.record, final=True)
+        return self.workers
+
+    def _watch(self) -> None:
         self._register()
         start = time.monotonic()
         try:
@@ -154,7 +227,6 @@ class Supervisor:
             self._finish()
             raise self._root_cause()
         self._finish()
-        return self.workers
 
     def _finish(self) -> None:
         for w in self.workers:
@@ -169,6 +241,7 @@ class Supervisor:
     # -- verdicts ------------------------------------------------------------------------------
 
     def _timed_out(self, elapsed: float) -> WorkerError:
+        self.timed_out = True
         running = [w for w in self.workers if not w.exited]
         marks = {w.rank: self.relay.line_count(w.rank) for w in running}
         for w in running:

@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
+from notebook_accel.launch import events
 from notebook_accel.launch.payload import dumps_result, load_payload
 
 _SECONDARY = re.compile(
@@ -50,6 +51,7 @@ class WorkerPipes:
     stdout: Connection
     stderr: Connection
     control: Connection
+    events: Connection
     alive: Connection
 
 
@@ -116,6 +118,7 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
             pass
     _redirect_output(pipes.stdout.fileno(), pipes.stderr.fileno())
     _watch_kernel(pipes.alive.fileno())
+    events.install(pipes.events.fileno())
     _set_process_name(spec.rank)
     _reset_signals()
     os.environ.update(spec.env)
@@ -154,6 +157,7 @@ def _run(spec: WorkerSpec, payload: bytes, pipes: WorkerPipes) -> int:
         function, args, kwargs = load_payload(payload)
         value = function(*args, **kwargs)
     except SystemExit as exc:
+        events.close()
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code == 0:
             value = None
@@ -162,8 +166,10 @@ def _run(spec: WorkerSpec, payload: bytes, pipes: WorkerPipes) -> int:
                   _error(exc, code, f"called sys.exit({exc.code!r})"))
             return code
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the kernel
+        events.close()
         _send(pipes, "error", time.monotonic(), _error(exc, 1))
         return 1
+    events.close()
     try:
         data = dumps_result(value) if spec.send_result else None
     except Exception as exc:

@@ -1,0 +1,166 @@
+"""A fast, bounded, private event channel from each worker to the kernel.
+
+Workers call :func:`emit` (progress, metrics...) from the training loop. Each event
+is one small framed message written without blocking to a pipe only this launch
+holds; writes of at most ``PIPE_BUF`` bytes are atomic, so a full pipe never
+leaves half a message. When the pipe is full, events wait in a bounded queue
+(events with the same ``key`` replace each other: a progress bar only needs its
+latest state) and beyond that are dropped and counted: training never blocks.
+Outside a launched worker, :func:`emit` does nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import itertools
+import os
+import pickle
+import select
+import struct
+import time
+from typing import Any
+
+_HEADER = struct.Struct("<I")
+MAX_EVENT_BYTES = select.PIPE_BUF  # atomic pipe writes
+MAX_QUEUED = 10_000
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Give the pipe 1 MiB of buffer where the OS allows (fewer full-pipe moments)."""
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:
+        pass
+
+
+class EventChannel:
+    """The worker's end: non-blocking, bounded, coalescing."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self.queue: collections.OrderedDict[Any, bytes] = collections.OrderedDict()
+        self.dropped = 0
+        self._unkeyed = itertools.count()
+
+    def emit(self, kind: str, data: Any, key: Any = None) -> bool:
+        """Send ``(kind, time, data)``; returns False when it was dropped."""
+        body = pickle.dumps((kind, time.time(), data), protocol=pickle.HIGHEST_PROTOCOL)
+        message = _HEADER.pack(len(body)) + body
+        if len(message) > MAX_EVENT_BYTES:
+            self.dropped += 1
+            return False
+        if self.queue:
+            self._flush()
+        if not self.queue and self._write(message):
+            return True
+        slot = (kind, key) if key is not None else next(self._unkeyed)
+        if slot in self.queue:
+            self.queue[slot] = message  # coalesce: only the latest state matters
+            return True
+        if len(self.queue) >= MAX_QUEUED:
+            self.dropped += 1
+            return False
+        self.queue[slot] = message
+        return True
+
+    def _write(self, message: bytes) -> bool:
+        try:
+            return os.write(self.fd, message) == len(message)
+        except BlockingIOError:
+            return False
+        except OSError:  # the kernel is gone; the watchdog ends us
+            self.queue.clear()
+            return True
+
+    def _flush(self) -> None:
+        while self.queue:
+            slot, message = next(iter(self.queue.items()))
+            if not self._write(message):
+                return
+            self.queue.pop(slot, None)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Deliver what is queued (waiting at most ``timeout`` s), then report drops."""
+        deadline = time.monotonic() + timeout
+        while self.queue and time.monotonic() < deadline:
+            self._flush()
+            if self.queue:
+                time.sleep(0.005)
+        self.dropped += len(self.queue)
+        self.queue.clear()
+        if self.dropped:
+            self._write(_frame(("dropped", time.time(), {"count": self.dropped})))
+
+
+def _frame(event: tuple) -> bytes:
+    body = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+_channel: EventChannel | None = None
+
+
+def install(fd: int) -> None:
+    """Called once in a launched worker: events go to ``fd``."""
+    global _channel
+    _channel = EventChannel(fd)
+
+
+def close() -> None:
+    """Called when the worker's function has returned."""
+    if _channel is not None:
+        _channel.close()
+
+
+def active() -> bool:
+    """True inside a worker started by ``notebook_launcher``."""
+    return _channel is not None
+
+
+def emit(kind: str, data: Any, key: Any = None) -> bool:
+    """Send an event to the kernel watching this worker (no-op elsewhere).
+
+    Args:
+        kind: e.g. ``"progress"`` or ``"metrics"``.
+        data: small plain data (at most a few KB pickled; bigger events are dropped).
+        key: events of one ``kind`` with the same key coalesce when the pipe is full.
+    Returns:
+        False when the event was dropped (or there is no launcher).
+    """
+    return _channel.emit(kind, data, key) if _channel is not None else False
+
+
+class EventReader:
+    """The kernel's end: reassembles framed events from non-blocking reads."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = bytearray()
+
+    def read(self) -> tuple[list[tuple[str, float, Any]], bool]:
+        """Returns (events read now, still open)."""
+        open_ = True
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                open_ = False
+                break
+            self.buffer += chunk
+        events = []
+        while len(self.buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self.buffer)
+            if len(self.buffer) < _HEADER.size + size:
+                break
+            body = bytes(self.buffer[_HEADER.size:_HEADER.size + size])
+            del self.buffer[:_HEADER.size + size]
+            events.append(pickle.loads(body))
+        return events, open_

@@ -1,0 +1,96 @@
+"""What the kernel knows about a launch while it runs and after: the model behind the views.
+
+The supervisor fills a :class:`LaunchRecord` (per-rank state, memory, last output
+line; progress and metric events from the workers); views (the notebook's live
+display, the text fallback) only read it. After the job, ``last_launch()``
+returns it, e.g. ``last_launch().history["loss"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+STATES = ("starting", "running", "finished", "failed", "stopped")
+
+
+@dataclass
+class RankStatus:
+    """One worker as the kernel sees it."""
+
+    rank: int
+    pid: int | None = None
+    state: str = "starting"
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    exitcode: int | None = None
+    rss: int | None = None  # bytes
+    gpu_memory: int | None = None  # bytes, where the worker reports it
+    last_line: str = ""
+
+    @property
+    def elapsed(self) -> float:
+        return (self.ended or time.time()) - self.started
+
+
+@dataclass
+class LaunchRecord:
+    """A launch: its settings, its ranks, and the events they sent.
+
+    Attributes:
+        history: metric name -> list of ``(step, value)`` logged by rank 0, in order.
+        progress: rank -> the latest progress state it reported (a dict).
+        dropped: rank -> events the worker dropped because the kernel lagged.
+        outcome: None while running, then "finished", "failed", "interrupted" or
+            "timed out".
+    """
+
+    world_size: int
+    num_processes: int
+    device_type: str
+    start_method: str
+    mixed_precision: str
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    ranks: dict[int, RankStatus] = field(default_factory=dict)
+    history: dict[str, list[tuple[int | None, float]]] = field(default_factory=dict)
+    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
+    dropped: dict[int, int] = field(default_factory=dict)
+    outcome: str | None = None
+    events: int = 0
+
+    @property
+    def elapsed(self) -> float:
+        return (self.ended or time.time()) - self.started
+
+    def apply(self, rank: int, kind: str, when: float, data: Any) -> None:
+        """Fold one worker event into the record."""
+        self.events += 1
+        if kind == "metrics" and rank == min(self.ranks, default=0):
+            step = data.get("step")
+            for name, value in data.get("values", {}).items():
+                self.history.setdefault(name, []).append((step, value))
+        elif kind == "progress":
+            self.progress[rank] = dict(data, time=when)
+        elif kind == "memory":
+            self.ranks[rank].gpu_memory = data.get("gpu")
+        elif kind == "dropped":
+            self.dropped[rank] = self.dropped.get(rank, 0) + int(data.get("count", 0))
+
+    def finish(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.ended = time.time()
+
+
+_last: LaunchRecord | None = None
+
+
+def remember(record: LaunchRecord) -> None:
+    global _last
+    _last = record
+
+
+def last_launch() -> LaunchRecord | None:
+    """The record of the most recent launch in this process (None before any)."""
+    return _last
