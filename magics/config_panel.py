@@ -1,0 +1,242 @@
+"""The config panel (``%accelerate config``, ``notebook_accel.config_panel()``): ipywidgets
+in place of the peer's terminal wizard.
+
+The widgets only mirror a :class:`~magics.panel_state.FormState`; the rules live in
+:mod:`magics.panel_rules` and :mod:`magics.panel_state`, the Test button's runner in
+:mod:`magics.panel_sanity`.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import warnings
+from pathlib import Path
+
+import ipywidgets as widgets
+
+from magics.panel_rules import (
+    START_METHOD_TIPS,
+    device_choices,
+    max_processes,
+    precision_choices,
+)
+from magics.panel_sanity import run_sanity
+from magics.panel_state import (
+    FormState,
+    config_from_state,
+    launcher_call,
+    magic_line,
+    state_from_config,
+    validate,
+)
+from notebook_accel.config import LaunchConfig, default_config_path, load_config, save_config
+from notebook_accel.hardware import Hardware, detect
+
+_LABEL = {"description_width": "150px"}
+_WIDE = widgets.Layout(width="360px")
+
+
+def _load(config_file: str | os.PathLike[str] | None) -> tuple[LaunchConfig, list[str]]:
+    """The file's config and the lines to show about it (never raises: a bad file is reported)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            cfg = load_config(config_file)
+        except FileNotFoundError:
+            return LaunchConfig(), [f"Config file: {config_file} does not exist yet; Save creates it"]
+        except ValueError as err:
+            return LaunchConfig(), [f"Could not read the config file ({err}); showing defaults"]
+    if cfg.source is None:
+        notes = [f"Config file: none yet; Save writes {default_config_path()}"]
+    else:
+        notes = [f"Config file: {cfg.source} (loaded)"]
+    return cfg, notes + [str(w.message) for w in caught]
+
+
+class ConfigPanel(widgets.VBox):
+    """The panel: a form over the launch config with Save, Copy as code and Test.
+
+    Attributes for scripted use (and tests): ``device``, ``num_processes``,
+    ``precision_buttons`` (value -> ToggleButton), ``start_method``, ``num_machines``,
+    ``machine_rank``, ``main_process_ip``, ``main_process_port``, ``save_button``,
+    ``code_button``, ``test_button``, ``messages``, ``status``, ``code``, ``test_output``.
+    """
+
+    def __init__(self, config_file: str | os.PathLike[str] | None = None,
+                 hardware: Hardware | None = None) -> None:
+        self.hardware = hardware or detect()
+        self.path = Path(config_file).expanduser() if config_file else default_config_path()
+        self._config_file = config_file
+        self._base, load_notes = _load(config_file)
+        state = state_from_config(self._base, self.hardware)
+        self._build(state)
+        header = [widgets.HTML(f"<b>notebook_accel launch config</b> &nbsp; Hardware: "
+                               f"{html.escape(self.hardware.summary())}"),
+                  widgets.HTML("<br>".join(html.escape(n) for n in load_notes))]
+        super().__init__(header + self._rows())
+        self.add_class("notebook-accel-config-panel")
+        self._refresh()
+
+    def _build(self, state: FormState) -> None:
+        hw = self.hardware
+        options = [(c.value if c.enabled else f"{c.value} (not detected)", c.value)
+                   for c in device_choices(hw) if c.enabled or c.value == state.device]
+        self.device = widgets.Dropdown(options=options, value=state.device, description="Device",
+                                       style=_LABEL, layout=_WIDE,
+                                       tooltip="; ".join(f"{c.value}: {c.tooltip}"
+                                                         for c in device_choices(hw)))
+        bound = max_processes(state.device, hw)
+        self.num_processes = widgets.BoundedIntText(
+            value=min(state.num_processes, bound), min=1, max=bound, description="Processes",
+            style=_LABEL, layout=_WIDE, tooltip="workers on this machine")
+        self.precision_buttons = {
+            c.value: widgets.ToggleButton(value=c.value == state.mixed_precision,
+                                          description=c.value, layout=widgets.Layout(width="70px"))
+            for c in precision_choices(state.device, hw)}
+        self.precision_note = widgets.HTML()
+        self.start_method = widgets.Dropdown(
+            options=list(START_METHOD_TIPS), value=state.start_method, description="Start method",
+            style=_LABEL, layout=_WIDE,
+            tooltip="; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items()))
+        self.num_machines = widgets.BoundedIntText(
+            value=state.num_machines, min=1, max=4096, description="Machines", style=_LABEL,
+            layout=_WIDE, tooltip="machines (nodes) in the job; more than 1 shows their settings")
+        self.machine_rank = widgets.BoundedIntText(
+            value=state.machine_rank, min=0, max=4095, description="Machine rank", style=_LABEL,
+            layout=_WIDE, tooltip="0 on the main machine, 1.. on the others")
+        self.main_process_ip = widgets.Text(
+            value=state.main_process_ip, description="Main process IP", style=_LABEL,
+            layout=_WIDE, placeholder="address of machine 0")
+        self.main_process_port = widgets.BoundedIntText(
+            value=state.main_process_port, min=0, max=65535, description="Main process port",
+            style=_LABEL, layout=_WIDE, tooltip="the same port on every machine; 0: unset")
+        self.multi_node = widgets.VBox([self.machine_rank, self.main_process_ip,
+                                        self.main_process_port])
+        self.messages = widgets.HTML()
+        self.save_button = widgets.Button(description="Save", button_style="primary",
+                                          icon="save", tooltip=f"write {self.path}")
+        self.code_button = widgets.Button(description="Copy as code", icon="code",
+                                          tooltip="show the equivalent notebook_launcher(...) "
+                                                  "call and %%accelerate line")
+        self.test_button = widgets.Button(description="Test", icon="play",
+                                          tooltip="run the sanity check on these settings")
+        self.status = widgets.HTML()
+        self.code = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.test_output = widgets.Output()
+        for w in (self.device, self.num_processes, self.start_method, self.num_machines,
+                  self.machine_rank, self.main_process_ip, self.main_process_port,
+                  *self.precision_buttons.values()):
+            w.observe(self._on_change, names="value")
+        self.save_button.on_click(lambda _: self.save())
+        self.code_button.on_click(lambda _: self._show_code())
+        self.test_button.on_click(lambda _: self.test())
+
+    def _rows(self) -> list[widgets.Widget]:
+        precision = widgets.HBox([widgets.Label("Mixed precision", layout=widgets.Layout(
+            width="150px")), *self.precision_buttons.values()])
+        buttons = widgets.HBox([self.save_button, self.code_button, self.test_button])
+        return [self.device, self.num_processes, precision, self.precision_note,
+                self.start_method, self.num_machines, self.multi_node, self.messages, buttons,
+                self.status, self.code, self.test_output]
+
+    @property
+    def mixed_precision(self) -> str:
+        """The pressed mixed-precision button's value."""
+        pressed = [v for v, b in self.precision_buttons.items() if b.value]
+        return pressed[0] if pressed else "no"
+
+    def state(self) -> FormState:
+        """The form's current values."""
+        return FormState(
+            device=self.device.value, num_processes=self.num_processes.value,
+            mixed_precision=self.mixed_precision, start_method=self.start_method.value,
+            num_machines=self.num_machines.value, machine_rank=self.machine_rank.value,
+            main_process_ip=self.main_process_ip.value,
+            main_process_port=self.main_process_port.value)
+
+    def _on_change(self, change: dict) -> None:
+        owner = change["owner"]
+        if owner in self.precision_buttons.values() and change["new"]:
+            for button in self.precision_buttons.values():
+                if button is not owner:
+                    button.value = False  # radio behaviour; re-enters with new=False
+        elif owner in self.precision_buttons.values() and not any(
+                b.value for b in self.precision_buttons.values()):
+            owner.value = True  # un-pressing the pressed one keeps it pressed
+            return
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Re-derive enabled choices, bounds, visibility and messages from the form."""
+        hw, state = self.hardware, self.state()
+        self.num_processes.max = max_processes(state.device, hw)
+        tips = []
+        for choice in precision_choices(state.device, hw):
+            button = self.precision_buttons[choice.value]
+            button.disabled, button.tooltip = not choice.enabled, choice.tooltip
+            if not choice.enabled:
+                tips.append(f"{choice.value}: {choice.tooltip}")
+        self.precision_note.value = "<small>" + "<br>".join(html.escape(t) for t in tips) + "</small>"
+        self.multi_node.layout.display = "" if state.num_machines > 1 else "none"
+        messages = validate(self.state(), hw)
+        colour = {"error": "#c62828", "note": "#8a6d00"}
+        self.messages.value = "".join(
+            f"<div style='color:{colour[m.level]}'>{'✗' if m.level == 'error' else 'ⓘ'} "
+            f"{html.escape(m.text)}</div>" for m in messages)
+        self.save_button.disabled = any(m.level == "error" for m in messages)
+        self.test_button.disabled = self.save_button.disabled
+        if self.code.layout.display != "none":
+            self._show_code()
+
+    def save(self) -> Path | None:
+        """Write the form to the config file (the Save button); returns the path, or None when
+        the form has errors (they are shown in the panel)."""
+        if any(m.level == "error" for m in validate(self.state(), self.hardware)):
+            self.status.value = "<span style='color:#c62828'>Not saved: fix the errors above</span>"
+            return None
+        try:
+            path = save_config(config_from_state(self.state(), self._base), self.path)
+        except (OSError, ValueError) as err:
+            self.status.value = f"<span style='color:#c62828'>Not saved: {html.escape(str(err))}</span>"
+            return None
+        self.status.value = f"Saved to <code>{html.escape(str(path))}</code>"
+        return path
+
+    def _show_code(self) -> None:
+        state = self.state()
+        text = f"{launcher_call(state)}\n\n{magic_line(state, self.path)}"
+        self.code.value = ("<div>Equivalent code (select and copy):</div>"
+                           f"<pre style='user-select:text'>{html.escape(text)}</pre>")
+        self.code.layout.display = ""
+
+    def test(self) -> bool | None:
+        """Run the sanity check with the form's settings (the Test button), its output live
+        in the panel; returns its verdict, or None when it could not run."""
+        self.test_button.disabled = True
+        try:
+            return run_sanity(self.state(), self.hardware, self.status, self.test_output)
+        finally:
+            self.test_button.disabled = self.save_button.disabled
+
+
+def config_panel(config_file: str | os.PathLike[str] | None = None,
+                 hardware: Hardware | None = None) -> ConfigPanel:
+    """The launch-config panel, showing the current file's values; display it (or make it a
+    cell's last expression).
+
+    Args:
+        config_file: the file to load and save; default: the default config file
+            (``$NOTEBOOK_ACCEL_CONFIG_FILE``, else ``~/.cache/notebook_accel/default_config.yaml``;
+            Accelerate's file is loaded if ours does not exist yet, but never written).
+        hardware: what to offer; default: :func:`notebook_accel.hardware.detect` (never
+            initialises CUDA in the kernel).
+    Returns:
+        The panel (an ``ipywidgets.VBox``).
+
+    Example::
+
+        from notebook_accel import config_panel
+        config_panel()
+    """
+    return ConfigPanel(config_file, hardware)

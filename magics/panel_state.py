@@ -1,0 +1,184 @@
+"""The config panel's form as plain data: load it from a config, check it, save it, show it as code.
+
+No widgets here, so every rule can be unit-tested; :mod:`magics.config_panel`
+only mirrors a :class:`FormState` into widgets and back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from magics.panel_rules import (
+    default_processes,
+    effective_device,
+    max_processes,
+    precision_choices,
+)
+from notebook_accel.config import LaunchConfig, default_config_path
+from notebook_accel.hardware import Hardware
+
+_LOOPBACK = ("", "127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class FormState:
+    """What the panel's fields hold. ``main_process_ip=""`` and ``main_process_port=0``
+    mean unset (a free port is picked per launch)."""
+
+    device: str = "auto"
+    num_processes: int = 1
+    mixed_precision: str = "no"
+    start_method: str = "auto"
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str = ""
+    main_process_port: int = 0
+
+
+@dataclass(frozen=True)
+class Message:
+    """One inline validation message; ``level`` is ``"error"`` (blocks Save) or ``"note"``."""
+
+    level: str
+    text: str
+
+
+def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
+    """The form showing ``cfg``; an unset process count shows what the launcher would pick."""
+    device = cfg.device_type or "auto"
+    return FormState(
+        device=device,
+        num_processes=cfg.num_processes or default_processes(device, hw),
+        mixed_precision=cfg.mixed_precision,
+        start_method=cfg.start_method,
+        num_machines=cfg.num_machines,
+        machine_rank=cfg.machine_rank,
+        main_process_ip=cfg.main_process_ip or "",
+        main_process_port=cfg.main_process_port or 0,
+    )
+
+
+def config_from_state(state: FormState, base: LaunchConfig) -> LaunchConfig:
+    """``base`` (the loaded file: its other keys and ``gpu_ids`` are kept) updated from the form.
+
+    Raises:
+        ValueError: a value :class:`LaunchConfig` rejects (``validate`` reports these first).
+    """
+    multi = state.num_machines > 1
+    cfg = dataclasses.replace(
+        base,
+        num_processes=state.num_processes,
+        mixed_precision=state.mixed_precision,
+        start_method=state.start_method,
+        num_machines=state.num_machines,
+        machine_rank=state.machine_rank if multi else 0,
+        main_process_ip=state.main_process_ip.strip() or None,
+        main_process_port=state.main_process_port or None,
+        extra=dict(base.extra),
+    )
+    return cfg.with_device(None if state.device == "auto" else state.device)
+
+
+def _process_messages(state: FormState, hw: Hardware) -> list[Message]:
+    dev = effective_device(state.device, hw)
+    n = state.num_processes
+    if n < 1:
+        return [Message("error", f"number of processes must be at least 1, not {n}")]
+    if dev == "cuda" and not hw.gpu_count:
+        return [Message("error", "device 'cuda' but no NVIDIA GPU is detected on this machine; "
+                                 "choose cpu or auto")]
+    if dev == "cuda" and n > hw.gpu_count:
+        return [Message("error", f"{n} processes but only {hw.gpu_count} GPU(s) detected; use at "
+                                 f"most {hw.gpu_count} (one per GPU), or device cpu")]
+    if dev == "cpu" and n > max_processes(state.device, hw):
+        return [Message("error", f"{n} processes is more than {max_processes(state.device, hw)} "
+                                 f"(4 per CPU core) on {hw.cpu_count} CPU core(s)")]
+    if dev == "cpu" and n > hw.cpu_count:
+        return [Message("note", f"{n} processes on {hw.cpu_count} CPU core(s): workers share "
+                                "cores; fine for trying things out, slower for training")]
+    return []
+
+
+def _node_messages(state: FormState) -> list[Message]:
+    if state.num_machines < 1:
+        return [Message("error", f"number of machines must be at least 1, not {state.num_machines}")]
+    if state.num_machines == 1:
+        return []
+    out = []
+    if not 0 <= state.machine_rank < state.num_machines:
+        out.append(Message("error", f"machine rank must be 0..{state.num_machines - 1} (0 on the "
+                                    f"main machine), not {state.machine_rank}"))
+    if state.main_process_ip.strip() in _LOOPBACK:
+        out.append(Message("error", "main process IP: give the main machine's address that every "
+                                    "machine can reach (not empty or loopback)"))
+    if not 1 <= state.main_process_port <= 65535:
+        out.append(Message("error", "main process port: every machine must use the same port "
+                                    "(1..65535)"))
+    return out
+
+
+def validate(state: FormState, hw: Hardware) -> list[Message]:
+    """Everything wrong or noteworthy about ``state`` on this hardware, errors first."""
+    out = _process_messages(state, hw)
+    dev = effective_device(state.device, hw)
+    if state.device == "xla" and not hw.tpu:
+        out.append(Message("error", "device 'xla' but no TPU is detected on this machine"))
+    elif dev == "xla":
+        out.append(Message("note", "TPU launches from the notebook are not supported yet; the "
+                                   "file is still read by `accelerate launch`"))
+    choice = {c.value: c for c in precision_choices(state.device, hw)}.get(state.mixed_precision)
+    if choice is None:
+        out.append(Message("error", f"unknown mixed precision {state.mixed_precision!r}"))
+    elif not choice.enabled:
+        out.append(Message("error", f"mixed precision {choice.value}: {choice.tooltip}"))
+    if state.start_method == "fork" and dev == "cuda":
+        out.append(Message("note", "fork fails once CUDA is initialised in this kernel; "
+                                   "auto switches to forkserver then"))
+    out += _node_messages(state)
+    return sorted(out, key=lambda m: m.level != "error")
+
+
+def _launch_kwargs(state: FormState) -> list[tuple[str, object]]:
+    kwargs: list[tuple[str, object]] = [("num_processes", state.num_processes)]
+    if state.mixed_precision != "no":
+        kwargs.append(("mixed_precision", state.mixed_precision))
+    if state.start_method != "auto":
+        kwargs.append(("start_method", state.start_method))
+    if state.device != "auto":
+        kwargs.append(("device", state.device))
+    if state.num_machines > 1:
+        kwargs += [("num_nodes", state.num_machines), ("node_rank", state.machine_rank),
+                   ("master_addr", state.main_process_ip.strip())]
+    if state.main_process_port:
+        kwargs.append(("use_port", state.main_process_port))
+    return kwargs
+
+
+def launcher_call(state: FormState) -> str:
+    """The equivalent Python, e.g. ``notebook_launcher(train, num_processes=2, mixed_precision='bf16')``."""
+    args = ", ".join(f"{k}={v!r}" for k, v in _launch_kwargs(state))
+    return ("from notebook_accel import notebook_launcher\n\n"
+            f"notebook_launcher(train, args=(), {args})  # train: your training function")
+
+
+def magic_line(state: FormState, config_file: Path | None = None) -> str:
+    """The equivalent ``%%accelerate`` line. The magic has no multi-node flags, so a
+    multi-node form adds ``--config FILE`` (the file as saved by the panel)."""
+    parts = ["%%accelerate", "-n", str(state.num_processes)]
+    if state.mixed_precision != "no":
+        parts += ["--mixed-precision", state.mixed_precision]
+    if state.start_method != "auto":
+        parts += ["--start-method", state.start_method]
+    if state.device in ("cpu", "cuda"):
+        parts += ["--device", state.device]
+    if state.main_process_port and state.num_machines == 1:
+        parts += ["--port", str(state.main_process_port)]
+    if state.num_machines > 1 or state.device == "xla":
+        path = config_file or default_config_path()
+        if path != default_config_path():
+            parts += ["--config", shlex.quote(str(path))]
+        return " ".join(parts) + "\n# multi-machine/TPU settings are read from the saved file"
+    return " ".join(parts)

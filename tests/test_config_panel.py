@@ -1,0 +1,240 @@
+"""The config panel, driven through the widgets' own Python API, and its rules as functions."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import yaml
+
+from magics.config_panel import config_panel
+from magics.panel_rules import gpu_supports_bf16, precision_choices
+from magics.panel_state import FormState, launcher_call, magic_line, validate
+from notebook_accel.hardware import Hardware
+
+CPU2 = Hardware(cpu_count=2)
+T4X2 = Hardware(cpu_count=8, gpu_names=("Tesla T4", "Tesla T4"))
+H100X4 = Hardware(cpu_count=32, gpu_names=("NVIDIA H100 80GB HBM3",) * 4)
+
+
+@pytest.fixture
+def cfg_path(tmp_path, monkeypatch):
+    """A private default config location (and no peer file)."""
+    for var in ("NOTEBOOK_ACCEL_CONFIG_FILE", "NOTEBOOK_ACCEL_NUM_PROCESSES",
+                "NOTEBOOK_ACCEL_MIXED_PRECISION", "NOTEBOOK_ACCEL_START_METHOD"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    return tmp_path / "cache" / "notebook_accel" / "default_config.yaml"
+
+
+def errors(panel) -> bool:
+    return "✗" in panel.messages.value
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H100 80GB HBM3", True), ("NVIDIA A100-SXM4-40GB", True), ("NVIDIA A10G", True),
+    ("NVIDIA L4", True), ("NVIDIA GeForce RTX 4090", True), ("NVIDIA RTX A6000", True),
+    ("NVIDIA RTX 6000 Ada Generation", True), ("NVIDIA H200", True), ("NVIDIA B200", True),
+    ("Tesla T4", False), ("Tesla V100-SXM2-16GB", False), ("Quadro RTX 8000", False),
+    ("NVIDIA GeForce RTX 2080 Ti", False), ("NVIDIA TITAN RTX", False), ("Tesla K80", False),
+    ("NVIDIA GPU", None),
+])
+def test_bf16_judged_from_the_gpu_name(name, expected):
+    assert gpu_supports_bf16(name) is expected
+
+
+def test_precision_choices_follow_the_hardware():
+    def enabled(device, hw):
+        return {c.value for c in precision_choices(device, hw) if c.enabled}
+
+    assert enabled("auto", CPU2) == {"no", "bf16"}
+    assert enabled("auto", T4X2) == {"no", "fp16"}
+    assert enabled("cpu", T4X2) == {"no", "bf16"}
+    assert enabled("auto", H100X4) == {"no", "fp16", "bf16"}
+    tips = {c.value: c.tooltip for c in precision_choices("auto", T4X2)}
+    assert "Tesla T4" in tips["bf16"] and "8.0" in tips["bf16"]
+    assert "needs a GPU" in {c.value: c.tooltip for c in precision_choices("cpu", CPU2)}["fp16"]
+
+
+def test_validate_rules():
+    assert validate(FormState(num_processes=2), CPU2) == []
+    [note] = validate(FormState(num_processes=4), CPU2)
+    assert note.level == "note" and "4 processes on 2 CPU core(s)" in note.text
+    [err] = validate(FormState(device="cuda", num_processes=3), T4X2)
+    assert err.level == "error" and "only 2 GPU(s)" in err.text
+    [err] = validate(FormState(device="cuda"), CPU2)
+    assert "no NVIDIA GPU" in err.text
+    [err] = validate(FormState(mixed_precision="fp16"), CPU2)
+    assert err.level == "error" and "fp16 needs a GPU" in err.text
+    multi = validate(FormState(num_machines=2, machine_rank=2), CPU2)
+    assert [m.level for m in multi] == ["error"] * 3
+    assert "machine rank must be 0..1" in multi[0].text
+    ok = FormState(num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
+                   main_process_port=29500)
+    assert validate(ok, CPU2) == []
+
+
+def test_code_equivalents():
+    state = FormState(num_processes=2, mixed_precision="bf16", start_method="fork")
+    assert ("notebook_launcher(train, args=(), num_processes=2, mixed_precision='bf16', "
+            "start_method='fork')") in launcher_call(state)
+    assert magic_line(state) == "%%accelerate -n 2 --mixed-precision bf16 --start-method fork"
+    multi = FormState(num_machines=2, main_process_ip="10.0.0.1", main_process_port=29500)
+    assert "num_nodes=2, node_rank=0, master_addr='10.0.0.1', use_port=29500" in launcher_call(multi)
+
+
+def test_panel_shows_hardware_and_defaults_without_a_file(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    text = " ".join(getattr(w, "value", "") for w in panel.children[:2])
+    assert "2 CPU cores" in text and f"Save writes {cfg_path}" in text
+    assert panel.device.value == "auto" and panel.num_processes.value == 2
+    assert panel.precision_buttons["fp16"].disabled and not panel.precision_buttons["bf16"].disabled
+    assert panel.precision_buttons["fp8"].disabled
+    assert panel.multi_node.layout.display == "none"
+    assert not errors(panel) and not panel.save_button.disabled
+
+
+def test_panel_loads_the_current_file(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
+                        "num_processes: 3\nmixed_precision: bf16\nstart_method: spawn\n"
+                        "use_cpu: true\ndowncast_bf16: 'no'\nmy_own_key: 1\n")
+    panel = config_panel(hardware=CPU2)
+    assert panel.device.value == "cpu" and panel.num_processes.value == 3
+    assert panel.mixed_precision == "bf16" and panel.start_method.value == "spawn"
+    assert f"{cfg_path} (loaded)" in panel.children[1].value
+    assert "my_own_key" in panel.children[1].value  # the unused key is reported
+    assert "3 processes on 2 CPU core(s)" in panel.messages.value  # the CPU note
+
+
+def test_panel_save_writes_the_yaml_and_shows_the_path(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.device.value = "cpu"
+    panel.num_processes.value = 2
+    panel.precision_buttons["bf16"].value = True
+    assert not panel.precision_buttons["no"].value  # one choice at a time
+    panel.start_method.value = "forkserver"
+    panel.save_button.click()
+    assert f"Saved to <code>{cfg_path}</code>" in panel.status.value
+    data = yaml.safe_load(cfg_path.read_text())
+    assert data["num_processes"] == 2 and data["mixed_precision"] == "bf16"
+    assert data["start_method"] == "forkserver" and data["use_cpu"] is True
+    assert data["distributed_type"] == "MULTI_CPU"
+    assert config_panel(hardware=CPU2).mixed_precision == "bf16"  # round trip
+
+
+def test_panel_keeps_keys_it_does_not_show(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("num_processes: 2\ngpu_ids: '0,1'\nmy_own_key: 1\n")
+    panel = config_panel(hardware=T4X2)
+    panel.precision_buttons["fp16"].value = True
+    panel.save_button.click()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert data["my_own_key"] == 1 and data["gpu_ids"] == "0,1" and data["mixed_precision"] == "fp16"
+
+
+def test_panel_errors_block_save(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("mixed_precision: fp16\n")
+    panel = config_panel(hardware=CPU2)  # fp16 from the file, but no GPU here
+    assert panel.mixed_precision == "fp16" and errors(panel) and panel.save_button.disabled
+    assert "fp16 needs a GPU" in panel.messages.value
+    assert panel.save() is None and "Not saved" in panel.status.value
+    assert cfg_path.read_text() == "mixed_precision: fp16\n"
+    panel.precision_buttons["bf16"].value = True
+    assert not errors(panel) and not panel.save_button.disabled
+
+
+def test_panel_process_count_is_bounded_by_the_gpus(cfg_path):
+    panel = config_panel(hardware=T4X2)
+    assert panel.num_processes.value == 2 and panel.num_processes.max == 2
+    panel.num_processes.value = 5
+    assert panel.num_processes.value == 2  # the widget clamps to the detected GPUs
+    panel.device.value = "cpu"
+    assert panel.num_processes.max == 32
+    panel.num_processes.value = 12
+    assert "12 processes on 8 CPU core(s)" in panel.messages.value and not errors(panel)
+    assert not panel.precision_buttons["bf16"].disabled and panel.precision_buttons["fp16"].disabled
+
+
+def test_panel_multi_node_fields_and_validation(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.num_machines.value = 2
+    assert panel.multi_node.layout.display == ""
+    assert errors(panel) and panel.save_button.disabled
+    assert "main process IP" in panel.messages.value
+    panel.main_process_ip.value = "10.1.2.3"
+    panel.main_process_port.value = 29500
+    panel.machine_rank.value = 1
+    assert not errors(panel)
+    panel.save_button.click()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["num_machines"], data["machine_rank"], data["main_process_ip"],
+            data["main_process_port"]) == (2, 1, "10.1.2.3", 29500)
+    panel.num_machines.value = 1
+    assert panel.multi_node.layout.display == "none"
+
+
+def test_panel_copy_as_code_follows_the_form(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    assert panel.code.layout.display == "none"
+    panel.code_button.click()
+    assert panel.code.layout.display == ""
+    assert "notebook_launcher(train, args=(), num_processes=2)" in panel.code.value
+    assert "%%accelerate -n 2" in panel.code.value
+    panel.precision_buttons["bf16"].value = True
+    assert "mixed_precision=&#x27;bf16&#x27;" in panel.code.value
+    assert "%%accelerate -n 2 --mixed-precision bf16" in panel.code.value
+
+
+def test_panel_shows_a_malformed_file_instead_of_failing(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("num_processes: [1\n")
+    panel = config_panel(hardware=CPU2)
+    assert "Could not read the config file" in panel.children[1].value
+    assert "malformed YAML" in panel.children[1].value
+
+
+def test_panel_test_button_streams_the_sanity_check(cfg_path, monkeypatch):
+    import notebook_accel.sanity as sanity
+
+    calls = []
+
+    def fake(**options):
+        calls.append(options)
+        print("[rank 0] step 1\n[rank 1] step 1")
+        print("  PASS  fake check", end="")
+        return True
+
+    monkeypatch.setattr(sanity, "run_sanity_check", fake)
+    panel = config_panel(hardware=CPU2)
+    panel.precision_buttons["bf16"].value = True
+    panel.test_button.click()
+    assert calls == [{"num_processes": 2, "mixed_precision": "bf16", "start_method": "auto",
+                      "device": "cpu", "num_nodes": 1, "node_rank": 0,
+                      "master_addr": "127.0.0.1"}]
+    texts = [o["text"] for o in panel.test_output.outputs]
+    assert all(t.endswith("\n") for t in texts[:-1])  # whole lines, as they come
+    assert "".join(texts) == "[rank 0] step 1\n[rank 1] step 1\n  PASS  fake check"
+    assert "Test passed" in panel.status.value and not panel.test_button.disabled
+
+    monkeypatch.setattr(sanity, "run_sanity_check", lambda **o: 1 / 0)
+    panel.test_button.click()
+    assert "Test failed" in panel.status.value
+    assert panel.test_output.outputs[-1]["text"] == "ZeroDivisionError: division by zero\n"
+
+
+def test_panel_test_button_without_the_sanity_module(cfg_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "notebook_accel.sanity", None)
+    panel = config_panel(hardware=CPU2)
+    assert panel.test() is None and "notebook_accel.sanity is missing" in panel.status.value
+
+
+@pytest.mark.slow
+def test_panel_test_button_runs_real_workers(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.start_method.value = "fork"
+    assert panel.test() is True, panel.test_output.outputs
+    text = "".join(o["text"] for o in panel.test_output.outputs)
+    assert "PASS" in text and "2 workers" in text
