@@ -1,0 +1,125 @@
+"""The magic's parts without a kernel: name analysis, shipping checks, names out, flags."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import pytest
+
+from magics.names import analyse_cell
+
+
+@pytest.mark.parametrize("source, reads, assigns", [
+    ("y = f(x)\nx = 1", ["f", "x"], ["y", "x"]),
+    ("total = total + 1", ["total"], ["total"]),
+    ("n += 1", ["n"], ["n"]),
+    ("import torch.nn as nn, os.path\nfrom a.b import c as d\nm = nn.Linear(d, os)", [],
+     ["nn", "os", "d", "m"]),
+    ("del old\nnew = 1", ["old"], ["new"]),
+    ("for i in range(k):\n    acc = acc + i\nprint(i)", ["range", "k", "acc", "print", "i"],
+     ["i", "acc"]),
+    ("if c:\n    z = 1\nelse:\n    z = 2\nprint(z)", ["c", "print"], ["z"]),
+    ("if c:\n    z = 1\nprint(z)", ["c", "print", "z"], ["z"]),
+    ("while go():\n    w = 1\nw", ["go", "w"], ["w"]),
+    ("try:\n    w = risky()\nexcept E as e:\n    w = None\nprint(w, e)",
+     ["risky", "E", "print", "e"], ["w", "e"]),
+    ("with open(p) as fh:\n    text = fh.read()\ntext", ["open", "p"], ["fh", "text"]),
+    ("sq = [v * k for v in items if v > lim]\nv", ["items", "lim", "k", "v"], ["sq"]),
+    ("d2 = {a: b for a, b in pairs.items()}\nnested = [y for x in xs for y in x]",
+     ["pairs", "xs"], ["d2", "nested"]),
+    ("if (m := calc()) > 0:\n    pass\nprint(m)", ["calc", "print"], ["m"]),
+    ("def g(a, b=default) -> Ret:\n    return helper(a) + b + later\nlater = 1\nr = g(1)",
+     ["default", "Ret", "helper"], ["g", "later", "r"]),
+    ("class M(Base):\n    size = dim\n    twice = size * 2\n    def f(self):\n        return other\n",
+     ["Base", "dim", "other"], ["M"]),
+    ("lam = lambda q, r=dflt: q + offset", ["dflt", "offset"], ["lam"]),
+    ("def bump():\n    global hits\n    hits += 1\nbump()", ["hits"], ["bump", "hits"]),
+    ("f'{name!r} {value:{width}}'", ["name", "value", "width"], []),
+    ("match cmd:\n    case Point(x=px):\n        out = px\nprint(px)",
+     ["cmd", "Point", "print", "px"], ["px", "out"]),
+])
+def test_names_read_and_assigned(source, reads, assigns):
+    names = analyse_cell(source)
+    assert list(names.reads) == reads
+    assert list(names.assigns) == assigns
+
+
+def test_every_unshippable_name_is_listed_with_its_reason():
+    from magics.shipping import UnshippableNamesError, collect_names
+
+    class Holder:
+        def __init__(self):
+            self.lock = threading.Lock()
+
+    namespace = {"lock": threading.Lock(), "holder": Holder(), "fake": types.ModuleType("fake_mod"),
+                 "ok": [1, 2], "os": __import__("os"), "In": ["hidden"]}
+    with pytest.raises(UnshippableNamesError) as caught:
+        collect_names(["lock", "holder", "fake", "ok", "os", "In", "print"], namespace)
+    reasons = caught.value.reasons
+    assert set(reasons) == {"lock", "holder", "fake"}
+    assert "cannot pickle '_thread.lock' object" in reasons["lock"]
+    assert "holder.lock" in reasons["holder"]
+    assert "fake_mod" in reasons["fake"] and "imported by name" in reasons["fake"]
+    assert "no worker was started" in str(caught.value)
+    rendered = "\n".join(caught.value._render_traceback_())
+    assert "lock: TypeError" in rendered and "Traceback" not in rendered
+
+
+def test_shipment_sends_modules_by_name_and_skips_ipython_names():
+    from magics.shipping import collect_names
+
+    hidden_in = ["hidden"]
+    namespace = {"np_alias": sys.modules["os"].path, "value": 3, "In": hidden_in, "f": len}
+    shipment = collect_names(["np_alias", "value", "In", "f", "missing"], namespace,
+                             hidden={"In": hidden_in})
+    assert shipment.modules == {"np_alias": sys.modules["os"].path.__name__}
+    assert shipment.values == {"value": 3, "f": len}
+
+
+def test_names_out_keep_shared_objects_and_list_failures_in_one_line():
+    import pickle
+
+    from magics.cell_runner import pack_names
+    from magics.pulling import notice, unpack
+
+    shared = [1, 2]
+    packed = pack_names({"a": shared, "b": {"same": shared}, "lock": threading.Lock()})
+    assert set(packed.failed) == {"lock"}
+    values, failed = unpack(packed, ["a", "b", "lock", "gone"], explicit=True)
+    assert values["b"]["same"] is values["a"]
+    assert set(failed) == {"lock", "gone"} and failed["gone"] == "not defined on rank 0"
+    line = notice(failed)
+    assert "\n" not in line and line.startswith("[notebook_accel] not brought back")
+    assert "lock (TypeError: cannot pickle '_thread.lock' object)" in line
+    assert unpack(None, ["a"], explicit=False) == ({}, {})
+    broken = type(packed)(pickle.dumps("not a dict")[:-3], {})
+    values, failed = unpack(broken, ["a"], explicit=False)
+    assert values == {} and "the kernel cannot load them" in failed["a"]
+
+
+def test_flags_are_tri_state():
+    from IPython.core.magic_arguments import parse_argstring
+
+    from magics.accelerate_magic import AccelerateMagics
+    from magics.arguments import launch_options
+
+    magic = AccelerateMagics.accelerate
+    unset = launch_options(parse_argstring(magic, ""))
+    assert unset == {"num_processes": None, "mixed_precision": None, "start_method": None,
+                     "device": None, "use_port": None, "timeout": None, "config_file": None,
+                     "output": "all"}
+    args = parse_argstring(magic, "-n 3 --mixed-precision bf16 --main-only --pull a,b --config f")
+    assert launch_options(args)["num_processes"] == 3 and args.output == "main"
+    assert args.pull == ("a", "b") and launch_options(args)["config_file"] == "f"
+    assert parse_argstring(magic, "--no-pull").pull == ()
+    assert parse_argstring(magic, "test -n 4").command == "test"
+
+
+def test_config_without_panel_prints_a_clear_message(monkeypatch, capsys):
+    from magics import commands
+
+    monkeypatch.setitem(sys.modules, "magics.config_panel", None)
+    assert commands.config(types.SimpleNamespace(config=None)) is None
+    assert "configuration panel is not available" in capsys.readouterr().out
