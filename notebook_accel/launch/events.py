@@ -12,6 +12,7 @@ Outside a launched worker, :func:`emit` does nothing.
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import itertools
 import os
@@ -30,10 +31,8 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 def enlarge_pipe(fd: int) -> None:
     """Give the pipe 1 MiB of buffer where the OS allows (fewer full-pipe moments)."""
-    try:
+    with contextlib.suppress(OSError):
         fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
-    except OSError:
-        pass
 
 
 class EventChannel:

@@ -95,7 +95,7 @@ def _children(obj: Any, path: str):
     """(path, value) pairs of the parts of ``obj`` that cloudpickle serialises."""
     if isinstance(obj, types.FunctionType):
         code = obj.__code__
-        for name, cell in zip(code.co_freevars, obj.__closure__ or ()):
+        for name, cell in zip(code.co_freevars, obj.__closure__ or (), strict=False):
             try:
                 yield f"{path} (closure variable {name!r})", cell.cell_contents
             except ValueError:  # empty cell

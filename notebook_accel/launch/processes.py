@@ -130,10 +130,8 @@ def start_workers(
 
 
 def _close(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.close(fd)
-    except OSError:
-        pass
 
 
 def signal_worker(worker: Worker, sig: int) -> None:
@@ -152,7 +150,10 @@ def signal_worker(worker: Worker, sig: int) -> None:
         pass
 
 
-def stop_workers(workers: list[Worker], grace: float = 2.0, on_wait=None) -> None:
+STOP_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
+
+
+def stop_workers(workers: list[Worker], grace: float | None = None, on_wait=None) -> None:
     """SIGTERM the live workers' groups, SIGKILL whatever is left after ``grace`` seconds.
 
     A second KeyboardInterrupt while waiting escalates to SIGKILL at once.
@@ -162,7 +163,7 @@ def stop_workers(workers: list[Worker], grace: float = 2.0, on_wait=None) -> Non
     for worker in alive:
         worker.stopped = True
         signal_worker(worker, signal.SIGTERM)
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + (STOP_GRACE if grace is None else grace)
     try:
         while alive and time.monotonic() < deadline:
             wait([w.process.sentinel for w in alive], timeout=0.05)

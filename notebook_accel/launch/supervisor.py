@@ -8,6 +8,7 @@ peers whose collectives broke because of it are listed, not headlined.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import selectors
@@ -76,10 +77,8 @@ class Supervisor:
             self.selector.register(w.process.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
 
     def _unregister(self, fd: int) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(fd)
-        except (KeyError, ValueError):
-            pass
 
     def _read_output(self, worker: Worker, name: str) -> None:
         fd = worker.stdout_fd if name == "stdout" else worker.stderr_fd
@@ -178,10 +177,8 @@ class Supervisor:
             if status.state == "starting" and not w.exited:
                 status.state = "running"
             if sample and not w.exited:
-                try:
+                with contextlib.suppress(psutil.Error, TypeError):
                     status.rss = psutil.Process(w.process.pid).memory_info().rss or status.rss
-                except (psutil.Error, TypeError):
-                    pass
         self.view.update(self.record)
 
     def run(self) -> list[Worker]:

@@ -8,6 +8,7 @@ the outcome goes over a private control pipe; a watchdog thread ends the worker
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import io
@@ -112,10 +113,8 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     except OSError:
         pass
     for fd in spec.close_fds:  # fork only: the kernel's ends of other pipes
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     _redirect_output(pipes.stdout.fileno(), pipes.stderr.fileno())
     _watch_kernel(pipes.alive.fileno())
     events.install(pipes.events.fileno())
@@ -188,10 +187,8 @@ def _flush_output() -> None:
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):
-        pass
 
 
 def worker_main(spec: WorkerSpec, payload: bytes, pipes: WorkerPipes) -> None:
