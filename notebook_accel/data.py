@@ -69,13 +69,21 @@ class ShardBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         n = self._global_batches()
         if self.split_batches:
-            return max(n - self.skip_batches, 0)
-        if self.even_batches:
-            rounds = n // self.num_processes if self.drop_last else math.ceil(n / self.num_processes)
-            mine = rounds
+            return max(n - self.skip_batches - self._split_short(), 0)
+        if self.drop_last:
+            mine = n // self.num_processes
+        elif self.even_batches:
+            mine = math.ceil(n / self.num_processes)
         else:
             mine = n // self.num_processes + (1 if self.process_index < n % self.num_processes else 0)
         return max(mine - self.skip_batches, 0)
+
+    def _split_short(self) -> int:
+        # 1 when, without even_batches, this rank gets nothing of the last, short batch.
+        if self.even_batches or self.drop_last or self.batch_size is None:
+            return 0
+        last = len(self.batch_sampler.sampler) % self.batch_size if hasattr(self.batch_sampler, "sampler") else 0
+        return int(last > 0 and self.process_index * (self.batch_size // self.num_processes) >= last)
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._split() if self.split_batches else self._deal()
@@ -98,7 +106,7 @@ class ShardBatchSampler(Sampler[list[int]]):
                     round_ = []
                 else:
                     break
-        if not round_ or (self.drop_last and self.even_batches):
+        if not round_ or self.drop_last:
             return
         if not self.even_batches:
             if rank < len(round_):
@@ -125,7 +133,7 @@ class ShardBatchSampler(Sampler[list[int]]):
             size = self.batch_size or len(batch)
             if len(batch) < size:
                 if not self.even_batches:
-                    part = math.ceil(len(batch) / n)
+                    part = size // n
                     mine = batch[rank * part : (rank + 1) * part]
                     if mine:
                         yield mine
