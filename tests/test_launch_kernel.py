@@ -353,3 +353,40 @@ def test_auto_switches_to_forkserver_when_the_cuda_driver_is_loaded(fresh_kernel
     took = float(again.stdout.split("took")[1])
     assert took < 2.0, took
     assert psutil.pid_exists(k.pid)
+
+
+def test_an_accelerator_made_in_the_kernel_does_not_block_a_launch(kernel):
+    """The peer refuses to launch once an Accelerator exists in the kernel; we must not."""
+    code = textwrap.dedent("""
+    from notebook_accel import Accelerator
+    here = Accelerator()
+    def world():
+        from notebook_accel import Accelerator
+        accelerator = Accelerator(mixed_precision=None)
+        t = torch.ones(1, device=accelerator.device)
+        return accelerator.num_processes, accelerator.mixed_precision, float(accelerator.reduce(t))
+    print("workers", notebook_launcher(world, num_processes=2, mixed_precision="bf16"))
+    print("kernel", here.num_processes)
+    """)
+    out = kernel.ok(code).stdout
+    assert "workers (2, 'bf16', 2.0)" in out
+    assert "kernel 1" in out
+
+
+def test_max_restarts_relaunches_after_a_failure(kernel, tmp_path):
+    marker = tmp_path / "attempts"
+    code = textwrap.dedent(f"""
+    def flaky(path):
+        import os
+        if os.environ["RANK"] == "0":
+            with open(path, "a") as f:
+                f.write("x")
+        if len(open(path).read()) < 2:
+            raise RuntimeError("first attempt fails")
+        return "second attempt"
+    print("result", notebook_launcher(flaky, ({str(marker)!r},), num_processes=2,
+                                      max_restarts=2, output="none"))
+    """)
+    result = kernel.ok(code)
+    assert "result second attempt" in result.stdout
+    assert "restarting (1/2)" in result.stderr
