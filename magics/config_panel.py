@@ -140,6 +140,9 @@ class ConfigPanel(widgets.VBox):
                 self.start_method, self.num_machines, self.multi_node, self.messages, buttons,
                 self.status, self.code, self.test_output]
 
+    def __repr__(self) -> str:  # the text/plain of a saved notebook, instead of every child
+        return f"ConfigPanel(config_file={str(self.path)!r})"
+
     @property
     def mixed_precision(self) -> str:
         """The pressed mixed-precision button's value."""
