@@ -19,6 +19,7 @@ import os
 import pickle
 import select
 import struct
+import threading
 import time
 from typing import Any
 
@@ -44,9 +45,14 @@ class EventChannel:
         self.queue: collections.OrderedDict[Any, bytes] = collections.OrderedDict()
         self.dropped = 0
         self._unkeyed = itertools.count()
+        self._lock = threading.Lock()  # the GPU-memory reporter thread emits too
 
     def emit(self, kind: str, data: Any, key: Any = None) -> bool:
         """Send ``(kind, time, data)``; returns False when it was dropped."""
+        with self._lock:
+            return self._emit(kind, data, key)
+
+    def _emit(self, kind: str, data: Any, key: Any) -> bool:
         body = pickle.dumps((kind, time.time(), data), protocol=pickle.HIGHEST_PROTOCOL)
         message = _HEADER.pack(len(body)) + body
         if len(message) > MAX_EVENT_BYTES:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from notebook_accel.launch import events
+from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import dumps_result, load_payload
 
 _SECONDARY = re.compile(
@@ -81,6 +82,20 @@ def _watch_kernel(alive_fd: int) -> None:
     threading.Thread(target=watch, name="notebook-accel-watchdog", daemon=True).start()
 
 
+def _report_gpu_memory(device: int, every: float = 1.0) -> None:
+    """Send this worker's reserved GPU memory to the kernel's status display, once a second."""
+
+    def report() -> None:
+        torch = None
+        while True:
+            time.sleep(every)
+            torch = torch or sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_initialized():
+                events.emit("memory", {"gpu": torch.cuda.memory_reserved(device)}, key="gpu")
+
+    threading.Thread(target=report, name="notebook-accel-gpu-memory", daemon=True).start()
+
+
 def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
@@ -118,6 +133,8 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _redirect_output(pipes.stdout.fileno(), pipes.stderr.fileno())
     _watch_kernel(pipes.alive.fileno())
     events.install(pipes.events.fileno())
+    if spec.env.get(DEVICE_TYPE) == "cuda":
+        _report_gpu_memory(int(spec.env[LOCAL_RANK]))
     _set_process_name(spec.rank)
     _reset_signals()
     os.environ.update(spec.env)

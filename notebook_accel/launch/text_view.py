@@ -1,0 +1,171 @@
+"""The plain-text view of a running launch (scripts, ``notebook-accel launch``, terminals).
+
+A status line when ranks change state and every ~10 s while the job runs, and one
+summary line at the end; a job shorter than a second prints nothing. Lines go to
+stderr (prefixed ``[notebook_accel] ``), so the program's own stdout stays clean.
+The small formatters here are shared with the notebook's live view.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from notebook_accel.launch.record import LaunchRecord
+from notebook_accel.progress import job_progress
+
+PREFIX = "[notebook_accel] "
+
+
+def format_bytes(size: int | None) -> str:
+    """``1234567`` -> ``"1.2 MB"``; ``None`` -> ``"-"``."""
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``3.21`` -> ``"3.2 s"``, ``125`` -> ``"2:05"``, ``3725`` -> ``"1:02:05"``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_value(value: Any) -> str:
+    """A metric value, short: ``0.123457``, ``1.23e-05``, ``12``."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def rank_states(record: LaunchRecord) -> str:
+    """``"2 running"``, or ``"1 finished, 1 failed (rank 1, exit code 1)"``."""
+    counts = Counter(status.state for status in record.ranks.values())
+    parts = []
+    for state, count in counts.items():
+        part = f"{count} {state}"
+        if state == "failed":
+            failed = [s for s in record.ranks.values() if s.state == "failed"]
+            part += " (" + ", ".join(
+                f"rank {s.rank}" + (f", exit code {s.exitcode}" if s.exitcode is not None else "")
+                for s in failed[:4]) + ")"
+        parts.append(part)
+    return ", ".join(parts) or "no ranks"
+
+
+def progress_text(record: LaunchRecord) -> str | None:
+    """The job's progress as one line (tqdm's own format), or None without progress events."""
+    state = job_progress(record)
+    if state is None:
+        return None
+    from tqdm.std import tqdm
+
+    return tqdm.format_meter(
+        n=state.get("n", 0), total=state.get("total"), elapsed=state.get("elapsed") or 0.0,
+        prefix=state.get("desc", ""), unit=state.get("unit", "it"),
+        unit_scale=state.get("unit_scale", False), rate=state.get("rate"),
+        postfix=state.get("postfix") or None, ncols=0,
+    ).strip()
+
+
+def metrics_text(record: LaunchRecord, limit: int = 4) -> str | None:
+    """The latest value of up to ``limit`` metrics: ``"loss 0.1234, acc 0.9 @ step 40"``."""
+    if not record.history:
+        return None
+    latest = [(name, points[-1]) for name, points in record.history.items() if points]
+    if not latest:
+        return None
+    text = ", ".join(f"{name} {format_value(value)}" for name, (_, value) in latest[:limit])
+    step = latest[0][1][0]
+    return text + (f" @ step {step}" if step is not None else "")
+
+
+class TextView:
+    """Plain text lines about a launch, for places where no notebook display renders.
+
+    Args:
+        record: the launch to describe (the supervisor keeps it up to date).
+        stream: where lines go (default: ``sys.stderr`` at the time of writing).
+        quiet_for: seconds before anything is printed (trivial jobs print nothing).
+        every: seconds between status lines while nothing changes.
+        clock: the monotonic clock (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        record: LaunchRecord,
+        stream: TextIO | None = None,
+        quiet_for: float = 1.0,
+        every: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = stream
+        self.quiet_for = quiet_for
+        self.every = every
+        self.clock = clock
+        self.last_states: tuple[str, ...] | None = None
+        self.last_time = -math.inf
+        self.done = False
+
+    def update(self, record: LaunchRecord, final: bool = False) -> None:
+        """Print a status line when due, or the summary line when ``final``."""
+        if self.done:
+            return
+        try:
+            self._update(record, final)
+        except Exception as exc:  # noqa: BLE001 - a view must never break the job
+            self.done = True
+            self._write(f"live status disabled ({type(exc).__name__}: {exc})")
+
+    def _update(self, record: LaunchRecord, final: bool) -> None:
+        if final:
+            self.done = True
+            if self.last_states is not None or record.elapsed >= self.quiet_for:
+                self._write(self.summary_line(record))
+            return
+        if record.elapsed < self.quiet_for:
+            return
+        now = self.clock()
+        states = tuple(status.state for status in record.ranks.values())
+        if states != self.last_states or now - self.last_time >= self.every:
+            self.last_states, self.last_time = states, now
+            self._write(self.status_line(record))
+
+    def status_line(self, record: LaunchRecord) -> str:
+        """``12.0 s: 2 running | train 40/100 [...] | loss 0.12 @ step 40``."""
+        parts = [f"{format_duration(record.elapsed)}: {rank_states(record)}"]
+        parts += [text for text in (progress_text(record), metrics_text(record)) if text]
+        return " | ".join(parts)
+
+    def summary_line(self, record: LaunchRecord) -> str:
+        """``finished in 12.3 s: 2 finished | ... | largest RSS 230.1 MB``."""
+        outcome = record.outcome or "ended"
+        preposition = "in" if outcome == "finished" else "after"
+        parts = [f"{outcome} {preposition} {format_duration(record.elapsed)}: "
+                 f"{rank_states(record)}"]
+        parts += [text for text in (progress_text(record), metrics_text(record)) if text]
+        largest = max((s.rss for s in record.ranks.values() if s.rss), default=None)
+        if largest:
+            parts.append(f"largest RSS {format_bytes(largest)}")
+        dropped = sum(record.dropped.values())
+        if dropped:
+            parts.append(f"{dropped} events dropped")
+        return " | ".join(parts)
+
+    def _write(self, line: str) -> None:
+        stream = self.stream or sys.stderr
+        stream.write(PREFIX + line + "\n")
+        stream.flush()
