@@ -1,0 +1,102 @@
+"""The live view of a running launch in the notebook: one display block updated in place.
+
+The block holds a header (world size, device, start method, mixed precision), a
+table of ranks (state, pid, elapsed, memory, last output line), one progress bar
+for the job and a chart per logged metric. It appears once the job has run for
+``appear_after`` seconds (a trivial job shows nothing), is redrawn at most every
+``interval`` seconds through its display id (never ``clear_output``, so worker
+output relayed into the cell stays), and ends as a static summary that stays in
+the notebook. Every display carries ``text/plain`` too, for consoles and nbconvert.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from magics.live_plots import plots_html, plots_text
+from magics.live_progress import progress_html, progress_plain
+from magics.live_status import status_html, status_text
+from notebook_accel.launch.record import LaunchRecord
+
+
+def render(record: LaunchRecord) -> dict[str, str]:
+    """The whole block as a MIME bundle (``text/html`` and ``text/plain``)."""
+    plain = [status_text(record), progress_plain(record), plots_text(record.history)]
+    dropped = sum(record.dropped.values())
+    note = f"{dropped} events dropped (the kernel lagged)" if dropped else ""
+    html = ('<div class="notebook-accel-live" style="font-size:12px;line-height:1.35">'
+            + status_html(record) + progress_html(record) + plots_html(record.history)
+            + (f'<div style="color:#888">{note}</div>' if note else "") + "</div>")
+    return {"text/html": html, "text/plain": "\n".join(p for p in [*plain, note] if p)}
+
+
+def _ipython_display(bundle: dict[str, str]) -> Any:
+    from IPython.display import display
+
+    return display(bundle, raw=True, display_id=True)
+
+
+class LiveView:
+    """Draws a :class:`LaunchRecord` into the launching cell while the job runs.
+
+    Args:
+        record: the launch (the supervisor keeps it up to date and calls :meth:`update`).
+        display: shows a MIME bundle and returns a handle with ``update(bundle,
+            raw=True)``; default ``IPython.display.display(..., display_id=True)``.
+        appear_after: seconds of running before anything is shown.
+        interval: least seconds between two redraws.
+        clock: monotonic clock (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        record: LaunchRecord,
+        display: Callable[[dict[str, str]], Any] | None = None,
+        appear_after: float = 1.0,
+        interval: float = 0.3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.display = display or _ipython_display
+        self.appear_after = appear_after
+        self.interval = interval
+        self.clock = clock
+        self.handle: Any = None
+        self.last_draw = float("-inf")
+        self.last_bundle: dict[str, str] | None = None
+        self.draws = 0
+        self.done = False
+
+    def update(self, record: LaunchRecord, final: bool = False) -> None:
+        """Redraw when due; with ``final``, draw the static summary (if shown at all)."""
+        if self.done:
+            return
+        try:
+            self._update(record, final)
+        except Exception as exc:  # noqa: BLE001 - a view must never break the job
+            self.done = True
+            print(f"[notebook_accel] live view stopped ({type(exc).__name__}: {exc})",
+                  file=sys.stderr, flush=True)
+
+    def _update(self, record: LaunchRecord, final: bool) -> None:
+        if final:
+            self.done = True
+            if self.handle is None and record.elapsed < self.appear_after:
+                return  # a trivial job: nothing to show
+        elif record.elapsed < self.appear_after:
+            return
+        now = self.clock()
+        if not final and now - self.last_draw < self.interval:
+            return
+        self.last_draw = now
+        bundle = render(record)
+        if bundle == self.last_bundle:
+            return
+        self.last_bundle = bundle
+        self.draws += 1
+        if self.handle is None:
+            self.handle = self.display(bundle)
+        else:
+            self.handle.update(bundle, raw=True)

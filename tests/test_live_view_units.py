@@ -1,0 +1,179 @@
+"""The live view and the text view on hand-made launch records (no kernel, no workers)."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import time
+
+from magics.live_plots import MAX_POINTS, metric_svg, plots_text
+from magics.live_view import LiveView, render
+from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.text_view import TextView
+from notebook_accel.progress import job_progress
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Screen:
+    """Stands for IPython's display(): remembers the first bundle and every update."""
+
+    def __init__(self) -> None:
+        self.bundles: list[dict[str, str]] = []
+
+    def __call__(self, bundle):
+        self.bundles.append(bundle)
+        return self
+
+    def update(self, bundle, raw=False):
+        assert raw
+        self.bundles.append(bundle)
+
+
+def make_record(age: float = 0.0, ranks: int = 2) -> LaunchRecord:
+    record = LaunchRecord(world_size=ranks, num_processes=ranks, device_type="cpu",
+                          start_method="fork", mixed_precision="bf16",
+                          started=time.time() - age)
+    for rank in range(ranks):
+        record.ranks[rank] = RankStatus(rank=rank, pid=1000 + rank, state="running",
+                                        started=record.started, rss=123_000_000)
+    return record
+
+
+def test_trivial_job_shows_nothing():
+    screen = Screen()
+    record = make_record(age=0.0)
+    view = LiveView(record, display=screen)
+    for _ in range(5):
+        view.update(record)
+    record.finish("finished")
+    view.update(record, final=True)
+    assert screen.bundles == []
+
+
+def test_appears_after_a_second_updates_in_place_throttled_and_ends_static():
+    screen, clock = Screen(), Clock()
+    record = make_record(age=0.5)
+    view = LiveView(record, display=screen, clock=clock)
+    view.update(record)
+    assert screen.bundles == []  # not yet: under a second
+    record.started -= 1.0
+    for tick in range(30):  # 3 s of updates, ten a second
+        clock.now = tick * 0.1
+        record.history.setdefault("loss", []).append((tick, 1.0 / (tick + 1)))
+        view.update(record)
+    assert 6 <= view.draws <= 11, view.draws  # at most a few redraws a second
+    record.ranks[1].state, record.ranks[1].exitcode = "failed", 3
+    record.finish("failed")
+    view.update(record, final=True)
+    final = screen.bundles[-1]
+    assert "failed after" in final["text/plain"]
+    assert "rank 1: failed (exit 3)" in final["text/plain"]
+    assert "<svg" in final["text/html"] and "loss" in final["text/plain"]
+    count = len(screen.bundles)
+    view.update(record)
+    view.update(record, final=True)
+    assert len(screen.bundles) == count  # static after the summary
+
+
+def test_header_and_table_show_settings_memory_and_last_line():
+    record = make_record(age=2.0)
+    record.ranks[0].last_line = "epoch 3 done"
+    record.ranks[1].gpu_memory = 2_500_000_000
+    bundle = render(record)
+    plain, html = bundle["text/plain"], bundle["text/html"]
+    assert "2 processes on cpu · fork · mixed precision: bf16 · running" in plain
+    assert "rank 0: running, pid 1000" in plain and "RSS 123.0 MB" in plain
+    assert "GPU 2.5 GB" in plain and "epoch 3 done" in plain
+    assert "<th" in html and ">GPU<" in html and "1001" in html
+
+
+def test_worker_text_is_escaped():
+    record = make_record(age=2.0)
+    record.ranks[0].last_line = "<script>alert(1)</script>"
+    record.progress[0] = {"n": 1, "total": 2, "desc": "<b>x</b>", "rate": 1.0, "elapsed": 1.0,
+                          "postfix": "<i>", "time": time.time()}
+    record.history["<img src=x>"] = [(0, 1.0)]
+    html = render(record)["text/html"]
+    assert "<script>" not in html and "<b>x" not in html and "<img" not in html
+    assert "&lt;script&gt;" in html
+
+
+def test_job_progress_is_the_slowest_rank_with_rate_and_eta():
+    record = make_record(age=2.0)
+    assert job_progress(record) is None
+    record.progress[0] = {"n": 50, "total": 100, "rate": 10.0, "elapsed": 5.0}
+    assert job_progress(record)["eta"] == 5.0
+    record.progress[1] = {"n": 20, "total": 100, "rate": 5.0, "elapsed": 4.0}
+    state = job_progress(record)
+    assert state["rank"] == 1 and state["eta"] == 16.0
+    html = render(record)["text/html"]
+    assert "(rank 1)" in html and "20/100" in html and "width:20.0%" in html
+    assert "20/100 [00:04<00:16" in render(record)["text/plain"]
+
+
+def test_plots_thin_long_histories_and_skip_non_finite_values():
+    points = [(step, math.sin(step / 1000)) for step in range(100_000)]
+    points[500] = (500, float("nan"))
+    svg = metric_svg("wave", points)
+    drawn = re.search(r'points="([^"]+)"', svg).group(1).split()
+    assert 2 < len(drawn) <= MAX_POINTS
+    assert "nan" not in svg.lower()
+    assert "step 99999" in svg  # the last step is kept
+    assert "100000 points" in plots_text({"wave": points})
+    assert "<circle" in metric_svg("one", [(None, 2.0)])
+
+
+def test_a_failing_display_never_breaks_the_job(capsys):
+    def broken(bundle):
+        raise RuntimeError("no frontend")
+
+    record = make_record(age=2.0)
+    view = LiveView(record, display=broken)
+    view.update(record)
+    view.update(record, final=True)
+    assert "live view stopped (RuntimeError: no frontend)" in capsys.readouterr().err
+
+
+def test_text_view_lines_on_state_changes_every_ten_seconds_and_at_the_end():
+    out, clock = io.StringIO(), Clock()
+    record = make_record(age=0.2)
+    view = TextView(record, stream=out, clock=clock)
+    view.update(record)
+    assert out.getvalue() == ""  # quiet for the first second
+    record.started -= 1.0
+    record.history["loss"] = [(7, 0.25)]
+    view.update(record)
+    clock.now = 5.0
+    view.update(record)  # nothing changed, not 10 s yet
+    assert out.getvalue().count("\n") == 1
+    record.ranks[1].state = "finished"
+    view.update(record)
+    clock.now = 16.0
+    view.update(record)
+    record.ranks[0].state = "finished"
+    record.finish("finished")
+    view.update(record, final=True)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4, lines
+    assert all(line.startswith("[notebook_accel] ") for line in lines)
+    assert "2 running" in lines[0] and "loss 0.25 @ step 7" in lines[0]
+    assert "1 running, 1 finished" in lines[1]
+    assert lines[3].startswith("[notebook_accel] finished in ") and "2 finished" in lines[3]
+
+
+def test_text_view_is_silent_for_a_trivial_job():
+    out = io.StringIO()
+    record = make_record(age=0.1)
+    view = TextView(record, stream=out)
+    view.update(record)
+    record.finish("finished")
+    view.update(record, final=True)
+    assert out.getvalue() == ""
