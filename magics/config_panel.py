@@ -30,7 +30,13 @@ from magics.panel_state import (
     state_from_config,
     validate,
 )
-from notebook_accel.config import LaunchConfig, default_config_path, load_config, save_config
+from notebook_accel.config import (
+    ENV_OPTIONS,
+    LaunchConfig,
+    default_config_path,
+    load_config,
+    save_config,
+)
 from notebook_accel.hardware import Hardware, detect
 
 _LABEL = {"description_width": "150px"}
@@ -51,7 +57,11 @@ def _load(config_file: str | os.PathLike[str] | None) -> tuple[LaunchConfig, lis
         notes = [f"Config file: none yet; Save writes {default_config_path()}"]
     else:
         notes = [f"Config file: {cfg.source} (loaded)"]
-    return cfg, notes + [str(w.message) for w in caught]
+    notes += [str(w.message) for w in caught]
+    for option, var in ENV_OPTIONS.items():
+        if os.environ.get(var):
+            notes.append(f"{var}={os.environ[var]} is set: it overrides the file's {option}")
+    return cfg, notes
 
 
 class ConfigPanel(widgets.VBox):

@@ -74,26 +74,36 @@ def _cmd_test(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+# flag -> (dest, add_argument keywords); each also accepts the peer's --snake_case spelling
+_LAUNCH_FLAGS: dict[str, dict[str, Any]] = {
+    "--num-processes": dict(type=int, metavar="N", help="workers on this machine (default: one "
+                                                        "per GPU, else per CPU core)"),
+    "--mixed-precision": dict(choices=("no", "fp16", "bf16")),
+    "--start-method": dict(choices=cfgmod.START_METHODS,
+                           help="how workers start (auto: fork when safe, else forkserver)"),
+    "--device": dict(choices=("cpu", "cuda"), help="default: CUDA when a GPU is visible"),
+    "--main-process-port": dict(dest="port", type=int, metavar="PORT",
+                                help="rendezvous port (default: a free one)"),
+    "--num-machines": dict(type=int, metavar="N",
+                           help="machines in the job (run the same command on each)"),
+    "--machine-rank": dict(type=int, metavar="R", help="this machine's rank, 0 on the main one"),
+    "--main-process-ip": dict(metavar="ADDR",
+                              help="the main machine's address (multi-machine jobs)"),
+    "--timeout": dict(type=float, metavar="SECONDS", help="stop the job after this many seconds"),
+}
+
+
 def _add_launch_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("launch (unset: NOTEBOOK_ACCEL_* environment, then the "
-                                      "config file, then auto-detection)")
-    group.add_argument("-n", "--num-processes", type=int, default=None, metavar="N",
-                       help="workers on this machine (default: one per GPU, else per CPU core)")
-    group.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), default=None)
-    group.add_argument("--start-method", choices=cfgmod.START_METHODS, default=None,
-                       help="how workers start (auto: fork when safe, else forkserver)")
-    group.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                       help="default: CUDA when a GPU is visible")
-    group.add_argument("--port", type=int, default=None,
-                       help="rendezvous port (default: a free one)")
-    group.add_argument("--num-machines", type=int, default=None, metavar="N",
-                       help="machines in the job (run the same command on each)")
-    group.add_argument("--machine-rank", type=int, default=None, metavar="R",
-                       help="this machine's rank, 0 on the main one")
-    group.add_argument("--main-process-ip", default=None, metavar="ADDR",
-                       help="the main machine's address (multi-machine jobs)")
-    group.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                       help="stop the job after this many seconds")
+                                      "config file, then auto-detection; the peer's "
+                                      "--snake_case spellings work too)")
+    for flag, keywords in _LAUNCH_FLAGS.items():
+        options = {"default": None, "dest": flag[2:].replace("-", "_"), **keywords}
+        shorts = {"--num-processes": ["-n"], "--main-process-port": ["--port"]}.get(flag, [])
+        group.add_argument(*shorts, flag, **options)
+        if "-" in flag[2:]:  # the peer's spelling, not listed in --help
+            group.add_argument("--" + flag[2:].replace("-", "_"),
+                               **{**options, "help": argparse.SUPPRESS})
 
 
 def add_subcommands(sub: Any, common: argparse.ArgumentParser) -> None:

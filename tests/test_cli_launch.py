@@ -141,3 +141,13 @@ def test_run_script_sets_argv_path_and_main(tmp_path, monkeypatch):
         run_script(str(path), ["a", "--b"])
     assert exc.value.code == 0
     assert sys.argv == [str(path), "a", "--b"] and sys.path[0] == str(tmp_path)
+
+
+def test_launch_accepts_the_peers_spellings():
+    args = cli._build_parser().parse_args(
+        ["launch", "--num_processes", "3", "--mixed_precision", "bf16", "--main_process_port",
+         "29600", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.0.0.1",
+         "train.py", "--num_processes", "9"])
+    assert (args.num_processes, args.mixed_precision, args.port, args.num_machines,
+            args.machine_rank, args.main_process_ip) == (3, "bf16", 29600, 2, 1, "10.0.0.1")
+    assert args.script == "train.py" and args.script_args == ["--num_processes", "9"]

@@ -238,3 +238,22 @@ def test_panel_test_button_runs_real_workers(cfg_path):
     assert panel.test() is True, panel.test_output.outputs
     text = "".join(o["text"] for o in panel.test_output.outputs)
     assert "PASS" in text and "2 workers" in text
+
+
+def test_panel_loads_the_peers_file_and_saves_ours(cfg_path, tmp_path):
+    peer = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    peer.parent.mkdir(parents=True)
+    peer.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
+                    "num_processes: 2\nmixed_precision: bf16\nuse_cpu: true\n")
+    panel = config_panel(hardware=CPU2)
+    assert f"{peer} (loaded)" in panel.children[1].value
+    assert panel.device.value == "cpu" and panel.mixed_precision == "bf16"
+    assert panel.save() == cfg_path and yaml.safe_load(cfg_path.read_text())["use_cpu"] is True
+    assert "num_processes: 2\n" in peer.read_text() and "start_method" not in peer.read_text()
+
+
+def test_panel_says_which_environment_variables_override_the_file(cfg_path, monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_ACCEL_NUM_PROCESSES", "4")
+    panel = config_panel(hardware=CPU2)
+    assert "NOTEBOOK_ACCEL_NUM_PROCESSES=4 is set: it overrides the file&#x27;s num_processes" in (
+        panel.children[1].value)

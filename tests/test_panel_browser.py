@@ -162,7 +162,9 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
             processes = panel.locator(".widget-inline-hbox", has_text="Processes").locator("input")
             expect(processes).to_have_value("1")  # the file's values are shown
             expect(panel.locator("select").first).to_have_value("auto")
-            expect(panel.get_by_role("button", name="fp16", exact=True)).to_be_disabled()
+            fp16 = panel.get_by_role("button", name="fp16", exact=True)
+            expect(fp16).to_be_disabled()
+            expect(fp16).to_have_attribute("title", re.compile("fp16 needs a GPU"))  # tooltip
 
             processes.fill("2")
             processes.press("Tab")
