@@ -125,6 +125,11 @@ class PartialState:
             self.num_processes = _env_int(env.WORLD_SIZE, 1)
             self.local_process_index = _env_int(env.LOCAL_RANK, 0)
             if self.device_type == "cuda":
+                if not torch.cuda.is_available():
+                    raise RuntimeError(
+                        f"{env.DEVICE_TYPE}=cuda, but this torch ({torch.__version__}) sees no CUDA "
+                        f"device; set {env.DEVICE_TYPE}=cpu or pass cpu=True"
+                    )
                 self.device = torch.device("cuda", self.local_process_index)
                 torch.cuda.set_device(self.device)
             else:
