@@ -1,0 +1,111 @@
+"""The live view in a real Jupyter kernel: display messages, progress order, metric history."""
+
+from __future__ import annotations
+
+import pytest
+
+# Installed in the kernel before the job: every event the kernel folds into the
+# record is also written down, so the order they arrived in can be checked.
+SPY = """
+from notebook_accel.launch.record import LaunchRecord
+_seen_events = []
+if not hasattr(LaunchRecord, "_unspied_apply"):
+    LaunchRecord._unspied_apply = LaunchRecord.apply
+    def _spy_apply(self, rank, kind, when, data):
+        _seen_events.append((rank, kind, dict(data)))
+        return LaunchRecord._unspied_apply(self, rank, kind, when, data)
+    LaunchRecord.apply = _spy_apply
+"""
+
+JOB = """
+from notebook_accel import notebook_launcher, last_launch
+
+def train(steps):
+    import time
+    from notebook_accel.launch import events
+    from notebook_accel.progress import tqdm
+    from notebook_accel.state import PartialState
+    rank = PartialState().process_index
+    for step in tqdm(range(steps), desc="train"):
+        events.emit("metrics", {"step": step, "values": {"loss": 1.0 / (step + 1) + rank,
+                                                         "lr": 0.1 * step}})
+        if step % 10 == 0:
+            print(f"at step {step}", flush=True)
+        time.sleep(0.1)
+    return rank
+
+notebook_launcher(train, (28,), num_processes=2)
+"""
+
+
+@pytest.fixture(scope="module")
+def job(kernel):
+    kernel.ok(SPY)
+    return kernel.ok(JOB)
+
+
+def _displays(result):
+    return [m for m in result.outputs if m["msg_type"] in ("display_data", "update_display_data")]
+
+
+def test_one_block_shown_then_updated_in_place_and_ends_as_summary(job):
+    shown = _displays(job)
+    assert shown and shown[0]["msg_type"] == "display_data", [m["msg_type"] for m in shown]
+    ident = shown[0]["content"]["transient"]["display_id"]
+    updates = shown[1:]
+    assert len(updates) >= 3 and all(m["msg_type"] == "update_display_data" for m in updates)
+    assert {m["content"]["transient"]["display_id"] for m in updates} == {ident}
+    assert len(shown) <= 4 * 3 + 2  # redraws throttled (a ~3 s job, at most a few a second)
+    for message in shown:
+        assert {"text/html", "text/plain"} <= set(message["content"]["data"])
+    first = shown[0]["content"]["data"]["text/plain"]
+    assert "2 processes on cpu" in first and "mixed precision: no" in first and "running" in first
+    assert "rank 0: running" in first and "rank 1: running" in first
+    final = shown[-1]["content"]["data"]
+    assert "finished in" in final["text/plain"] and "rank 1: finished" in final["text/plain"]
+    assert "train: 100%" in final["text/plain"] and "28/28" in final["text/plain"]
+    assert final["text/html"].count("<svg") == 2  # loss and lr
+    assert "loss: 0.03571 at step 27" in final["text/plain"]
+    # the relayed output is untouched by the display
+    assert "[rank 0] at step 20" in job.stdout and "[rank 1] at step 20" in job.stdout
+
+
+def test_progress_events_arrive_in_order(job, kernel):
+    seen = kernel.value("[(r, d['n'], d['closed']) for r, k, d in _seen_events if k == 'progress']")
+    assert {rank for rank, _, _ in seen} == {0}  # main_process_only: rank 1 sends none
+    counts = [n for _, n, _ in seen]
+    assert counts == sorted(counts) and counts[-1] == 28 and len(counts) >= 10
+    assert seen[-1][2] is True and not any(closed for _, _, closed in seen[:-1])
+
+
+def test_metric_history_equals_what_rank0_logged(job, kernel):
+    history = kernel.value("last_launch().history")
+    assert history == {
+        "loss": [(step, 1.0 / (step + 1)) for step in range(28)],
+        "lr": [(step, 0.1 * step) for step in range(28)],
+    }
+    assert kernel.value("last_launch().outcome") == "finished"
+
+
+def test_trivial_job_shows_nothing(kernel):
+    result = kernel.ok("notebook_launcher(lambda: 7, num_processes=2)")
+    assert _displays(result) == []
+    assert result.outputs[-1]["content"]["data"]["text/plain"] == "7"
+
+
+def test_failed_job_ends_as_a_static_summary_naming_the_rank(kernel):
+    result = kernel.run("""
+def fail():
+    import os, time
+    time.sleep(1.5)
+    if os.environ["RANK"] == "1":
+        raise ValueError("bad batch")
+    time.sleep(30)
+
+notebook_launcher(fail, num_processes=2)
+""")
+    assert result.error and result.error["ename"] == "WorkerError"
+    shown = _displays(result)
+    assert shown, "a job that ran past a second shows its status"
+    final = shown[-1]["content"]["data"]["text/plain"]
+    assert "failed after" in final and "rank 1: failed" in final and "rank 0: stopped" in final
