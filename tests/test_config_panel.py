@@ -257,3 +257,13 @@ def test_panel_says_which_environment_variables_override_the_file(cfg_path, monk
     panel = config_panel(hardware=CPU2)
     assert "NOTEBOOK_ACCEL_NUM_PROCESSES=4 is set: it overrides the file&#x27;s num_processes" in (
         panel.children[1].value)
+
+
+def test_panel_shows_a_device_the_machine_lacks_as_an_error(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    panel = config_panel(hardware=CPU2)
+    assert panel.device.value == "cuda" and ("cuda (not detected)", "cuda") in panel.device.options
+    assert "no NVIDIA GPU" in panel.messages.value and panel.save_button.disabled
+    panel.device.value = "auto"
+    assert not errors(panel)

@@ -181,6 +181,10 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
             data = _read_yaml(config)
             assert (data["num_processes"], data["mixed_precision"], data["start_method"]) == (
                 2, "bf16", "spawn"), data
+
+            panel.get_by_role("button", name="Test").click()  # real workers, forked by the kernel
+            expect(panel).to_contain_text("Test passed", timeout=120_000)
+            expect(panel.locator(".jp-OutputArea-output", has_text="PASS").first).to_be_visible()
         finally:
             page.screenshot(path=str(artifacts / "config_panel.png"), full_page=True)
             browser.close()
