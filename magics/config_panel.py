@@ -40,7 +40,14 @@ from notebook_accel.config import (
 from notebook_accel.hardware import Hardware, detect
 
 _LABEL = {"description_width": "150px"}
-_WIDE = widgets.Layout(width="360px")
+def _wide() -> widgets.Layout:
+    return widgets.Layout(width="360px")
+
+
+def _int_field(description: str, value: int, low: int, high: int,
+               tooltip: str) -> widgets.BoundedIntText:
+    return widgets.BoundedIntText(value=value, min=low, max=high, description=description,
+                                  tooltip=tooltip, style=_LABEL, layout=_wide())
 
 
 def _load(config_file: str | os.PathLike[str] | None) -> tuple[LaunchConfig, list[str]]:
@@ -77,29 +84,32 @@ class ConfigPanel(widgets.VBox):
                  hardware: Hardware | None = None) -> None:
         self.hardware = hardware or detect()
         self.path = Path(config_file).expanduser() if config_file else default_config_path()
-        self._config_file = config_file
-        self._base, load_notes = _load(config_file)
+        self._base, notes = _load(config_file)
         state = state_from_config(self._base, self.hardware)
-        self._build(state)
+        bound = max_processes(state.device, self.hardware)
+        if state.num_processes > bound:
+            notes.append(f"The file asks for {state.num_processes} processes; at most {bound} "
+                         f"here ({self.hardware.summary()}): showing {bound}")
+            state.num_processes = bound
+        self._build_fields(state)
+        self._build_buttons()
         header = [widgets.HTML(f"<b>notebook_accel launch config</b> &nbsp; Hardware: "
                                f"{html.escape(self.hardware.summary())}"),
-                  widgets.HTML("<br>".join(html.escape(n) for n in load_notes))]
+                  widgets.HTML("<br>".join(html.escape(n) for n in notes))]
         super().__init__(header + self._rows())
         self.add_class("notebook-accel-config-panel")
         self._refresh()
 
-    def _build(self, state: FormState) -> None:
+    def _build_fields(self, state: FormState) -> None:
         hw = self.hardware
-        options = [(c.value if c.enabled else f"{c.value} (not detected)", c.value)
-                   for c in device_choices(hw) if c.enabled or c.value == state.device]
-        self.device = widgets.Dropdown(options=options, value=state.device, description="Device",
-                                       style=_LABEL, layout=_WIDE,
-                                       tooltip="; ".join(f"{c.value}: {c.tooltip}"
-                                                         for c in device_choices(hw)))
-        bound = max_processes(state.device, hw)
-        self.num_processes = widgets.BoundedIntText(
-            value=min(state.num_processes, bound), min=1, max=bound, description="Processes",
-            style=_LABEL, layout=_WIDE, tooltip="workers on this machine")
+        devices = device_choices(hw)
+        self.device = widgets.Dropdown(
+            options=[(c.value if c.enabled else f"{c.value} (not detected)", c.value)
+                     for c in devices if c.enabled or c.value == state.device],
+            value=state.device, description="Device", style=_LABEL, layout=_wide(),
+            tooltip="; ".join(f"{c.value}: {c.tooltip}" for c in devices))
+        self.num_processes = _int_field("Processes", state.num_processes, 1,
+                                        max_processes(state.device, hw), "workers on this machine")
         self.precision_buttons = {
             c.value: widgets.ToggleButton(value=c.value == state.mixed_precision,
                                           description=c.value, layout=widgets.Layout(width="70px"))
@@ -107,22 +117,26 @@ class ConfigPanel(widgets.VBox):
         self.precision_note = widgets.HTML()
         self.start_method = widgets.Dropdown(
             options=list(START_METHOD_TIPS), value=state.start_method, description="Start method",
-            style=_LABEL, layout=_WIDE,
+            style=_LABEL, layout=_wide(),
             tooltip="; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items()))
-        self.num_machines = widgets.BoundedIntText(
-            value=state.num_machines, min=1, max=4096, description="Machines", style=_LABEL,
-            layout=_WIDE, tooltip="machines (nodes) in the job; more than 1 shows their settings")
-        self.machine_rank = widgets.BoundedIntText(
-            value=state.machine_rank, min=0, max=4095, description="Machine rank", style=_LABEL,
-            layout=_WIDE, tooltip="0 on the main machine, 1.. on the others")
+        self.num_machines = _int_field("Machines", state.num_machines, 1, 4096,
+                                       "machines (nodes) in the job; more than 1 shows their "
+                                       "settings")
+        self.machine_rank = _int_field("Machine rank", state.machine_rank, 0, 4095,
+                                       "0 on the main machine, 1.. on the others")
         self.main_process_ip = widgets.Text(
             value=state.main_process_ip, description="Main process IP", style=_LABEL,
-            layout=_WIDE, placeholder="address of machine 0")
-        self.main_process_port = widgets.BoundedIntText(
-            value=state.main_process_port, min=0, max=65535, description="Main process port",
-            style=_LABEL, layout=_WIDE, tooltip="the same port on every machine; 0: unset")
+            layout=_wide(), placeholder="address of machine 0")
+        self.main_process_port = _int_field("Main process port", state.main_process_port, 0,
+                                            65535, "the same port on every machine; 0: unset")
         self.multi_node = widgets.VBox([self.machine_rank, self.main_process_ip,
                                         self.main_process_port])
+        for w in (self.device, self.num_processes, self.start_method, self.num_machines,
+                  self.machine_rank, self.main_process_ip, self.main_process_port,
+                  *self.precision_buttons.values()):
+            w.observe(self._on_change, names="value")
+
+    def _build_buttons(self) -> None:
         self.messages = widgets.HTML()
         self.save_button = widgets.Button(description="Save", button_style="primary",
                                           icon="save", tooltip=f"write {self.path}")
@@ -134,10 +148,6 @@ class ConfigPanel(widgets.VBox):
         self.status = widgets.HTML()
         self.code = widgets.HTML(layout=widgets.Layout(display="none"))
         self.test_output = widgets.Output()
-        for w in (self.device, self.num_processes, self.start_method, self.num_machines,
-                  self.machine_rank, self.main_process_ip, self.main_process_port,
-                  *self.precision_buttons.values()):
-            w.observe(self._on_change, names="value")
         self.save_button.on_click(lambda _: self.save())
         self.code_button.on_click(lambda _: self._show_code())
         self.test_button.on_click(lambda _: self.test())

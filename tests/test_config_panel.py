@@ -267,3 +267,11 @@ def test_panel_shows_a_device_the_machine_lacks_as_an_error(cfg_path):
     assert "no NVIDIA GPU" in panel.messages.value and panel.save_button.disabled
     panel.device.value = "auto"
     assert not errors(panel)
+
+
+def test_panel_says_when_the_file_asks_for_more_gpus_than_detected(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("distributed_type: MULTI_GPU\nnum_processes: 4\n")
+    panel = config_panel(hardware=T4X2)
+    assert panel.num_processes.value == 2
+    assert "The file asks for 4 processes; at most 2 here" in panel.children[1].value
