@@ -275,3 +275,13 @@ def test_panel_says_when_the_file_asks_for_more_gpus_than_detected(cfg_path):
     panel = config_panel(hardware=T4X2)
     assert panel.num_processes.value == 2
     assert "The file asks for 4 processes; at most 2 here" in panel.children[1].value
+
+
+def test_panel_on_this_machine_never_initialises_cuda(cfg_path):
+    import torch
+
+    from notebook_accel.hardware import detect
+
+    panel = config_panel()  # the real detection
+    assert panel.hardware == detect() and detect().summary() in panel.children[0].value
+    assert not torch.cuda.is_initialized()
