@@ -3,13 +3,15 @@
 Drawn by hand on purpose: an SVG of a few hundred points costs well under a
 millisecond, needs no plotting library in the kernel, and renders wherever HTML
 does (JupyterLab, VS Code, nbconvert output). Long histories are thinned to
-``MAX_POINTS`` per metric, keeping each bucket's lowest and highest value.
+about ``MAX_POINTS`` per metric as they arrive (see :class:`Series`), so a redraw
+costs the same after a million steps as after a hundred.
 """
 
 from __future__ import annotations
 
 import math
 from html import escape
+from typing import Any
 
 from notebook_accel.launch.text_view import format_value
 
@@ -19,35 +21,81 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 48, 8, 18, 18
 Point = tuple[float, float]
 
 
-def finite_points(points: list[tuple[int | None, float]]) -> list[Point]:
-    """``(step, value)`` pairs as floats; a missing step is the point's index; NaN/inf dropped."""
-    out = []
-    for index, (step, value) in enumerate(points):
-        try:
-            x, y = float(index if step is None else step), float(value)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(x) and math.isfinite(y):
-            out.append((x, y))
-    return out
+def _finite(index: int, step: int | None, value: float) -> Point | None:
+    try:
+        x, y = float(index if step is None else step), float(value)
+    except (TypeError, ValueError):
+        return None
+    return (x, y) if math.isfinite(x) and math.isfinite(y) else None
 
 
-def thin(points: list[Point], limit: int = MAX_POINTS) -> list[Point]:
-    """At most ``limit`` points: per bucket its lowest and highest, in order; ends kept."""
-    if len(points) <= limit:
-        return points
-    buckets = limit // 2
-    size = len(points) / buckets
-    out: list[Point] = []
-    for b in range(buckets):
-        chunk = points[int(b * size):int((b + 1) * size)]
-        if not chunk:
-            continue
-        low, high = min(chunk, key=lambda p: p[1]), max(chunk, key=lambda p: p[1])
-        out.extend(sorted({low, high}, key=chunk.index))
-    if out[-1] != points[-1]:
-        out[-1] = points[-1]
-    return out
+class Series:
+    """One metric's points, thinned as they arrive (amortised O(1) per point).
+
+    Points fall into buckets of ``size`` consecutive points, each keeping its
+    lowest and highest point; when there are more than ``limit // 2`` buckets,
+    neighbours merge and ``size`` doubles. So drawing costs O(``limit``) however
+    long the history, and spikes stay visible.
+    """
+
+    def __init__(self, limit: int = MAX_POINTS) -> None:
+        self.limit = limit
+        self._reset()
+
+    def _reset(self) -> None:
+        self.consumed = 0  # history entries read so far (finite or not)
+        self.size = 1
+        self.buckets: list[list[Any]] = []  # [low, high, count]
+        self.last: Point | None = None
+        self.low: float = math.inf
+        self.high: float = -math.inf
+
+    def extend(self, history: list[tuple[int | None, float]]) -> None:
+        """Read the entries of ``history`` not seen yet (it only ever grows)."""
+        if len(history) < self.consumed:  # a different history: start again
+            self._reset()
+        for index in range(self.consumed, len(history)):
+            point = _finite(index, *history[index])
+            if point is not None:
+                self._add(point)
+        self.consumed = len(history)
+
+    def _add(self, point: Point) -> None:
+        self.last = point
+        self.low, self.high = min(self.low, point[1]), max(self.high, point[1])
+        if self.buckets and self.buckets[-1][2] < self.size:
+            bucket = self.buckets[-1]
+            if point[1] < bucket[0][1]:
+                bucket[0] = point
+            if point[1] > bucket[1][1]:
+                bucket[1] = point
+            bucket[2] += 1
+        else:
+            self.buckets.append([point, point, 1])
+        if len(self.buckets) > self.limit // 2:
+            self._merge()
+
+    def _merge(self) -> None:
+        merged = []
+        for i in range(0, len(self.buckets), 2):
+            pair = self.buckets[i:i + 2]
+            low = min((b[0] for b in pair), key=lambda p: p[1])
+            high = max((b[1] for b in pair), key=lambda p: p[1])
+            merged.append([low, high, sum(b[2] for b in pair)])
+        self.buckets = merged
+        self.size *= 2
+
+    def points(self) -> list[Point]:
+        """At most about ``limit`` points in step order, the last one included."""
+        out: list[Point] = []
+        for low, high, _ in self.buckets:
+            out.extend([low] if low == high else sorted((low, high)))
+        if self.last is not None and (not out or out[-1] != self.last):
+            out.append(self.last)
+        return out
+
+    def __len__(self) -> int:
+        return self.consumed
 
 
 def _label(value: float) -> str:
@@ -58,9 +106,9 @@ def _step(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else format_value(value)
 
 
-def metric_svg(name: str, points: list[tuple[int | None, float]]) -> str:
+def metric_svg(name: str, series: Series) -> str:
     """One metric as an SVG line chart with its name, last value and axis ranges."""
-    data = thin(finite_points(points))
+    data = series.points()
     last = f" = {_label(data[-1][1])}" if data else ""
     title = (f'<text x="{_LEFT}" y="12" font-size="11" font-weight="bold">{escape(name)}{last}'
              "</text>")
@@ -96,23 +144,31 @@ def metric_svg(name: str, points: list[tuple[int | None, float]]) -> str:
             f"{title}{frame}{body}</svg>")
 
 
-def plots_html(history: dict[str, list[tuple[int | None, float]]]) -> str:
-    """Every metric's chart, side by side (empty without metrics)."""
-    charts = [metric_svg(name, points) for name, points in history.items() if points]
-    if not charts:
-        return ""
-    return '<div style="display:flex;flex-wrap:wrap">' + "".join(charts) + "</div>"
+class Plots:
+    """The charts of every metric of a launch, kept up to date incrementally."""
 
+    def __init__(self) -> None:
+        self.series: dict[str, Series] = {}
 
-def plots_text(history: dict[str, list[tuple[int | None, float]]]) -> str:
-    """One line per metric: last value, step, range and count."""
-    lines = []
-    for name, points in history.items():
-        data = finite_points(points)
-        if not data:
-            continue
-        ys = [y for _, y in data]
-        lines.append(f"  {name}: {format_value(data[-1][1])} at step {_step(data[-1][0])} "
-                     f"(min {format_value(min(ys))}, max {format_value(max(ys))}, "
-                     f"{len(points)} points)")
-    return "\n".join(lines)
+    def update(self, history: dict[str, list[tuple[int | None, float]]]) -> None:
+        """Read what was logged since the last call."""
+        for name, points in history.items():
+            self.series.setdefault(name, Series()).extend(points)
+
+    def html(self) -> str:
+        """Every metric's chart, side by side (empty without metrics)."""
+        charts = [metric_svg(name, s) for name, s in self.series.items() if s.last is not None]
+        if not charts:
+            return ""
+        return '<div style="display:flex;flex-wrap:wrap">' + "".join(charts) + "</div>"
+
+    def text(self) -> str:
+        """One line per metric: last value, step, range and count."""
+        lines = []
+        for name, s in self.series.items():
+            if s.last is None:
+                continue
+            lines.append(f"  {name}: {format_value(s.last[1])} at step {_step(s.last[0])} "
+                         f"(min {format_value(s.low)}, max {format_value(s.high)}, "
+                         f"{len(s)} points)")
+        return "\n".join(lines)

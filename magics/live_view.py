@@ -16,19 +16,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from magics.live_plots import plots_html, plots_text
+from magics.live_plots import Plots
 from magics.live_progress import progress_html, progress_plain
 from magics.live_status import status_html, status_text
 from notebook_accel.launch.record import LaunchRecord
 
 
-def render(record: LaunchRecord) -> dict[str, str]:
-    """The whole block as a MIME bundle (``text/html`` and ``text/plain``)."""
-    plain = [status_text(record), progress_plain(record), plots_text(record.history)]
+def render(record: LaunchRecord, plots: Plots | None = None) -> dict[str, str]:
+    """The whole block as a MIME bundle (``text/html`` and ``text/plain``).
+
+    Args:
+        record: the launch.
+        plots: the charts kept between redraws (a new set when None).
+    """
+    plots = plots or Plots()
+    plots.update(record.history)
+    plain = [status_text(record), progress_plain(record), plots.text()]
     dropped = sum(record.dropped.values())
     note = f"{dropped} events dropped (the kernel lagged)" if dropped else ""
     html = ('<div class="notebook-accel-live" style="font-size:12px;line-height:1.35">'
-            + status_html(record) + progress_html(record) + plots_html(record.history)
+            + status_html(record) + progress_html(record) + plots.html()
             + (f'<div style="color:#888">{note}</div>' if note else "") + "</div>")
     return {"text/html": html, "text/plain": "\n".join(p for p in [*plain, note] if p)}
 
@@ -68,6 +75,7 @@ class LiveView:
         self.last_bundle: dict[str, str] | None = None
         self.draws = 0
         self.done = False
+        self.plots = Plots()
 
     def update(self, record: LaunchRecord, final: bool = False) -> None:
         """Redraw when due; with ``final``, draw the static summary (if shown at all)."""
@@ -91,7 +99,7 @@ class LiveView:
         if not final and now - self.last_draw < self.interval:
             return
         self.last_draw = now
-        bundle = render(record)
+        bundle = render(record, self.plots)
         if bundle == self.last_bundle:
             return
         self.last_bundle = bundle

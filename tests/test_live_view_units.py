@@ -7,7 +7,7 @@ import math
 import re
 import time
 
-from magics.live_plots import MAX_POINTS, metric_svg, plots_text
+from magics.live_plots import MAX_POINTS, Plots, Series, metric_svg
 from magics.live_view import LiveView, render
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.text_view import TextView
@@ -122,13 +122,34 @@ def test_job_progress_is_the_slowest_rank_with_rate_and_eta():
 def test_plots_thin_long_histories_and_skip_non_finite_values():
     points = [(step, math.sin(step / 1000)) for step in range(100_000)]
     points[500] = (500, float("nan"))
-    svg = metric_svg("wave", points)
+    points[70_000] = (70_000, 5.0)  # a spike survives the thinning
+    plots = Plots()
+    plots.update({"wave": points[:50_000]})
+    plots.update({"wave": points})  # incremental: only the new points are read
+    svg = metric_svg("wave", plots.series["wave"])
     drawn = re.search(r'points="([^"]+)"', svg).group(1).split()
-    assert 2 < len(drawn) <= MAX_POINTS
+    assert 2 < len(drawn) <= MAX_POINTS + 1
     assert "nan" not in svg.lower()
     assert "step 99999" in svg  # the last step is kept
-    assert "100000 points" in plots_text({"wave": points})
-    assert "<circle" in metric_svg("one", [(None, 2.0)])
+    assert ">5</text>" in svg  # the top of the y axis is the spike
+    assert "wave: -0.5072 at step 99999 (min -1, max 5, 100000 points)" in plots.text()
+    single = Series()
+    single.extend([(None, 2.0)])
+    assert "<circle" in metric_svg("one", single)
+
+
+def test_redraws_stay_cheap_with_long_histories():
+    record = make_record(age=5.0, ranks=8)
+    view_plots = Plots()
+    for name in ("loss", "acc", "lr"):
+        record.history[name] = [(i, math.cos(i / 50)) for i in range(200_000)]
+    render(record, view_plots)
+    for name in record.history:
+        record.history[name].extend((i, 0.5) for i in range(200_000, 200_100))
+    start = time.perf_counter()
+    bundle = render(record, view_plots)
+    assert time.perf_counter() - start < 0.05
+    assert bundle["text/html"].count("<svg") == 3 and len(bundle["text/html"]) < 60_000
 
 
 def test_a_failing_display_never_breaks_the_job(capsys):
@@ -159,6 +180,7 @@ def test_text_view_lines_on_state_changes_every_ten_seconds_and_at_the_end():
     clock.now = 16.0
     view.update(record)
     record.ranks[0].state = "finished"
+    view.update(record)  # every rank ended: no status line, the summary follows
     record.finish("finished")
     view.update(record, final=True)
     lines = out.getvalue().splitlines()

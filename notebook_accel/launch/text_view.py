@@ -19,6 +19,7 @@ from notebook_accel.launch.record import LaunchRecord
 from notebook_accel.progress import job_progress
 
 PREFIX = "[notebook_accel] "
+_ENDED = ("finished", "failed", "stopped")
 
 
 def format_bytes(size: int | None) -> str:
@@ -140,6 +141,8 @@ class TextView:
             return
         now = self.clock()
         states = tuple(status.state for status in record.ranks.values())
+        if all(state in _ENDED for state in states):
+            return  # the summary line follows
         if states != self.last_states or now - self.last_time >= self.every:
             self.last_states, self.last_time = states, now
             self._write(self.status_line(record))
