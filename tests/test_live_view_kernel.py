@@ -109,3 +109,30 @@ notebook_launcher(fail, num_processes=2)
     assert shown, "a job that ran past a second shows its status"
     final = shown[-1]["content"]["data"]["text/plain"]
     assert "failed after" in final and "rank 1: failed" in final and "rank 0: stopped" in final
+
+
+@pytest.mark.slow
+def test_executed_notebook_keeps_the_final_summary_in_place():
+    """nbclient (as nbconvert --execute) applies the updates: one output, the summary."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("""
+from notebook_accel import notebook_launcher
+
+def train():
+    import time
+    from notebook_accel.launch import events
+    for step in range(15):
+        events.emit("metrics", {"step": step, "values": {"loss": 1.0 / (step + 1)}})
+        time.sleep(0.1)
+
+notebook_launcher(train, num_processes=2)
+""")])
+    NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    outputs = notebook.cells[0].outputs
+    shown = [o for o in outputs if o.output_type == "display_data"]
+    assert len(shown) == 1, [o.output_type for o in outputs]
+    assert "finished in" in shown[0].data["text/plain"]
+    assert "loss: 0.06667 at step 14" in shown[0].data["text/plain"]
+    assert "<svg" in shown[0].data["text/html"]
