@@ -136,3 +136,17 @@ notebook_launcher(train, num_processes=2)
     assert "finished in" in shown[0].data["text/plain"]
     assert "loss: 0.06667 at step 14" in shown[0].data["text/plain"]
     assert "<svg" in shown[0].data["text/html"]
+
+
+def test_the_cell_magic_gets_the_same_live_view(kernel):
+    kernel.ok("%load_ext notebook_accel")
+    result = kernel.ok("""%%accelerate -n 2
+import time
+from notebook_accel.progress import tqdm
+for _ in tqdm(range(15), desc="magic"):
+    time.sleep(0.1)
+""")
+    shown = _displays(result)
+    assert shown and shown[0]["msg_type"] == "display_data"
+    final = shown[-1]["content"]["data"]["text/plain"]
+    assert "finished in" in final and "magic: 100%" in final and "15/15" in final
