@@ -1,7 +1,7 @@
 """``%%accelerate``: run a notebook cell on every worker, names in and results out.
 
 Data flows one way: cell -> names it reads (``names``) -> checked shipment
-(``shipping``) -> ``notebook_launcher`` running ``cell_runner.run_cell`` on every
+(``shipping``) -> ``notebook_launcher`` running ``cell_runner.cell_job`` on every
 worker -> rank 0's assigned names (``pulling``) -> the notebook namespace.
 """
 
@@ -15,7 +15,7 @@ from IPython.core.magic_arguments import parse_argstring
 
 from magics import commands, pulling
 from magics.arguments import launch_options, magic_flags
-from magics.cell_runner import run_cell
+from magics.cell_runner import cell_job
 from magics.cell_source import make_cell_code
 from magics.names import analyse_cell
 from magics.shipping import collect_names
@@ -89,11 +89,9 @@ class AccelerateMagics(Magics):
         options = launch_options(args)
         from notebook_accel.launch.launcher import notebook_launcher
 
+        job = cell_job(code, shipment.values, shipment.modules, tuple(pull))
         try:
-            result = notebook_launcher(
-                run_cell, kwargs={"cell": code, "values": shipment.values,
-                                  "modules": shipment.modules, "pull": tuple(pull)},
-                **options)
+            result = notebook_launcher(job, **options)
         except ValueError as error:  # a bad option or config value: no traceback needed
             raise UsageError(str(error)) from None
         values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)

@@ -1,15 +1,16 @@
-"""The worker side of ``%%accelerate``: run the cell's code, hand back what it assigned.
+"""What ``%%accelerate`` sends to the workers: the cell as a job, and the names it hands back.
 
-This module runs inside every worker, so it imports neither IPython nor the rest
-of :mod:`magics`; it is pickled by reference and imported there.
+The workers import this module (its functions travel by reference), so it imports
+neither IPython nor the rest of :mod:`magics`.
 """
 
 from __future__ import annotations
 
-import builtins
+import functools
 import importlib
 import linecache
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,26 +52,37 @@ class PulledNames:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def run_cell(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
-             pull: tuple[str, ...]) -> PulledNames | None:
-    """Run the cell in a fresh namespace holding the shipped names.
+def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
+             pull: tuple[str, ...]) -> Callable[[], PulledNames | None]:
+    """The callable the launcher runs on every worker: run the cell, then pack the names.
+
+    The cell runs in a fresh namespace holding the shipped names (modules travel as
+    references and are imported again in the worker; everything else by value).
+    The callable is ``eval`` of one line compiled under the cell's file name at
+    line 1, the ``%%accelerate`` line, so a failing worker's traceback reads: the
+    magic line, then the cell's own frames, and no frame of this module.
 
     Args:
         cell: the code to run.
-        values: names shipped by value (already unpickled by the launcher).
-        modules: name -> module name, imported here.
-        pull: names to send back from the first local worker; empty: none.
+        values: names sent by value.
+        modules: name -> module name.
+        pull: names to send back from the node's first worker; empty: none.
     Returns:
-        On the node's first worker, the pulled names; elsewhere None.
+        A picklable callable returning :class:`PulledNames` on the node's first
+        worker (None elsewhere, or when ``pull`` is empty).
     """
-    __tracebackhide__ = True  # noqa: F841 - IPython/pytest convention: not the user's frame
-    cell.register()
-    code = compile(cell.source, cell.filename, "exec")
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    for name, module_name in modules.items():
-        namespace[name] = importlib.import_module(module_name)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    namespace.update({name: importlib.import_module(module) for name, module in modules.items()})
     namespace.update(values)
-    exec(code, namespace)
+    outer = {"_cell": compile(cell.source, cell.filename, "exec"), "_namespace": namespace,
+             "_pull": tuple(pull), "_pack": _pack_on_first_worker}
+    # exec() is built in, so no Python frame stands between the magic line and the cell.
+    line_one = compile("(exec(_cell, _namespace), _pack(_namespace, _pull))[1]",
+                       cell.filename, "eval")
+    return functools.partial(eval, line_one, outer)
+
+
+def _pack_on_first_worker(namespace: dict[str, Any], pull: tuple[str, ...]) -> PulledNames | None:
     if not pull or os.environ.get("LOCAL_RANK", "0") != "0":
         return None
     return pack_names({name: namespace[name] for name in pull if name in namespace})

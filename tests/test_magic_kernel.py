@@ -166,6 +166,7 @@ import os
 from notebook_accel import Accelerator
 accelerator = Accelerator()
 settings = (accelerator.num_processes, str(accelerator.mixed_precision))
+accelerator.wait_for_everyone()  # no rank leaves while another still connects
 """
 
 
