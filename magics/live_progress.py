@@ -8,7 +8,7 @@ from tqdm.std import tqdm as _tqdm
 
 from notebook_accel.launch.record import LaunchRecord
 from notebook_accel.launch.text_view import progress_text
-from notebook_accel.progress import job_progress
+from notebook_accel.progress import bar_label, job_progress
 
 _DETAIL = "{n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 _COLOURS = {"finished": "#2ca02c", "failed": "#d62728", "interrupted": "#ff7f0e",
@@ -29,7 +29,7 @@ def progress_html(record: LaunchRecord) -> str:
     fraction = min(max(n / total, 0.0), 1.0) if total else 0.0
     colour = _COLOURS.get(record.outcome or "", "#1f77b4")
     who = f" (rank {state['rank']})" if len(record.progress) > 1 else ""
-    desc = escape(str(state.get("desc") or "progress")) + who
+    desc = escape(bar_label(state) or "progress") + who
     bar = (f'<div style="display:inline-block;width:300px;height:12px;border:1px solid #999;'
            f'vertical-align:middle;background:#eee"><div style="width:{fraction * 100:.1f}%;'
            f'height:100%;background:{colour}"></div></div>') if total else ""

@@ -21,6 +21,7 @@ from notebook_accel.launch import events
 
 _TEXT_LIMIT = 200  # characters of desc / postfix sent (an event must stay small)
 _bar_ids = itertools.count()
+_open_bars: list[EventTqdm] = []  # this process's open event bars, outermost first
 
 
 class _NullFile:
@@ -47,6 +48,8 @@ class EventTqdm(_std_tqdm):
         kwargs.setdefault("mininterval", 0.1)
         kwargs.setdefault("dynamic_ncols", False)
         super().__init__(*args, **kwargs)
+        if not self.disable:
+            _open_bars.append(self)
 
     def state(self, closed: bool = False) -> dict[str, Any]:
         """The bar as plain data: what the ``"progress"`` event carries."""
@@ -66,11 +69,21 @@ class EventTqdm(_std_tqdm):
             "elapsed": elapsed,
             "postfix": str(info.get("postfix") or "")[:_TEXT_LIMIT],
             "closed": closed,
+            "outer": [bar.brief() for bar in _open_bars[:_open_bars.index(self)]]
+            if self in _open_bars else [],
         }
 
+    def brief(self) -> dict[str, Any]:
+        """Where an enclosing bar stands (sent along with the inner bar's events)."""
+        return {"desc": str(self.desc or "")[:_TEXT_LIMIT], "n": self.n, "total": self.total}
+
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
-        """Send the state (called by tqdm at most every ``mininterval`` seconds)."""
-        if not self.disable:
+        """Send the state (called by tqdm at most every ``mininterval`` seconds).
+
+        While a bar opened inside this one is open (epochs around steps), only the
+        inner bar reports, carrying this one's position in ``outer``.
+        """
+        if not self.disable and (not _open_bars or _open_bars[-1] is self):
             events.emit("progress", self.state(closed=False), key=self.bar_id)
         return True
 
@@ -84,6 +97,8 @@ class EventTqdm(_std_tqdm):
             return
         final = self.state(closed=True)
         super().close()
+        if self in _open_bars:
+            _open_bars.remove(self)
         events.emit("progress", final, key=self.bar_id)
 
 
@@ -117,6 +132,13 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> _std_tqdm
         kwargs["disable"] = not _is_local_main_process()
     bar_class = EventTqdm if events.active() else _auto_tqdm
     return bar_class(*args, **kwargs)
+
+
+def bar_label(state: dict[str, Any]) -> str:
+    """The bar's description after its enclosing bars: ``"epoch 2/3 · train"``."""
+    parts = [f"{o['desc'] or 'outer'} {o['n']}/{o['total'] if o['total'] else '?'}"
+             for o in state.get("outer") or ()]
+    return " · ".join([*parts, str(state.get("desc") or "")]).strip(" ·")
 
 
 def job_progress(record: Any) -> dict[str, Any] | None:

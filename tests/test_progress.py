@@ -78,3 +78,27 @@ def test_in_launched_workers_progress_goes_to_the_kernel_as_events(capfd):
     relayed = [line for line in capfd.readouterr().err.splitlines() if line.startswith("[rank")]
     assert "[rank 0] done" in relayed
     assert not any("it/s" in line or "30/30" in line for line in relayed)  # workers draw no bar
+
+
+def test_nested_bars_report_once_through_the_innermost(monkeypatch):
+    from notebook_accel.launch import events
+    from notebook_accel.progress import bar_label
+
+    sent = []
+    monkeypatch.setattr(events, "emit", lambda kind, data, key=None: sent.append(data) or True)
+    for _ in EventTqdm(range(2), desc="epoch", mininterval=0):
+        for _ in EventTqdm(range(3), desc="step", mininterval=0):
+            pass
+    inner = [s for s in sent if s["desc"] == "step"]
+    outer = [s for s in sent if s["desc"] == "epoch"]
+    assert inner and all(s["outer"][0]["desc"] == "epoch" for s in inner)
+    assert bar_label(inner[-1]) == "epoch 1/2 · step"
+    # the outer bar only reports between inner bars, never while one is open
+    assert [(s["desc"], s["n"], s["closed"]) for s in sent] == [
+        ("epoch", 0, False),
+        ("step", 1, False), ("step", 2, False), ("step", 3, False), ("step", 3, True),
+        ("epoch", 1, False),
+        ("step", 1, False), ("step", 2, False), ("step", 3, False), ("step", 3, True),
+        ("epoch", 2, False), ("epoch", 2, True),
+    ]
+    assert all(s["outer"] == [] for s in outer)

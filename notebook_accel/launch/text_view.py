@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from notebook_accel.launch.record import LaunchRecord
-from notebook_accel.progress import job_progress
+from notebook_accel.progress import bar_label, job_progress
 
 PREFIX = "[notebook_accel] "
 _ENDED = ("finished", "failed", "stopped")
@@ -76,7 +76,7 @@ def progress_text(record: LaunchRecord) -> str | None:
 
     return tqdm.format_meter(
         n=state.get("n", 0), total=state.get("total"), elapsed=state.get("elapsed") or 0.0,
-        prefix=state.get("desc", ""), unit=state.get("unit", "it"),
+        prefix=bar_label(state), unit=state.get("unit", "it"),
         unit_scale=state.get("unit_scale", False), rate=state.get("rate"),
         postfix=state.get("postfix") or None, ncols=0,
     ).strip()
