@@ -15,6 +15,7 @@ _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
     "last_launch": "notebook_accel.launch.record",
+    "config_panel": "magics.config_panel",
     "PartialState": "notebook_accel.state",
     "Accelerator": "notebook_accel.accelerator",
     "set_seed": "notebook_accel.seeding",

@@ -41,3 +41,7 @@ def test_demo_notebook_runs(path):
         held_out = float(text.split("held-out loss:")[1].split()[0])
         assert held_out < 0.3, held_out
         assert "caught WorkerError (rank=1): rank 1 failed: ValueError: rank 1 found a bug" in text
+    if path.name == "03_config_panel.ipynb":
+        text = _text(notebook)
+        assert "sanity check passed: True" in text
+        assert "world size from the saved file: 2" in text
