@@ -33,15 +33,17 @@ class CellSyntaxError(ValueError):
         return text.rstrip("\n").splitlines()
 
 
-def _cell_text(raw_cell: str | None, line: str, body: str) -> tuple[list[str], int]:
-    """The notebook cell's lines, and how many of them come before the body."""
+def _cell_text(raw_cell: str | None, line: str, body: str) -> tuple[list[str], int, bool]:
+    """The notebook cell's lines, how many come before the body, and whether they are
+    the cell as typed (else rebuilt, e.g. for ``run_cell_magic`` called from code)."""
     body_lines = body.splitlines()
     if raw_cell:
         lines = raw_cell.splitlines()
         for index, text in enumerate(lines):
             if text.lstrip().startswith("%%") and lines[index + 1:] == body_lines:
-                return [text + "\n" for text in lines], index + 1
-    return [f"%%accelerate {line}".rstrip() + "\n", *(text + "\n" for text in body_lines)], 1
+                return [text + "\n" for text in lines], index + 1, True
+    rebuilt = [f"%%accelerate {line}".rstrip() + "\n", *(text + "\n" for text in body_lines)]
+    return rebuilt, 1, False
 
 
 def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tuple[CellCode, ast.Module]:
@@ -56,11 +58,13 @@ def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tu
     Raises:
         CellSyntaxError: the body does not compile; it names the cell's line.
     """
-    lines, offset = _cell_text(raw_cell, line, body)
+    lines, offset, as_typed = _cell_text(raw_cell, line, body)
     text = "".join(lines)
     compiler = getattr(shell, "compile", None)
     if compiler is not None and hasattr(compiler, "cache"):
-        filename = compiler.cache(text, shell.execution_count, raw_code=raw_cell or text)
+        # As typed: the name IPython gives this cell (its traceback label "Cell In[n]").
+        filename = compiler.cache(text, shell.execution_count,
+                                  raw_code=raw_cell if as_typed else text)
     else:
         filename = f"<%%accelerate cell {shell.execution_count}>"
     code = CellCode("\n" * offset + body, filename, lines)

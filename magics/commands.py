@@ -39,7 +39,8 @@ def env(args: argparse.Namespace) -> None:
 
 
 def test(args: argparse.Namespace) -> None:
-    """Run :func:`notebook_accel.sanity.run_sanity_check` with the magic's launch flags.
+    """Run :func:`notebook_accel.sanity.run_sanity_check` with the magic's launch flags;
+    unset ones come from the environment and the config file, as for a cell.
 
     Raises:
         SanityCheckFailed: a check failed.
@@ -47,8 +48,7 @@ def test(args: argparse.Namespace) -> None:
     from notebook_accel.sanity import run_sanity_check
 
     options = launch_options(args)
-    num_processes = options.pop("num_processes") or 2
-    if not run_sanity_check(num_processes, **options):
+    if not run_sanity_check(options.pop("num_processes"), **options):
         raise SanityCheckFailed("the sanity check failed; see the FAIL lines above")
 
 
@@ -59,12 +59,21 @@ PANEL_MISSING = (
 
 
 def config(args: argparse.Namespace) -> Any:
-    """Show the config panel (``magics.config_panel.config_panel()``) if it is installed."""
+    """Show the config panel (``magics.config_panel.config_panel()``) if it is installed.
+
+    Raises:
+        UsageError: ipywidgets, which the panel needs, is missing.
+    """
     try:
         panel = importlib.import_module("magics.config_panel")
     except ModuleNotFoundError as error:
+        if error.name == "ipywidgets":
+            from IPython.core.error import UsageError
+
+            raise UsageError("the config panel needs ipywidgets: pip install ipywidgets, then "
+                             "run %accelerate config again") from None
         if error.name != "magics.config_panel":
             raise
         print(PANEL_MISSING)
         return None
-    return panel.config_panel()
+    return panel.config_panel(**({"config_file": args.config} if args.config else {}))

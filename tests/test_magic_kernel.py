@@ -293,3 +293,18 @@ def test_single_process_training_cell_trains_on_two_workers_with_the_magic(fresh
     assert k.value("float((model.weight.T - true_w).abs().max())") < 0.05
     assert k.value("abs(float(model.bias) - 0.3)") < 0.05
     assert k.value("loss.item()") < 1e-3
+
+
+def test_run_cell_magic_from_code_keeps_its_own_line_numbers(kernel):
+    result = kernel.run("x = 1\nget_ipython().run_cell_magic('accelerate', '-n 2', "
+                        "'a = 1\\nb = 2\\nraise KeyError(\"from code\")\\n')")
+    assert result.error["ename"] == "WorkerError"
+    frame = result.traceback.index(", line 4, in <module>")
+    assert 'raise KeyError("from code")' in result.traceback[frame:].splitlines()[1]
+
+
+def test_config_shows_the_panel(kernel):
+    result = kernel.ok("%accelerate config")
+    widgets = [m for m in result.outputs
+               if "application/vnd.jupyter.widget-view+json" in m["content"].get("data", {})]
+    assert widgets, result

@@ -123,3 +123,28 @@ def test_config_without_panel_prints_a_clear_message(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "magics.config_panel", None)
     assert commands.config(types.SimpleNamespace(config=None)) is None
     assert "configuration panel is not available" in capsys.readouterr().out
+
+
+def test_cell_job_runs_the_cell_and_its_traceback_starts_at_the_magic_line(monkeypatch):
+    import pickle
+    import traceback
+
+    from magics.cell_runner import CellCode, cell_job
+
+    lines = ["%%accelerate -n 2\n", "y = base + 1\n", "z = helper(y)\n", "boom = 1 / 0\n"]
+    cell = CellCode("\n" + "".join(lines[1:3]), "<cell-under-test>", lines[:3])
+    cell.register()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    job = cell_job(cell, {"base": 1, "helper": lambda v: v * 10}, {"sys_alias": "sys"},
+                   ("y", "z", "base"))
+    assert pickle.loads(job().blob) == {"y": 2, "z": 20, "base": 1}
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert job() is None  # only the node's first worker sends names back
+
+    failing = CellCode("\n" + "".join(lines[1:]), "<failing-cell>", lines)
+    failing.register()
+    with pytest.raises(ZeroDivisionError) as caught:
+        cell_job(failing, {"base": 1, "helper": abs}, {}, ())()
+    frames = traceback.extract_tb(caught.value.__traceback__)[1:]  # [0]: this test
+    assert [(f.filename, f.lineno, f.line) for f in frames] == [
+        ("<failing-cell>", 1, "%%accelerate -n 2"), ("<failing-cell>", 4, "boom = 1 / 0")]
