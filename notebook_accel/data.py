@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
+from notebook_accel.data_iterable import IterableDatasetShard
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.ops import broadcast, send_to_device
 
@@ -176,20 +177,31 @@ class DataLoaderShard(DataLoader):
     """
 
     def __init__(
-        self, dataset: Any, batch_sampler: ShardBatchSampler, *, device: torch.device | None,
-        gradient_state: GradientState, generator: torch.Generator, remainder: int,
+        self, dataset: Any, batch_sampler: ShardBatchSampler | None = None, *, device: torch.device | None,
+        gradient_state: GradientState, generator: torch.Generator, remainder: int | None,
         total_batch_size: int | None, non_blocking: bool = False,
-        progress: LoaderProgress | None = None, **kwargs: Any,
+        progress: LoaderProgress | None = None, skip_batches: int = 0, **kwargs: Any,
     ) -> None:
-        super().__init__(dataset, batch_sampler=batch_sampler, generator=generator, **kwargs)
+        if batch_sampler is not None:
+            super().__init__(dataset, batch_sampler=batch_sampler, generator=generator, **kwargs)
+        else:  # an IterableDatasetShard: batch_size and drop_last come in kwargs
+            super().__init__(dataset, generator=generator, **kwargs)
         self.device = device
         self.gradient_state = gradient_state
-        self.remainder = remainder
+        self._remainder = remainder
         self.total_batch_size = total_batch_size
         self.non_blocking = non_blocking
         self.end_of_dataloader = False
         self.progress = progress if progress is not None else LoaderProgress(generator)
+        self.skip_batches = skip_batches  # iterable datasets only: these batches are loaded, then dropped
         self.iteration = 0
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch (-1: unknown or no duplicates to drop)."""
+        if self._remainder is not None:
+            return self._remainder
+        return getattr(self.dataset, "remainder", -1)
 
     @property
     def resume_step(self) -> int:
@@ -197,18 +209,23 @@ class DataLoaderShard(DataLoader):
         return self.progress.resume_step
 
     @property
-    def shard_sampler(self) -> ShardBatchSampler:
-        return self.batch_sampler  # type: ignore[return-value]
+    def shard_sampler(self) -> ShardBatchSampler | None:
+        """The batch sampler for a map-style dataset; ``None`` for an iterable one."""
+        sampler = self.batch_sampler
+        return sampler if isinstance(sampler, ShardBatchSampler) else None
 
     def __iter__(self) -> Iterator[Any]:
         progress = self.progress
         progress.epoch_start_state = self.generator.get_state()
-        progress.batches_yielded = self.shard_sampler.skip_batches
+        sampler = self.shard_sampler
+        progress.batches_yielded = sampler.skip_batches if sampler is not None else self.skip_batches
         progress.in_epoch = True
         self.end_of_dataloader = False
         self.gradient_state.add_dataloader(self)
         try:
             it = super().__iter__()
+            for _ in range(self.skip_batches):
+                next(it, None)
             try:
                 current = next(it)
             except StopIteration:
@@ -236,7 +253,8 @@ class DataLoaderShard(DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Accepted for compatibility; shuffling already differs per epoch through the generator."""
-        sampler = getattr(self.shard_sampler.batch_sampler, "sampler", None)
+        shard = self.shard_sampler
+        sampler = self.dataset if shard is None else getattr(shard.batch_sampler, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
 
@@ -265,16 +283,25 @@ def skip_first_batches(loader: DataLoaderShard, num_batches: int | None = None) 
         raise TypeError(f"skip_first_batches takes a prepared data loader, not {type(loader).__name__}")
     skip = loader.resume_step if num_batches is None else num_batches
     old = loader.shard_sampler
-    sampler = ShardBatchSampler(old.batch_sampler, old.num_processes, old.process_index, old.split_batches, old.even_batches)
-    sampler.skip_batches = skip
+    kwargs = _loader_kwargs(loader)
+    sampler = None
+    if old is not None:
+        sampler = ShardBatchSampler(old.batch_sampler, old.num_processes, old.process_index, old.split_batches, old.even_batches)
+        sampler.skip_batches = skip
+    else:
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    return DataLoaderShard(
+        loader.dataset, sampler, device=loader.device, gradient_state=loader.gradient_state,
+        generator=loader.generator, remainder=loader._remainder, total_batch_size=loader.total_batch_size,
+        non_blocking=loader.non_blocking, progress=loader.progress, skip_batches=0 if old else skip, **kwargs,
+    )
+
+
+def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
     kwargs = {k: getattr(loader, k) for k in _LOADER_ARGS}
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
-    return DataLoaderShard(
-        loader.dataset, sampler, device=loader.device, gradient_state=loader.gradient_state,
-        generator=loader.generator, remainder=loader.remainder, total_batch_size=loader.total_batch_size,
-        non_blocking=loader.non_blocking, progress=loader.progress, **kwargs,
-    )
+    return kwargs
 
 
 def _shared_seed(index: int) -> int:
@@ -290,13 +317,24 @@ def prepare_data_loader(
     """Build this process's ``DataLoaderShard`` from a user's ``DataLoader``.
 
     Raises:
-        NotImplementedError: for an ``IterableDataset`` (not supported yet).
-        ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``.
+        ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``,
+            or an ``IterableDataset`` loader without a batch size.
     """
-    if isinstance(loader.dataset, IterableDataset):
-        raise NotImplementedError("prepare() does not support loaders over an IterableDataset yet")
     generator = torch.Generator()
     generator.manual_seed(_shared_seed(loader_index))
+    common = dict(device=device, gradient_state=gradient_state, generator=generator, non_blocking=non_blocking)
+    if isinstance(loader.dataset, IterableDataset):
+        if loader.batch_size is None:
+            raise ValueError("prepare() needs a batch_size on a loader over an IterableDataset")
+        shard_ds = IterableDatasetShard(
+            loader.dataset, loader.batch_size, loader.drop_last, num_processes, process_index, split_batches
+        )
+        known = hasattr(loader.dataset, "__len__") and not loader.drop_last
+        return DataLoaderShard(
+            shard_ds, None, remainder=len(loader.dataset) % shard_ds.chunk if known else None,
+            total_batch_size=shard_ds.chunk, batch_size=shard_ds.process_batch_size, drop_last=False,
+            **common, **_loader_kwargs(loader),
+        )
     batch_sampler = loader.batch_sampler
     sampler = getattr(batch_sampler, "sampler", None)
     if isinstance(sampler, RandomSampler) and isinstance(batch_sampler, BatchSampler):
@@ -311,10 +349,6 @@ def prepare_data_loader(
     remainder = -1
     if even_batches and total is not None and not shard.drop_last:
         remainder = len(sampler if sampler is not None else loader.dataset) % total
-    kwargs = {k: getattr(loader, k) for k in _LOADER_ARGS}
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
     return DataLoaderShard(
-        loader.dataset, shard, device=device, gradient_state=gradient_state, generator=generator,
-        remainder=remainder, total_batch_size=total, non_blocking=non_blocking, **kwargs,
+        loader.dataset, shard, remainder=remainder, total_batch_size=total, **common, **_loader_kwargs(loader)
     )

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, set_seed
 from notebook_accel import checkpoint as ckpt
+from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSample
 
 from notebook_accel import Accelerator
 from notebook_accel.data import ShardBatchSampler
+from notebook_accel.data_iterable import IterableDatasetShard
+from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 GRID = [
     (n, bs, nproc, split, even, drop)
@@ -115,10 +117,34 @@ def test_state_dict_and_skip_first_batches_resume_mid_epoch_without_loading_skip
     assert done != rest
 
 
-def test_iterable_dataset_is_refused_clearly():
-    class Stream(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter(range(3))
+class Stream(torch.utils.data.IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
 
-    with pytest.raises(NotImplementedError, match="IterableDataset"):
-        Accelerator().prepare(DataLoader(Stream(), batch_size=2))
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+@pytest.mark.parametrize(("n", "bs", "nproc", "split", "drop"), [
+    (n, bs, nproc, split, drop)
+    for n, bs, nproc, split, drop in itertools.product((1, 7, 16, 17, 101), (2, 4), (2, 3), (False, True), (False, True))
+    if not (split and bs % nproc)
+])
+def test_iterable_shards_match_the_peer(n, bs, nproc, split, drop):
+    peer = pytest.importorskip("accelerate.data_loader")
+    for r in range(nproc):
+        ours = IterableDatasetShard(Stream(n), bs, drop, nproc, r, split)
+        theirs = peer.IterableDatasetShard(Stream(n), bs, drop, nproc, r, split_batches=split)
+        assert list(ours) == list(theirs)
+
+
+def test_iterable_loader_gathers_exactly_with_unknown_length():
+    acc = Accelerator()
+    loader = acc.prepare(DataLoader(Stream(10), batch_size=4))
+    got = [acc.gather_for_metrics(x).tolist() for x in loader]
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert loader.remainder == 2 and loader.total_batch_size == 4
+    skipped = acc.skip_first_batches(loader, 2)
+    assert [x.tolist() for x in skipped] == [[8, 9, 0, 1]]
+    with pytest.raises(ValueError, match="divisible"):
+        IterableDatasetShard(Stream(4), 3, False, 2, 0, split_batches=True)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
+
 SCRIPT = Path(__file__).parent / "runtime_scripts" / "ddp_checks.py"
 pytestmark = pytest.mark.slow
 
@@ -86,6 +88,7 @@ def test_gather_for_metrics_returns_exactly_the_uneven_eval_set(runs):
         assert rank["metrics_even_objects"] == list(range(101))
         assert rank["metrics_split"] == list(range(101))
         assert rank["metrics_uneven"] == list(range(101))
+        assert rank["metrics_iterable"] == list(range(101))
 
 
 def test_collectives_and_process_control(runs):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from notebook_accel import Accelerator, PartialState, get_logger, logging_utils, set_seed
 from notebook_accel.precision import resolve_mixed_precision
 from notebook_accel.state import DistributedType, split_for_process
+from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
              "NOTEBOOK_ACCEL_DEVICE", "NOTEBOOK_ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION")

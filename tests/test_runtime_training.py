@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from notebook_accel import Accelerator
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
+from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 
 @pytest.fixture(autouse=True)

@@ -124,6 +124,13 @@ def check_metrics_and_collectives() -> None:
     mine = torch.cat([x[:, 0] for (x,) in loader])
     results["metrics_uneven"] = sorted(int(v) for v in uneven.gather_for_metrics(mine))
     results["metrics_split"], _ = eval_ids(Accelerator(split_batches=True))
+
+    class Stream(torch.utils.data.IterableDataset):  # length unknown to the loader
+        def __iter__(self):
+            return iter(torch.arange(101.0)[:, None])
+
+    stream = acc.prepare(DataLoader(Stream(), batch_size=8))
+    results["metrics_iterable"] = [int(v) for (x,) in ((b,) for b in stream) for v in acc.gather_for_metrics(x[:, 0])]
     rank = acc.process_index
     results["reduce_sum"] = float(acc.reduce(torch.tensor(float(rank + 1))))
     results["reduce_mean"] = float(acc.reduce(torch.tensor(float(rank + 1)), reduction="mean"))
