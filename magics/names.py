@@ -14,6 +14,7 @@ level anywhere; class bodies and comprehensions run at once and read in place.
 from __future__ import annotations
 
 import ast
+import symtable
 from dataclasses import dataclass
 
 
@@ -47,11 +48,33 @@ def analyse_cell(source: str | ast.Module) -> CellNames:
     tree = ast.parse(source) if isinstance(source, str) else source
     scope = _TopLevel()
     scope.block(tree.body)
+    later_reads, global_writes = _inner_scope_globals(
+        source if isinstance(source, str) else ast.unparse(tree))
+    augmented = {node.target.id for node in ast.walk(tree)
+                 if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)}
+    later_reads += [name for name in global_writes if name in augmented]  # global x; x += 1
     assigned_anywhere = set(scope.assigns)
-    deferred = [name for name in scope.deferred if name not in assigned_anywhere]
+    deferred = [name for name in later_reads if name not in assigned_anywhere]
     reads = list(dict.fromkeys([*scope.reads, *deferred]))
-    assigns = list(dict.fromkeys([*scope.assigns, *scope.global_writes]))
+    assigns = list(dict.fromkeys([*scope.assigns, *global_writes]))
     return CellNames(tuple(reads), tuple(assigns))
+
+
+def _inner_scope_globals(source: str) -> tuple[list[str], list[str]]:
+    """Global names used by the cell's inner scopes (functions, lambdas, classes,
+    comprehensions), from the compiler's own symbol tables: (read, declared global
+    and assigned)."""
+    reads, writes = [], []
+    tables = list(symtable.symtable(source, "<cell>", "exec").get_children())
+    while tables:
+        table = tables.pop(0)
+        for symbol in table.get_symbols():
+            if symbol.is_global() and symbol.is_referenced():
+                reads.append(symbol.get_name())
+            if symbol.is_declared_global() and symbol.is_assigned():
+                writes.append(symbol.get_name())
+        tables.extend(table.get_children())
+    return reads, writes
 
 
 def _targets(node: ast.AST) -> list[str]:
@@ -75,9 +98,7 @@ class _TopLevel:
     def __init__(self) -> None:
         self.bound: set[str] = set()  # surely bound at the current point
         self.reads: list[str] = []
-        self.deferred: list[str] = []  # free names of function bodies
         self.assigns: list[str] = []
-        self.global_writes: list[str] = []  # `global x; x = ...` inside a function
 
     # --- names -----------------------------------------------------------------
     def load(self, name: str) -> None:
@@ -158,8 +179,7 @@ class _TopLevel:
                 self.bind(alias.asname or alias.name)
 
     def stmt_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self.definition_time(node)
-        self.function_body(node.args, node.body)
+        self.definition_time(node)  # the body runs later: see _inner_scope_globals
         self.bind(node.name)
 
     stmt_AsyncFunctionDef = stmt_FunctionDef
@@ -248,7 +268,6 @@ class _TopLevel:
             return
         if isinstance(node, ast.Lambda):
             self.definition_time(node)
-            self.function_body(node.args, [ast.Return(node.body)])
             return
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             self.comprehension(node)
@@ -268,11 +287,6 @@ class _TopLevel:
             parts.append(node.returns)
         for part in parts:
             self.expression(part)
-
-    def function_body(self, args: ast.arguments, body: list[ast.stmt]) -> None:
-        free, global_writes = _free_names(args, body)
-        self.deferred.extend(free)
-        self.global_writes.extend(global_writes)
 
     def comprehension(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> None:
         """The first iterable is evaluated here; the loop variables are the comprehension's own."""
@@ -317,91 +331,3 @@ class _ClassBody(_TopLevel):
 
     def bind(self, name: str) -> None:
         self.bound.add(name)
-
-    def function_body(self, args: ast.arguments, body: list[ast.stmt]) -> None:
-        self.outer.function_body(args, body)  # methods skip the class scope
-
-
-def _free_names(args: ast.arguments, body: list[ast.stmt]) -> tuple[list[str], list[str]]:
-    """(names a function body loads from the global scope, names it declares global and binds)."""
-    every_arg = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
-    params = {a.arg for a in every_arg if a is not None}
-    module = ast.Module(body=body, type_ignores=[])
-    declared_global: set[str] = set()
-    for node in _own_scope_nodes(module):
-        if isinstance(node, (ast.Global, ast.Nonlocal)):
-            declared_global.update(node.names)
-    local = params | (_bound_in_scope(module) - declared_global)
-    free = []
-    for name in _loaded_in_scope(module):
-        if name not in local and name not in free:
-            free.append(name)
-    global_writes = [n for n in declared_global if n in _bound_in_scope(module)]
-    return free, sorted(global_writes)
-
-
-_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp,
-           ast.SetComp, ast.GeneratorExp, ast.DictComp)
-
-
-def _own_scope_nodes(root: ast.AST):
-    """Nodes of ``root``'s scope, plus the nested scopes themselves (not their insides)."""
-    stack = list(ast.iter_child_nodes(root))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, _NESTED):
-            stack.extend(ast.iter_child_nodes(node))
-
-
-def _bound_in_scope(root: ast.AST) -> set[str]:
-    bound: set[str] = set()
-    for node in _own_scope_nodes(root):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bound.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update(a.asname or a.name.split(".")[0] for a in node.names if a.name != "*")
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, ast.pattern):
-            bound.update(_pattern_names(node))
-    return bound
-
-
-def _loaded_in_scope(root: ast.AST) -> list[str]:
-    """Free names loaded by ``root``'s scope and by every scope nested in it."""
-    loaded: list[str] = []
-    for node in _own_scope_nodes(root):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Load, ast.Del)):
-            loaded.append(node.id)
-        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-            loaded.append(node.target.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            loaded.extend(_definition_loads(node))
-            inner, _ = _free_names(node.args, node.body if not isinstance(node, ast.Lambda)
-                                   else [ast.Return(node.body)])
-            loaded.extend(inner)
-        elif isinstance(node, ast.ClassDef):
-            for expr in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]:
-                loaded.extend(_loaded_in_scope(ast.Expression(expr)))
-            class_scope = ast.Module(body=node.body, type_ignores=[])
-            own = _bound_in_scope(class_scope)
-            loaded.extend(n for n in _loaded_in_scope(class_scope) if n not in own)
-        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            targets = {n for g in node.generators for n in _targets(g.target)}
-            for child in ast.iter_child_nodes(node):
-                loaded.extend(n for n in _loaded_in_scope(ast.Expression(child))
-                              if n not in targets)
-    return loaded
-
-
-def _definition_loads(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> list[str]:
-    args = node.args
-    parts = [*getattr(node, "decorator_list", []), *args.defaults,
-             *(d for d in args.kw_defaults if d is not None)]
-    loaded = []
-    for part in parts:
-        loaded.extend(_loaded_in_scope(ast.Expression(part)))
-    return loaded

@@ -37,6 +37,9 @@ from magics.names import analyse_cell
     ("lam = lambda q, r=dflt: q + offset", ["dflt", "offset"], ["lam"]),
     ("def bump():\n    global hits\n    hits += 1\nbump()", ["hits"], ["bump", "hits"]),
     ("f'{name!r} {value:{width}}'", ["name", "value", "width"], []),
+    ("def outer():\n    v = 1\n    def inner():\n        return v + [w for w in ws] + glob\n"
+     "    return inner", ["ws", "glob"], ["outer"]),
+    ("def setter():\n    global flag\n    flag = True", [], ["setter", "flag"]),
     ("match cmd:\n    case Point(x=px):\n        out = px\nprint(px)",
      ["cmd", "Point", "print", "px"], ["px", "out"]),
 ])
