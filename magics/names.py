@@ -4,11 +4,12 @@ A name is *read* when the cell may load it before binding it itself: such names
 are looked up in the notebook namespace and shipped to the workers. A name is
 *assigned* when the cell binds it at top level: those come back afterwards.
 
-The analysis is static (``ast``) and errs on the side of reading: a name bound
-only on some paths (an ``if`` branch, a loop body, a ``try`` block) does not
-count as bound after that statement. Code that runs later (function and lambda
-bodies, methods) reads the free names it uses unless the cell binds them at top
-level anywhere; class bodies and comprehensions run at once and read in place.
+The top level is walked in execution order (``ast``), erring on the side of
+reading: a name bound only on some paths (an ``if`` branch, a loop body, a
+``try`` block) does not count as bound after that statement. Class bodies and
+comprehensions run at once and read in place. Code that runs later (function and
+lambda bodies, methods) reads the globals it uses (found with ``symtable``, the
+compiler's own scoping) unless the cell binds them at top level somewhere.
 """
 
 from __future__ import annotations
