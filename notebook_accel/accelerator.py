@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from notebook_accel import checkpoint, ops, precision, tracking
+from notebook_accel.checkpoint import ProjectConfiguration
 from notebook_accel.data import DataLoaderShard, prepare_data_loader, skip_first_batches
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
@@ -77,10 +78,14 @@ class Accelerator:
         gradient_accumulation_steps: micro-batches per optimizer step under ``accumulate``.
         cpu: use the CPU even when a GPU is present.
         log_with: tracker names (``"jsonl"``, ``"tensorboard"``) or tracker objects.
-        project_dir: default place for logs and checkpoints.
+        project_dir: default place for logs and checkpoints (sets ``project_config.project_dir``).
         even_batches: see ``DataLoaderConfiguration``.
         step_scheduler_with_optimizer: step schedulers as the peer does (see ``optim``).
         dataloader_config: a ``DataLoaderConfiguration``.
+        project_config: a ``ProjectConfiguration`` (automatic checkpoint naming, total limit).
+        gradient_accumulation_plugin: an object with ``num_steps`` (and optionally
+            ``sync_with_dataloader``), like the peer's ``GradientAccumulationPlugin``;
+            overrides ``gradient_accumulation_steps``.
         ddp_kwargs: extra ``DistributedDataParallel`` arguments.
         scaler_kwargs: extra ``GradScaler`` arguments.
         kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` / ``GradScalerKwargs``
@@ -102,6 +107,8 @@ class Accelerator:
         even_batches: bool = True,
         step_scheduler_with_optimizer: bool = True,
         dataloader_config: DataLoaderConfiguration | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: Any = None,
         ddp_kwargs: dict[str, Any] | None = None,
         scaler_kwargs: dict[str, Any] | None = None,
         kwargs_handlers: list[Any] | None = None,
@@ -111,12 +118,18 @@ class Accelerator:
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches, even_batches)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.gradient_state = GradientState(gradient_accumulation_steps)
+        plugin = gradient_accumulation_plugin
+        self.gradient_state = GradientState(
+            getattr(plugin, "num_steps", gradient_accumulation_steps),
+            getattr(plugin, "sync_with_dataloader", True),
+        )
         self.ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
         scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
         self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)
         self.log_with = log_with
-        self.project_dir = None if project_dir is None else Path(project_dir)
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.project_dir = project_dir
         self.trackers: list[Any] = []
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -165,6 +178,11 @@ class Accelerator:
     @property
     def use_distributed(self) -> bool:
         return self.state.use_distributed
+
+    @property
+    def project_dir(self) -> Path | None:
+        directory = self.project_configuration.project_dir
+        return None if directory is None else Path(directory)
 
     @property
     def split_batches(self) -> bool:
@@ -231,7 +249,8 @@ class Accelerator:
             model = model.to(self.device)
         precision.wrap_forward(model, self.mixed_precision, self.device)
         trainable = any(p.requires_grad for p in model.parameters())
-        if self.use_distributed and trainable and not evaluation_mode and not isinstance(model, DistributedDataParallel):
+        wrap = self.use_distributed and self.distributed_type != DistributedType.XLA  # XLA: optimizer reduces
+        if wrap and trainable and not evaluation_mode and not isinstance(model, DistributedDataParallel):
             device_ids = [self.local_process_index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
         self._models.append(model)
@@ -239,7 +258,13 @@ class Accelerator:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
-        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        before = after = None
+        if self.distributed_type == DistributedType.XLA:
+            import torch_xla.core.xla_model as xm
+
+            before = xm.reduce_gradients if self.use_distributed else None
+            after = xm.mark_step
+        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler, before, after)
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -376,6 +401,35 @@ class Accelerator:
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         return self.state.on_local_main_process(function)
 
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.state.on_process(function, process_index=self.num_processes - 1)
+
+    def on_process(self, function: Callable[..., Any] | None = None, *, process_index: int) -> Any:
+        return self.state.on_process(function, process_index=process_index)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Let DDP models train on loaders of different lengths (``torch.distributed.algorithms.Join``).
+
+        ``even_batches`` (when given) overrides the setting of the loaders prepared so far,
+        for the duration of the block.
+        """
+        saved = [(dl.shard_sampler, dl.shard_sampler.even_batches) for dl in self._dataloaders if dl.shard_sampler]
+        if even_batches is not None:
+            for sampler, _ in saved:
+                sampler.even_batches = even_batches
+        try:
+            if self.use_distributed and self.distributed_type != DistributedType.XLA:
+                from torch.distributed.algorithms.join import Join
+
+                with Join(joinables):
+                    yield
+            else:
+                yield
+        finally:
+            for sampler, value in saved:
+                sampler.even_batches = value
+
     def set_trigger(self) -> None:
         """Raise a flag on this process that ``check_trigger`` sees on every process."""
         self.flag_tensor = torch.tensor(1, device=self.device)
@@ -396,6 +450,10 @@ class Accelerator:
         if not keep_fp32_wrapper:
             precision.unwrap_forward(model)
         return model
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's state dict (of the unwrapped model by default), on the CPU-visible device."""
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict)."""
@@ -440,20 +498,32 @@ class Accelerator:
             self._custom_objects, self.scaler, _AcceleratorCounters(self),
         )
 
-    def _checkpoint_dir(self, path: str | os.PathLike[str] | None) -> Path:
-        if path is not None:
-            return Path(path)
-        if self.project_dir is None:
-            raise ValueError("save_state/load_state need a directory, or Accelerator(project_dir=...)")
-        return self.project_dir / "checkpoint"
-
     def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
-        """Atomically checkpoint models, optimizers, schedulers, loaders, scaler and RNGs (all processes call it)."""
-        return checkpoint.save_state(self._checkpoint_dir(output_dir), self._checkpoint_items(), self.state)
+        """Atomically checkpoint models, optimizers, schedulers, loaders, scaler and RNGs (all processes call it).
+
+        Without ``output_dir``: the next automatic checkpoint when ``automatic_checkpoint_naming``
+        is on (older ones beyond ``total_limit`` are removed), else ``<project_dir>/checkpoint``.
+        """
+        config = self.project_configuration
+        automatic = output_dir is None and config.automatic_checkpoint_naming
+        path = checkpoint.save_state(config.resolve(output_dir, saving=True), self._checkpoint_items(), self.state)
+        if automatic:
+            config.iteration += 1
+            if self.is_main_process:
+                config.prune()
+            self.wait_for_everyone()
+        return path
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True) -> Path:
-        """Restore what ``save_state`` wrote. ``weights_only=False`` can run code from the files: trusted ones only."""
-        path = checkpoint.load_state(self._checkpoint_dir(input_dir), self._checkpoint_items(), self.state, weights_only)
+        """Restore what ``save_state`` wrote (default: the latest automatic checkpoint, or ``<project_dir>/checkpoint``).
+
+        ``weights_only=False`` can run code from the files: use it on trusted checkpoints only.
+        """
+        path = self.project_configuration.resolve(input_dir, saving=False)
+        path = checkpoint.load_state(path, self._checkpoint_items(), self.state, weights_only)
+        suffix = path.name.removeprefix("checkpoint_")
+        if self.project_configuration.automatic_checkpoint_naming and suffix.isdigit():
+            self.project_configuration.iteration = int(suffix) + 1
         self.wait_for_everyone()
         return path
 
@@ -477,7 +547,9 @@ class Accelerator:
         """Start the ``log_with`` trackers on the main process and record ``config``."""
         if not self.is_main_process:
             return
-        self.trackers = tracking.make_trackers(self.log_with, project_name, self.project_dir, init_kwargs)
+        project = self.project_configuration
+        logging_dir = project.logging_dir if project.logging_dir is not None else project.project_dir
+        self.trackers = tracking.make_trackers(self.log_with, project_name, logging_dir, init_kwargs)
         if config is not None:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)

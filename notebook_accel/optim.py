@@ -24,13 +24,27 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps ``optimizer``; behaves like it, except while accumulating gradients.
 
     Attributes not defined here are looked up on the wrapped optimizer.
+
+    Args:
+        optimizer: the user's optimizer.
+        gradient_state: the owning Accelerator's state.
+        scaler: the fp16 ``GradScaler``, if any.
+        before_step: called with ``optimizer`` before each real step (on XLA: reduce the
+            gradients across replicas, which replaces DDP there).
+        after_step: called after each real step (on XLA: ``mark_step``).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, scaler: Any = None) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, scaler: Any = None,
+        before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+        after_step: Callable[[], None] | None = None,
+    ) -> None:
         # Deliberately no super().__init__: this is a proxy, state lives in ``optimizer``.
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.scaler = scaler
+        self.before_step = before_step
+        self.after_step = after_step
         self._step_was_skipped = False
 
     def __getattr__(self, name: str) -> Any:
@@ -96,10 +110,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Step the optimizer, unless accumulating; through the scaler under fp16."""
         if not self.gradient_state.sync_gradients:
             return None
+        if self.before_step is not None:
+            self.before_step(self.optimizer)
         if self.scaler is None:
             self._step_was_skipped = False
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        return self._scaled_step(closure)
+            result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        else:
+            result = self._scaled_step(closure)
+        if self.after_step is not None:
+            self.after_step()
+        return result
 
     def _scaled_step(self, closure: Callable[[], Any] | None) -> Any:
         # The scaler calls optimizer.step only for finite gradients: watch for that call.

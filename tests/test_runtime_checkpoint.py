@@ -217,3 +217,23 @@ def test_tensorboard_tracker_is_optional(tmp_path):
     acc.log({"loss": 0.5}, step=1)
     acc.end_training()
     assert any((tmp_path / "run").iterdir())
+
+
+def test_automatic_checkpoint_naming_with_total_limit(tmp_path):
+    from notebook_accel.checkpoint import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir=tmp_path, automatic_checkpoint_naming=True, total_limit=2)
+    acc = Accelerator(project_config=config)
+    m = acc.prepare(torch.nn.Linear(2, 1))
+    for value in range(3):
+        torch.nn.init.constant_(m.weight, value)
+        acc.save_state()
+    assert [p.name for p in config.checkpoints()] == ["checkpoint_1", "checkpoint_2"]
+    torch.nn.init.constant_(m.weight, -1)
+    fresh = Accelerator(project_config=ProjectConfiguration(project_dir=tmp_path, automatic_checkpoint_naming=True))
+    m2 = fresh.prepare(torch.nn.Linear(2, 1))
+    assert fresh.load_state().name == "checkpoint_2"
+    assert torch.all(m2.weight == 2) and fresh.project_configuration.iteration == 3
+    assert fresh.get_state_dict(m2)["weight"].tolist() == [[2.0, 2.0]]
+    with pytest.raises(FileNotFoundError, match="no automatic checkpoint"):
+        Accelerator(project_config=ProjectConfiguration(tmp_path / "empty", automatic_checkpoint_naming=True)).load_state()

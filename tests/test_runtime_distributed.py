@@ -82,6 +82,12 @@ def test_accumulate_skips_all_reduce_until_sync_step(runs):
     assert spread[1] == 0.0 and spread[3] == 0.0  # synced gradients are identical
 
 
+def test_join_uneven_inputs_trains_on_loaders_of_different_lengths(runs):
+    r0, r1 = runs["train"]
+    assert (r0["join_steps"], r1["join_steps"]) == (4, 3)
+    assert r0["join_ranks_agree"] == 0.0 and r1["join_ranks_agree"] == 0.0
+
+
 def test_gather_for_metrics_returns_exactly_the_uneven_eval_set(runs):
     for rank in runs["train"]:
         assert rank["metrics_even"] == list(range(101))

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import Accelerator, PartialState, get_logger, logging_utils, set_seed
+from notebook_accel import state as state_module
 from notebook_accel.precision import resolve_mixed_precision
 from notebook_accel.state import DistributedType, split_for_process
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
@@ -96,6 +97,32 @@ def test_xla_dispatch_reads_ranks_and_device_from_torch_xla(monkeypatch):
     assert state.device == torch.device("xla", 0)
     with pytest.raises(ValueError, match="fp16.*XLA"):
         Accelerator(mixed_precision="fp16")
+
+
+def test_xla_multi_replica_reduces_gradients_in_the_optimizer_not_ddp(monkeypatch):
+    calls = []
+    xm = types.SimpleNamespace(xla_device=lambda: "cpu", rendezvous=lambda tag: calls.append("rendezvous"),
+                               reduce_gradients=lambda opt: calls.append("reduce"),
+                               mark_step=lambda: calls.append("mark_step"))
+    xr = types.SimpleNamespace(global_ordinal=lambda: 1, world_size=lambda: 2, local_ordinal=lambda: 1)
+    core = types.SimpleNamespace(xla_model=xm)
+    for name, mod in {"torch_xla": types.SimpleNamespace(core=core, runtime=xr), "torch_xla.core": core,
+                      "torch_xla.core.xla_model": xm, "torch_xla.runtime": xr}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setenv("NOTEBOOK_ACCEL_DEVICE", "xla")
+    created = []
+    monkeypatch.setattr(state_module, "ensure_process_group", lambda *a: created.append(a))
+    acc = Accelerator(gradient_accumulation_steps=2)
+    assert created == [("xla", 1, 2, None)] and acc.process_index == 1 and not acc.is_main_process
+    model = torch.nn.Linear(2, 1)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert isinstance(model, torch.nn.Linear)  # no DDP on XLA
+    for _ in range(2):
+        with acc.accumulate(model):
+            acc.backward(model(torch.ones(1, 2)).sum())
+            opt.step()
+    acc.wait_for_everyone()
+    assert calls == ["reduce", "mark_step", "rendezvous"]  # once, at the sync step
 
 
 @pytest.mark.parametrize(

@@ -174,3 +174,17 @@ def test_prepare_keeps_order_and_passes_other_objects_through():
     assert isinstance(out[0], AcceleratedScheduler) and out[0].optimizers[0].optimizer is raw
     assert out[1] is m and out[2] is marker and isinstance(out[3], AcceleratedOptimizer)
     assert acc.free_memory(m, raw) == [None, None] and acc._models == []
+
+
+def test_gradient_accumulation_plugin_and_process_decorators():
+    class Plugin:  # duck-typed like the peer's GradientAccumulationPlugin
+        num_steps = 3
+        sync_with_dataloader = False
+
+    acc = Accelerator(gradient_accumulation_plugin=Plugin())
+    assert acc.gradient_accumulation_steps == 3 and not acc.gradient_state.sync_with_dataloader
+    assert acc.on_last_process(lambda: 1)() == 1 and acc.on_process(lambda: 2, process_index=0)() == 2
+    assert acc.on_process(process_index=1)(lambda: 3)() is None
+    m = acc.prepare(model())
+    with acc.join_uneven_inputs([m], even_batches=False):
+        pass

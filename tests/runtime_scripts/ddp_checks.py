@@ -105,6 +105,22 @@ def check_no_sync() -> None:
     results["no_sync_syncs"] = syncs
 
 
+def check_join_uneven_inputs() -> None:
+    acc = Accelerator(even_batches=False)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt, loader = acc.prepare(model, opt, DataLoader(regression_data(52), batch_size=8))
+    steps = 0
+    with acc.join_uneven_inputs([model]):  # rank 0 has 4 batches, rank 1 has 3
+        for x, y in loader:
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+    results["join_steps"] = steps
+    results["join_ranks_agree"] = float((acc.gather(flat(model)[None]) - flat(model)).abs().max())
+
+
 def eval_ids(acc: Accelerator, n: int = 101, batch: int = 8) -> tuple[list[int], list[int]]:
     ds = TensorDataset(torch.arange(n, dtype=torch.float32)[:, None])
     loader = acc.prepare(DataLoader(ds, batch_size=batch))
@@ -232,6 +248,7 @@ def run_resumed(name: str, start_epoch: int) -> float:
 if PHASE == "train":
     check_equivalence()
     check_no_sync()
+    check_join_uneven_inputs()
     check_metrics_and_collectives()
     check_mixed_precision()
     run_uninterrupted()
