@@ -7,6 +7,7 @@ worker -> rank 0's assigned names (``pulling``) -> the notebook namespace.
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -15,7 +16,7 @@ from IPython.core.magic_arguments import parse_argstring
 
 from magics import commands, pulling
 from magics.arguments import launch_options, magic_flags
-from magics.cell_runner import cell_job
+from magics.cell_runner import CELL_VALUE, cell_job
 from magics.cell_source import make_cell_code
 from magics.names import analyse_cell
 from magics.shipping import collect_names
@@ -52,8 +53,9 @@ class AccelerateMagics(Magics):
         starts. Output appears live, prefixed ``[rank N]``; a failing rank fails the
         cell with its own traceback. Afterwards the names the cell assigned come
         back from rank 0 (tensors on the CPU, models unwrapped from DDP); what
-        cannot come back is listed in one line. ``Accelerator()`` in the cell picks
-        up the flags through the worker environment.
+        cannot come back is listed in one line; a last expression's value is shown,
+        as in any cell. ``Accelerator()`` in the cell picks up the flags through
+        the worker environment.
 
         Line magic::
 
@@ -80,12 +82,14 @@ class AccelerateMagics(Magics):
         runner = {"env": commands.env, "test": commands.test, "config": commands.config}
         return runner[args.command](args)
 
-    def _cell(self, args: Any, line: str, body: str) -> None:
+    def _cell(self, args: Any, line: str, body: str) -> Any:
         raw_cell, self._raw_cell = self._raw_cell, None
         code, tree = make_cell_code(self.shell, line, body, raw_cell)
         names = analyse_cell(tree)
         shipment = collect_names(names.reads, self.shell.user_ns, self.shell.user_ns_hidden)
         pull = names.assigns if args.pull is None else args.pull
+        if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):
+            pull = (*pull, CELL_VALUE)
         options = launch_options(args)
         from notebook_accel.launch.launcher import notebook_launcher
 
@@ -95,5 +99,9 @@ class AccelerateMagics(Magics):
         except ValueError as error:  # a bad option or config value: no traceback needed
             raise UsageError(str(error)) from None
         values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)
+        value = values.pop(CELL_VALUE, None)
+        if CELL_VALUE in failed:
+            failed["the cell's value"] = failed.pop(CELL_VALUE)
         self.shell.push(values)
         pulling.report(failed)
+        return value

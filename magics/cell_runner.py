@@ -6,15 +6,19 @@ neither IPython nor the rest of :mod:`magics`.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import linecache
 import os
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_accel.launch.payload import dumps_result
+
+CELL_VALUE = "_accelerate_cell_value_"  # the value of a cell's last expression, on rank 0
 
 
 @dataclass
@@ -36,6 +40,20 @@ class CellCode:
         """Put the cell into ``linecache`` (mtime None: never checked on disk)."""
         size = sum(len(line) for line in self.lines)
         linecache.cache[self.filename] = (size, None, list(self.lines), self.filename)
+
+    def compile(self) -> types.CodeType:
+        """Compile the cell; a last expression's value is kept in :data:`CELL_VALUE`.
+
+        Raises:
+            SyntaxError: with the cell's file name and line.
+        """
+        tree = ast.parse(self.source, self.filename)
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = tree.body[-1]
+            tree.body[-1] = ast.copy_location(
+                ast.Assign(targets=[ast.Name(CELL_VALUE, ast.Store())], value=last.value), last)
+            ast.fix_missing_locations(tree)
+        return compile(tree, self.filename, "exec")
 
 
 @dataclass
@@ -74,7 +92,7 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     namespace: dict[str, Any] = {"__name__": "__main__"}
     namespace.update({name: importlib.import_module(module) for name, module in modules.items()})
     namespace.update(values)
-    outer = {"_cell": compile(cell.source, cell.filename, "exec"), "_namespace": namespace,
+    outer = {"_cell": cell.compile(), "_namespace": namespace,
              "_pull": tuple(pull), "_pack": _pack_on_first_worker}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
     line_one = compile("(exec(_cell, _namespace), _pack(_namespace, _pull))[1]",

@@ -71,7 +71,7 @@ def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tu
     code.register()
     try:
         tree = ast.parse(code.source, filename)
-        compile(tree, filename, "exec")  # what parsing misses: `return` outside a function...
+        code.compile()  # what parsing misses: `return` outside a function...
     except SyntaxError as error:
         raise CellSyntaxError(error, f"Cell In[{shell.execution_count}]") from None
     return code, tree

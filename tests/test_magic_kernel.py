@@ -308,3 +308,16 @@ def test_config_shows_the_panel(kernel):
     widgets = [m for m in result.outputs
                if "application/vnd.jupyter.widget-view+json" in m["content"].get("data", {})]
     assert widgets, result
+
+
+def test_last_expression_is_the_cells_value_from_rank_zero(kernel):
+    result = kernel.ok("%%accelerate -n 2\nimport os\nrank = int(os.environ['RANK'])\n"
+                       "{'rank': rank, 'world': os.environ['WORLD_SIZE']}")
+    shown = [m["content"]["data"]["text/plain"] for m in result.outputs
+             if m["msg_type"] == "execute_result"]
+    assert shown == ["{'rank': 0, 'world': '2'}"]
+    assert kernel.value("'_accelerate_cell_value_' in globals()") is False
+    result = kernel.ok("%%accelerate -n 2\nprint('only printed')")
+    assert not [m for m in result.outputs if m["msg_type"] == "execute_result"]
+    result = kernel.ok("%%accelerate -n 2\n__import__('threading').Lock()")
+    assert "the cell's value (TypeError: cannot pickle '_thread.lock' object)" in result.stderr
