@@ -133,8 +133,8 @@ def _where(name: str, value: Any) -> str | None:
         match = _LAUNCHER_MESSAGE.search(str(exc))
         if match is None:
             return None
-        path = match["path"].strip()
-        return f"{match['error']}" + (f" (at {name}{path})" if path else "")
+        path = match["path"].rstrip()
+        return f"{match['error']}" + (f" (at {name}{path})" if path.strip() else "")
     return None
 
 

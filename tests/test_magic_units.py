@@ -56,12 +56,18 @@ def test_every_unshippable_name_is_listed_with_its_reason():
         def __init__(self):
             self.lock = threading.Lock()
 
-    namespace = {"lock": threading.Lock(), "holder": Holder(), "fake": types.ModuleType("fake_mod"),
-                 "ok": [1, 2], "os": __import__("os"), "In": ["hidden"]}
+    lock = threading.Lock()
+
+    def uses_lock():
+        return lock
+
+    namespace = {"lock": lock, "holder": Holder(), "fake": types.ModuleType("fake_mod"),
+                 "ok": [1, 2], "os": __import__("os"), "In": ["hidden"], "fn": uses_lock}
     with pytest.raises(UnshippableNamesError) as caught:
-        collect_names(["lock", "holder", "fake", "ok", "os", "In", "print"], namespace)
+        collect_names(["lock", "holder", "fake", "ok", "os", "In", "print", "fn"], namespace)
     reasons = caught.value.reasons
-    assert set(reasons) == {"lock", "holder", "fake"}
+    assert set(reasons) == {"lock", "holder", "fake", "fn"}
+    assert reasons["fn"].endswith("(at fn (closure variable 'lock'))"), reasons["fn"]
     assert "cannot pickle '_thread.lock' object" in reasons["lock"]
     assert "holder.lock" in reasons["holder"]
     assert "fake_mod" in reasons["fake"] and "imported by name" in reasons["fake"]
