@@ -55,8 +55,8 @@ class AccelerateMagics(Magics):
         back from rank 0 (tensors on the CPU, models unwrapped from DDP); what
         cannot come back is listed in one line; a notebook object the cell only
         changed in place comes back when named with --pull. A last expression's
-        value is shown, as in any cell. ``Accelerator()`` in the cell picks up the flags through
-        the worker environment.
+        value is shown, as in any cell. ``Accelerator()`` in the cell picks up the
+        flags through the worker environment.
 
         Line magic::
 
