@@ -1,0 +1,217 @@
+"""The TPU launch path: one host worker, which starts one process per TPU chip through torch_xla.
+
+The kernel starts a single *host* worker through the normal machinery (so output
+relay, ``WorkerError``, interrupt and kernel-death handling all apply). The host
+worker calls torch_xla's own launcher (``torch_xla.launch``, PJRT), which starts
+the core processes as torch_xla decides: one process per chip, or the host worker
+itself for ``num_processes=1``. Each core runs the user's function with the
+torchrun-style environment taken from the XLA runtime; rank 0's return value
+(tensors on the CPU) comes back through a file and is what ``notebook_launcher``
+returns. Core processes belong to the host worker's process group, so stopping the
+host (failure elsewhere, interrupt, timeout, kernel death) stops them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pickle
+import sys
+import tempfile
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from notebook_accel import hardware
+from notebook_accel.launch import environment as env
+from notebook_accel.launch.payload import dumps_result, load_payload, serialise_payload
+from notebook_accel.xla.detect import (
+    XlaJob,
+    pjrt_device,
+    resolve_job,
+    runtime_initialised,
+    runtime_initialised_message,
+    tpu_core_count,
+)
+
+
+def xla_job(num_processes: int | None, num_nodes: int = 1) -> XlaJob:
+    """Check the options of a device ``"xla"`` launch against this machine.
+
+    Reads ``PJRT_DEVICE`` and the TPU's PCI / ``/dev`` entries; never imports
+    torch_xla. Called by the plan, before any worker starts.
+
+    Raises:
+        ValueError: no TPU and no ``PJRT_DEVICE``, several nodes, or a
+            ``num_processes`` torch_xla cannot run (the message says what it can).
+    """
+    pjrt = pjrt_device(tpu=hardware.tpu_present())
+    cores = tpu_core_count() if pjrt == "TPU" else None
+    if pjrt == "CPU":
+        cores = int(os.environ.get("CPU_NUM_DEVICES") or 1)
+    return resolve_job(num_processes, pjrt=pjrt, cores=cores, num_nodes=num_nodes)
+
+
+def check_kernel() -> None:
+    """Refuse up front when this process already holds the XLA runtime.
+
+    Raises:
+        RuntimeError: the runtime is initialised here; says how to recover.
+    """
+    if runtime_initialised():
+        raise RuntimeError(runtime_initialised_message(interactive="ipykernel" in sys.modules))
+
+
+def launch_xla(plan: Any, payload: bytes, launch_once: Callable[[Any, bytes], Any],
+               job: XlaJob | None = None) -> Any:
+    """Run ``payload`` on the TPU cores; returns rank 0's value (all ranks' with ``return_all``).
+
+    Args:
+        plan: the ``LaunchPlan`` (device ``"xla"``); its ``xla`` attribute, when
+            present, is the job from :func:`xla_job`.
+        payload: the serialised ``(function, args, kwargs)``.
+        launch_once: the launcher's start-and-supervise function for a plan.
+        job: the job; default ``plan.xla``, else :func:`xla_job` for
+            ``plan.num_processes``.
+
+    Raises:
+        RuntimeError: the XLA runtime is already initialised in this process.
+        ValueError: see :func:`xla_job`.
+        WorkerError: a core failed (its traceback says which core).
+    """
+    check_kernel()
+    if job is None:
+        job = getattr(plan, "xla", None) or xla_job(plan.num_processes, plan.num_nodes)
+    cores_start = "spawn" if plan.start.method == "spawn" else "fork"
+    host_payload = serialise_payload(
+        run_cores, (payload, job.nprocs, plan.return_all, cores_start, job.pjrt_device), {}
+    )
+    host_plan = dataclasses.replace(plan, num_processes=1, return_all=False)
+    return launch_once(host_plan, host_payload)
+
+
+# ---- the host worker ----------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Spawned cores must not re-run the kernel's (or a script's) ``__main__``."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method: str,
+              pjrt: str) -> Any:
+    """In the host worker: start the cores with torch_xla's launcher and collect their results.
+
+    Returns rank 0's value, or the list of every core's value with ``return_all``.
+    """
+    os.environ["PJRT_DEVICE"] = pjrt
+    os.environ[env.DEVICE_TYPE] = "xla"
+    import torch_xla
+
+    with tempfile.TemporaryDirectory(prefix="notebook-accel-xla-") as results:
+        try:
+            with _main_module_hidden():
+                torch_xla.launch(_core_main, args=(payload, results, return_all),
+                                 start_method=start_method, debug_single_process=nprocs == 1)
+        except BaseException as exc:
+            error = _user_facing(exc, _failures(Path(results)))
+            error.__suppress_context__ = True
+            raise error  # noqa: B904 - its cause, when any, is set by _user_facing
+        files = sorted(Path(results).glob("result_*.pkl"), key=lambda p: int(p.stem[7:]))
+        values = [pickle.loads(path.read_bytes()) for path in files]
+    if return_all:
+        return values
+    return values[0] if values else None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class CoreTraceback(Exception):
+    """The traceback of a core process, shown as the cause of the error it raised."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\n{self.text}"
+
+
+def _user_facing(exc: BaseException, failures: list[str]) -> BaseException:
+    """The error to report: the failing core's own, without torch_xla's launcher frames.
+
+    Ran in this process (``num_processes=1``): the same exception, its traceback cut
+    to the user's frames. Ran in a core process: the exception torch_xla passed
+    back, caused by a :class:`CoreTraceback` of the earliest failing core. Several
+    failures: a ``RuntimeError`` naming the earliest (the root cause).
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not _core_main.__code__:
+        tb = tb.tb_next
+    if tb is not None:  # raised in this very process
+        return exc.with_traceback(tb.tb_next)
+    if not failures:  # a core died without a Python exception (a signal), or an internal error
+        return exc
+    if len(failures) > 1:
+        first = failures[0].splitlines()[0]
+        return RuntimeError(f"{first} ({len(failures) - 1} other core(s) failed after it)")
+    error = exc.with_traceback(None)
+    error.__cause__ = CoreTraceback(failures[0].split("\n", 1)[1])
+    return error
+
+
+def _failures(results: Path) -> list[str]:
+    """The core failures recorded in ``results`` (``error_<rank>.txt``), earliest first."""
+    errors = []
+    for path in results.glob("error_*.txt"):
+        stamp, _, text = path.read_text().partition("\n")
+        errors.append((float(stamp), text))
+    return [text for _, text in sorted(errors)]
+
+
+# ---- each core ----------------------------------------------------------------------------
+
+def _core_environment(ordinal: int, world: int, local: int, local_world: int) -> dict[str, str]:
+    """The torchrun-style variables of one core process."""
+    return {
+        env.RANK: str(ordinal), env.WORLD_SIZE: str(world), env.LOCAL_RANK: str(local),
+        env.LOCAL_WORLD_SIZE: str(local_world), env.GROUP_RANK: "0", env.DEVICE_TYPE: "xla",
+    }
+
+
+def _core_main(index: int, payload: bytes, results: str, return_all: bool) -> None:
+    """One core: set its environment, run the user's function, leave its result in ``results``."""
+    from notebook_accel.launch import events
+    from notebook_accel.xla import runtime
+
+    ordinal, world, local = runtime.ranks()
+    if runtime.devices_per_process() == 1:  # TPU v2/v3 run 2 cores as threads: no per-core env
+        os.environ.update(_core_environment(ordinal, world, local, world))
+    if ordinal != 0:
+        events.close()  # progress and metrics come from rank 0, as with our own workers
+    try:
+        function, args, kwargs = load_payload(payload)
+        value = function(*args, **kwargs)
+    except BaseException as exc:
+        user_tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        text = "".join(traceback.format_exception(type(exc), exc, user_tb))
+        Path(results, f"error_{ordinal}.txt").write_text(
+            f"{time.time()}\nXLA core {ordinal} failed: {_describe(exc)}\n{text}")
+        if world > 1 and hasattr(exc, "add_note"):
+            exc.add_note(f"(raised on XLA core {ordinal} of {world})")
+        raise
+    if return_all or ordinal == 0:
+        tmp = Path(results, f".result_{ordinal}.tmp")
+        tmp.write_bytes(dumps_result(value))
+        os.replace(tmp, Path(results, f"result_{ordinal}.pkl"))

@@ -1,0 +1,188 @@
+"""What the Accelerator does on an XLA device, through torch_xla (imported lazily).
+
+Every function imports torch_xla only when called, so this module is importable
+(and the rest of the package works) where torch_xla is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+
+def _xm() -> Any:
+    try:
+        import torch_xla.core.xla_model as xm
+    except ImportError as exc:
+        raise ImportError(
+            f"the XLA device needs torch_xla, which is not importable here ({exc}); on a TPU "
+            "runtime install it with `pip install torch~=2.9.0 'torch_xla[tpu]~=2.9.0'`"
+        ) from exc
+    return xm
+
+
+def is_xla(device: torch.device | str | None) -> bool:
+    """Whether ``device`` is an XLA device (no torch_xla import)."""
+    return device is not None and torch.device(device).type == "xla"
+
+
+def device() -> torch.device:
+    """This process's (or thread's) XLA device; initialises the runtime."""
+    import torch_xla
+
+    return torch.device(torch_xla.device())
+
+
+def ranks() -> tuple[int, int, int]:
+    """``(global ordinal, world size, local ordinal)`` of this XLA process."""
+    import torch_xla.runtime as xr
+
+    return int(xr.global_ordinal()), int(xr.world_size()), int(xr.local_ordinal())
+
+
+def devices_per_process() -> int:
+    """XLA devices driven by this process (2 on TPU v2/v3: one thread each)."""
+    return max(1, len(_xm().get_xla_supported_devices()))
+
+
+def sync() -> None:
+    """The step boundary: compile and run the graph traced so far (``torch_xla.sync``)."""
+    import torch_xla
+
+    sync_fn = getattr(torch_xla, "sync", None)
+    if sync_fn is not None:
+        sync_fn()
+    else:  # torch_xla < 2.5
+        _xm().mark_step()
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, world_size: int, closure: Any = None) -> Any:
+    """Average the gradients across the cores (when several), step, and end the step's graph."""
+    if world_size > 1:
+        _xm().reduce_gradients(optimizer)
+    result = optimizer.step(closure) if closure is not None else optimizer.step()
+    sync()
+    return result
+
+
+class _Once:
+    """An iterable over an existing iterator (torch_xla's loaders call ``iter`` on it once)."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self.iterator = iterator
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iterator
+
+    def __len__(self) -> int:  # ParallelLoader asks; unknown here
+        raise TypeError("length unknown")
+
+
+def device_batches(batches: Iterable[Any], xla_device: torch.device) -> Iterator[Any]:
+    """Batches moved to ``xla_device`` by torch_xla's parallel loader, in the background.
+
+    The loader also marks the step boundary before each batch, so a loop over it
+    needs no XLA calls.
+    """
+    import torch_xla.distributed.parallel_loader as pl
+
+    iterator = iter(batches)
+    return iter(pl.MpDeviceLoader(_Once(iterator), xla_device))
+
+
+def all_reduce(tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+    """Sum (or average, ``reduction="mean"``) ``tensor`` across the cores; a new tensor."""
+    xm = _xm()
+    scale = 1.0 / ranks()[1] if reduction == "mean" else 1.0
+    return xm.all_reduce(xm.REDUCE_SUM, tensor, scale=scale)
+
+
+def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``tensor`` from every core along dim 0 (0-dim tensors become 1-dim)."""
+    if tensor.ndim == 0:
+        tensor = tensor[None]
+    return _xm().all_gather(tensor, dim=0)
+
+
+def broadcast(tensor: torch.Tensor, from_process: int = 0) -> torch.Tensor:
+    """``tensor`` as it is on core ``from_process`` (others' values are replaced in place)."""
+    _, world, _ = ranks()
+    if world == 1:
+        return tensor
+    ordinal = ranks()[0]
+    mine = tensor if ordinal == from_process else torch.zeros_like(tensor)
+    tensor.copy_(all_reduce(mine, "sum"))
+    return tensor
+
+
+def rendezvous(tag: str) -> None:
+    """Barrier across the cores."""
+    _xm().rendezvous(tag)
+
+
+def to_cpu(data: Any) -> Any:
+    """``data`` (nested lists, tuples, dicts) with every XLA tensor copied to the CPU.
+
+    Runs the pending graph once for all tensors together (not once per tensor).
+    """
+    tensors: list[torch.Tensor] = []
+
+    def collect(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "xla":
+                tensors.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item)
+        return value
+
+    collect(data)
+    if not tensors:
+        return data
+    convert = getattr(_xm(), "_maybe_convert_to_cpu", None)  # one graph run for all tensors
+    moved = convert(tensors) if convert is not None else [t.cpu() for t in tensors]
+    cpu = dict(zip(map(id, tensors), moved, strict=True))
+
+    def rebuild(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return cpu.get(id(value), value)
+        if isinstance(value, dict):
+            return type(value)({k: rebuild(v) for k, v in value.items()})
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)(*(rebuild(v) for v in value))
+        if isinstance(value, (list, tuple)):
+            return type(value)(rebuild(v) for v in value)
+        return value
+
+    return rebuild(data)
+
+
+def rng_state() -> int:
+    """The XLA random generator's seed state of this device."""
+    return int(_xm().get_rng_state())
+
+
+def set_rng_state(seed: int) -> None:
+    """Restore what :func:`rng_state` returned."""
+    _xm().set_rng_state(int(seed))
+
+
+def autocast(mixed_precision: str, xla_device: torch.device) -> Any:
+    """bf16 autocast on the XLA device (``torch.autocast("xla")``); fp16 is refused.
+
+    Raises:
+        ValueError: ``mixed_precision="fp16"`` (TPUs compute in bf16).
+    """
+    import contextlib
+
+    if mixed_precision == "fp16":
+        raise ValueError("fp16 mixed precision is not supported on XLA devices; "
+                         "use mixed_precision='bf16'")
+    if mixed_precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(xla_device.type, dtype=torch.bfloat16)
