@@ -58,17 +58,18 @@ def is_tensor_structure(data: Any) -> bool:
 
 def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor (or object with a ``.to`` method) in ``data`` to ``device``."""
-    if isinstance(data, torch.Tensor) or (hasattr(data, "to") and not isinstance(data, (list, tuple, Mapping))):
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=non_blocking)
+    if isinstance(data, (list, tuple)):
+        moved = [send_to_device(x, device, non_blocking) for x in data]
+        return type(data)(*moved) if hasattr(data, "_fields") else type(data)(moved)
+    if isinstance(data, Mapping):
+        return type(data)({k: send_to_device(v, device, non_blocking) for k, v in data.items()})
+    if hasattr(data, "to"):
         try:
             return data.to(device, non_blocking=non_blocking)
         except TypeError:
             return data.to(device)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(send_to_device(x, device, non_blocking) for x in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(send_to_device(x, device, non_blocking) for x in data)
-    if isinstance(data, Mapping):
-        return type(data)({k: send_to_device(v, device, non_blocking) for k, v in data.items()})
     return data
 
 
