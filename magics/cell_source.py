@@ -22,7 +22,12 @@ class CellSyntaxError(ValueError):
     """
 
     def __init__(self, error: SyntaxError, label: str) -> None:
-        super().__init__(f"{label}, line {error.lineno}: {error.msg}")
+        self.hint = ""
+        if (error.text or "").lstrip().startswith(("%", "!")):
+            self.hint = ("IPython syntax (%magics, !commands) does not run on the workers; "
+                         "use plain Python in a %%accelerate cell")
+        super().__init__(f"{label}, line {error.lineno}: {error.msg}"
+                         + (f" ({self.hint})" if self.hint else ""))
         self.error = error
         self.label = label
 
@@ -30,7 +35,7 @@ class CellSyntaxError(ValueError):
         """IPython hook: the syntax error as IPython shows one in a plain cell."""
         lines = traceback.format_exception_only(type(self.error), self.error)
         text = "".join(lines).replace(f'File "{self.error.filename}", ', f"{self.label}, ", 1)
-        return text.rstrip("\n").splitlines()
+        return text.rstrip("\n").splitlines() + ([self.hint] if self.hint else [])
 
 
 def _cell_text(raw_cell: str | None, line: str, body: str) -> tuple[list[str], int, bool]:

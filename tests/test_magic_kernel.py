@@ -155,6 +155,8 @@ def test_syntax_error_and_bad_flags_are_reported_without_starting_workers(kernel
     result = kernel.run("%%accelerate -n 2\nx = 1\ny = (\n")
     assert result.error["ename"] == "CellSyntaxError"
     assert "line 3" in result.traceback and "'(' was never closed" in result.traceback
+    result = kernel.run("%%accelerate -n 2\nx = 1\n!ls\n")
+    assert "line 3" in result.traceback and "does not run on the workers" in result.traceback
     assert "num_processes=0" in usage_error(kernel, "%%accelerate -n 0\nx = 1")
     assert "invalid choice: 'fp32'" in usage_error(kernel, "%%accelerate --mixed-precision fp32\nx")
     assert "%accelerate env" in usage_error(kernel, "%%accelerate env\nx = 1")
