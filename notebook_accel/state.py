@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -74,7 +75,9 @@ def _import_xla() -> tuple[Any, Any]:
     return xm, xr
 
 
-def ensure_process_group(backend: str, rank: int, world_size: int, timeout: timedelta | None) -> None:
+def ensure_process_group(
+    backend: str, rank: int, world_size: int, timeout: timedelta | None, device: torch.device | None = None
+) -> None:
     """Create the default process group once per process; later calls reuse it.
 
     Args:
@@ -82,6 +85,7 @@ def ensure_process_group(backend: str, rank: int, world_size: int, timeout: time
         rank: this process's global rank.
         world_size: number of processes; nothing is created when it is 1.
         timeout: collective timeout, or ``None`` for torch's default.
+        device: for nccl, this process's GPU, bound to the group where torch supports it.
     """
     if world_size <= 1 or dist.is_initialized():
         return
@@ -94,6 +98,8 @@ def ensure_process_group(backend: str, rank: int, world_size: int, timeout: time
         kwargs["init_method"] = "xla://"
     else:
         kwargs["init_method"] = "env://"
+    if backend == "nccl" and device is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
 
 
@@ -148,7 +154,7 @@ class PartialState:
             )
         self.num_local_processes = _env_int(env.LOCAL_WORLD_SIZE, self.num_processes)
         if self.backend is not None:
-            ensure_process_group(self.backend, self.process_index, self.num_processes, timeout)
+            ensure_process_group(self.backend, self.process_index, self.num_processes, timeout, self.device)
 
     def __repr__(self) -> str:
         return (

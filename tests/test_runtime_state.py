@@ -113,7 +113,7 @@ def test_xla_multi_replica_reduces_gradients_in_the_optimizer_not_ddp(monkeypatc
     created = []
     monkeypatch.setattr(state_module, "ensure_process_group", lambda *a: created.append(a))
     acc = Accelerator(gradient_accumulation_steps=2)
-    assert created == [("xla", 1, 2, None)] and acc.process_index == 1 and not acc.is_main_process
+    assert created == [("xla", 1, 2, None, torch.device("cpu"))] and acc.process_index == 1 and not acc.is_main_process
     model = torch.nn.Linear(2, 1)
     model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert isinstance(model, torch.nn.Linear)  # no DDP on XLA
@@ -194,3 +194,19 @@ def test_logger_is_main_process_only_by_default(monkeypatch, caplog):
         logger.info("hidden")
         logger.info("shown anyway", main_process_only=False)
     assert [r.getMessage() for r in caplog.records] == ["on main", "shown anyway"]
+
+
+def test_cuda_dispatch_picks_local_rank_device_and_nccl(monkeypatch):
+    chosen, created = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: chosen.append(device))
+    monkeypatch.setattr(state_module, "ensure_process_group", lambda *a: created.append(a))
+    for name, value in {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    state = PartialState()  # NOTEBOOK_ACCEL_DEVICE unset: CUDA because it is available
+    assert state.device == torch.device("cuda", 1) and chosen == [torch.device("cuda", 1)]
+    assert state.distributed_type == DistributedType.MULTI_GPU and state.num_local_processes == 2
+    assert created == [("nccl", 3, 4, None, torch.device("cuda", 1))]
+    assert not state.is_main_process and not state.is_local_main_process and state.is_last_process
+    monkeypatch.setenv("NOTEBOOK_ACCEL_DEVICE", "cpu")
+    assert PartialState().distributed_type == DistributedType.MULTI_CPU
