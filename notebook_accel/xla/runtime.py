@@ -12,15 +12,21 @@ from typing import Any
 import torch
 
 
-def _xm() -> Any:
+def _import(module: str) -> Any:
+    """Import a torch_xla module, with an install hint when torch_xla is missing."""
+    import importlib
+
     try:
-        import torch_xla.core.xla_model as xm
+        return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(
             f"the XLA device needs torch_xla, which is not importable here ({exc}); on a TPU "
             "runtime install it with `pip install torch~=2.9.0 'torch_xla[tpu]~=2.9.0'`"
         ) from exc
-    return xm
+
+
+def _xm() -> Any:
+    return _import("torch_xla.core.xla_model")
 
 
 def is_xla(device: torch.device | str | None) -> bool:
@@ -30,15 +36,12 @@ def is_xla(device: torch.device | str | None) -> bool:
 
 def device() -> torch.device:
     """This process's (or thread's) XLA device; initialises the runtime."""
-    import torch_xla
-
-    return torch.device(torch_xla.device())
+    return torch.device(_import("torch_xla").device())
 
 
 def ranks() -> tuple[int, int, int]:
     """``(global ordinal, world size, local ordinal)`` of this XLA process."""
-    import torch_xla.runtime as xr
-
+    xr = _import("torch_xla.runtime")
     return int(xr.global_ordinal()), int(xr.world_size()), int(xr.local_ordinal())
 
 
@@ -49,9 +52,7 @@ def devices_per_process() -> int:
 
 def sync() -> None:
     """The step boundary: compile and run the graph traced so far (``torch_xla.sync``)."""
-    import torch_xla
-
-    sync_fn = getattr(torch_xla, "sync", None)
+    sync_fn = getattr(_import("torch_xla"), "sync", None)
     if sync_fn is not None:
         sync_fn()
     else:  # torch_xla < 2.5
@@ -86,8 +87,7 @@ def device_batches(batches: Iterable[Any], xla_device: torch.device) -> Iterator
     The loader also marks the step boundary before each batch, so a loop over it
     needs no XLA calls.
     """
-    import torch_xla.distributed.parallel_loader as pl
-
+    pl = _import("torch_xla.distributed.parallel_loader")
     iterator = iter(batches)
     return iter(pl.MpDeviceLoader(_Once(iterator), xla_device))
 

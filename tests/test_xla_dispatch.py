@@ -1,0 +1,213 @@
+"""The TPU path's decisions, tested without torch_xla (which the main venv does not have)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import sys
+import types
+
+import pytest
+import torch
+
+from notebook_accel.launch import xla_launch
+from notebook_accel.launch.plan import make_plan
+from notebook_accel.xla import detect, runtime
+
+
+def _pci(root, *devices, vendor="0x1ae0"):
+    for i, device in enumerate(devices):
+        entry = root / f"0000:00:{i:02x}.0"
+        entry.mkdir(parents=True)
+        (entry / "vendor").write_text(vendor + "\n")
+        (entry / "device").write_text(device + "\n")
+    return root
+
+
+# ---- detection -------------------------------------------------------------------------------
+
+def test_tpu_cores_from_pci_v2_chips_hold_two_cores(tmp_path):
+    pci = _pci(tmp_path / "pci", *["0x0027"] * 4)
+    assert detect.tpu_chips(pci) == ["0x0027"] * 4
+    assert detect.tpu_core_count({}, pci, tmp_path / "dev") == 8
+
+
+def test_tpu_cores_from_pci_v5e_and_foreign_devices(tmp_path):
+    pci = _pci(tmp_path / "pci", "0x0063")
+    _pci(tmp_path / "other", "0x0063", vendor="0x10de")  # an NVIDIA device with a TPU-like id
+    assert detect.tpu_core_count({}, pci, tmp_path / "dev") == 1
+    assert detect.tpu_chips(tmp_path / "other") == []
+
+
+def test_tpu_cores_without_pci_from_accelerator_type_then_dev_files(tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    empty = tmp_path / "nopci"
+    assert detect.tpu_core_count({"TPU_ACCELERATOR_TYPE": "v3-8"}, empty, dev) == 8
+    assert detect.tpu_core_count({"TPU_ACCELERATOR_TYPE": "v4-32"}, empty, dev) is None
+    for i in range(4):
+        (dev / f"accel{i}").touch()
+    assert detect.tpu_core_count({}, empty, dev) == 4
+    assert detect.tpu_core_count({}, empty, tmp_path / "nothing") is None
+
+
+def test_pjrt_device_from_env_or_tpu():
+    assert detect.pjrt_device({"PJRT_DEVICE": "cpu"}) == "CPU"
+    assert detect.pjrt_device({"PJRT_DEVICE": "TPU"}, tpu=False) == "TPU"
+    assert detect.pjrt_device({}, tpu=True) == "TPU"
+    assert detect.pjrt_device({}, tpu=False) is None
+    with pytest.raises(ValueError, match="PJRT_DEVICE='GPUX' is not one of TPU, CPU, CUDA"):
+        detect.pjrt_device({"PJRT_DEVICE": "GPUX"})
+
+
+def test_tpu_detected_from_colab_kaggle_and_cloud_env(monkeypatch):
+    from notebook_accel import hardware
+
+    for name in ("PJRT_DEVICE", "COLAB_TPU_ADDR", "TPU_NAME", "KAGGLE_TPU", "TPU_ACCELERATOR_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (("PJRT_DEVICE", "TPU"), ("COLAB_TPU_ADDR", "10.0.0.2:8470"),
+                        ("TPU_NAME", "my-tpu"), ("TPU_ACCELERATOR_TYPE", "v5litepod-1")):
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            assert hardware.tpu_present(), name
+
+
+def test_runtime_initialised_reads_only_loaded_modules(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
+    assert not detect.runtime_initialised()
+    assert "torch_xla" not in sys.modules  # it did not import it
+    fake = types.SimpleNamespace(_XLAC=types.SimpleNamespace(_xla_runtime_is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch_xla", fake)
+    assert detect.runtime_initialised()
+
+
+# ---- which launcher, which device, which collective -----------------------------------------
+
+def test_launcher_and_collective_choice():
+    assert detect.launcher_for("xla") == "xla"
+    assert detect.launcher_for("cuda") == detect.launcher_for("cpu") == "processes"
+    assert detect.collective_backend("xla", 8) == "xla"
+    assert detect.collective_backend("cuda", 2) == "nccl"
+    assert detect.collective_backend("cpu", 2) == "gloo"
+    assert detect.collective_backend("xla", 1) is None
+
+
+def test_is_xla_needs_no_torch_xla():
+    assert not runtime.is_xla(torch.device("cpu"))
+    assert not runtime.is_xla(None)
+    assert runtime.is_xla("xla:0")
+
+
+def test_to_cpu_leaves_cpu_data_alone():
+    data = {"w": torch.ones(2), "step": 3, "groups": [{"lr": 0.1}]}
+    assert runtime.to_cpu(data) is data
+
+
+def test_missing_torch_xla_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_xla", None)  # import fails
+    monkeypatch.setitem(sys.modules, "torch_xla.core.xla_model", None)
+    with pytest.raises(ImportError, match=r"pip install torch~=2\.9\.0 'torch_xla\[tpu\]"):
+        runtime.sync()
+    with pytest.raises(ImportError, match="torch_xla"):
+        runtime.rendezvous("x")
+
+
+# ---- num_processes: what torch_xla can run -------------------------------------------------
+
+@pytest.mark.parametrize(("num_processes", "nprocs", "world"), [(None, None, 8), (8, None, 8), (1, 1, 1)])
+def test_num_processes_torch_xla_supports(num_processes, nprocs, world):
+    job = detect.resolve_job(num_processes, pjrt="TPU", cores=8)
+    assert (job.nprocs, job.world_size) == (nprocs, world)
+
+
+def test_other_num_processes_refused_naming_what_torch_xla_supports():
+    with pytest.raises(ValueError) as info:
+        detect.resolve_job(4, pjrt="TPU", cores=8)
+    message = str(info.value)
+    assert "num_processes=4" in message
+    assert "all 8 cores" in message and "num_processes=None or 8" in message
+    assert "num_processes=1" in message
+
+
+def test_unknown_core_count_allows_all_or_one():
+    assert detect.resolve_job(None, pjrt="TPU", cores=None).nprocs is None
+    with pytest.raises(ValueError, match="unknown before the runtime starts"):
+        detect.resolve_job(4, pjrt="TPU", cores=None)
+
+
+def test_no_tpu_and_no_pjrt_device_is_refused():
+    with pytest.raises(ValueError, match="no TPU is detected here and PJRT_DEVICE is not set"):
+        detect.resolve_job(None, pjrt=None, cores=None)
+
+
+def test_several_nodes_refused():
+    with pytest.raises(ValueError, match="num_nodes=2 with device='xla'"):
+        detect.resolve_job(None, pjrt="TPU", cores=8, num_nodes=2)
+
+
+def test_xla_job_reads_this_machine(monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
+    assert xla_launch.xla_job(None) == detect.XlaJob("CPU", None, 1)
+    assert xla_launch.xla_job(1).world_size == 1
+    with pytest.raises(ValueError, match="num_processes=2 with device='xla'"):
+        xla_launch.xla_job(2)
+
+
+# ---- the launch itself, with the worker machinery faked ------------------------------------
+
+def _plan(**changes):
+    plan = make_plan(num_processes=1, mixed_precision=None, use_port=None, master_addr="127.0.0.1",
+                     node_rank=0, num_nodes=1, start_method="auto", timeout=None, output="all",
+                     return_all=True, max_restarts=0, device="cpu")
+    return dataclasses.replace(plan, device_type="xla", **changes)
+
+
+def test_launch_xla_starts_one_host_worker_running_torch_xla_launcher():
+    seen = []
+
+    def launch_once(plan, payload):
+        seen.append((plan, pickle.loads(payload)))
+        return "rank 0's value"
+
+    job = detect.XlaJob("TPU", None, 8)
+    assert xla_launch.launch_xla(_plan(), b"user payload", launch_once, job=job) == "rank 0's value"
+    (plan, (function, args, kwargs, _sources)), = seen
+    assert plan.num_processes == 1 and plan.return_all is False and plan.device_type == "xla"
+    assert function is xla_launch.run_cores
+    assert args == (b"user payload", None, True, "fork", "TPU") and kwargs == {}
+
+
+def test_launch_refused_up_front_when_the_kernel_holds_the_runtime(monkeypatch):
+    fake = types.SimpleNamespace(_XLAC=types.SimpleNamespace(_xla_runtime_is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch_xla", fake)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+
+    def launch_once(plan, payload):  # pragma: no cover - must not be reached
+        raise AssertionError("a worker was started")
+
+    with pytest.raises(RuntimeError, match="already initialised in this process.*Restart the kernel"):
+        xla_launch.launch_xla(_plan(), b"", launch_once, job=detect.XlaJob("TPU", None, 8))
+
+
+def test_core_environment_is_torchrun_style():
+    assert xla_launch._core_environment(3, 8, 3, 8) == {
+        "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8",
+        "GROUP_RANK": "0", "NOTEBOOK_ACCEL_DEVICE": "xla",
+    }
+
+
+def test_root_cause_is_the_earliest_core_failure(tmp_path):
+    (tmp_path / "error_3.txt").write_text("2.0\nXLA core 3 failed: RuntimeError: peer gone\nTraceback...")
+    (tmp_path / "error_1.txt").write_text("1.0\nXLA core 1 failed: ValueError: bad lr\nTraceback...")
+    failures = xla_launch._failures(tmp_path)
+    error = xla_launch._user_facing(RuntimeError("peer gone"), failures)
+    assert str(error) == "XLA core 1 failed: ValueError: bad lr (1 other core(s) failed after it)"
+
+
+def test_single_core_failure_keeps_its_type_and_shows_the_core_traceback():
+    text = "0.5\nXLA core 2 failed: ValueError: bad lr\nTraceback (most recent call last):\n  cell 3\n"
+    error = xla_launch._user_facing(ValueError("bad lr"), [text.split("\n", 1)[1]])
+    assert isinstance(error, ValueError)
+    assert isinstance(error.__cause__, xla_launch.CoreTraceback)
+    assert "cell 3" in str(error.__cause__)
