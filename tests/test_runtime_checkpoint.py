@@ -216,7 +216,11 @@ def test_tensorboard_tracker_is_optional(tmp_path):
     acc.init_trackers("run", config={"lr": 0.1})
     acc.log({"loss": 0.5}, step=1)
     acc.end_training()
-    assert any((tmp_path / "run").iterdir())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(next((tmp_path / "run").glob("events.out.tfevents*"))))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 0.5)]
 
 
 def test_automatic_checkpoint_naming_with_total_limit(tmp_path):
