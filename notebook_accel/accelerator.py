@@ -52,11 +52,29 @@ class DataLoaderConfiguration:
         split_batches: cut each batch across the processes instead of dealing whole batches.
         even_batches: fill the last round so every process gets the same number of batches.
         non_blocking: copy batches to the device asynchronously (with ``pin_memory``).
+        data_seed: seed of the shuffling generator; default: derived from torch's initial
+            seed, rank 0's value broadcast so every rank shuffles alike.
+        use_seedable_sampler: accepted for the peer's sake; shuffling here is always seeded.
+        dispatch_batches, use_stateful_dataloader: the peer's options we do not have; only
+            their "off" values are accepted.
     """
 
     split_batches: bool = False
     even_batches: bool = True
     non_blocking: bool = False
+    data_seed: int | None = None
+    use_seedable_sampler: bool = False
+    dispatch_batches: bool | None = None
+    use_stateful_dataloader: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dispatch_batches:
+            raise NotImplementedError("dispatch_batches=True is not supported; each process loads its own batches")
+        if self.use_stateful_dataloader:
+            raise NotImplementedError(
+                "use_stateful_dataloader=True is not supported; save_state records the loader position, "
+                "and skip_first_batches(loader) resumes from it"
+            )
 
 
 def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, Any]:
@@ -286,6 +304,7 @@ class Accelerator:
             device=self.device if place else None, gradient_state=self.gradient_state,
             split_batches=self.split_batches, even_batches=self.even_batches,
             loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
+            seed=self.dataloader_config.data_seed,
         )
         self._dataloaders.append(shard)
         return shard
@@ -320,9 +339,13 @@ class Accelerator:
             return model.no_sync()
         return contextlib.nullcontext()
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Autocast for this accelerator's mixed precision and device."""
-        return precision.autocast_context(self.mixed_precision, self.device)
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
+        """Autocast for this accelerator's mixed precision and device.
+
+        ``autocast_handler``: an object with ``enabled`` (like the peer's ``AutocastKwargs``).
+        """
+        enabled = getattr(autocast_handler, "enabled", True)
+        return precision.autocast_context(self.mixed_precision, self.device, enabled=enabled)
 
     def unscale_gradients(self) -> None:
         """Unscale fp16 gradients before inspecting them (done once per optimizer step)."""

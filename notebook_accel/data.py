@@ -304,7 +304,9 @@ def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
     return kwargs
 
 
-def _shared_seed(index: int) -> int:
+def _shared_seed(index: int, seed: int | None) -> int:
+    if seed is not None:
+        return seed
     seed = torch.tensor([(torch.initial_seed() + 7919 * (index + 1)) % (2**62)], dtype=torch.int64)
     return int(broadcast(seed, from_process=0).item())
 
@@ -312,7 +314,7 @@ def _shared_seed(index: int) -> int:
 def prepare_data_loader(
     loader: DataLoader, *, num_processes: int, process_index: int, device: torch.device | None,
     gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
-    loader_index: int = 0, non_blocking: bool = False,
+    loader_index: int = 0, non_blocking: bool = False, seed: int | None = None,
 ) -> DataLoaderShard:
     """Build this process's ``DataLoaderShard`` from a user's ``DataLoader``.
 
@@ -321,7 +323,7 @@ def prepare_data_loader(
             or an ``IterableDataset`` loader without a batch size.
     """
     generator = torch.Generator()
-    generator.manual_seed(_shared_seed(loader_index))
+    generator.manual_seed(_shared_seed(loader_index, seed))
     common = dict(device=device, gradient_state=gradient_state, generator=generator, non_blocking=non_blocking)
     if isinstance(loader.dataset, IterableDataset):
         if loader.batch_size is None:

@@ -81,6 +81,21 @@ def test_shuffling_is_seeded_and_differs_between_epochs():
     assert first[0] != first[1] and sorted(first[0]) == list(range(20))
 
 
+def test_data_seed_fixes_the_shuffle_and_unsupported_peer_options_are_refused():
+    from notebook_accel.accelerator import DataLoaderConfiguration
+
+    def order(seed):
+        torch.manual_seed(seed)  # ignored once data_seed is given
+        acc = Accelerator(dataloader_config=DataLoaderConfiguration(data_seed=3, use_seedable_sampler=True))
+        return [int(v) for x in acc.prepare(DataLoader(torch.arange(10), batch_size=5, shuffle=True)) for v in x]
+
+    assert order(1) == order(2)
+    with pytest.raises(NotImplementedError, match="dispatch_batches"):
+        DataLoaderConfiguration(dispatch_batches=True)
+    with pytest.raises(NotImplementedError, match="skip_first_batches"):
+        DataLoaderConfiguration(use_stateful_dataloader=True)
+
+
 class CountingDataset(Dataset):
     def __init__(self, n: int) -> None:
         self.n, self.loaded = n, []

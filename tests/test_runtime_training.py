@@ -149,6 +149,12 @@ def test_bf16_autocast_and_unwrap_model():
     assert m(torch.ones(2, 3)).dtype == torch.float32 and inner == [torch.bfloat16]
     with acc.autocast():
         assert torch.nn.functional.linear(torch.ones(1, 3), torch.ones(1, 3)).dtype == torch.bfloat16
+
+    class Off:
+        enabled = False
+
+    with acc.autocast(autocast_handler=Off()):
+        assert torch.nn.functional.linear(torch.ones(1, 3), torch.ones(1, 3)).dtype == torch.float32
     plain = acc.unwrap_model(m, keep_fp32_wrapper=False)
     assert plain is m and "forward" not in vars(plain)
     inner.clear()
