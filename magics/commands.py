@@ -6,6 +6,8 @@ import argparse
 import importlib
 from typing import Any
 
+from IPython.core.error import UsageError
+
 from magics.arguments import launch_options
 
 
@@ -44,11 +46,16 @@ def test(args: argparse.Namespace) -> None:
 
     Raises:
         SanityCheckFailed: a check failed.
+        UsageError: a bad launch option.
     """
     from notebook_accel.sanity import run_sanity_check
 
     options = launch_options(args)
-    if not run_sanity_check(options.pop("num_processes"), **options):
+    try:
+        passed = run_sanity_check(options.pop("num_processes"), **options)
+    except ValueError as error:  # a bad option or config value
+        raise UsageError(str(error)) from None
+    if not passed:
         raise SanityCheckFailed("the sanity check failed; see the FAIL lines above")
 
 
@@ -68,8 +75,6 @@ def config(args: argparse.Namespace) -> Any:
         panel = importlib.import_module("magics.config_panel")
     except ModuleNotFoundError as error:
         if error.name == "ipywidgets":
-            from IPython.core.error import UsageError
-
             raise UsageError("the config panel needs ipywidgets: pip install ipywidgets, then "
                              "run %accelerate config again") from None
         if error.name != "magics.config_panel":

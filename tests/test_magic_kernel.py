@@ -237,6 +237,7 @@ def test_sanity_check_passes_and_can_fail(kernel):
     result = kernel.run("%accelerate test -n 2 --timeout 0.01")
     assert result.error["ename"] == "SanityCheckFailed"
     assert "  FAIL  the workers trained" in result.stdout
+    assert "num_processes=0" in usage_error(kernel, "%accelerate test -n 0")
 
 
 def test_interrupt_stops_the_workers(kernel):
