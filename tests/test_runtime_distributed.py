@@ -74,6 +74,15 @@ def test_two_processes_match_one_process_with_same_global_batch(runs, case):
         assert rank[f"ranks_agree_{case}"] == 0.0
 
 
+def test_same_loop_under_the_peer_gives_the_same_results(runs):
+    for rank in runs["train"]:
+        parity = rank["peer_parity"]
+        if parity is None:
+            pytest.skip("accelerate (the peer) is not installed")
+        assert parity["weights"] == 0.0 and parity["lrs_equal"] and parity["eval_equal"]
+        assert parity["eval"] == list(range(21))
+
+
 def test_accumulate_skips_all_reduce_until_sync_step(runs):
     r0 = runs["train"][0]
     assert r0["no_sync_syncs"] == [False, True, False, True]

@@ -84,6 +84,42 @@ def check_equivalence() -> None:
         results[f"ranks_agree_{name}"] = float((acc.gather(ours[None]) - ours).abs().max())
 
 
+def parity_run(accelerator) -> tuple[torch.Tensor, list[float], list[int]]:
+    model = make_model(dropout=0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.9**step)
+    loader = DataLoader(regression_data(60), batch_size=4)
+    evaluation = DataLoader(TensorDataset(torch.arange(21.0)[:, None]), batch_size=4)
+    model, opt, loader, sched, evaluation = accelerator.prepare(model, opt, loader, sched, evaluation)
+    lrs = []
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            lrs.append(sched.get_last_lr()[0])
+    seen = [int(v) for (x,) in evaluation for v in accelerator.gather_for_metrics(x[:, 0])]
+    return flat(accelerator.unwrap_model(model)), lrs, seen
+
+
+def check_peer_parity() -> None:
+    """The same loop under the peer's Accelerator and ours: same weights, LRs, eval set."""
+    try:
+        import accelerate
+    except ImportError:
+        results["peer_parity"] = None
+        return
+    ours = parity_run(Accelerator(gradient_accumulation_steps=3))
+    theirs = parity_run(accelerate.Accelerator(gradient_accumulation_steps=3, cpu=True))
+    results["peer_parity"] = {
+        "weights": float((ours[0] - theirs[0]).abs().max()), "lrs_equal": ours[1] == theirs[1],
+        "eval_equal": ours[2] == theirs[2], "eval": ours[2],
+    }
+
+
 def check_no_sync() -> None:
     acc = Accelerator(gradient_accumulation_steps=2)
     model = make_model()
@@ -248,6 +284,7 @@ def run_resumed(name: str, start_epoch: int) -> float:
 if PHASE == "train":
     check_equivalence()
     check_no_sync()
+    check_peer_parity()
     check_join_uneven_inputs()
     check_metrics_and_collectives()
     check_mixed_precision()
