@@ -24,7 +24,6 @@ import contextlib
 import gc
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,12 @@ from torch.utils.data import DataLoader
 
 from notebook_accel import checkpoint, ops, precision, tracking
 from notebook_accel.checkpoint import ProjectConfiguration
-from notebook_accel.data import DataLoaderShard, prepare_data_loader, skip_first_batches
+from notebook_accel.data import (
+    DataLoaderConfiguration,
+    DataLoaderShard,
+    prepare_data_loader,
+    skip_first_batches,
+)
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
 from notebook_accel.state import DistributedType, PartialState
@@ -42,39 +46,6 @@ from notebook_accel.state import DistributedType, PartialState
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
 if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
     _SCHEDULER_TYPES += (torch.optim.lr_scheduler.ReduceLROnPlateau,)
-
-
-@dataclass
-class DataLoaderConfiguration:
-    """How ``prepare`` shards data loaders (the peer's names).
-
-    Attributes:
-        split_batches: cut each batch across the processes instead of dealing whole batches.
-        even_batches: fill the last round so every process gets the same number of batches.
-        non_blocking: copy batches to the device asynchronously (with ``pin_memory``).
-        data_seed: seed of the shuffling generator; default: derived from torch's initial
-            seed, rank 0's value broadcast so every rank shuffles alike.
-        use_seedable_sampler: accepted for the peer's sake; shuffling here is always seeded.
-        dispatch_batches, use_stateful_dataloader: the peer's options we do not have; only
-            their "off" values are accepted.
-    """
-
-    split_batches: bool = False
-    even_batches: bool = True
-    non_blocking: bool = False
-    data_seed: int | None = None
-    use_seedable_sampler: bool = False
-    dispatch_batches: bool | None = None
-    use_stateful_dataloader: bool = False
-
-    def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise NotImplementedError("dispatch_batches=True is not supported; each process loads its own batches")
-        if self.use_stateful_dataloader:
-            raise NotImplementedError(
-                "use_stateful_dataloader=True is not supported; save_state records the loader position, "
-                "and skip_first_batches(loader) resumes from it"
-            )
 
 
 def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +34,39 @@ _LOADER_ARGS = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
     "multiprocessing_context", "persistent_workers",
 )
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How ``prepare`` shards data loaders (the peer's names).
+
+    Attributes:
+        split_batches: cut each batch across the processes instead of dealing whole batches.
+        even_batches: fill the last round so every process gets the same number of batches.
+        non_blocking: copy batches to the device asynchronously (with ``pin_memory``).
+        data_seed: seed of the shuffling generator; default: derived from torch's initial
+            seed, rank 0's value broadcast so every rank shuffles alike.
+        use_seedable_sampler: accepted for the peer's sake; shuffling here is always seeded.
+        dispatch_batches, use_stateful_dataloader: the peer's options we do not have; only
+            their "off" values are accepted.
+    """
+
+    split_batches: bool = False
+    even_batches: bool = True
+    non_blocking: bool = False
+    data_seed: int | None = None
+    use_seedable_sampler: bool = False
+    dispatch_batches: bool | None = None
+    use_stateful_dataloader: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dispatch_batches:
+            raise NotImplementedError("dispatch_batches=True is not supported; each process loads its own batches")
+        if self.use_stateful_dataloader:
+            raise NotImplementedError(
+                "use_stateful_dataloader=True is not supported; save_state records the loader position, "
+                "and skip_first_batches(loader) resumes from it"
+            )
 
 
 class ShardBatchSampler(Sampler[list[int]]):
