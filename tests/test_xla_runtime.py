@@ -1,0 +1,165 @@
+"""The XLA path for real: torch_xla on one CPU device (``PJRT_DEVICE=CPU``).
+
+Run by ``scripts/test_xla.sh`` in its own virtual environment (torch 2.9.0 +
+torch_xla 2.9.0); skipped where torch_xla is missing. Two CPU devices deadlock in
+torch_xla's first all_reduce, so multi-core runs cannot be tested on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.xla
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+pytest.importorskip("torch_xla")
+
+import torch  # noqa: E402
+
+from notebook_accel import WorkerError, notebook_launcher  # noqa: E402
+from tests.kernel_harness import Kernel  # noqa: E402
+
+
+def train(checkpoint_dir, mixed_precision="no", create_optimizer_first=True):
+    """A user's loop with no XLA-specific line: prepare, train, save_state, load_state."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from notebook_accel import Accelerator, set_seed
+
+    set_seed(0)
+    accelerator = Accelerator(mixed_precision=mixed_precision)
+    x = torch.randn(256, 8)
+    y = x @ torch.randn(8, 1)
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    dtypes = set()
+    model[0].register_forward_hook(lambda module, args, out: dtypes.add(str(out.dtype)))
+    if create_optimizer_first:  # the optimizer holds the CPU parameters until prepare
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    else:
+        model = accelerator.prepare(model)
+        optimizer = accelerator.prepare(torch.optim.Adam(model.parameters(), lr=0.02))
+        loader = accelerator.prepare(loader)
+    losses, devices = [], set()
+    for epoch in range(4):
+        total = torch.zeros((), device=accelerator.device)
+        for xb, yb in loader:
+            devices.add(str(xb.device))
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            total += loss.detach()
+        losses.append(float(total) / len(loader))
+        accelerator.print(f"epoch {epoch}: loss {losses[-1]:.4f}")
+    accelerator.save_state(checkpoint_dir)
+    saved = {k: v.cpu().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+    accelerator.load_state(checkpoint_dir)
+    restored = accelerator.unwrap_model(model).state_dict()
+    return {
+        "losses": losses,
+        "restored": all(torch.equal(saved[k], restored[k].cpu()) for k in saved),
+        "devices": sorted(devices),
+        "device": str(accelerator.device),
+        "distributed_type": accelerator.distributed_type.value,
+        "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "NOTEBOOK_ACCEL_DEVICE")},
+        "dtypes": sorted(dtypes),
+        "weight": restored["0.weight"],
+    }
+
+
+def _check_training(result):
+    losses = result["losses"]
+    assert losses[-1] < 0.2 * losses[0], losses
+    assert result["restored"]
+    assert result["device"] == "xla:0" and result["devices"] == ["xla:0"]
+    assert result["distributed_type"] == "XLA"
+    assert result["weight"].device.type == "cpu"  # results come back on the CPU
+
+
+@pytest.mark.parametrize("create_optimizer_first", [True, False])
+def test_training_loop_on_xla_trains_saves_and_restores(tmp_path, capfd, create_optimizer_first):
+    result = notebook_launcher(train, (tmp_path / "ckpt", "no", create_optimizer_first),
+                               num_processes=1, device="xla")
+    _check_training(result)
+    assert result["env"] == {"RANK": "0", "WORLD_SIZE": "1", "NOTEBOOK_ACCEL_DEVICE": "xla"}
+    assert "[rank 0] epoch 3: loss" in capfd.readouterr().out
+    # The checkpoint holds CPU tensors: it loads where torch_xla is not installed.
+    state = torch.load(tmp_path / "ckpt" / "model.pt", map_location="cpu", weights_only=True)
+    assert all(t.device.type == "cpu" for t in state.values())
+    rng = torch.load(tmp_path / "ckpt" / "random_states_0.pt", weights_only=True)
+    assert "xla" in rng
+
+
+def test_bf16_autocasts_on_xla(tmp_path):
+    result = notebook_launcher(train, (tmp_path / "ckpt", "bf16"), num_processes=1, device="xla",
+                               mixed_precision="bf16")
+    _check_training(result)
+    assert result["dtypes"] == ["torch.bfloat16"]
+
+
+def _where():
+    import os
+
+    import torch
+
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    total = accelerator.reduce(torch.ones(3, device=accelerator.device), "sum")
+    return {"pid": os.getpid(), "rank": os.environ["RANK"], "index": accelerator.process_index,
+            "total": total, "gathered": accelerator.gather(torch.tensor(5.0, device=accelerator.device))}
+
+
+def test_all_cores_path_runs_in_torch_xla_core_processes():
+    # num_processes=None: torch_xla's launcher starts its core process(es) itself.
+    value = notebook_launcher(_where, device="xla", return_all=True)
+    assert len(value) == 1
+    (core,) = value
+    assert core["rank"] == "0" and core["index"] == 0
+    assert core["pid"] != os.getpid()
+    assert torch.equal(core["total"], torch.ones(3)) and torch.equal(core["gathered"], torch.tensor([5.0]))
+
+
+def _fails(lr):
+    raise ValueError(f"learning rate {lr} is too large")
+
+
+@pytest.mark.parametrize("num_processes", [1, None])
+def test_a_failing_core_is_a_worker_error_with_the_users_traceback(num_processes):
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(_fails, (10.0,), device="xla", num_processes=num_processes)
+    error = info.value
+    assert "ValueError: learning rate 10.0 is too large" in str(error)
+    assert "in _fails" in error.remote_traceback
+    assert "torch_xla/_internal" not in error.remote_traceback
+
+
+def test_num_processes_torch_xla_cannot_run_is_refused_before_any_worker():
+    with pytest.raises(ValueError, match="num_processes=2 with device='xla'.*num_processes=1"):
+        notebook_launcher(_fails, (1.0,), device="xla", num_processes=2)
+
+
+@pytest.mark.slow
+def test_in_a_kernel_trains_then_refuses_once_the_kernel_holds_the_runtime(tmp_path):
+    kernel = Kernel(extra_env={"PJRT_DEVICE": "CPU"})
+    try:
+        kernel.ok("from notebook_accel import notebook_launcher\n"
+                  "from tests.test_xla_runtime import train")
+        result = kernel.ok(f"r = notebook_launcher(train, ({str(tmp_path / 'k')!r},), "
+                           "device='xla', num_processes=1)\nprint(r['losses'])", timeout=300)
+        assert "[rank 0] epoch 3: loss" in result.stdout
+        kernel.ok("import torch_xla\nx = torch_xla.device()  # the kernel now holds the runtime")
+        refused = kernel.run("notebook_launcher(train, ('x',), device='xla', num_processes=1)")
+        assert refused.error is not None and refused.error["ename"] == "RuntimeError"
+        assert "already initialised" in refused.error["evalue"]
+        assert "Restart the kernel" in refused.error["evalue"]
+    finally:
+        kernel.shutdown()
