@@ -127,6 +127,7 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
+        self._moved_parameters: dict[int, torch.nn.Parameter] = {}  # XLA: id(old) -> moved parameter
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
@@ -235,7 +236,14 @@ class Accelerator:
                       evaluation_mode: bool = False) -> torch.nn.Module:
         """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed."""
         if device_placement if device_placement is not None else self.device_placement:
-            model = model.to(self.device)
+            if self.device.type == "xla":
+                from notebook_accel.xla import runtime as xla
+
+                self._moved_parameters.update(xla.move_model(model, self.device))
+                for opt in self._optimizers:
+                    xla.rebind_parameters(opt.optimizer, self._moved_parameters)
+            else:
+                model = model.to(self.device)
         precision.wrap_forward(model, self.mixed_precision, self.device)
         trainable = any(p.requires_grad for p in model.parameters())
         wrap = self.use_distributed and self.distributed_type != DistributedType.XLA  # XLA: optimizer reduces
@@ -249,10 +257,12 @@ class Accelerator:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
         before = after = None
         if self.distributed_type == DistributedType.XLA:
-            import torch_xla.core.xla_model as xm
+            from notebook_accel.xla import runtime as xla
 
-            before = xm.reduce_gradients if self.use_distributed else None
-            after = xm.mark_step
+            xla.rebind_parameters(optimizer, self._moved_parameters)  # models moved to XLA get new Parameters
+            if self.use_distributed:
+                before = xla._xm().reduce_gradients
+            after = xla.sync
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler, before, after)
         self._optimizers.append(wrapped)
         return wrapped

@@ -65,7 +65,7 @@ def _read(path: Path, weights_only: bool) -> Any:
     return torch.load(path, map_location="cpu", weights_only=weights_only)
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(xla_device: bool = False) -> dict[str, Any]:
     """Every RNG state of this process, in types ``weights_only`` loading accepts."""
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
@@ -78,6 +78,10 @@ def rng_state() -> dict[str, Any]:
         state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    if xla_device:
+        from notebook_accel.xla import runtime as xla
+
+        state["xla"] = xla.rng_state()
     return state
 
 
@@ -93,6 +97,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    if "xla" in state:
+        from notebook_accel.xla import runtime as xla
+
+        xla.set_rng_state(state["xla"])
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -111,13 +119,18 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
         shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
         tmp.mkdir(parents=True)
     state.wait_for_everyone()
+    on_xla = state.device.type == "xla"
+    if on_xla:  # every process takes part in the copy to the CPU
+        from notebook_accel.xla import runtime as xla
+
+        model_states = [xla.to_cpu(_unwrap(m).state_dict()) for m in items.models]
+        optimizer_states = [xla.to_cpu(o.state_dict()) for o in items.optimizers]
     if state.is_main_process:
         for i, model in enumerate(items.models):
-            _write(_unwrap(model).state_dict(), tmp / _name("model", i))
-        for prefix, objs in (
-            ("optimizer", items.optimizers), ("scheduler", items.schedulers),
-            ("dataloader", items.dataloaders),
-        ):
+            _write(model_states[i] if on_xla else _unwrap(model).state_dict(), tmp / _name("model", i))
+        for i, opt in enumerate(items.optimizers):
+            _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / _name("optimizer", i))
+        for prefix, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
             for i, obj in enumerate(objs):
                 _write(obj.state_dict(), tmp / _name(prefix, i))
         for i, obj in enumerate(items.custom):
@@ -126,7 +139,7 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
             _write(items.scaler.state_dict(), tmp / "scaler.pt")
         if items.accelerator is not None:
             _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
-    _write(rng_state(), tmp / f"random_states_{state.process_index}.pt")
+    _write(rng_state(on_xla), tmp / f"random_states_{state.process_index}.pt")
     state.wait_for_everyone()
     if state.is_main_process:
         _fsync_dir(tmp)

@@ -260,6 +260,10 @@ class DataLoaderShard(DataLoader):
             it = super().__iter__()
             for _ in range(self.skip_batches):
                 next(it, None)
+            if self.device is not None and self.device.type == "xla":
+                from notebook_accel.xla import runtime as xla
+
+                it = xla.device_batches(it, self.device)  # moves batches and marks step boundaries
             try:
                 current = next(it)
             except StopIteration:
@@ -283,7 +287,9 @@ class DataLoaderShard(DataLoader):
             self.iteration += 1
 
     def _to_device(self, batch: Any) -> Any:
-        return batch if self.device is None else send_to_device(batch, self.device, self.non_blocking)
+        if self.device is None or self.device.type == "xla":  # XLA: moved by device_batches
+            return batch
+        return send_to_device(batch, self.device, self.non_blocking)
 
     def set_epoch(self, epoch: int) -> None:
         """Accepted for compatibility; shuffling already differs per epoch through the generator."""

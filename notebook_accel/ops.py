@@ -2,8 +2,8 @@
 
 Every function works on the default ``torch.distributed`` group when one exists
 with more than one process, and is an identity (or a copy) otherwise, so the same
-code runs in one plain process. gloo, nccl and torch_xla's ``xla`` backend all go
-through ``torch.distributed``.
+code runs in one plain process. Tensors on an XLA device go through torch_xla's
+own collectives (``notebook_accel.xla.runtime``) for gather, reduce and broadcast.
 """
 
 from __future__ import annotations
@@ -90,9 +90,17 @@ def _pad(tensor: torch.Tensor, dim: int, length: int, pad_index: Any, pad_first:
     return torch.cat([filler, tensor] if pad_first else [tensor, filler], dim=dim)
 
 
+def _xla() -> Any:
+    from notebook_accel.xla import runtime
+
+    return runtime
+
+
 def _gather_one(tensor: torch.Tensor, uneven: bool) -> torch.Tensor:
     if tensor.ndim == 0:
         tensor = tensor[None]
+    if tensor.device.type == "xla" and not uneven:
+        return _xla().all_gather(tensor)
     tensor = tensor.contiguous()
     if not uneven:
         out = [torch.empty_like(tensor) for _ in range(world_size())]
@@ -150,6 +158,9 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     n = world_size()
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
+        if n > 1 and reduction != "none" and tensor.device.type == "xla":
+            out = _xla().all_reduce(tensor, reduction)
+            return out * scale if scale != 1.0 else out
         out = tensor.clone()
         if n > 1 and reduction != "none":
             dist.all_reduce(out, op=dist.ReduceOp.SUM)
@@ -168,6 +179,8 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
         return data
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == "xla":
+            return _xla().broadcast(tensor, from_process)
         dist.broadcast(tensor, src=from_process)
         return tensor
 

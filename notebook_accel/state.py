@@ -63,18 +63,6 @@ def _device_type(cpu: bool) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _import_xla() -> tuple[Any, Any]:
-    try:
-        import torch_xla.core.xla_model as xm
-        import torch_xla.runtime as xr
-    except ImportError as exc:
-        raise ImportError(
-            f"{env.DEVICE_TYPE}=xla needs torch_xla, which is not importable here "
-            f"({exc}); install torch_xla or set {env.DEVICE_TYPE}=cpu|cuda"
-        ) from exc
-    return xm, xr
-
-
 def ensure_process_group(
     backend: str, rank: int, world_size: int, timeout: timedelta | None, device: torch.device | None = None
 ) -> None:
@@ -119,11 +107,10 @@ class PartialState:
     def __init__(self, cpu: bool = False, timeout: timedelta | None = None) -> None:
         self.device_type = _device_type(cpu)
         if self.device_type == "xla":
-            xm, xr = _import_xla()
-            self.process_index = int(xr.global_ordinal())
-            self.num_processes = int(xr.world_size())
-            self.local_process_index = int(xr.local_ordinal())
-            self.device = torch.device(xm.xla_device())
+            from notebook_accel.xla import runtime as xla
+
+            self.process_index, self.num_processes, self.local_process_index = xla.ranks()
+            self.device = xla.device()
             self.distributed_type = DistributedType.XLA
             self.backend: str | None = "xla" if self.num_processes > 1 else None
         else:
@@ -188,8 +175,9 @@ class PartialState:
         if not self.use_distributed:
             return
         if self.distributed_type == DistributedType.XLA:
-            xm, _ = _import_xla()
-            xm.rendezvous("notebook_accel.wait_for_everyone")
+            from notebook_accel.xla import runtime as xla
+
+            xla.rendezvous("notebook_accel.wait_for_everyone")
         else:
             dist.barrier()
 

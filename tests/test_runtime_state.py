@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, PartialState, get_logger, logging_utils, set_seed
 from notebook_accel import state as state_module
@@ -82,15 +83,37 @@ def test_xla_without_torch_xla_says_what_to_install(monkeypatch):
         PartialState()
 
 
-def test_xla_dispatch_reads_ranks_and_device_from_torch_xla(monkeypatch):
-    xm = types.SimpleNamespace(xla_device=lambda: "xla:0", rendezvous=lambda tag: None)
+@pytest.fixture
+def fake_xla(monkeypatch):
+    """A stand-in torch_xla (world size and ordinals set by the test) that records its calls."""
+    calls: list[str] = []
+    xm = types.SimpleNamespace(
+        rendezvous=lambda tag: calls.append("rendezvous"),
+        reduce_gradients=lambda opt: calls.append("reduce"),
+        mark_step=lambda: calls.append("mark_step"),
+        get_rng_state=lambda: 5, set_rng_state=lambda seed: calls.append(f"rng={seed}"),
+    )
     xr = types.SimpleNamespace(global_ordinal=lambda: 0, world_size=lambda: 1, local_ordinal=lambda: 0)
+
+    class MpDeviceLoader:
+        def __init__(self, loader, device):
+            calls.append("device_loader")
+            self.loader = loader
+
+        def __iter__(self):
+            return iter(self.loader)
+
+    pl = types.SimpleNamespace(MpDeviceLoader=MpDeviceLoader)
     core = types.SimpleNamespace(xla_model=xm)
-    pkg = types.SimpleNamespace(core=core, runtime=xr)
+    pkg = types.SimpleNamespace(core=core, runtime=xr, device=lambda: "xla:0", sync=lambda: calls.append("sync"))
     for name, mod in {"torch_xla": pkg, "torch_xla.core": core, "torch_xla.core.xla_model": xm,
-                      "torch_xla.runtime": xr}.items():
+                      "torch_xla.runtime": xr, "torch_xla.distributed.parallel_loader": pl}.items():
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setenv("NOTEBOOK_ACCEL_DEVICE", "xla")
+    return types.SimpleNamespace(calls=calls, xr=xr)
+
+
+def test_xla_dispatch_reads_ranks_and_device_from_torch_xla(fake_xla):
     state = PartialState()
     assert state.distributed_type == DistributedType.XLA and state.num_processes == 1
     assert state.backend is None and not dist.is_initialized()
@@ -99,30 +122,42 @@ def test_xla_dispatch_reads_ranks_and_device_from_torch_xla(monkeypatch):
         Accelerator(mixed_precision="fp16")
 
 
-def test_xla_multi_replica_reduces_gradients_in_the_optimizer_not_ddp(monkeypatch):
-    calls = []
-    xm = types.SimpleNamespace(xla_device=lambda: "cpu", rendezvous=lambda tag: calls.append("rendezvous"),
-                               reduce_gradients=lambda opt: calls.append("reduce"),
-                               mark_step=lambda: calls.append("mark_step"))
-    xr = types.SimpleNamespace(global_ordinal=lambda: 1, world_size=lambda: 2, local_ordinal=lambda: 1)
-    core = types.SimpleNamespace(xla_model=xm)
-    for name, mod in {"torch_xla": types.SimpleNamespace(core=core, runtime=xr), "torch_xla.core": core,
-                      "torch_xla.core.xla_model": xm, "torch_xla.runtime": xr}.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setenv("NOTEBOOK_ACCEL_DEVICE", "xla")
+def test_xla_multi_replica_reduces_gradients_in_the_optimizer_not_ddp(fake_xla, monkeypatch):
+    from notebook_accel.xla import runtime as xla
+
+    fake_xla.xr.global_ordinal, fake_xla.xr.local_ordinal, fake_xla.xr.world_size = (lambda: 1,) * 2 + (lambda: 2,)
     created = []
     monkeypatch.setattr(state_module, "ensure_process_group", lambda *a: created.append(a))
+
+    def move_model(model, device):  # like XLA: new Parameter objects (kept on the CPU here)
+        moved = {}
+        for module in model.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                new = torch.nn.Parameter(param.detach().clone())
+                setattr(module, name, new)
+                moved[id(param)] = new
+        return moved
+
+    monkeypatch.setattr(xla, "move_model", move_model)
     acc = Accelerator(gradient_accumulation_steps=2)
-    assert created == [("xla", 1, 2, None, torch.device("cpu"))] and acc.process_index == 1 and not acc.is_main_process
+    assert created == [("xla", 1, 2, None, torch.device("xla", 0))] and acc.process_index == 1
     model = torch.nn.Linear(2, 1)
-    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=2)
+    opt, model, loader = acc.prepare(opt, model, loader)  # optimizer first: rebound afterwards
     assert isinstance(model, torch.nn.Linear)  # no DDP on XLA
-    for _ in range(2):
+    assert [id(p) for p in opt.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
+    before = model.weight.detach().clone()
+    for (x,) in loader:
         with acc.accumulate(model):
-            acc.backward(model(torch.ones(1, 2)).sum())
+            acc.backward(model(x).sum())
             opt.step()
+            opt.zero_grad()
+        if acc.sync_gradients:
+            break
+    assert not torch.equal(model.weight, before)  # the optimizer updated the moved parameters
     acc.wait_for_everyone()
-    assert calls == ["reduce", "mark_step", "rendezvous"]  # once, at the sync step
+    assert fake_xla.calls == ["device_loader", "reduce", "sync", "rendezvous"]
 
 
 @pytest.mark.parametrize(
@@ -210,3 +245,12 @@ def test_cuda_dispatch_picks_local_rank_device_and_nccl(monkeypatch):
     assert not state.is_main_process and not state.is_local_main_process and state.is_last_process
     monkeypatch.setenv("NOTEBOOK_ACCEL_DEVICE", "cpu")
     assert PartialState().distributed_type == DistributedType.MULTI_CPU
+
+
+def test_xla_checkpoint_saves_and_restores_the_xla_rng(fake_xla, tmp_path):
+    acc = Accelerator()
+    acc.prepare(torch.nn.Linear(2, 1), device_placement=[False])
+    acc.save_state(tmp_path / "ck")
+    assert torch.load(tmp_path / "ck" / "random_states_0.pt", weights_only=True)["xla"] == 5
+    acc.load_state(tmp_path / "ck")
+    assert "rng=5" in fake_xla.calls
