@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import sys, time
     from notebook_accel import notebook_launcher
@@ -29,6 +31,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_script_gets_status_lines_and_a_summary_and_nothing_for_a_trivial_job(tmp_path: Path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)

@@ -148,7 +148,7 @@ def test_redraws_stay_cheap_with_long_histories():
         record.history[name].extend((i, 0.5) for i in range(200_000, 200_100))
     start = time.perf_counter()
     bundle = render(record, view_plots)
-    assert time.perf_counter() - start < 0.05
+    assert time.perf_counter() - start < 0.1  # re-reading everything takes ~1 s
     assert bundle["text/html"].count("<svg") == 3 and len(bundle["text/html"]) < 60_000
 
 
