@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import psutil
 import pytest
 
@@ -21,3 +29,43 @@ def no_worker_left_behind():
     for proc in left:
         proc.kill()
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script: Path, out: Path, phase: str | None, nproc: int = 2, timeout: float = 150) -> list[dict]:
+    """Run ``script OUT [PHASE]`` under torchrun; return each rank's ``<phase>_rank<r>.json``.
+
+    With ``phase=None`` nothing is read back. Leaves no process behind.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTEBOOK_ACCEL_", "ACCELERATE_"))}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["DDP_CHECKS_TIMEOUT"] = str(int(timeout) - 20)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), str(out),
+        *([phase] if phase else []),
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"torchrun {phase} timed out:\n{output[-4000:]}")
+    finally:
+        try:  # the whole session: torchrun and its workers
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, f"torchrun {phase} failed ({proc.returncode}):\n{output[-6000:]}"
+    if phase is None:
+        return []
+    return [json.loads((out / f"{phase}_rank{r}.json").read_text()) for r in range(nproc)]

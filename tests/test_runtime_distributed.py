@@ -9,61 +9,21 @@ uninterrupted weights). Running unchanged under torchrun is itself the point.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
+from tests.runtime_support import no_worker_left_behind, torchrun  # noqa: F401  (fixture overrides conftest's)
 
 SCRIPT = Path(__file__).parent / "runtime_scripts" / "ddp_checks.py"
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(out: Path, phase: str, nproc: int = 2, timeout: float = 150) -> list[dict]:
-    """Run the script under torchrun; return each rank's JSON results. Leaves no process behind."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTEBOOK_ACCEL_", "ACCELERATE_"))}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    env["OMP_NUM_THREADS"] = "1"
-    env["DDP_CHECKS_TIMEOUT"] = str(int(timeout) - 20)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), str(out), phase,
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"torchrun {phase} timed out:\n{output[-4000:]}")
-    finally:
-        try:  # the whole session: torchrun and its workers
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, f"torchrun {phase} failed ({proc.returncode}):\n{output[-6000:]}"
-    return [json.loads((out / f"{phase}_rank{r}.json").read_text()) for r in range(nproc)]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     out = tmp_path_factory.mktemp("ddp")
-    train = torchrun(out, "train")
-    resume = torchrun(out, "resume")  # fresh processes
+    train = torchrun(SCRIPT, out, "train")
+    resume = torchrun(SCRIPT, out, "resume")  # fresh processes
     return {"train": train, "resume": resume}
 
 
