@@ -211,3 +211,26 @@ def test_single_core_failure_keeps_its_type_and_shows_the_core_traceback():
     assert isinstance(error, ValueError)
     assert isinstance(error.__cause__, xla_launch.CoreTraceback)
     assert "cell 3" in str(error.__cause__)
+
+
+def test_peer_downcast_bf16_becomes_torch_xla_setting():
+    assert detect.bf16_environment("bf16", {"ACCELERATE_DOWNCAST_BF16": "true"}) == {
+        "XLA_DOWNCAST_BF16": "1", "XLA_USE_BF16": "0"}
+    assert detect.bf16_environment("bf16", {}) == {}
+    assert detect.bf16_environment("no", {"ACCELERATE_DOWNCAST_BF16": "1"}) == {}
+
+
+def test_optimizer_rebound_to_moved_parameters():
+    before = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([before], lr=0.1, momentum=0.9)
+    before.grad = torch.ones(2)
+    optimizer.step()  # creates momentum state for `before`
+    after = torch.nn.Parameter(torch.ones(2))
+    runtime.rebind_parameters(optimizer, {id(before): after})
+    assert optimizer.param_groups[0]["params"] == [after]
+    assert after in optimizer.state and before not in optimizer.state
+
+
+def test_moving_to_the_same_device_moves_nothing():
+    model = torch.nn.Linear(2, 2)
+    assert runtime.move_model(model, torch.device("cpu")) == {}

@@ -31,6 +31,7 @@ from notebook_accel.launch import environment as env
 from notebook_accel.launch.payload import dumps_result, load_payload, serialise_payload
 from notebook_accel.xla.detect import (
     XlaJob,
+    bf16_environment,
     pjrt_device,
     resolve_job,
     runtime_initialised,
@@ -115,6 +116,7 @@ def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method
     """
     os.environ["PJRT_DEVICE"] = pjrt
     os.environ[env.DEVICE_TYPE] = "xla"
+    os.environ.update(bf16_environment(os.environ.get(env.MIXED_PRECISION, "no")))
     import torch_xla
 
     with tempfile.TemporaryDirectory(prefix="notebook-accel-xla-") as results:

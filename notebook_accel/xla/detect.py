@@ -186,3 +186,17 @@ def collective_backend(device_type: str, world_size: int) -> str | None:
     if world_size <= 1:
         return None
     return {"xla": "xla", "cuda": "nccl"}.get(device_type, "gloo")
+
+
+def bf16_environment(mixed_precision: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The torch_xla variables for the peer's ``downcast_bf16`` (``ACCELERATE_DOWNCAST_BF16``).
+
+    With ``mixed_precision="bf16"`` we autocast (torch_xla's recommendation); a user
+    who asked the peer to downcast float32 tensors to bf16 on the TPU gets
+    ``XLA_DOWNCAST_BF16=1`` as with the peer. Set before the runtime starts.
+    """
+    environ = os.environ if environ is None else environ
+    wanted = environ.get("ACCELERATE_DOWNCAST_BF16", "").strip().lower()
+    if mixed_precision == "bf16" and wanted not in ("", "0", "false", "no"):
+        return {"XLA_DOWNCAST_BF16": "1", "XLA_USE_BF16": "0"}
+    return {}

@@ -186,3 +186,29 @@ def autocast(mixed_precision: str, xla_device: torch.device) -> Any:
     if mixed_precision != "bf16":
         return contextlib.nullcontext()
     return torch.autocast(xla_device.type, dtype=torch.bfloat16)
+
+
+def move_model(model: torch.nn.Module, xla_device: torch.device) -> dict[int, torch.nn.Parameter]:
+    """Move ``model`` to ``xla_device``; returns ``id(old parameter) -> new parameter``.
+
+    Unlike CUDA, moving to an XLA device creates new ``Parameter`` objects, so an
+    optimizer built before the move still holds the CPU ones: pass the mapping to
+    :func:`rebind_parameters`.
+    """
+    old = list(model.parameters())
+    model.to(xla_device)
+    return {id(before): after for before, after in zip(old, model.parameters(), strict=True)
+            if before is not after}
+
+
+def rebind_parameters(optimizer: torch.optim.Optimizer, moved: dict[int, torch.nn.Parameter]) -> None:
+    """Point ``optimizer``'s parameter groups (and state) at the moved parameters."""
+    if not moved:
+        return
+    for group in optimizer.param_groups:
+        group["params"] = [moved.get(id(p), p) for p in group["params"]]
+    state = optimizer.state
+    for old_id, new in moved.items():
+        for param in list(state):
+            if id(param) == old_id:
+                state[new] = state.pop(param)
