@@ -13,7 +13,11 @@ same on every rank (rank 0's seed is broadcast), so every rank draws the same
 permutation. The loader's ``state_dict`` holds that generator's state at the start
 of the current epoch and how many batches of it were yielded, so a checkpoint can
 replay the epoch and ``skip_first_batches`` resume mid-epoch. Skipped batches are
-never loaded: skipping happens on indices.
+never loaded: skipping happens on indices. The generator also seeds the loader's
+worker processes, so ``num_workers > 0`` stays reproducible. A custom sampler keeps
+its own randomness, which is neither synchronised nor checkpointed here.
+
+Iterable datasets: see ``data_iterable``.
 """
 
 from __future__ import annotations
