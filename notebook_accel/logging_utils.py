@@ -22,7 +22,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         kwargs.setdefault("stacklevel", 2)
         if not self.isEnabledFor(level):
             return
-        state = PartialState()
+        state = self._state()
         if in_order:
             for rank in range(state.num_processes):
                 if rank == state.process_index:
@@ -35,6 +35,14 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         return msg, kwargs
+
+    def _state(self) -> Any:
+        # Read the environment once per logger and process: a logger made in the kernel
+        # travels into forked workers, which have their own ranks.
+        cached = self.__dict__.get("_partial_state")
+        if cached is None or cached[0] != os.getpid():
+            cached = self.__dict__["_partial_state"] = (os.getpid(), PartialState())
+        return cached[1]
 
 
 def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAdapter:

@@ -226,6 +226,7 @@ def test_logger_is_main_process_only_by_default(monkeypatch, caplog):
         logger.info("on main")
         monkeypatch.setattr(logging_utils, "PartialState",
                             lambda: types.SimpleNamespace(is_main_process=False, num_processes=1, process_index=1))
+        monkeypatch.setattr(logging_utils.os, "getpid", lambda: -1)  # as in a forked worker
         logger.info("hidden")
         logger.info("shown anyway", main_process_only=False)
     assert [r.getMessage() for r in caplog.records] == ["on main", "shown anyway"]
