@@ -163,3 +163,35 @@ def test_iterable_loader_gathers_exactly_with_unknown_length():
     assert [x.tolist() for x in skipped] == [[8, 9, 0, 1]]
     with pytest.raises(ValueError, match="divisible"):
         IterableDatasetShard(Stream(4), 3, False, 2, 0, split_batches=True)
+
+
+class NoisyDataset(Dataset):
+    """Each sample draws from torch's RNG, which in a loader worker is seeded by the loader."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.rand(1) + i
+
+
+def test_worker_processes_are_seeded_from_the_checkpointed_generator():
+    def epochs(resume_from=None):
+        torch.manual_seed(0)
+        acc = Accelerator()
+        loader = acc.prepare(DataLoader(NoisyDataset(), batch_size=4, shuffle=True, num_workers=2))
+        if resume_from is not None:
+            loader.load_state_dict(resume_from)
+        out = [torch.cat(list(loader)).tolist() for _ in range(2)]
+        return out, loader.state_dict()
+
+    first, _ = epochs()
+    again, _ = epochs()
+    assert first == again  # same seed, same samples, workers included
+    assert first[0] != first[1]
+    torch.manual_seed(0)
+    acc = Accelerator()
+    loader = acc.prepare(DataLoader(NoisyDataset(), batch_size=4, shuffle=True, num_workers=2))
+    list(loader)
+    resumed, _ = epochs(resume_from=loader.state_dict())
+    assert resumed[0] == first[1]  # restoring the generator replays the next epoch exactly
