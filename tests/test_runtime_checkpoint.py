@@ -190,6 +190,8 @@ def test_save_and_save_model(tmp_path):
     assert torch.load(bin_path, weights_only=True).keys() == loaded.keys()
     acc.save({"x": torch.ones(2)}, tmp_path / "x.pt")
     assert torch.equal(torch.load(tmp_path / "x.pt", weights_only=True)["x"], torch.ones(2))
+    acc.save({"x": torch.ones(2)}, tmp_path / "x.safetensors", safe_serialization=True)
+    assert torch.equal(load_file(tmp_path / "x.safetensors")["x"], torch.ones(2))
 
 
 def test_jsonl_tracker_and_log(tmp_path):

@@ -76,6 +76,7 @@ def test_collectives_and_process_control(runs):
         assert r["order"] == ["0", "1"]
         assert r["trigger"] is True
     assert r0["pad"] == [[1.0, 1.0], [-1.0, -1.0]] and r1["pad"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert r0["pad_first"] == [[0, 5]] and r1["pad_first"] == [[5, 5]]
     assert (r0["split"], r1["split"]) == ([0, 1, 2], [3, 4])
     assert (r0["split_padded"], r1["split_padded"]) == ([0, 1, 2], [3, 4, 4])
     assert (r0["on_main"], r1["on_main"]) == ("ran", None)

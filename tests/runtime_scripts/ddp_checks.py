@@ -189,6 +189,7 @@ def check_metrics_and_collectives() -> None:
     results["broadcast"] = acc.broadcast({"a": torch.tensor([rank, rank])}, from_process=1)["a"].tolist()
     padded = acc.pad_across_processes(torch.ones(rank + 1, 2), dim=0, pad_index=-1)
     results["pad"] = padded.tolist()
+    results["pad_first"] = acc.pad_across_processes(torch.full((1, rank + 1), 5), dim=1, pad_first=True).tolist()
     results["gather_nested"] = {k: v.tolist() for k, v in acc.gather({"r": torch.tensor(rank), "v": torch.full((2,), rank)}).items()}
     results["gather_object"] = acc.gather_object({"rank": rank})
     with acc.split_between_processes(list(range(5))) as mine:
