@@ -175,7 +175,7 @@ def test_launch_xla_starts_one_host_worker_running_torch_xla_launcher():
     (plan, (function, args, kwargs, _sources)), = seen
     assert plan.num_processes == 1 and plan.return_all is False and plan.device_type == "xla"
     assert function is xla_launch.run_cores
-    assert args == (b"user payload", None, True, "fork", "TPU") and kwargs == {}
+    assert args == (b"user payload", None, True, "fork", "TPU", "all") and kwargs == {}
 
 
 def test_launch_refused_up_front_when_the_kernel_holds_the_runtime(monkeypatch):
@@ -234,3 +234,14 @@ def test_optimizer_rebound_to_moved_parameters():
 def test_moving_to_the_same_device_moves_nothing():
     model = torch.nn.Linear(2, 2)
     assert runtime.move_model(model, torch.device("cpu")) == {}
+
+
+def test_other_cores_output_is_prefixed_line_by_line():
+    import io
+
+    sink = io.StringIO()
+    stream = xla_launch.LinePrefixer(sink, "[core 3] ")
+    stream.write("epoch 1")
+    stream.write(": loss 0.5\nepoch 2\n")
+    stream.write("a\rb\n")
+    assert sink.getvalue() == "[core 3] epoch 1: loss 0.5\n[core 3] epoch 2\n[core 3] a\r[core 3] b\n"

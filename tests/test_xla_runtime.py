@@ -128,6 +128,35 @@ def test_all_cores_path_runs_in_torch_xla_core_processes():
     assert torch.equal(core["total"], torch.ones(3)) and torch.equal(core["gathered"], torch.tensor([5.0]))
 
 
+def _helpers():
+    import torch
+
+    from notebook_accel.xla import runtime
+
+    device = runtime.device()
+    seed = runtime.rng_state()
+    first = torch.rand(3, device=device).cpu()
+    runtime.set_rng_state(seed)
+    again = torch.rand(3, device=device).cpu()
+    t = runtime.on_device(torch.arange(3.0), device)
+    runtime.sync()
+    return {
+        "objects": runtime.gather_object({"core": 0}),
+        "broadcast": runtime.broadcast_object_list(["a", 1]),
+        "gathered": runtime.all_gather(t), "mean": runtime.all_reduce(t, "mean"),
+        "cpu": runtime.to_cpu({"t": [t], "n": 1}), "rng_restored": torch.equal(first, again),
+        "per_process": runtime.devices_per_process(), "ranks": runtime.ranks(),
+    }
+
+
+def test_runtime_helpers_on_one_xla_device():
+    out = notebook_launcher(_helpers, device="xla", num_processes=1)
+    assert out["objects"] == [{"core": 0}] and out["broadcast"] == ["a", 1]
+    assert torch.equal(out["gathered"], torch.arange(3.0)) and torch.equal(out["mean"], torch.arange(3.0))
+    assert out["cpu"]["n"] == 1 and out["cpu"]["t"][0].device.type == "cpu"
+    assert out["rng_restored"] and out["per_process"] == 1 and out["ranks"] == (0, 1, 0)
+
+
 def _fails(lr):
     raise ValueError(f"learning rate {lr} is too large")
 

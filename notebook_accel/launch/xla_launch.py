@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import os
 import pickle
 import sys
@@ -89,7 +90,8 @@ def launch_xla(plan: Any, payload: bytes, launch_once: Callable[[Any, bytes], An
         job = getattr(plan, "xla", None) or xla_job(plan.num_processes, plan.num_nodes)
     cores_start = "spawn" if plan.start.method == "spawn" else "fork"
     host_payload = serialise_payload(
-        run_cores, (payload, job.nprocs, plan.return_all, cores_start, job.pjrt_device), {}
+        run_cores,
+        (payload, job.nprocs, plan.return_all, cores_start, job.pjrt_device, plan.output), {},
     )
     host_plan = dataclasses.replace(plan, num_processes=1, return_all=False)
     return launch_once(host_plan, host_payload)
@@ -109,8 +111,11 @@ def _main_module_hidden() -> Iterator[None]:
 
 
 def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method: str,
-              pjrt: str) -> Any:
+              pjrt: str, output: str = "all") -> Any:
     """In the host worker: start the cores with torch_xla's launcher and collect their results.
+
+    ``output``: ``"all"`` cores' output (each line after the first core's prefixed
+    ``[core N] ``), or only core 0's (``"main"``, ``"none"``; the kernel filters the rest).
 
     Returns rank 0's value, or the list of every core's value with ``return_all``.
     """
@@ -122,7 +127,7 @@ def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method
     with tempfile.TemporaryDirectory(prefix="notebook-accel-xla-") as results:
         try:
             with _main_module_hidden():
-                torch_xla.launch(_core_main, args=(payload, results, return_all),
+                torch_xla.launch(_core_main, args=(payload, results, return_all, output),
                                  start_method=start_method, debug_single_process=nprocs == 1)
         except BaseException as exc:
             error = _user_facing(exc, _failures(Path(results)))
@@ -192,7 +197,50 @@ def _core_environment(ordinal: int, world: int, local: int, local_world: int) ->
     }
 
 
-def _core_main(index: int, payload: bytes, results: str, return_all: bool) -> None:
+class LinePrefixer(io.TextIOBase):
+    """A text stream that starts every line written to ``stream`` with ``prefix``."""
+
+    def __init__(self, stream: Any, prefix: str) -> None:
+        self.stream = stream
+        self.prefix = prefix
+        self._line_start = True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for piece in text.splitlines(keepends=True):
+            if self._line_start:
+                pieces.append(self.prefix)
+            pieces.append(piece)
+            self._line_start = piece.endswith(("\n", "\r"))
+        self.stream.write("".join(pieces))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+
+def _route_output(ordinal: int, output: str) -> None:
+    """Core 0 writes as the host worker; the others are prefixed, or silenced unless "all"."""
+    if ordinal == 0:
+        return
+    if output != "all":
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        return
+    sys.stdout = LinePrefixer(sys.stdout, f"[core {ordinal}] ")
+    sys.stderr = LinePrefixer(sys.stderr, f"[core {ordinal}] ")
+
+
+def _core_main(index: int, payload: bytes, results: str, return_all: bool,
+               output: str = "all") -> None:
     """One core: set its environment, run the user's function, leave its result in ``results``."""
     from notebook_accel.launch import events
     from notebook_accel.xla import runtime
@@ -200,6 +248,7 @@ def _core_main(index: int, payload: bytes, results: str, return_all: bool) -> No
     ordinal, world, local = runtime.ranks()
     if runtime.devices_per_process() == 1:  # TPU v2/v3 run 2 cores as threads: no per-core env
         os.environ.update(_core_environment(ordinal, world, local, world))
+        _route_output(ordinal, output)
     if ordinal != 0:
         events.close()  # progress and metrics come from rank 0, as with our own workers
     try:

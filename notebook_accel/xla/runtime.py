@@ -212,3 +212,27 @@ def rebind_parameters(optimizer: torch.optim.Optimizer, moved: dict[int, torch.n
         for param in list(state):
             if id(param) == old_id:
                 state[new] = state.pop(param)
+
+
+def gather_object(obj: Any, tag: str = "notebook_accel.gather_object") -> list[Any]:
+    """Every core's ``obj`` (picklable), in ordinal order.
+
+    torch_xla's process group accepts only XLA tensors, so torch's object
+    collectives (CPU byte tensors) fail there; this goes through ``xm.rendezvous``,
+    which exchanges bytes between all cores.
+    """
+    import pickle
+
+    payloads = _xm().rendezvous(tag, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    return [pickle.loads(bytes(p)) for p in payloads]
+
+
+def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any]:
+    """Overwrite the items of ``objects`` in place with those of core ``from_process``."""
+    objects[:] = gather_object(list(objects), "notebook_accel.broadcast_object")[from_process]
+    return objects
+
+
+def on_device(tensor: torch.Tensor, xla_device: torch.device) -> torch.Tensor:
+    """``tensor`` where torch_xla's collectives accept it (they refuse CPU tensors)."""
+    return tensor if tensor.device.type == "xla" else tensor.to(xla_device)
