@@ -285,7 +285,7 @@ class Accelerator:
             device=self.device if place else None, gradient_state=self.gradient_state,
             split_batches=self.split_batches, even_batches=self.even_batches,
             loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
-            seed=self.dataloader_config.data_seed,
+            seed=self.dataloader_config.data_seed, auto_resume=self.dataloader_config.use_stateful_dataloader,
         )
         self._dataloaders.append(shard)
         return shard

@@ -51,8 +51,9 @@ class DataLoaderConfiguration:
         data_seed: seed of the shuffling generator; default: derived from torch's initial
             seed, rank 0's value broadcast so every rank shuffles alike.
         use_seedable_sampler: accepted for the peer's sake; shuffling here is always seeded.
-        dispatch_batches, use_stateful_dataloader: the peer's options we do not have; only
-            their "off" values are accepted.
+        use_stateful_dataloader: after ``load_state``, the next pass over a loader resumes
+            where the checkpointed epoch stopped (no ``skip_first_batches`` needed).
+        dispatch_batches: the peer's option we do not have; only "off" is accepted.
     """
 
     split_batches: bool = False
@@ -66,11 +67,6 @@ class DataLoaderConfiguration:
     def __post_init__(self) -> None:
         if self.dispatch_batches:
             raise NotImplementedError("dispatch_batches=True is not supported; each process loads its own batches")
-        if self.use_stateful_dataloader:
-            raise NotImplementedError(
-                "use_stateful_dataloader=True is not supported; save_state records the loader position, "
-                "and skip_first_batches(loader) resumes from it"
-            )
 
 
 class ShardBatchSampler(Sampler[list[int]]):
@@ -101,6 +97,7 @@ class ShardBatchSampler(Sampler[list[int]]):
                 f"got batch_size={self.batch_size}"
             )
         self.skip_batches = 0
+        self.skip_once = 0  # extra batches to skip in the next pass only (automatic resume)
 
     def _global_batches(self) -> int:
         return len(self.batch_sampler)
@@ -108,14 +105,14 @@ class ShardBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         n = self._global_batches()
         if self.split_batches:
-            return max(n - self.skip_batches - self._split_short(), 0)
+            return max(n - self.skip_batches - self.skip_once - self._split_short(), 0)
         if self.drop_last:
             mine = n // self.num_processes
         elif self.even_batches:
             mine = math.ceil(n / self.num_processes)
         else:
             mine = n // self.num_processes + (1 if self.process_index < n % self.num_processes else 0)
-        return max(mine - self.skip_batches, 0)
+        return max(mine - self.skip_batches - self.skip_once, 0)
 
     def _split_short(self) -> int:
         # 1 when, without even_batches, this rank gets nothing of the last, short batch.
@@ -125,9 +122,10 @@ class ShardBatchSampler(Sampler[list[int]]):
         return int(last > 0 and self.process_index * (self.batch_size // self.num_processes) >= last)
 
     def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip_once = self.skip_batches + self.skip_once, 0
         batches = self._split() if self.split_batches else self._deal()
         for i, batch in enumerate(batches):
-            if i >= self.skip_batches:
+            if i >= skip:
                 yield batch
 
     def _deal(self) -> Iterator[list[int]]:
@@ -218,7 +216,8 @@ class DataLoaderShard(DataLoader):
         self, dataset: Any, batch_sampler: ShardBatchSampler | None = None, *, device: torch.device | None,
         gradient_state: GradientState, generator: torch.Generator, remainder: int | None,
         total_batch_size: int | None, non_blocking: bool = False,
-        progress: LoaderProgress | None = None, skip_batches: int = 0, **kwargs: Any,
+        progress: LoaderProgress | None = None, skip_batches: int = 0, auto_resume: bool = False,
+        **kwargs: Any,
     ) -> None:
         if batch_sampler is not None:
             super().__init__(dataset, batch_sampler=batch_sampler, generator=generator, **kwargs)
@@ -232,6 +231,8 @@ class DataLoaderShard(DataLoader):
         self.end_of_dataloader = False
         self.progress = progress if progress is not None else LoaderProgress(generator)
         self.skip_batches = skip_batches  # iterable datasets only: these batches are loaded, then dropped
+        self.auto_resume = auto_resume
+        self._pending_skip = 0
         self.iteration = 0
 
     @property
@@ -256,13 +257,18 @@ class DataLoaderShard(DataLoader):
         progress = self.progress
         progress.epoch_start_state = self.generator.get_state()
         sampler = self.shard_sampler
-        progress.batches_yielded = sampler.skip_batches if sampler is not None else self.skip_batches
+        resume, self._pending_skip = self._pending_skip, 0  # iterable datasets (samplers skip by themselves)
+        if sampler is not None:
+            progress.batches_yielded = sampler.skip_batches + sampler.skip_once
+        else:
+            progress.batches_yielded = self.skip_batches + resume
+        progress.resume_step = 0
         progress.in_epoch = True
         self.end_of_dataloader = False
         self.gradient_state.add_dataloader(self)
         try:
             it = super().__iter__()
-            for _ in range(self.skip_batches):
+            for _ in range(self.skip_batches + resume):
                 next(it, None)
             if self.device is not None and self.device.type == "xla":
                 from notebook_accel.xla import runtime as xla
@@ -307,8 +313,23 @@ class DataLoaderShard(DataLoader):
         return self.progress.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict``; ``resume_step`` tells how many batches the epoch had done."""
+        """Restore ``state_dict``; ``resume_step`` tells how many batches the epoch had done.
+
+        With ``auto_resume`` (``use_stateful_dataloader``) the next pass skips them by itself.
+        """
         self.progress.load_state_dict(state)
+        if self.auto_resume:
+            self._set_pending(self.progress.resume_step)
+
+    def _set_pending(self, batches: int) -> None:
+        sampler = self.shard_sampler
+        if sampler is not None:
+            sampler.skip_once = batches
+        else:
+            self._pending_skip = batches
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self._pending_skip, 0)
 
 
 def skip_first_batches(loader: DataLoaderShard, num_batches: int | None = None) -> DataLoaderShard:
@@ -326,6 +347,7 @@ def skip_first_batches(loader: DataLoaderShard, num_batches: int | None = None) 
     if not isinstance(loader, DataLoaderShard):
         raise TypeError(f"skip_first_batches takes a prepared data loader, not {type(loader).__name__}")
     skip = loader.resume_step if num_batches is None else num_batches
+    loader._set_pending(0)  # resumed by hand: no automatic resume on top
     old = loader.shard_sampler
     kwargs = _loader_kwargs(loader)
     sampler = None
@@ -358,7 +380,7 @@ def _shared_seed(index: int, seed: int | None) -> int:
 def prepare_data_loader(
     loader: DataLoader, *, num_processes: int, process_index: int, device: torch.device | None,
     gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
-    loader_index: int = 0, non_blocking: bool = False, seed: int | None = None,
+    loader_index: int = 0, non_blocking: bool = False, seed: int | None = None, auto_resume: bool = False,
 ) -> DataLoaderShard:
     """Build this process's ``DataLoaderShard`` from a user's ``DataLoader``.
 
@@ -368,7 +390,8 @@ def prepare_data_loader(
     """
     generator = torch.Generator()
     generator.manual_seed(_shared_seed(loader_index, seed))
-    common = dict(device=device, gradient_state=gradient_state, generator=generator, non_blocking=non_blocking)
+    common = dict(device=device, gradient_state=gradient_state, generator=generator, non_blocking=non_blocking,
+                  auto_resume=auto_resume)
     if isinstance(loader.dataset, IterableDataset):
         if loader.batch_size is None:
             raise ValueError("prepare() needs a batch_size on a loader over an IterableDataset")

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, set_seed
 from notebook_accel import checkpoint as ckpt
+from notebook_accel.data import DataLoaderConfiguration
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 
@@ -22,9 +23,10 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def setup(mixed_precision: str = "no"):
+def setup(mixed_precision: str = "no", stateful: bool = False):
     set_seed(0)
-    acc = Accelerator(mixed_precision=mixed_precision)
+    acc = Accelerator(mixed_precision=mixed_precision,
+                      dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful))
     g = torch.Generator().manual_seed(2)
     x = torch.randn(40, 4, generator=g)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
@@ -52,21 +54,22 @@ def weights(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-@pytest.mark.parametrize("mid_epoch", [False, True])
-def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path, mid_epoch):
+@pytest.mark.parametrize(("mid_epoch", "stateful"), [(False, False), (True, False), (True, True)])
+def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path, mid_epoch, stateful):
     acc, model, opt, loader, sched = setup()
     at_save = train(acc, model, opt, sched, loader, save_at=None if mid_epoch else len(loader), path=tmp_path / "ck")
     at_save = train(acc, model, opt, sched, loader, save_at=3 if mid_epoch else None, path=tmp_path / "ck") or at_save
     train(acc, model, opt, sched, loader)
     expected = weights(model)
 
-    acc2, model2, opt2, loader2, sched2 = setup()
+    acc2, model2, opt2, loader2, sched2 = setup(stateful=stateful)
     torch.manual_seed(99)  # the load must restore every RNG, not rely on the seed
     acc2.load_state(tmp_path / "ck")
     assert random.getstate() == at_save[0] and torch.equal(torch.get_rng_state(), at_save[1])
     assert loader2.resume_step == (3 if mid_epoch else 0)
     # the rest of the interrupted epoch (or a whole one), then the last epoch
-    train(acc2, model2, opt2, sched2, acc2.skip_first_batches(loader2) if mid_epoch else loader2)
+    by_hand = mid_epoch and not stateful  # stateful loaders resume by themselves
+    train(acc2, model2, opt2, sched2, acc2.skip_first_batches(loader2) if by_hand else loader2)
     train(acc2, model2, opt2, sched2, loader2)
     assert torch.equal(weights(model2), expected)
     assert sched2.get_last_lr() == sched.get_last_lr()

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset
 
 from notebook_accel import Accelerator
-from notebook_accel.data import ShardBatchSampler
+from notebook_accel.data import ShardBatchSampler, skip_first_batches
 from notebook_accel.data_iterable import IterableDatasetShard
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
@@ -92,8 +92,6 @@ def test_data_seed_fixes_the_shuffle_and_unsupported_peer_options_are_refused():
     assert order(1) == order(2)
     with pytest.raises(NotImplementedError, match="dispatch_batches"):
         DataLoaderConfiguration(dispatch_batches=True)
-    with pytest.raises(NotImplementedError, match="skip_first_batches"):
-        DataLoaderConfiguration(use_stateful_dataloader=True)
 
 
 class CountingDataset(Dataset):
@@ -195,3 +193,35 @@ def test_worker_processes_are_seeded_from_the_checkpointed_generator():
     list(loader)
     resumed, _ = epochs(resume_from=loader.state_dict())
     assert resumed[0] == first[1]  # restoring the generator replays the next epoch exactly
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_stateful_loader_resumes_by_itself_after_load_state(iterable):
+    from notebook_accel.accelerator import DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(use_stateful_dataloader=True)
+    source = Stream(22) if iterable else CountingDataset(22)
+
+    def make():
+        torch.manual_seed(0)
+        acc = Accelerator(dataloader_config=config)
+        return acc.prepare(DataLoader(source, batch_size=4, shuffle=not iterable))
+
+    loader = make()
+    it = iter(loader)
+    [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    rest = [b.tolist() for b in it]
+    following = [b.tolist() for b in loader]
+
+    fresh = make()
+    fresh.load_state_dict(state)
+    if not iterable:  # a stream has no length
+        assert len(fresh) == len(rest)
+    assert [b.tolist() for b in fresh] == rest  # resumed mid-epoch without skip_first_batches
+    assert [b.tolist() for b in fresh] == following
+    assert iterable or len(fresh) == 6
+    by_hand = make()
+    by_hand.load_state_dict(state)
+    assert [b.tolist() for b in skip_first_batches(by_hand)] == rest
+    assert [b.tolist() for b in by_hand] == following  # resumed by hand: not skipped twice
