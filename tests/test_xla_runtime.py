@@ -171,13 +171,33 @@ def test_a_failing_core_is_a_worker_error_with_the_users_traceback(num_processes
     assert "torch_xla/_internal" not in error.remote_traceback
 
 
+def _hangs(path):
+    import os
+    import time
+
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_timeout_stops_the_core_processes_too(tmp_path):
+    import psutil
+
+    with pytest.raises(WorkerError, match="timed out|timeout"):
+        notebook_launcher(_hangs, (str(tmp_path / "pid"),), device="xla", timeout=20)
+    core = int((tmp_path / "pid").read_text())
+    assert core != os.getpid()
+    assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
+
+
 def test_num_processes_torch_xla_cannot_run_is_refused_before_any_worker():
     with pytest.raises(ValueError, match="num_processes=2 with device='xla'.*num_processes=1"):
         notebook_launcher(_fails, (1.0,), device="xla", num_processes=2)
 
 
 @pytest.mark.slow
-def test_in_a_kernel_trains_then_refuses_once_the_kernel_holds_the_runtime(tmp_path):
+def test_in_a_kernel_function_and_magic_train_then_launch_refused_once_kernel_holds_runtime(
+        tmp_path):
     kernel = Kernel(extra_env={"PJRT_DEVICE": "CPU"})
     try:
         kernel.ok("from notebook_accel import notebook_launcher\n"
@@ -185,6 +205,13 @@ def test_in_a_kernel_trains_then_refuses_once_the_kernel_holds_the_runtime(tmp_p
         result = kernel.ok(f"r = notebook_launcher(train, ({str(tmp_path / 'k')!r},), "
                            "device='xla', num_processes=1)\nprint(r['losses'])", timeout=300)
         assert "[rank 0] epoch 3: loss" in result.stdout
+        kernel.ok("%load_ext notebook_accel")
+        magic = kernel.ok("%%accelerate --device xla -n 1\n"
+                          "from notebook_accel import Accelerator\n"
+                          "accelerator = Accelerator()\n"
+                          "print('cell on', accelerator.device, accelerator.distributed_type.value)",
+                          timeout=300)
+        assert "cell on xla:0 XLA" in magic.stdout
         kernel.ok("import torch_xla\nx = torch_xla.device()  # the kernel now holds the runtime")
         refused = kernel.run("notebook_launcher(train, ('x',), device='xla', num_processes=1)")
         assert refused.error is not None and refused.error["ename"] == "RuntimeError"
