@@ -163,7 +163,20 @@ def _plan(**changes):
     return dataclasses.replace(plan, device_type="xla", **changes)
 
 
-def test_launch_xla_starts_one_host_worker_running_torch_xla_launcher():
+@pytest.fixture
+def torch_xla_installed(monkeypatch):
+    monkeypatch.setattr(xla_launch, "_torch_xla_installed", lambda: True)
+
+
+def test_missing_torch_xla_refused_before_any_worker():
+    def launch_once(plan, payload):  # pragma: no cover - must not be reached
+        raise AssertionError("a worker was started")
+
+    with pytest.raises(ImportError, match=r"needs torch_xla.*pip install \"torch~=2\.9\.0\""):
+        xla_launch.launch_xla(_plan(), b"", launch_once, job=detect.XlaJob("TPU", None, 8))
+
+
+def test_launch_xla_starts_one_host_worker_running_torch_xla_launcher(torch_xla_installed):
     seen = []
 
     def launch_once(plan, payload):
@@ -178,7 +191,7 @@ def test_launch_xla_starts_one_host_worker_running_torch_xla_launcher():
     assert args == (b"user payload", None, True, "fork", "TPU", "all") and kwargs == {}
 
 
-def test_launch_refused_up_front_when_the_kernel_holds_the_runtime(monkeypatch):
+def test_launch_refused_up_front_when_the_kernel_holds_the_runtime(monkeypatch, torch_xla_installed):
     fake = types.SimpleNamespace(_XLAC=types.SimpleNamespace(_xla_runtime_is_initialized=lambda: True))
     monkeypatch.setitem(sys.modules, "torch_xla", fake)
     monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import os
 import pickle
@@ -58,12 +59,23 @@ def xla_job(num_processes: int | None, num_nodes: int = 1) -> XlaJob:
     return resolve_job(num_processes, pjrt=pjrt, cores=cores, num_nodes=num_nodes)
 
 
+INSTALL_HINT = "pip install \"torch~=2.9.0\" \"torch_xla[tpu]~=2.9.0\""
+
+
+def _torch_xla_installed() -> bool:
+    return importlib.util.find_spec("torch_xla") is not None
+
+
 def check_kernel() -> None:
-    """Refuse up front when this process already holds the XLA runtime.
+    """Refuse up front when torch_xla is missing or this process already holds the XLA runtime.
 
     Raises:
+        ImportError: torch_xla is not installed; says how to install it.
         RuntimeError: the runtime is initialised here; says how to recover.
     """
+    if not _torch_xla_installed():
+        raise ImportError(f"device='xla' needs torch_xla, which is not installed here; on a TPU "
+                          f"runtime install it with `{INSTALL_HINT}` (matching versions)")
     if runtime_initialised():
         raise RuntimeError(runtime_initialised_message(interactive="ipykernel" in sys.modules))
 
