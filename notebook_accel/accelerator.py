@@ -286,6 +286,7 @@ class Accelerator:
             split_batches=self.split_batches, even_batches=self.even_batches,
             loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
             seed=self.dataloader_config.data_seed, auto_resume=self.dataloader_config.use_stateful_dataloader,
+            collective_device=self.device,
         )
         self._dataloaders.append(shard)
         return shard

@@ -32,7 +32,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from notebook_accel.data_iterable import IterableDatasetShard
 from notebook_accel.gradient_state import GradientState
-from notebook_accel.ops import broadcast, send_to_device
+from notebook_accel.ops import broadcast, send_to_device, world_size
 
 _LOADER_ARGS = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -370,17 +370,23 @@ def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
     return kwargs
 
 
-def _shared_seed(index: int, seed: int | None) -> int:
+def _shared_seed(index: int, seed: int | None, device: torch.device | None) -> int:
+    """``seed``, else one derived from torch's initial seed, rank 0's value on every rank."""
     if seed is not None:
         return seed
-    seed = torch.tensor([(torch.initial_seed() + 7919 * (index + 1)) % (2**62)], dtype=torch.int64)
-    return int(broadcast(seed, from_process=0).item())
+    value = torch.tensor([(torch.initial_seed() + 7919 * (index + 1)) % (2**62)], dtype=torch.int64)
+    if world_size() == 1:
+        return int(value.item())
+    if device is not None and device.type in ("cuda", "xla"):  # nccl / xla collectives need it there
+        value = value.to(device)
+    return int(broadcast(value, from_process=0).item())
 
 
 def prepare_data_loader(
     loader: DataLoader, *, num_processes: int, process_index: int, device: torch.device | None,
     gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
     loader_index: int = 0, non_blocking: bool = False, seed: int | None = None, auto_resume: bool = False,
+    collective_device: torch.device | None = None,
 ) -> DataLoaderShard:
     """Build this process's ``DataLoaderShard`` from a user's ``DataLoader``.
 
@@ -389,7 +395,7 @@ def prepare_data_loader(
             or an ``IterableDataset`` loader without a batch size.
     """
     generator = torch.Generator()
-    generator.manual_seed(_shared_seed(loader_index, seed))
+    generator.manual_seed(_shared_seed(loader_index, seed, collective_device or device))
     common = dict(device=device, gradient_state=gradient_state, generator=generator, non_blocking=non_blocking,
                   auto_resume=auto_resume)
     if isinstance(loader.dataset, IterableDataset):
