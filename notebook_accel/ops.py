@@ -99,7 +99,7 @@ def _xla() -> Any:
 def _gather_one(tensor: torch.Tensor, uneven: bool) -> torch.Tensor:
     if tensor.ndim == 0:
         tensor = tensor[None]
-    if tensor.device.type == "xla" and not uneven:
+    if tensor.device.type == "xla":  # torch_xla's all_gather; shapes must match there
         return _xla().all_gather(tensor)
     tensor = tensor.contiguous()
     if not uneven:
@@ -119,7 +119,7 @@ def gather(data: Any, uneven: bool = False) -> Any:
     Args:
         data: a tensor or a nested structure of tensors; 0-dim tensors become 1-dim.
         uneven: allow first dimensions that differ between processes (one more,
-            small collective per tensor). Otherwise shapes must match, as in the peer.
+            small collective per tensor; not on XLA). Otherwise shapes must match, as in the peer.
 
     Returns:
         The same structure, each tensor holding rank 0's rows, then rank 1's, ...
