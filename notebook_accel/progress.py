@@ -14,7 +14,6 @@ import itertools
 import os
 from typing import Any
 
-from tqdm.auto import tqdm as _auto_tqdm
 from tqdm.std import tqdm as _std_tqdm
 
 from notebook_accel.launch import events
@@ -130,8 +129,11 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> _std_tqdm
         )
     if main_process_only and not kwargs.get("disable", False):
         kwargs["disable"] = not _is_local_main_process()
-    bar_class = EventTqdm if events.active() else _auto_tqdm
-    return bar_class(*args, **kwargs)
+    if events.active():
+        return EventTqdm(*args, **kwargs)
+    from tqdm.auto import tqdm as auto_tqdm  # a widget bar in a notebook: import it only here
+
+    return auto_tqdm(*args, **kwargs)
 
 
 def bar_label(state: dict[str, Any]) -> str:
