@@ -112,8 +112,11 @@ def launch_xla(plan: Any, payload: bytes, launch_once: Callable[[Any, bytes], An
 # ---- the host worker ----------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
+def _main_module_hidden(hide: bool) -> Iterator[None]:
     """Spawned cores must not re-run the kernel's (or a script's) ``__main__``."""
+    if not hide:
+        yield
+        return
     main = sys.modules["__main__"]
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
@@ -138,7 +141,7 @@ def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method
 
     with tempfile.TemporaryDirectory(prefix="notebook-accel-xla-") as results:
         try:
-            with _main_module_hidden():
+            with _main_module_hidden(start_method == "spawn" and nprocs != 1):
                 torch_xla.launch(_core_main, args=(payload, results, return_all, output),
                                  start_method=start_method, debug_single_process=nprocs == 1)
         except BaseException as exc:
@@ -261,8 +264,8 @@ def _core_main(index: int, payload: bytes, results: str, return_all: bool,
     if runtime.devices_per_process() == 1:  # TPU v2/v3 run 2 cores as threads: no per-core env
         os.environ.update(_core_environment(ordinal, world, local, world))
         _route_output(ordinal, output)
-    if ordinal != 0:
-        events.close()  # progress and metrics come from rank 0, as with our own workers
+        if ordinal != 0:
+            events.close()  # progress and metrics come from rank 0, as with our own workers
     try:
         function, args, kwargs = load_payload(payload)
         value = function(*args, **kwargs)
