@@ -258,3 +258,18 @@ def test_other_cores_output_is_prefixed_line_by_line():
     stream.write(": loss 0.5\nepoch 2\n")
     stream.write("a\rb\n")
     assert sink.getvalue() == "[core 3] epoch 1: loss 0.5\n[core 3] epoch 2\n[core 3] a\r[core 3] b\n"
+
+
+def test_gradients_are_averaged_once_per_step_even_after_clipping(monkeypatch):
+    calls = []
+    fake_xm = types.SimpleNamespace(reduce_gradients=lambda opt: calls.append(opt))
+    monkeypatch.setattr(runtime, "_xm", lambda: fake_xm)
+    reducer, opt = runtime.GradientReducer(), object()
+    reducer(opt)  # a plain step
+    assert calls == [opt]
+    reducer.reduce_now(opt)  # clip_grad_norm_ first...
+    reducer.reduce_now(opt)
+    reducer(opt)  # ...then the step: no second reduction
+    assert calls == [opt, opt]
+    reducer(opt)  # the next step reduces again
+    assert calls == [opt, opt, opt]

@@ -236,3 +236,26 @@ def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any
 def on_device(tensor: torch.Tensor, xla_device: torch.device) -> torch.Tensor:
     """``tensor`` where torch_xla's collectives accept it (they refuse CPU tensors)."""
     return tensor if tensor.device.type == "xla" else tensor.to(xla_device)
+
+
+class GradientReducer:
+    """Averages an optimizer's gradients across the cores, once per optimizer step.
+
+    Used as ``AcceleratedOptimizer``'s ``before_step``; ``clip_grad_norm_`` calls
+    :meth:`reduce_now` first so it clips the averaged gradients (as with DDP), and
+    the step then does not average them again.
+    """
+
+    def __init__(self) -> None:
+        self.reduced = False
+
+    def reduce_now(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average the gradients now (before clipping); the next step will not repeat it."""
+        if not self.reduced:
+            _xm().reduce_gradients(optimizer)
+            self.reduced = True
+
+    def __call__(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.reduced:
+            _xm().reduce_gradients(optimizer)
+        self.reduced = False
