@@ -13,9 +13,8 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments
 
-from notebook_accel.launch.environment import MIXED_PRECISION_CHOICES
+from notebook_accel.launch.environment import DEVICE_TYPE_CHOICES, MIXED_PRECISION_CHOICES
 from notebook_accel.launch.output import OUTPUT_CHOICES
-from notebook_accel.launch.plan import DEVICE_CHOICES
 from notebook_accel.launch.start_method import START_METHODS
 
 COMMANDS = ("env", "test", "config")
@@ -46,7 +45,8 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                  help="read by Accelerator() in the workers"),
         argument("--start-method", choices=START_METHODS, default=None,
                  help="how workers start (auto: fork when safe, else a warm forkserver)"),
-        argument("--device", choices=DEVICE_CHOICES, default=None, help="default: CUDA when visible"),
+        argument("--device", choices=DEVICE_TYPE_CHOICES, default=None,
+                 help="default: CUDA when visible (xla: TPU, where the launcher supports it)"),
         argument("--port", type=int, default=None, help="rendezvous port (default: a free one)"),
         argument("--timeout", type=float, default=None, metavar="SECONDS",
                  help="stop the job after this many seconds"),
