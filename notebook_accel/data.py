@@ -17,22 +17,22 @@ never loaded: skipping happens on indices. The generator also seeds the loader's
 worker processes, so ``num_workers > 0`` stays reproducible. A custom sampler keeps
 its own randomness, which is neither synchronised nor checkpointed here.
 
-Iterable datasets: see ``data_iterable``.
+Which batches a rank gets: ``sharding`` (map-style) and ``data_iterable`` (streams).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from notebook_accel.data_iterable import IterableDatasetShard
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.ops import broadcast, send_to_device, world_size
+from notebook_accel.sharding import ShardBatchSampler
 
 _LOADER_ARGS = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -67,120 +67,6 @@ class DataLoaderConfiguration:
     def __post_init__(self) -> None:
         if self.dispatch_batches:
             raise NotImplementedError("dispatch_batches=True is not supported; each process loads its own batches")
-
-
-class ShardBatchSampler(Sampler[list[int]]):
-    """Yield this rank's batches of ``batch_sampler`` (see the module docstring).
-
-    Args:
-        batch_sampler: the global batch sampler.
-        num_processes: ``N``.
-        process_index: this rank.
-        split_batches: slice each global batch instead of dealing whole batches.
-        even_batches: fill the last round so every rank gets the same full batches.
-    """
-
-    def __init__(
-        self, batch_sampler: Any, num_processes: int, process_index: int,
-        split_batches: bool = False, even_batches: bool = True,
-    ) -> None:
-        self.batch_sampler = batch_sampler
-        self.num_processes = num_processes
-        self.process_index = process_index
-        self.split_batches = split_batches
-        self.even_batches = even_batches
-        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
-        self.drop_last: bool = getattr(batch_sampler, "drop_last", False)
-        if split_batches and self.batch_size is not None and self.batch_size % num_processes:
-            raise ValueError(
-                f"split_batches=True needs a batch size divisible by the {num_processes} processes, "
-                f"got batch_size={self.batch_size}"
-            )
-        self.skip_batches = 0
-        self.skip_once = 0  # extra batches to skip in the next pass only (automatic resume)
-
-    def _global_batches(self) -> int:
-        return len(self.batch_sampler)
-
-    def __len__(self) -> int:
-        n = self._global_batches()
-        if self.split_batches:
-            return max(n - self.skip_batches - self.skip_once - self._split_short(), 0)
-        if self.drop_last:
-            mine = n // self.num_processes
-        elif self.even_batches:
-            mine = math.ceil(n / self.num_processes)
-        else:
-            mine = n // self.num_processes + (1 if self.process_index < n % self.num_processes else 0)
-        return max(mine - self.skip_batches - self.skip_once, 0)
-
-    def _split_short(self) -> int:
-        # 1 when, without even_batches, this rank gets nothing of the last, short batch.
-        if self.even_batches or self.drop_last or self.batch_size is None:
-            return 0
-        last = len(self.batch_sampler.sampler) % self.batch_size if hasattr(self.batch_sampler, "sampler") else 0
-        return int(last > 0 and self.process_index * (self.batch_size // self.num_processes) >= last)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        skip, self.skip_once = self.skip_batches + self.skip_once, 0
-        batches = self._split() if self.split_batches else self._deal()
-        for i, batch in enumerate(batches):
-            if i >= skip:
-                yield batch
-
-    def _deal(self) -> Iterator[list[int]]:
-        n, rank = self.num_processes, self.process_index
-        head: list[int] = []  # samples of the first round, used to fill the last one
-        round_: list[list[int]] = []
-        for batch in self.batch_sampler:
-            batch = list(batch)
-            if len(head) < n * (self.batch_size or len(batch)):
-                head.extend(batch)
-            round_.append(batch)
-            if len(round_) == n:
-                if self.batch_size is None or len(round_[-1]) == self.batch_size:
-                    yield round_[rank]
-                    round_ = []
-                else:
-                    break
-        if not round_ or self.drop_last:
-            return
-        if not self.even_batches:
-            if rank < len(round_):
-                yield round_[rank]
-            return
-        yield self._fill(round_, head)[rank]
-
-    def _fill(self, round_: list[list[int]], head: list[int]) -> list[list[int]]:
-        size = self.batch_size or len(round_[0])
-        flat = [i for b in round_ for i in b]
-        wanted = size * self.num_processes
-        while len(head) < wanted:
-            head = head + head
-        flat += head[: wanted - len(flat)]
-        return [flat[i * size : (i + 1) * size] for i in range(self.num_processes)]
-
-    def _split(self) -> Iterator[list[int]]:
-        n, rank = self.num_processes, self.process_index
-        head: list[int] = []
-        for batch in self.batch_sampler:
-            batch = list(batch)
-            if not head:
-                head = batch
-            size = self.batch_size or len(batch)
-            if len(batch) < size:
-                if not self.even_batches:
-                    part = size // n
-                    mine = batch[rank * part : (rank + 1) * part]
-                    if mine:
-                        yield mine
-                    return
-                filler = head
-                while len(filler) < size:
-                    filler = filler + filler
-                batch = batch + filler[: size - len(batch)]
-            part = size // n
-            yield batch[rank * part : (rank + 1) * part]
 
 
 class LoaderProgress:
