@@ -73,8 +73,8 @@ class Accelerator:
         dataloader_config: a ``DataLoaderConfiguration``.
         project_config: a ``ProjectConfiguration`` (automatic checkpoint naming, total limit).
         gradient_accumulation_plugin: an object with ``num_steps`` (and optionally
-            ``sync_with_dataloader``), like the peer's ``GradientAccumulationPlugin``;
-            overrides ``gradient_accumulation_steps``.
+            ``sync_with_dataloader``, ``sync_each_batch``), like the peer's
+            ``GradientAccumulationPlugin``; overrides ``gradient_accumulation_steps``.
         ddp_kwargs: extra ``DistributedDataParallel`` arguments.
         scaler_kwargs: extra ``GradScaler`` arguments.
         kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` / ``GradScalerKwargs``
@@ -112,6 +112,7 @@ class Accelerator:
             getattr(plugin, "num_steps", gradient_accumulation_steps),
             getattr(plugin, "sync_with_dataloader", True),
         )
+        self.sync_each_batch = bool(getattr(plugin, "sync_each_batch", False))  # all-reduce every micro-step
         self.ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
         scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
         self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)
@@ -310,7 +311,7 @@ class Accelerator:
         """One micro-step: gradients sync (and the optimizer steps) every N-th time, or at the loader's end."""
         self.gradient_state.do_sync()
         with contextlib.ExitStack() as stack:
-            if not self.gradient_state.sync_gradients:
+            if not (self.gradient_state.sync_gradients or self.sync_each_batch):
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield

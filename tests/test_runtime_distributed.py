@@ -49,6 +49,8 @@ def test_accumulate_skips_all_reduce_until_sync_step(runs):
     spread = r0["no_sync_spreads"]
     assert spread[0] > 1e-3 and spread[2] > 1e-3  # local, un-reduced gradients differ
     assert spread[1] == 0.0 and spread[3] == 0.0  # synced gradients are identical
+    assert r0["no_sync_syncs_each_batch"] == [False, True, False, True]
+    assert r0["no_sync_spreads_each_batch"] == [0.0] * 4  # sync_each_batch: all-reduced every micro-step
 
 
 def test_join_uneven_inputs_trains_on_loaders_of_different_lengths(runs):

@@ -186,9 +186,11 @@ def test_gradient_accumulation_plugin_and_process_decorators():
     class Plugin:  # duck-typed like the peer's GradientAccumulationPlugin
         num_steps = 3
         sync_with_dataloader = False
+        sync_each_batch = True
 
     acc = Accelerator(gradient_accumulation_plugin=Plugin())
     assert acc.gradient_accumulation_steps == 3 and not acc.gradient_state.sync_with_dataloader
+    assert acc.sync_each_batch
     assert acc.on_last_process(lambda: 1)() == 1 and acc.on_process(lambda: 2, process_index=0)() == 2
     assert acc.on_process(process_index=1)(lambda: 3)() is None
     m = acc.prepare(model())

@@ -120,8 +120,12 @@ def check_peer_parity() -> None:
     }
 
 
-def check_no_sync() -> None:
-    acc = Accelerator(gradient_accumulation_steps=2)
+def check_no_sync(sync_each_batch: bool = False) -> None:
+    class Plugin:
+        num_steps = 2
+
+    Plugin.sync_each_batch = sync_each_batch
+    acc = Accelerator(gradient_accumulation_plugin=Plugin())
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = DataLoader(regression_data(), batch_size=4)
@@ -137,8 +141,9 @@ def check_no_sync() -> None:
             opt.zero_grad()
         if i == 3:
             break
-    results["no_sync_spreads"] = spreads
-    results["no_sync_syncs"] = syncs
+    suffix = "_each_batch" if sync_each_batch else ""
+    results[f"no_sync_spreads{suffix}"] = spreads
+    results[f"no_sync_syncs{suffix}"] = syncs
 
 
 def check_join_uneven_inputs() -> None:
@@ -285,6 +290,7 @@ def run_resumed(name: str, start_epoch: int) -> float:
 if PHASE == "train":
     check_equivalence()
     check_no_sync()
+    check_no_sync(sync_each_batch=True)
     check_peer_parity()
     check_join_uneven_inputs()
     check_metrics_and_collectives()
