@@ -93,6 +93,7 @@ def launch_xla(plan: Any, payload: bytes, launch_once: Callable[[Any, bytes], An
             ``plan.num_processes``.
 
     Raises:
+        ImportError: torch_xla is not installed here.
         RuntimeError: the XLA runtime is already initialised in this process.
         ValueError: see :func:`xla_job`.
         WorkerError: a core failed (its traceback says which core).
