@@ -16,6 +16,7 @@ _EXPORTS = {
     "WorkerError": "notebook_accel.launch.errors",
     "last_launch": "notebook_accel.launch.record",
     "config_panel": "magics.config_panel",
+    "tqdm": "notebook_accel.progress",
     "PartialState": "notebook_accel.state",
     "Accelerator": "notebook_accel.accelerator",
     "set_seed": "notebook_accel.seeding",

@@ -12,6 +12,10 @@ import psutil
 from jupyter_client import KernelManager
 
 WORKER_NAME_PREFIX = "nbaccel-r"
+# Kernels started by this test session carry this marker in their environment, and so
+# do their workers: other sessions' workers on the same machine are left alone.
+SESSION_MARKER = "NOTEBOOK_ACCEL_TEST_SESSION"
+os.environ.setdefault(SESSION_MARKER, f"{os.getpid()}-{time.time_ns()}")
 
 
 @dataclass
@@ -115,14 +119,26 @@ class Kernel:
             pass
 
 
+def _ours(proc: psutil.Process, me: int) -> bool:
+    """Started by this test session: a descendant of it, or marked by a kernel it started."""
+    try:
+        if proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]:
+            return True
+        return any(parent.pid == me for parent in proc.parents())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def worker_processes() -> list[psutil.Process]:
-    """Every process on the machine that is one of our workers (or a child of one)."""
-    found = []
+    """Every worker process (or child of one) that this test session started."""
+    found, me = [], os.getpid()
     for proc in psutil.process_iter(["name", "status"]):
         try:
-            if (proc.info["name"] or "").startswith(WORKER_NAME_PREFIX) and proc.info[
-                "status"
-            ] != psutil.STATUS_ZOMBIE:
+            if (
+                (proc.info["name"] or "").startswith(WORKER_NAME_PREFIX)
+                and proc.info["status"] != psutil.STATUS_ZOMBIE
+                and _ours(proc, me)
+            ):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

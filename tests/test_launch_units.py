@@ -172,3 +172,21 @@ def test_event_channel_is_bounded_coalesces_and_never_blocks():
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+def test_worker_tracebacks_skip_frames_that_hide_themselves():
+    from notebook_accel.launch.worker import _format_exception
+
+    def runner():
+        __tracebackhide__ = True
+        user_code()
+
+    def user_code():
+        raise ValueError("from the user")
+
+    try:
+        runner()
+    except ValueError as exc:
+        text = _format_exception(exc)
+    assert "user_code" in text and "from the user" in text
+    assert "in runner" not in text

@@ -73,7 +73,6 @@ class Supervisor:
             self.selector.register(w.stdout_fd, selectors.EVENT_READ, (w.rank, "stdout"))
             self.selector.register(w.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
             self.selector.register(w.control.fileno(), selectors.EVENT_READ, (w.rank, "control"))
-            self.selector.register(w.events_fd, selectors.EVENT_READ, (w.rank, "events"))
             self.selector.register(w.process.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
 
     def _unregister(self, fd: int) -> None:
@@ -95,11 +94,8 @@ class Supervisor:
             self.relay.feed(worker.rank, name, data)
 
     def _read_events(self, worker: Worker) -> None:
-        events, still_open = self.readers[worker.rank].read()
-        for kind, when, data in events:
+        for kind, when, data in self.readers[worker.rank].read()[0]:
             self.record.apply(worker.rank, kind, when, data)
-        if not still_open:
-            self._unregister(worker.events_fd)
 
     def _read_control(self, worker: Worker) -> None:
         try:
@@ -147,7 +143,7 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------------
 
     def _poll(self, timeout: float) -> None:
-        order = {"stdout": 0, "stderr": 0, "events": 0, "control": 1, "exit": 2}
+        order = {"stdout": 0, "stderr": 0, "control": 1, "exit": 2}
         events = self.selector.select(timeout)
         for key, _ in sorted(events, key=lambda e: order[e[0].data[1]]):
             rank, kind = key.data
@@ -157,8 +153,6 @@ class Supervisor:
                     self._on_exit(worker)
             elif kind == "control":
                 self._read_control(worker)
-            elif kind == "events":
-                self._read_events(worker)
             else:
                 self._read_output(worker, kind)
         self.relay.tick()
@@ -172,6 +166,7 @@ class Supervisor:
         if sample:
             self._next_sample = now + 1.0
         for w in self.workers:
+            self._read_events(w)  # polled here, not woken per event: the pipe holds ~10k
             status = self.record.ranks[w.rank]
             status.last_line = self.relay.last_line(w.rank)
             if status.state == "starting" and not w.exited:

@@ -145,11 +145,13 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
 
 
 def _format_exception(exc: BaseException) -> str:
-    """The traceback without this module's own frames."""
+    """The traceback without this module's frames, nor frames that set ``__tracebackhide__``."""
     summary = traceback.TracebackException.from_exception(exc)
-    summary.stack = traceback.StackSummary.from_list(
-        [frame for frame in summary.stack if frame.filename != __file__]
-    )
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    summary.stack = traceback.StackSummary.from_list([
+        entry for entry, frame in zip(summary.stack, frames)
+        if frame.f_code.co_filename != __file__ and not frame.f_locals.get("__tracebackhide__")
+    ])
     return "".join(summary.format())
 
 
