@@ -22,6 +22,10 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def _on_xla_group() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "xla"
+
+
 def recursively_apply(
     func: Callable[[torch.Tensor], Any], data: Any, *, error_on_other_type: bool = False
 ) -> Any:
@@ -138,8 +142,11 @@ def gather_object(obj: Any) -> list[Any]:
     flatten = isinstance(obj, (list, tuple))
     if world_size() == 1:
         return list(obj) if flatten else [obj]
-    out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    if _on_xla_group():  # torch_xla's group takes XLA tensors only: exchange bytes instead
+        out = _xla().gather_object(obj)
+    else:
+        out = [None] * world_size()
+        dist.all_gather_object(out, obj)
     if flatten:
         return [x for part in out for x in part]
     return out
@@ -190,6 +197,8 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
 def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any]:
     """Overwrite the items of ``objects`` in place with those of ``from_process``."""
     if world_size() > 1:
+        if _on_xla_group():
+            return _xla().broadcast_object_list(objects, from_process)
         dist.broadcast_object_list(objects, src=from_process)
     return objects
 

@@ -47,3 +47,14 @@ def test_bad_inputs_are_named():
     with pytest.raises(TypeError, match="found str"):
         ops.gather({"a": "text"})
     assert not ops.is_tensor_structure([torch.ones(1), "x"]) and ops.is_tensor_structure((torch.ones(1),))
+
+
+def test_object_collectives_on_an_xla_group_go_through_torch_xla(monkeypatch):
+    from notebook_accel.xla import runtime as xla
+
+    monkeypatch.setattr(ops, "world_size", lambda: 2)
+    monkeypatch.setattr(ops, "_on_xla_group", lambda: True)
+    monkeypatch.setattr(xla, "gather_object", lambda obj, tag="": [obj, obj])
+    monkeypatch.setattr(xla, "broadcast_object_list", lambda objects, src: objects + ["from core"])
+    assert ops.gather_object([1]) == [1, 1] and ops.gather_object("x") == ["x", "x"]
+    assert ops.broadcast_object_list([0]) == [0, "from core"]
