@@ -461,35 +461,33 @@ class Accelerator:
         """The model's state dict (of the unwrapped model by default), on the CPU-visible device."""
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
-    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-        """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict)."""
-        if not self.is_main_process:
-            return
-        if safe_serialization:
-            from safetensors.torch import save_file
+    def _to_cpu(self, obj: Any) -> Any:
+        if self.device.type != "xla":
+            return obj
+        from notebook_accel.xla import runtime as xla
 
-            save_file(obj, str(f), metadata={"format": "pt"})
-        else:
-            torch.save(obj, f)
+        return xla.to_cpu(obj)  # on every process: the copy runs the pending XLA graph
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict).
+
+        XLA tensors are copied to the CPU first, so the file loads without torch_xla.
+        """
+        obj = self._to_cpu(obj)
+        if self.is_main_process:
+            checkpoint.save_object(obj, Path(f), safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
                    safe_serialization: bool = True) -> Path | None:
-        """Save the unwrapped model's weights (``model.safetensors`` or ``pytorch_model.bin``) on the main process."""
+        """Save the unwrapped model's weights on the main process; returns the file (else ``None``).
+
+        ``model.safetensors`` (tied weights stored once) or, with ``safe_serialization=False``,
+        ``pytorch_model.bin``; written to a temporary name, then renamed.
+        """
+        state = self._to_cpu(self.unwrap_model(model).state_dict())
         if not self.is_main_process:
             return None
-        directory = Path(save_directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        unwrapped = self.unwrap_model(model)
-        if safe_serialization:
-            from safetensors.torch import save_model
-
-            path = directory / "model.safetensors"
-            save_model(unwrapped, str(path.with_suffix(".tmp")), metadata={"format": "pt"})
-        else:
-            path = directory / "pytorch_model.bin"
-            torch.save(unwrapped.state_dict(), path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
-        return path
+        return checkpoint.save_weights(state, Path(save_directory), safe_serialization)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``."""

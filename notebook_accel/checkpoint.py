@@ -153,6 +153,40 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
     return final
 
 
+def save_object(obj: Any, path: Path, safe_serialization: bool = False) -> None:
+    """``torch.save`` (or safetensors' ``save_file`` for a dict of tensors) to ``path``."""
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(obj, str(path), metadata={"format": "pt"})
+    else:
+        torch.save(obj, path)
+
+
+def save_weights(state: dict[str, torch.Tensor], directory: Path, safe_serialization: bool = True) -> Path:
+    """Write a model state dict as ``model.safetensors`` or ``pytorch_model.bin``, atomically.
+
+    safetensors refuses tensors sharing memory (tied weights): each is stored once,
+    under its first name, as the peer does.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / ("model.safetensors" if safe_serialization else "pytorch_model.bin")
+    tmp = path.with_name(path.name + ".tmp")
+    if safe_serialization:
+        seen: set[tuple[Any, int]] = set()
+        unique = {}
+        for name, tensor in state.items():
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            if key not in seen:
+                seen.add(key)
+                unique[name] = tensor.contiguous()
+        save_object(unique, tmp, safe_serialization=True)
+    else:
+        save_object(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -197,6 +197,17 @@ def test_save_and_save_model(tmp_path):
     assert torch.equal(load_file(tmp_path / "x.safetensors")["x"], torch.ones(2))
 
 
+def test_save_model_stores_tied_weights_once(tmp_path):
+    from safetensors.torch import load_file
+
+    acc = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight  # tied, as in language models
+    saved = load_file(acc.save_model(acc.prepare(model), tmp_path))
+    assert list(saved) == ["0.weight"] and torch.equal(saved["0.weight"], model[0].weight)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_jsonl_tracker_and_log(tmp_path):
     acc = Accelerator(log_with="jsonl", project_dir=tmp_path)
     acc.init_trackers("run", config={"lr": 0.1, "layers": torch.tensor(3)})
