@@ -7,14 +7,16 @@ torch_xla's first all_reduce, so multi-core runs cannot be tested on a CPU machi
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 
 pytestmark = pytest.mark.xla
 
+if importlib.util.find_spec("torch_xla") is None:  # before touching the environment
+    pytest.skip("needs torch_xla (run scripts/test_xla.sh)", allow_module_level=True)
 os.environ.setdefault("PJRT_DEVICE", "CPU")
-pytest.importorskip("torch_xla")
 
 import torch  # noqa: E402
 
@@ -24,12 +26,15 @@ from tests.kernel_harness import Kernel  # noqa: E402
 
 def train(checkpoint_dir, mixed_precision="no", create_optimizer_first=True):
     """A user's loop with no XLA-specific line: prepare, train, save_state, load_state."""
+    from pathlib import Path
+
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     from notebook_accel import Accelerator, set_seed
 
     set_seed(0)
+    checkpoint_dir = Path(checkpoint_dir)
     accelerator = Accelerator(mixed_precision=mixed_precision)
     x = torch.randn(256, 8)
     y = x @ torch.randn(8, 1)
@@ -51,12 +56,16 @@ def train(checkpoint_dir, mixed_precision="no", create_optimizer_first=True):
             devices.add(str(xb.device))
             loss = torch.nn.functional.mse_loss(model(xb), yb)
             accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 5.0)
             optimizer.step()
             optimizer.zero_grad()
             total += loss.detach()
         losses.append(float(total) / len(loader))
         accelerator.print(f"epoch {epoch}: loss {losses[-1]:.4f}")
     accelerator.save_state(checkpoint_dir)
+    accelerator.save_model(model, checkpoint_dir / "safetensors")
+    accelerator.save_model(model, checkpoint_dir / "bin", safe_serialization=False)
+    accelerator.save({"weights": accelerator.unwrap_model(model).state_dict()}, checkpoint_dir / "w.pt")
     saved = {k: v.cpu().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
     with torch.no_grad():
         for parameter in model.parameters():
@@ -75,6 +84,24 @@ def train(checkpoint_dir, mixed_precision="no", create_optimizer_first=True):
     }
 
 
+def _load_without_torch_xla(*paths):
+    """Load each file in a fresh interpreter that never imports torch_xla."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from safetensors.torch import load_file\n"
+        "for p in sys.argv[1:]:\n"
+        "    load_file(p) if p.endswith('.safetensors') else torch.load(p, weights_only=True)\n"
+        "assert 'torch_xla' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PJRT_DEVICE": ""})
+    return done.stdout.strip() or done.stderr[-2000:]
+
+
 def _check_training(result):
     losses = result["losses"]
     assert losses[-1] < 0.2 * losses[0], losses
@@ -91,10 +118,11 @@ def test_training_loop_on_xla_trains_saves_and_restores(tmp_path, capfd, create_
     _check_training(result)
     assert result["env"] == {"RANK": "0", "WORLD_SIZE": "1", "NOTEBOOK_ACCEL_DEVICE": "xla"}
     assert "[rank 0] epoch 3: loss" in capfd.readouterr().out
-    # The checkpoint holds CPU tensors: it loads where torch_xla is not installed.
-    state = torch.load(tmp_path / "ckpt" / "model.pt", map_location="cpu", weights_only=True)
-    assert all(t.device.type == "cpu" for t in state.values())
-    rng = torch.load(tmp_path / "ckpt" / "random_states_0.pt", weights_only=True)
+    # Checkpoints and saved models hold CPU tensors: they load where torch_xla is not imported.
+    ckpt = tmp_path / "ckpt"
+    files = [ckpt / "model.pt", ckpt / "optimizer.pt", ckpt / "bin" / "pytorch_model.bin", ckpt / "w.pt"]
+    assert _load_without_torch_xla(*files, ckpt / "safetensors" / "model.safetensors") == "ok"
+    rng = torch.load(ckpt / "random_states_0.pt", weights_only=True)
     assert "xla" in rng
 
 
