@@ -4,9 +4,8 @@ Both workers train a small MLP with DDP on gloo. The run alternates blocks of
 ``--steps`` steps in the order plain, logged, logged, plain (so a slow drift of the
 machine cancels out), ``--rounds`` times, in one launch; rank 0 times every block.
 In a logged block every step calls ``accelerator.log({"loss": ...}, step=...)``
-(while ``Accelerator.log`` does not yet stream to the kernel, the same "metrics"
-event is sent with ``events.emit``) and advances a ``notebook_accel.tqdm`` bar; a
-plain block does neither. Both call ``loss.item()``. The kernel side (this
+(which streams a "metrics" event to the kernel) and advances a ``notebook_accel.tqdm``
+bar; a plain block does neither. Both call ``loss.item()``. The kernel side (this
 process) reads and records every event as it would in a notebook.
 
 Prints the throughput ratio logged/plain (total time, and the median of rounds with
@@ -15,7 +14,6 @@ the cost of one event in the worker and in the kernel against the time of a step
 A launch killed from outside (SIGKILL) is repeated, up to twice.
 
     python benchmarks/event_overhead.py [--rounds 15] [--steps 150] [--width 64] [--launches 2]
-                                        [--events-on-timer]
 """
 
 from __future__ import annotations
@@ -26,21 +24,6 @@ import time
 
 from notebook_accel import WorkerError, notebook_launcher
 from notebook_accel.launch.record import last_launch
-
-
-def _log_streams(accelerator) -> bool:
-    """Whether ``accelerator.log`` already sends an event (counted, not delivered)."""
-    from notebook_accel.launch import events
-
-    channel = events._channel
-    sent = []
-    original = channel.emit
-    channel.emit = lambda *args, **kwargs: sent.append(args) or True
-    try:
-        accelerator.log({"probe": 0.0}, step=-1)
-    finally:
-        channel.emit = original
-    return bool(sent)
 
 
 def train(rounds: int, steps: int, width: int, warmup: int = 200) -> dict:
@@ -58,13 +41,9 @@ def train(rounds: int, steps: int, width: int, warmup: int = 200) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     inputs, targets = torch.randn(32, width), torch.randn(32, 1)
-    via_log = _log_streams(accelerator)
 
     def log(values: dict, step: int) -> None:
-        if via_log:
-            accelerator.log(values, step=step)
-        elif accelerator.is_main_process:
-            events.emit("metrics", {"step": step, "values": values})
+        accelerator.log(values, step=step)
 
     def step_once() -> float:
         optimizer.zero_grad()
@@ -98,7 +77,7 @@ def train(rounds: int, steps: int, width: int, warmup: int = 200) -> dict:
     for i in range(emits):  # a kind the record ignores: only the channel's cost
         events.emit("bench", {"step": i, "values": {"loss": 0.5}})
     emit_cost = (time.perf_counter() - start) / emits
-    return {"times": times, "via_log": via_log, "emit_cost": emit_cost}
+    return {"times": times, "emit_cost": emit_cost}
 
 
 def launch(rounds: int, steps: int, width: int) -> dict:
@@ -143,40 +122,13 @@ def kernel_cost(count: int = 20_000) -> float:
     return spent / count
 
 
-def read_events_on_timer() -> None:
-    """What-if: the supervisor reads events on its ~10 Hz refresh instead of waking per event.
-
-    Patches this process's Supervisor (nothing else changes); compare the ratio
-    with and without ``--events-on-timer``.
-    """
-    from notebook_accel.launch.supervisor import Supervisor
-
-    register, refresh = Supervisor._register, Supervisor._refresh
-
-    def _register(self) -> None:
-        register(self)
-        for worker in self.workers:
-            self.selector.unregister(worker.events_fd)
-
-    def _refresh(self) -> None:
-        for worker in self.workers:
-            self._read_events(worker)
-        refresh(self)
-
-    Supervisor._register, Supervisor._refresh = _register, _refresh
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="plain/logged/logged/plain rounds")
     parser.add_argument("--steps", type=int, default=150, help="steps per block")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--launches", type=int, default=2)
-    parser.add_argument("--events-on-timer", action="store_true",
-                        help="what-if: read events on the supervisor's refresh, not per event")
     args = parser.parse_args()
-    if args.events_on_timer:
-        read_events_on_timer()
     plain_total = logged_total = 0.0
     ratios, costs = [], []
     for number in range(args.launches):
@@ -188,13 +140,11 @@ def main() -> None:
         ratios += [(plain[2 * i] + plain[2 * i + 1]) / (logged[2 * i] + logged[2 * i + 1])
                    for i in range(args.rounds)]
         costs.append(result["emit_cost"])
-        how = "accelerator.log" if result["via_log"] else \
-            "events.emit (Accelerator.log does not stream yet)"
         step_time = sum(plain) / len(plain) / args.steps
         print(f"launch {number + 1}: plain {args.steps / (sum(plain) / len(plain)):.1f} steps/s, "
               f"logged {args.steps / (sum(logged) / len(logged)):.1f} steps/s "
               f"({1 / step_time:.0f} metric events/s from rank 0 + ~10 progress events/s); "
-              f"{record.events} events, {sum(record.dropped.values())} dropped; via {how}",
+              f"{record.events} events, {sum(record.dropped.values())} dropped",
               flush=True)
     step_time = plain_total / (args.launches * args.rounds * 2 * args.steps)
     cost, kernel = statistics.median(costs), kernel_cost()

@@ -566,7 +566,9 @@ class Accelerator:
         raise ValueError(f"no tracker {name!r} started; started: {[t.name for t in self.trackers]}")
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
-        """Send ``values`` to every tracker (main process only)."""
+        """Send ``values`` to every tracker (main process only) and to the notebook's live plots."""
+        if self.is_main_process:
+            tracking.stream_to_kernel(values, step)
         for tracker in self.trackers:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 

@@ -89,6 +89,10 @@ def ensure_process_group(
     if backend == "nccl" and device is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
+    if backend == "gloo":
+        # gloo connects its full mesh lazily; a rank that finished right after init could
+        # otherwise close its sockets while a peer is still connecting to it.
+        dist.barrier()
 
 
 class PartialState:

@@ -13,7 +13,24 @@ import os
 from pathlib import Path
 from typing import Any
 
+from notebook_accel.launch import events
+
 TRACKERS = ("jsonl", "tensorboard")
+
+
+def stream_to_kernel(values: dict[str, Any], step: int | None) -> None:
+    """Send the numeric ``values`` to the kernel that launched this worker (live plots,
+    ``last_launch().history``); a no-op outside ``notebook_launcher``."""
+    if not events.active():
+        return
+    numbers = {}
+    for name, value in values.items():
+        if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers[str(name)] = float(value)
+    if numbers:
+        events.emit("metrics", {"step": step, "values": numbers})
 
 
 class GeneralTracker:

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "demo_notebooks").glob("*.ipynb"))
+HAVE_OWN_TEST = {"02_magic.ipynb"}  # tests/test_magic_demo.py runs it
+NOTEBOOKS = sorted(p for p in (Path(__file__).parent.parent / "demo_notebooks").glob("*.ipynb")
+                   if p.name not in HAVE_OWN_TEST)
 
 
 def _execute(path: Path):
@@ -41,6 +43,10 @@ def test_demo_notebook_runs(path):
         held_out = float(text.split("held-out loss:")[1].split()[0])
         assert held_out < 0.3, held_out
         assert "caught WorkerError (rank=1): rank 1 failed: ValueError: rank 1 found a bug" in text
+        assert "loss values logged" in text
+        displays = [output.data.get("text/plain", "") for cell in notebook.cells
+                    for output in cell.get("outputs", []) if output.output_type == "display_data"]
+        assert any("finished in" in text for text in displays), displays
     if path.name == "03_config_panel.ipynb":
         text = _text(notebook)
         assert "sanity check passed: True" in text

@@ -149,7 +149,7 @@ def _format_exception(exc: BaseException) -> str:
     summary = traceback.TracebackException.from_exception(exc)
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     summary.stack = traceback.StackSummary.from_list([
-        entry for entry, frame in zip(summary.stack, frames)
+        entry for entry, frame in zip(summary.stack, frames, strict=True)
         if frame.f_code.co_filename != __file__ and not frame.f_locals.get("__tracebackhide__")
     ])
     return "".join(summary.format())

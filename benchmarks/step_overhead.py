@@ -1,11 +1,10 @@
 """Step overhead: our Accelerator vs a hand-written DDP loop vs the peer's Accelerator.
 
-Meant for ``benchmarks/step_overhead.py`` (issue 3, item 8). Same small MLP, same
-synthetic data, 2 workers, gloo on CPU; the three loops run in the same processes,
+Same small MLP, same synthetic data, 2 workers, gloo on CPU; the three loops run in the same processes,
 in alternating order, and each round's steps/s are compared pairwise, so drift in
 machine load cancels out. Run::
 
-    ACCELERATE_USE_CPU=yes torchrun --nproc-per-node 2 step_overhead.py [ROUNDS] [STEPS]
+    ACCELERATE_USE_CPU=yes torchrun --nproc-per-node 2 benchmarks/step_overhead.py [ROUNDS] [STEPS]
 
 Prints steps/s (median of rounds) and the median per-round ratios
 ours/hand-DDP (goal >= 0.97) and ours/peer (goal >= 1.0).
