@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-HAVE_OWN_TEST = {"02_magic.ipynb"}  # tests/test_magic_demo.py runs it
+HAVE_OWN_TEST = {"02_cell_magic.ipynb"}  # tests/test_magic_demo.py runs it
 NOTEBOOKS = sorted(p for p in (Path(__file__).parent.parent / "demo_notebooks").glob("*.ipynb")
                    if p.name not in HAVE_OWN_TEST)
 

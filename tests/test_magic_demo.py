@@ -1,4 +1,4 @@
-"""demo_notebooks/02_magic.ipynb runs top to bottom, headless, and shows what it promises."""
+"""demo_notebooks/02_cell_magic.ipynb runs top to bottom, headless, and shows what it promises."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-DEMO = Path(__file__).parent.parent / "demo_notebooks" / "02_magic.ipynb"
+DEMO = Path(__file__).parent.parent / "demo_notebooks" / "02_cell_magic.ipynb"
 
 
 def _outputs(cell) -> str:
