@@ -135,6 +135,7 @@ def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method
 
     Returns rank 0's value, or the list of every core's value with ``return_all``.
     """
+    __tracebackhide__ = True  # a core's error is reported without this frame
     os.environ["PJRT_DEVICE"] = pjrt
     os.environ[env.DEVICE_TYPE] = "xla"
     os.environ.update(bf16_environment(os.environ.get(env.MIXED_PRECISION, "no")))
