@@ -8,4 +8,4 @@ fi
 # torch first and pinned: an unpinned torch can pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,notebook,browser]"
+.venv/bin/python -m pip install -q -e ".[dev,notebook,browser,bench]"
