@@ -273,3 +273,50 @@ def test_gradients_are_averaged_once_per_step_even_after_clipping(monkeypatch):
     assert calls == [opt, opt]
     reducer(opt)  # the next step reduces again
     assert calls == [opt, opt, opt]
+
+
+# ---- the plan: device "xla" dispatches to torch_xla's launcher ------------------------------
+
+def _make(**options):
+    base = dict(num_processes=None, mixed_precision=None, use_port=None, master_addr="127.0.0.1",
+                node_rank=0, num_nodes=1, start_method="auto", timeout=None, output="all",
+                return_all=False, max_restarts=0, device="xla")
+    return make_plan(**{**base, **options})
+
+
+def test_plan_for_xla_is_one_host_worker_with_the_torch_xla_job(monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
+    plan = _make()
+    assert plan.device_type == "xla" and plan.num_processes == 1
+    assert plan.xla == detect.XlaJob("CPU", None, 1)
+    assert _make(num_processes=1).xla.nprocs == 1
+    with pytest.raises(ValueError, match="num_processes=3 with device='xla'"):
+        _make(num_processes=3)
+
+
+def test_a_tpu_machine_launches_on_xla_by_default(monkeypatch):
+    from notebook_accel import hardware
+
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.Hardware(cpu_count=4, tpu=True))
+    monkeypatch.setattr(hardware, "tpu_present", lambda: True)
+    plan = _make(device=None)
+    assert plan.device_type == "xla" and plan.xla.pjrt_device == "TPU"
+
+
+def test_config_file_with_distributed_type_xla_is_accepted(tmp_path):
+    from notebook_accel.launch.options import fill_options
+
+    config = tmp_path / "default_config.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: XLA\n")
+    assert fill_options({"device": None, "num_processes": None}, config)["device"] == "xla"
+
+
+def test_notebook_launcher_without_torch_xla_says_how_to_install(monkeypatch):
+    from notebook_accel import notebook_launcher
+
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setattr(xla_launch, "_torch_xla_installed", lambda: False)
+    with pytest.raises(ImportError, match="needs torch_xla"):
+        notebook_launcher(print, device="xla")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import pickle
@@ -19,6 +20,7 @@ from notebook_accel.launch.record import LaunchRecord, remember
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Supervisor
 from notebook_accel.launch.views import make_view
+from notebook_accel.launch.xla_launch import launch_xla
 
 
 def notebook_launcher(
@@ -65,7 +67,8 @@ def notebook_launcher(
         return_all: return every local rank's value (a list in rank order)
             instead of rank 0's.
         output: "all" ranks' output, only the "main" process's, or "none".
-        device: "cpu" or "cuda"; default: CUDA when a GPU is visible.
+        device: "cpu", "cuda" or "xla" (TPU cores through torch_xla's launcher);
+            default: CUDA when a GPU is visible, else XLA on a TPU, else the CPU.
         config_file: a YAML launch config (ours or Accelerate's format); default:
             ``$NOTEBOOK_ACCEL_CONFIG_FILE``, else the default config file if any.
 
@@ -113,9 +116,12 @@ def notebook_launcher(
     if plan.start.reason:
         print(f"[notebook_accel] start method: {plan.start.method} ({plan.start.reason})",
               flush=True)
+    run = _launch_once
+    if plan.device_type == "xla":
+        run = functools.partial(launch_xla, launch_once=_launch_once)
     for attempt in range(plan.max_restarts + 1):
         try:
-            return _launch_once(plan, payload)
+            return run(plan, payload)
         except WorkerError as error:
             if attempt == plan.max_restarts:
                 raise

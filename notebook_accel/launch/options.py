@@ -37,10 +37,4 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
         if value is None:
             value = DEFAULTS.get(key)
         filled[key] = value
-    if filled.get("device") == "xla":
-        source = f" (from {config.source})" if config.source else ""
-        raise ValueError(
-            f"device 'xla'{source}: TPU launches are not supported yet; "
-            "use device='cpu' or 'cuda'"
-        )
     return filled

@@ -15,8 +15,10 @@ from notebook_accel.launch.environment import MIXED_PRECISION_CHOICES
 from notebook_accel.launch.output import OUTPUT_CHOICES
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
+from notebook_accel.launch.xla_launch import xla_job
+from notebook_accel.xla import XlaJob
 
-DEVICE_CHOICES = ("cpu", "cuda")
+DEVICE_CHOICES = ("cpu", "cuda", "xla")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _MAX_DEFAULT_CPU_PROCESSES = 8
 
@@ -37,6 +39,7 @@ class LaunchPlan:
     output: str
     return_all: bool
     max_restarts: int
+    xla: XlaJob | None = None  # device "xla": how torch_xla runs the cores (one host worker)
 
     @property
     def world_size(self) -> int:
@@ -65,7 +68,7 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
-def _device_type(device: str | None, gpus: int) -> str:
+def _device_type(device: str | None, gpus: int, tpu: bool = False) -> str:
     if device is not None and device not in DEVICE_CHOICES:
         raise ValueError(f"device={device!r} is not one of {', '.join(map(repr, DEVICE_CHOICES))}")
     if device == "cuda" and gpus == 0:
@@ -74,7 +77,7 @@ def _device_type(device: str | None, gpus: int) -> str:
         return device
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return "cpu"
-    return "cuda" if gpus else "cpu"
+    return "cuda" if gpus else "xla" if tpu else "cpu"
 
 
 def _num_processes(value: object, device_type: str, hw: hardware.Hardware) -> int:
@@ -129,8 +132,13 @@ def make_plan(
             raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
         timeout = float(timeout)
     hw = hardware.detect()
-    device_type = _device_type(device, hw.gpu_count)
-    count = _num_processes(num_processes, device_type, hw)
+    device_type = _device_type(device, hw.gpu_count, hw.tpu)
+    xla = None
+    if device_type == "xla":  # one host worker; torch_xla starts the cores
+        wanted = None if num_processes is None else _check_int("num_processes", num_processes, 1)
+        xla, count = xla_job(wanted, num_nodes), 1
+    else:
+        count = _num_processes(num_processes, device_type, hw)
     start = choose_start_method(start_method)
 
     if num_nodes > 1:
@@ -146,4 +154,5 @@ def make_plan(
         num_processes=count, num_nodes=num_nodes, node_rank=node_rank, device_type=device_type,
         mixed_precision=mixed_precision, start=start, master_addr=master_addr, port=port,
         timeout=timeout, output=output, return_all=bool(return_all), max_restarts=max_restarts,
+        xla=xla,
     )
