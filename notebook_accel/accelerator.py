@@ -262,7 +262,7 @@ class Accelerator:
 
             xla.rebind_parameters(optimizer, self._moved_parameters)  # models moved to XLA get new Parameters
             if self.use_distributed:
-                before = xla._xm().reduce_gradients
+                before = xla.GradientReducer()  # once per step; clipping may do it first
             after = xla.sync
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler, before, after)
         self._optimizers.append(wrapped)
@@ -341,14 +341,23 @@ class Accelerator:
                 if "already been called" not in str(exc):
                     raise
 
+    def _reduce_xla_gradients(self) -> None:
+        """Several XLA cores: average the gradients before clipping (the step then skips it)."""
+        if self.sync_gradients:
+            for opt in self._optimizers:
+                if hasattr(opt.before_step, "reduce_now"):
+                    opt.before_step.reduce_now(opt.optimizer)
+
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm."""
         self.unscale_gradients()
+        self._reduce_xla_gradients()
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_``."""
         self.unscale_gradients()
+        self._reduce_xla_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # ---- collectives and process control ------------------------------------------------

@@ -320,3 +320,24 @@ def test_notebook_launcher_without_torch_xla_says_how_to_install(monkeypatch):
     monkeypatch.setattr(xla_launch, "_torch_xla_installed", lambda: False)
     with pytest.raises(ImportError, match="needs torch_xla"):
         notebook_launcher(print, device="xla")
+
+
+def test_clipping_on_several_xla_cores_clips_averaged_gradients_once(monkeypatch):
+    from notebook_accel import Accelerator
+    from notebook_accel.optim import AcceleratedOptimizer
+
+    calls = []
+    monkeypatch.setattr(runtime, "_xm", lambda: types.SimpleNamespace(
+        reduce_gradients=lambda opt: calls.append("reduce")))
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = AcceleratedOptimizer(inner, accelerator.gradient_state, None, runtime.GradientReducer())
+    accelerator._optimizers.append(optimizer)
+    model(torch.ones(1, 2)).sum().backward()
+    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+    assert calls == ["reduce"]  # averaged before clipping
+    optimizer.step()
+    assert calls == ["reduce"]  # not again in the step
+    optimizer.step()
+    assert calls == ["reduce", "reduce"]
