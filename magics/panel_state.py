@@ -127,8 +127,8 @@ def validate(state: FormState, hw: Hardware) -> list[Message]:
     if state.device == "xla" and not hw.tpu:
         out.append(Message("error", "device 'xla' but no TPU is detected on this machine"))
     elif dev == "xla":
-        out.append(Message("note", "TPU launches from the notebook are not supported yet; the "
-                                   "file is still read by `accelerate launch`"))
+        out.append(Message("note", "TPU: torch_xla starts one worker per core; the number of "
+                                   "processes is what torch_xla decides (or 1)"))
     choice = {c.value: c for c in precision_choices(state.device, hw)}.get(state.mixed_precision)
     if choice is None:
         out.append(Message("error", f"unknown mixed precision {state.mixed_precision!r}"))

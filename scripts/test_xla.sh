@@ -13,7 +13,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if ! "$VENV/bin/python" -c "import torch_xla" 2>/dev/null; then
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q "torch==2.9.0" "torch_xla==2.9.0"
+    if ! "$VENV/bin/python" -m pip install -q "torch==2.9.0" "torch_xla==2.9.0"; then
+        # A failed download (3.9 GB) is not a failed test: say so loudly, run nothing.
+        echo "scripts/test_xla.sh: could not install torch 2.9.0 + torch_xla 2.9.0; XLA tests NOT run" >&2
+        if [ -n "${XLA_REQUIRED:-}" ]; then exit 1; fi
+        exit 0
+    fi
 fi
 "$VENV/bin/python" -m pip install -q -e . --no-deps
 "$VENV/bin/python" -m pip install -q cloudpickle pyyaml psutil numpy safetensors \

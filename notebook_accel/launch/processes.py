@@ -43,8 +43,8 @@ class Worker:
 
 
 @contextlib.contextmanager
-def _main_module_hidden(hide: bool):
-    """Keep multiprocessing from re-running the caller's ``__main__`` in spawned workers.
+def main_module_hidden(hide: bool):
+    """Keep multiprocessing from re-running the caller's ``__main__`` in spawned processes.
 
     The payload carries everything the function needs (by value), so a script
     without an ``if __name__ == "__main__":`` guard must not be executed again
@@ -109,7 +109,7 @@ def start_workers(
                                 alive=alive)
             process = context.Process(target=worker_main, args=(spec, payload, pipes),
                                       name=f"notebook-accel-rank{rank}", daemon=False)
-            with _main_module_hidden(plan.start.method != "fork"):
+            with main_module_hidden(plan.start.method != "fork"):
                 process.start()
             for fd in (out[0], err[0], ev[0]):
                 os.set_blocking(fd, False)

@@ -13,7 +13,6 @@ host (failure elsewhere, interrupt, timeout, kernel death) stops them too.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import io
@@ -23,8 +22,7 @@ import sys
 import tempfile
 import time
 import traceback
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,20 +110,6 @@ def launch_xla(plan: Any, payload: bytes, launch_once: Callable[[Any, bytes], An
 
 # ---- the host worker ----------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _main_module_hidden(hide: bool) -> Iterator[None]:
-    """Spawned cores must not re-run the kernel's (or a script's) ``__main__``."""
-    if not hide:
-        yield
-        return
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
 def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method: str,
               pjrt: str, output: str = "all") -> Any:
     """In the host worker: start the cores with torch_xla's launcher and collect their results.
@@ -135,6 +119,8 @@ def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method
 
     Returns rank 0's value, or the list of every core's value with ``return_all``.
     """
+    from notebook_accel.launch.processes import main_module_hidden  # (no import cycle)
+
     __tracebackhide__ = True  # a core's error is reported without this frame
     os.environ["PJRT_DEVICE"] = pjrt
     os.environ[env.DEVICE_TYPE] = "xla"
@@ -143,7 +129,7 @@ def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method
 
     with tempfile.TemporaryDirectory(prefix="notebook-accel-xla-") as results:
         try:
-            with _main_module_hidden(start_method == "spawn" and nprocs != 1):
+            with main_module_hidden(start_method == "spawn" and nprocs != 1):
                 torch_xla.launch(_core_main, args=(payload, results, return_all, output),
                                  start_method=start_method, debug_single_process=nprocs == 1)
         except BaseException as exc:
