@@ -21,7 +21,7 @@ if ! "$VENV/bin/python" -c "import torch_xla" 2>/dev/null; then
     fi
 fi
 "$VENV/bin/python" -m pip install -q -e . --no-deps
-"$VENV/bin/python" -m pip install -q cloudpickle pyyaml psutil numpy safetensors \
+"$VENV/bin/python" -m pip install -q cloudpickle pyyaml psutil numpy safetensors tqdm \
     pytest pytest-timeout ipykernel jupyter_client
 export PJRT_DEVICE=CPU
 # Only the XLA test modules: the others need the notebook extras this venv does not carry.
