@@ -129,7 +129,11 @@ def _libtpu_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
-@functools.lru_cache(maxsize=1)
 def detect() -> Hardware:
-    """Detect the hardware once per process (cached)."""
+    """Detect the hardware (cached; looked at again when ``CUDA_VISIBLE_DEVICES`` changes)."""
+    return _detect(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.lru_cache(maxsize=4)
+def _detect(visible: str | None) -> Hardware:
     return Hardware(cpu_count=_cpu_count(), gpu_names=tuple(gpu_names()), tpu=tpu_present())

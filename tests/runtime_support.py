@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
+
+from notebook_accel.launch.ports import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -29,12 +30,6 @@ def no_worker_left_behind():
     for proc in left:
         proc.kill()
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(script: Path, out: Path, phase: str | None, nproc: int = 2, timeout: float = 150) -> list[dict]:

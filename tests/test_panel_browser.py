@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from notebook_accel.launch.ports import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parent.parent
@@ -53,12 +54,6 @@ NOTEBOOK = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _get(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -70,7 +65,7 @@ def _get(url: str) -> bool:
 @contextlib.contextmanager
 def jupyter_lab(root: Path, env: dict[str, str]) -> Iterator[str]:
     """A JupyterLab server on 127.0.0.1 with a random token; yields its base URL + token query."""
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     for name in ("config", "runtime", "workspaces", "settings"):
         (root / f".jp-{name}").mkdir()
     news = root / ".jp-settings" / "@jupyterlab" / "apputils-extension"

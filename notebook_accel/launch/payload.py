@@ -56,7 +56,7 @@ class _PayloadPickler(cloudpickle.CloudPickler):
     )
 
 
-def _dumps(obj: Any, pickler_class: type = None) -> bytes:
+def _dumps(obj: Any, pickler_class: type | None = None) -> bytes:
     buffer = io.BytesIO()
     (pickler_class or _PayloadPickler)(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()

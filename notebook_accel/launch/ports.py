@@ -26,14 +26,3 @@ def parse_port(value: int | str) -> int:
     if isinstance(value, bool) or not 1 <= port <= 65535:
         raise ValueError(f"use_port={value!r} is not a port number (1-65535)")
     return port
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raise ValueError when ``port`` on ``host`` is already taken."""
-    try:
-        _bind(host, port)
-    except OSError as exc:
-        raise ValueError(
-            f"port {port} on {host} is busy ({exc.strerror}); pass another use_port, "
-            "or use_port=None to pick a free one"
-        ) from None
