@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from notebook_accel import exit_teardown
 from notebook_accel.launch import environment as env
 
 T = TypeVar("T")
@@ -68,6 +69,9 @@ def ensure_process_group(
 ) -> None:
     """Create the default process group once per process; later calls reuse it.
 
+    Also arranges for the group to be torn down cleanly when the interpreter exits
+    (see ``notebook_accel.exit_teardown``).
+
     Args:
         backend: ``"gloo"``, ``"nccl"`` or ``"xla"``.
         rank: this process's global rank.
@@ -75,7 +79,10 @@ def ensure_process_group(
         timeout: collective timeout, or ``None`` for torch's default.
         device: for nccl, this process's GPU, bound to the group where torch supports it.
     """
-    if world_size <= 1 or dist.is_initialized():
+    if world_size <= 1:
+        return
+    exit_teardown.register(backend)
+    if dist.is_initialized():
         return
     kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size}
     if timeout is not None:
