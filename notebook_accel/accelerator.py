@@ -23,6 +23,7 @@ import builtins
 import contextlib
 import gc
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -235,7 +236,13 @@ class Accelerator:
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
-        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed."""
+        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed.
+
+        A model prepared before (or the module inside one) is returned as prepared then.
+        """
+        for prepared in self._models:
+            if model is prepared or model is getattr(prepared, "module", None):
+                return prepared
         if device_placement if device_placement is not None else self.device_placement:
             if self.device.type == "xla":
                 from notebook_accel.xla import runtime as xla
@@ -287,7 +294,7 @@ class Accelerator:
             split_batches=self.split_batches, even_batches=self.even_batches,
             loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
             seed=self.dataloader_config.data_seed, auto_resume=self.dataloader_config.use_stateful_dataloader,
-            collective_device=self.device,
+            collective_device=self.device, use_seedable_sampler=self.dataloader_config.use_seedable_sampler,
         )
         self._dataloaders.append(shard)
         return shard
@@ -381,7 +388,7 @@ class Accelerator:
         return ops.gather_object(obj)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """All-reduce tensors (nested): ``"sum"``, ``"mean"`` or ``"none"``."""
+        """All-reduce tensors (nested): ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"``."""
         return ops.reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
@@ -433,13 +440,23 @@ class Accelerator:
         if even_batches is not None:
             for sampler, _ in saved:
                 sampler.even_batches = even_batches
+            if len(saved) < len(self._dataloaders):
+                warnings.warn(
+                    "join_uneven_inputs(even_batches=...) is only supported for map-style datasets: "
+                    "loaders over an IterableDataset keep their setting", UserWarning, stacklevel=3,
+                )
         try:
-            if self.use_distributed and self.distributed_type != DistributedType.XLA:
+            if self.distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
                 from torch.distributed.algorithms.join import Join
 
                 with Join(joinables):
                     yield
             else:
+                if self.distributed_type != DistributedType.NO:
+                    warnings.warn(
+                        f"join_uneven_inputs is only supported for multi-GPU/multi-CPU DDP training, not "
+                        f"{self.distributed_type.value}; it has no effect here", UserWarning, stacklevel=3,
+                    )
                 yield
         finally:
             for sampler, value in saved:
@@ -499,10 +516,17 @@ class Accelerator:
         return checkpoint.save_weights(state, Path(save_directory), safe_serialization)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``."""
-        for obj in objects:
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"{type(obj).__name__} has no state_dict/load_state_dict; it cannot be checkpointed")
+        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``.
+
+        Raises:
+            ValueError: listing every object (by position and type) that lacks them.
+        """
+        bad = [f"#{i} ({type(obj).__name__})" for i, obj in enumerate(objects)
+               if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
+        if bad:
+            raise ValueError(
+                f"these objects have no state_dict/load_state_dict and cannot be checkpointed: {', '.join(bad)}"
+            )
         self._custom_objects.extend(objects)
 
     def _checkpoint_items(self) -> checkpoint.CheckpointItems:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,10 @@ from typing import Any
 
 import torch
 
+from notebook_accel.ops import broadcast_object_list
 from notebook_accel.state import PartialState
+
+_TOKEN = ".save_token"  # which save_state call made a <dir>.tmp (see _claim_tmp)
 
 
 @dataclass
@@ -107,25 +111,60 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
+def _claim_tmp(final: Path, tmp: Path, state: PartialState) -> bool:
+    """Make ``tmp`` ready on every process; True where this process finalises it.
+
+    The main process (re)creates ``tmp`` with a fresh token file. A process that
+    does not see that token has its own file system (each rank its own path, or
+    machines without a shared one): the first such process per file system claims
+    ``tmp`` with an exclusive lock file and (re)creates it there.
+    """
+    token = uuid.uuid4().hex if state.is_main_process else None
+    if state.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
+        tmp.mkdir(parents=True)
+        (tmp / _TOKEN).write_text(token)
+    token = broadcast_object_list([token])[0] if state.use_distributed else token
+    owner = state.is_main_process
+    if not owner:
+        try:
+            shared = (tmp / _TOKEN).read_text() == token
+        except OSError:
+            shared = False
+        if not shared:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            lock = final.with_name(f"{final.name}.claim-{token}")
+            try:
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                owner = True
+            except FileExistsError:
+                owner = False
+            if owner:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                (tmp / _TOKEN).write_text(token)
+    state.wait_for_everyone()
+    return owner
+
+
 def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState) -> Path:
     """Write a checkpoint of ``items`` to ``output_dir`` atomically; returns its path.
 
-    Every process must call it (each writes its own RNG file).
+    Every process must call it (each writes its own RNG file). Where processes do not
+    share the directory (each its own path, or machines without a shared file system),
+    one process per file system writes the shared files there too, so every copy is complete.
     """
     final = Path(output_dir).absolute()
     tmp = final.with_name(final.name + ".tmp")
     old = final.with_name(final.name + ".old")
-    if state.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
-        tmp.mkdir(parents=True)
-    state.wait_for_everyone()
+    owner = _claim_tmp(final, tmp, state)
     on_xla = state.device.type == "xla"
     if on_xla:  # every process takes part in the copy to the CPU
         from notebook_accel.xla import runtime as xla
 
         model_states = [xla.to_cpu(_unwrap(m).state_dict()) for m in items.models]
         optimizer_states = [xla.to_cpu(o.state_dict()) for o in items.optimizers]
-    if state.is_main_process:
+    if owner:
         for i, model in enumerate(items.models):
             _write(model_states[i] if on_xla else _unwrap(model).state_dict(), tmp / _name("model", i))
         for i, opt in enumerate(items.optimizers):
@@ -141,7 +180,8 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
             _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
     _write(rng_state(on_xla), tmp / f"random_states_{state.process_index}.pt")
     state.wait_for_everyone()
-    if state.is_main_process:
+    if owner:
+        (tmp / _TOKEN).unlink()
         _fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -149,6 +189,9 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
         os.rename(tmp, final)
         _fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
+        if not state.is_main_process:
+            for lock in final.parent.glob(f"{final.name}.claim-*"):
+                lock.unlink(missing_ok=True)
     state.wait_for_everyone()
     return final
 

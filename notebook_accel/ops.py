@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-REDUCTIONS = ("sum", "mean", "none")
+REDUCTIONS = ("sum", "mean", "max", "min", "none")
+_OPS = {"max": "MAX", "min": "MIN"}
 
 
 def world_size() -> int:
@@ -157,7 +158,8 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
     Args:
         data: a tensor or nested structure of tensors.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
+        reduction: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` (element-wise over the
+            processes) or ``"none"``.
         scale: factor applied to the result.
     """
     if reduction not in REDUCTIONS:
@@ -170,7 +172,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
             return out * scale if scale != 1.0 else out
         out = tensor.clone()
         if n > 1 and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS.get(reduction, "SUM")))
             if reduction == "mean":
                 out /= n
         if scale != 1.0:

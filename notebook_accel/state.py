@@ -254,9 +254,12 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
     if isinstance(inputs, dict):
         return {k: split_for_process(v, index, count, apply_padding) for k, v in inputs.items()}
     if not isinstance(inputs, (list, tuple, torch.Tensor)):
-        raise TypeError(
-            f"split_between_processes takes a list, tuple, tensor or dict, not {type(inputs).__name__}"
-        )
+        if not (hasattr(inputs, "__len__") and hasattr(inputs, "__getitem__")):
+            raise TypeError(
+                "split_between_processes takes a list, tuple, tensor, dict or any sized indexable "
+                f"(a datasets.Dataset, a torch Dataset with __len__), not {type(inputs).__name__}"
+            )
+        return _split_indexable(inputs, index, count, apply_padding)
     base, extra = divmod(len(inputs), count)
     start = index * base + min(index, extra)
     end = start + base + (1 if index < extra else 0)
@@ -271,3 +274,12 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
             else:
                 part = part + type(part)(last) * missing
     return part
+
+
+def _split_indexable(inputs: Any, index: int, count: int, apply_padding: bool) -> Any:
+    """Share ``index`` of a sized indexable: ``inputs.select(rows)`` when it has one
+    (``datasets.Dataset``), else a ``torch.utils.data.Subset``."""
+    rows = split_for_process(list(range(len(inputs))), index, count, apply_padding)
+    if callable(getattr(inputs, "select", None)):
+        return inputs.select(rows)
+    return torch.utils.data.Subset(inputs, rows)

@@ -1,0 +1,37 @@
+"""Two-process regression tests for issue 12 (real gloo collectives under torchrun)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.runtime_support import no_worker_left_behind, torchrun  # noqa: F401  (overrides conftest's)
+
+SCRIPT = Path(__file__).parent / "runtime_scripts" / "compat_checks.py"
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return torchrun(SCRIPT, tmp_path_factory.mktemp("compat"), "compat")
+
+
+def test_two_processes_with_the_users_generator_train_the_one_process_model(ranks):
+    for rank in ranks:
+        assert rank["one_process_order"] < 1e-6
+
+
+def test_save_state_into_a_directory_per_rank_is_complete_on_every_rank(ranks):
+    want = ["accelerator.pt", "model.pt", "random_states_0.pt"]
+    assert ranks[0]["unshared_files"] == want
+    assert ranks[1]["unshared_files"] == ["accelerator.pt", "model.pt", "random_states_1.pt"]
+    for rank in ranks:
+        assert rank["unshared_leftovers"] == []  # no .tmp, .old or lock files left
+        assert rank["shared_files"] == ["accelerator.pt", "model.pt", "random_states_0.pt", "random_states_1.pt"]
+
+
+def test_max_min_reductions_and_split_of_a_dataset(ranks):
+    for rank in ranks:
+        assert rank["max"] == [3.0, 4.0] and rank["min"] == [1.0, 2.0]
+        assert rank["split"] == [0, 1, 2, 3, 4, 4]
+        assert rank["gather"] == [0, 1]
