@@ -24,6 +24,7 @@ import contextlib
 import gc
 import os
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,10 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
 from notebook_accel import checkpoint, ops, precision, tracking
+from notebook_accel.accelerator_state import AcceleratorState
 from notebook_accel.checkpoint import ProjectConfiguration
 from notebook_accel.data import (
     DataLoaderConfiguration,
@@ -42,7 +45,7 @@ from notebook_accel.data import (
 )
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
-from notebook_accel.state import DistributedType, PartialState
+from notebook_accel.state import DistributedType
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
 if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
@@ -103,8 +106,8 @@ class Accelerator:
         scaler_kwargs: dict[str, Any] | None = None,
         kwargs_handlers: list[Any] | None = None,
     ) -> None:
-        self.state = PartialState(cpu=cpu)
-        self.mixed_precision = precision.resolve_mixed_precision(mixed_precision)
+        self.state = AcceleratorState(mixed_precision, cpu=cpu)
+        self.mixed_precision = self.state.mixed_precision
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches, even_batches)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -130,6 +133,9 @@ class Accelerator:
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
         self._moved_parameters: dict[int, torch.nn.Parameter] = {}  # XLA: id(old) -> moved parameter
+        # OrderedDict: RemovableHandle keeps a weak reference to it
+        self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
@@ -213,6 +219,7 @@ class Accelerator:
         Schedulers are prepared last, so they can find their prepared optimizers.
         Other objects are returned unchanged.
         """
+        self.distributed_type.check_supported()
         placement = device_placement or [self.device_placement] * len(args)
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
@@ -295,6 +302,7 @@ class Accelerator:
             loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
             seed=self.dataloader_config.data_seed, auto_resume=self.dataloader_config.use_stateful_dataloader,
             collective_device=self.device, use_seedable_sampler=self.dataloader_config.use_seedable_sampler,
+            dispatch_batches=bool(self.dataloader_config.dispatch_batches),
         )
         self._dataloaders.append(shard)
         return shard
@@ -328,6 +336,24 @@ class Accelerator:
         if self.use_distributed and isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Make the next backward all-reduce DDP gradients even though the forward ran under ``no_sync``.
+
+        For several forwards under ``no_sync`` followed by several backwards: wrap the last backward.
+        A null context when ``model`` is not DDP-wrapped.
+        """
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
         """Autocast for this accelerator's mixed precision and device.
@@ -474,14 +500,13 @@ class Accelerator:
         return fired
 
     # ---- models and checkpoints ---------------------------------------------------------
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        """The user's module inside DDP / ``torch.compile``; optionally without the autocast forward."""
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        model = getattr(model, "_orig_mod", model)
-        if not keep_fp32_wrapper:
-            precision.unwrap_forward(model)
-        return model
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = False) -> torch.nn.Module:
+        """The user's module inside DDP (and ``torch.compile`` unless ``keep_torch_compile``);
+        optionally without the autocast forward."""
+        from notebook_accel.helpers import extract_model_from_parallel
+
+        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's state dict (of the unwrapped model by default), on the CPU-visible device."""
@@ -504,16 +529,18 @@ class Accelerator:
             checkpoint.save_object(obj, Path(f), safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
-                   safe_serialization: bool = True) -> Path | None:
+                   max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> Path | None:
         """Save the unwrapped model's weights on the main process; returns the file (else ``None``).
 
         ``model.safetensors`` (tied weights stored once) or, with ``safe_serialization=False``,
-        ``pytorch_model.bin``; written to a temporary name, then renamed.
+        ``pytorch_model.bin``; written to a temporary name, then renamed. Above
+        ``max_shard_size`` (bytes, or ``"10GB"``, ``"500MB"``...) the weights are split into
+        ``model-00001-of-0000N.safetensors``... and the returned index file maps each weight to its shard.
         """
         state = self._to_cpu(self.unwrap_model(model).state_dict())
         if not self.is_main_process:
             return None
-        return checkpoint.save_weights(state, Path(save_directory), safe_serialization)
+        return checkpoint.save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``.
@@ -535,15 +562,45 @@ class Accelerator:
             self._custom_objects, self.scaler, _AcceleratorCounters(self),
         )
 
-    def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` at the start of every ``save_state``.
+
+        ``weights`` holds the models' state dicts; a hook may change it or remove entries
+        (with the matching ``models`` entries) to save something else or nothing.
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` at the start of every ``load_state``.
+
+        A hook may remove entries from ``models`` to load them itself. Returns a removable handle.
+        """
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None,
+                   safe_serialization: bool = False) -> Path:
         """Atomically checkpoint models, optimizers, schedulers, loaders, scaler and RNGs (all processes call it).
 
         Without ``output_dir``: the next automatic checkpoint when ``automatic_checkpoint_naming``
         is on (older ones beyond ``total_limit`` are removed), else ``<project_dir>/checkpoint``.
+        ``safe_serialization`` stores the models as safetensors (``model.safetensors``...);
+        ``load_state`` reads either.
         """
         config = self.project_configuration
         automatic = output_dir is None and config.automatic_checkpoint_naming
-        path = checkpoint.save_state(config.resolve(output_dir, saving=True), self._checkpoint_items(), self.state)
+        target = config.resolve(output_dir, saving=True)
+        items = self._checkpoint_items()
+        if self._save_state_pre_hooks:
+            items.model_states = [self.unwrap_model(m).state_dict() for m in items.models]
+            items.models = list(items.models)
+            for hook in list(self._save_state_pre_hooks.values()):
+                hook(items.models, items.model_states, target)
+        path = checkpoint.save_state(target, items, self.state, safe_serialization)
         if automatic:
             config.iteration += 1
             if self.is_main_process:
@@ -557,7 +614,12 @@ class Accelerator:
         ``weights_only=False`` can run code from the files: use it on trusted checkpoints only.
         """
         path = self.project_configuration.resolve(input_dir, saving=False)
-        path = checkpoint.load_state(path, self._checkpoint_items(), self.state, weights_only)
+        items = self._checkpoint_items()
+        if self._load_state_pre_hooks:
+            items.models = list(items.models)
+            for hook in list(self._load_state_pre_hooks.values()):
+                hook(items.models, path)
+        path = checkpoint.load_state(path, items, self.state, weights_only)
         suffix = path.name.removeprefix("checkpoint_")
         if self.project_configuration.automatic_checkpoint_naming and suffix.isdigit():
             self.project_configuration.iteration = int(suffix) + 1
@@ -606,11 +668,12 @@ class Accelerator:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Finish every tracker, then wait for all processes."""
+        """Finish every tracker, wait for all processes, then destroy the process group (as the peer)."""
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
         self.wait_for_everyone()
+        self.state.destroy_process_group()
 
 
 class _AcceleratorCounters:

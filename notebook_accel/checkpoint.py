@@ -2,7 +2,8 @@
 
 A checkpoint is a directory::
 
-    model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process)
+    model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process;
+                                       model.safetensors, ... with safe_serialization)
     optimizer.pt, scheduler.pt, ...    likewise, one per prepared object
     dataloader.pt, ...                 shuffling generator and position in the epoch
     scaler.pt                          the fp16 GradScaler, when there is one
@@ -52,6 +53,7 @@ class CheckpointItems:
     custom: list[Any] = field(default_factory=list)
     scaler: Any = None
     accelerator: Any = None  # an object with state_dict / load_state_dict
+    model_states: list[dict[str, Any]] | None = None  # what save-state hooks left to write (else: the models')
 
 
 def _name(prefix: str, index: int) -> str:
@@ -147,12 +149,19 @@ def _claim_tmp(final: Path, tmp: Path, state: PartialState) -> bool:
     return owner
 
 
-def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState) -> Path:
+def _model_file(index: int, safe_serialization: bool) -> str:
+    return _name("model", index).replace(".pt", ".safetensors") if safe_serialization else _name("model", index)
+
+
+def save_state(
+    output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, safe_serialization: bool = False,
+) -> Path:
     """Write a checkpoint of ``items`` to ``output_dir`` atomically; returns its path.
 
     Every process must call it (each writes its own RNG file). Where processes do not
     share the directory (each its own path, or machines without a shared file system),
     one process per file system writes the shared files there too, so every copy is complete.
+    ``safe_serialization`` writes the models as ``model.safetensors``, ``model_1.safetensors``...
     """
     final = Path(output_dir).absolute()
     tmp = final.with_name(final.name + ".tmp")
@@ -162,11 +171,18 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
     if on_xla:  # every process takes part in the copy to the CPU
         from notebook_accel.xla import runtime as xla
 
-        model_states = [xla.to_cpu(_unwrap(m).state_dict()) for m in items.models]
+        model_states = [xla.to_cpu(s) for s in items.model_states or [_unwrap(m).state_dict() for m in items.models]]
         optimizer_states = [xla.to_cpu(o.state_dict()) for o in items.optimizers]
+    elif items.model_states is not None:
+        model_states = items.model_states
+    else:
+        model_states = [_unwrap(m).state_dict() for m in items.models]
     if owner:
-        for i, model in enumerate(items.models):
-            _write(model_states[i] if on_xla else _unwrap(model).state_dict(), tmp / _name("model", i))
+        for i, weights in enumerate(model_states):
+            if safe_serialization:
+                save_weights_file(weights, tmp / _model_file(i, True))
+            else:
+                _write(weights, tmp / _model_file(i, False))
         for i, opt in enumerate(items.optimizers):
             _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / _name("optimizer", i))
         for prefix, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
@@ -206,28 +222,41 @@ def save_object(obj: Any, path: Path, safe_serialization: bool = False) -> None:
         torch.save(obj, path)
 
 
-def save_weights(state: dict[str, torch.Tensor], directory: Path, safe_serialization: bool = True) -> Path:
+def save_weights_file(state: dict[str, torch.Tensor], path: Path) -> None:
+    """One safetensors file of ``state``, tied weights stored once (fsync'd)."""
+    save_object(_untied(state), path, safe_serialization=True)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    seen: set[tuple[Any, int]] = set()
+    unique = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor.contiguous()
+    return unique
+
+
+def save_weights(
+    state: dict[str, torch.Tensor], directory: Path, safe_serialization: bool = True,
+    max_shard_size: int | str = "10GB",
+) -> Path:
     """Write a model state dict as ``model.safetensors`` or ``pytorch_model.bin``, atomically.
 
-    safetensors refuses tensors sharing memory (tied weights): each is stored once,
-    under its first name, as the peer does.
+    Above ``max_shard_size`` the weights are split into shards with an index file
+    (``weight_shards``). safetensors refuses tensors sharing memory (tied weights):
+    each is stored once, under its first name, as the peer does.
     """
+    from notebook_accel.weight_shards import parse_size, save_shards, split_state
+
+    limit = parse_size(max_shard_size)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / ("model.safetensors" if safe_serialization else "pytorch_model.bin")
-    tmp = path.with_name(path.name + ".tmp")
     if safe_serialization:
-        seen: set[tuple[Any, int]] = set()
-        unique = {}
-        for name, tensor in state.items():
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-            if key not in seen:
-                seen.add(key)
-                unique[name] = tensor.contiguous()
-        save_object(unique, tmp, safe_serialization=True)
-    else:
-        save_object(state, tmp)
-    os.replace(tmp, path)
-    return path
+        state = _untied(state)
+    return save_shards(split_state(state, limit), directory, safe_serialization)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -276,7 +305,13 @@ def load_state(
         return _read(file, weights_only)
 
     for i, model in enumerate(items.models):
-        _unwrap(model).load_state_dict(read(_name("model", i)))
+        safe = path / _model_file(i, True)
+        if safe.is_file():
+            from safetensors.torch import load_file
+
+            _unwrap(model).load_state_dict(load_file(str(safe)))
+        else:
+            _unwrap(model).load_state_dict(read(_model_file(i, False)))
     for prefix, objs in (
         ("optimizer", items.optimizers), ("scheduler", items.schedulers), ("dataloader", items.dataloaders),
     ):

@@ -61,7 +61,8 @@ class DataLoaderConfiguration:
             epoch ``e`` depends only on (seed, ``e``), so ``set_seed`` + ``set_epoch`` replay it.
         use_stateful_dataloader: after ``load_state``, the next pass over a loader resumes
             where the checkpointed epoch stopped (no ``skip_first_batches`` needed).
-        dispatch_batches: the peer's option we do not have; only "off" is accepted.
+        dispatch_batches: rank 0 loads every batch and sends each process its slice
+            (``data_dispatch.DataLoaderDispatcher``); default ``None``/``False``: each loads its own.
     """
 
     split_batches: bool = False
@@ -71,10 +72,6 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = False
     dispatch_batches: bool | None = None
     use_stateful_dataloader: bool = False
-
-    def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise NotImplementedError("dispatch_batches=True is not supported; each process loads its own batches")
 
 
 class LoaderProgress:
@@ -194,7 +191,7 @@ class DataLoaderShard(DataLoader):
         self.end_of_dataloader = False
         self.gradient_state.add_dataloader(self)
         try:
-            it = super().__iter__()
+            it = self._batches()
             for _ in range(self.skip_batches + resume):
                 next(it, None)
             if self.device is not None and self.device.type == "xla":
@@ -222,6 +219,10 @@ class DataLoaderShard(DataLoader):
         finally:
             self.gradient_state.remove_dataloader(self)
             self.iteration += 1
+
+    def _batches(self) -> Iterator[Any]:
+        """This process's batches before the device move (the dispatcher overrides it)."""
+        return super().__iter__()
 
     def _to_device(self, batch: Any) -> Any:
         if self.device is None or self.device.type == "xla":  # XLA: moved by device_batches
@@ -327,6 +328,7 @@ def prepare_data_loader(
     gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
     loader_index: int = 0, non_blocking: bool = False, seed: int | None = None, auto_resume: bool = False,
     collective_device: torch.device | None = None, use_seedable_sampler: bool = False,
+    dispatch_batches: bool = False,
 ) -> DataLoaderShard:
     """Build this process's ``DataLoaderShard`` from a user's ``DataLoader`` (see the module docstring).
 
@@ -341,6 +343,9 @@ def prepare_data_loader(
     if isinstance(loader.dataset, IterableDataset):
         if loader.batch_size is None:
             raise ValueError("prepare() needs a batch_size on a loader over an IterableDataset")
+        if dispatch_batches:
+            return _dispatcher(loader, None, num_processes, process_index, split_batches, even_batches, common,
+                               batch_size=loader.batch_size, drop_last=loader.drop_last)
         shard_ds = IterableDatasetShard(
             loader.dataset, loader.batch_size, loader.drop_last, num_processes, process_index, split_batches
         )
@@ -371,6 +376,9 @@ def prepare_data_loader(
         if sampler is not batch_sampler.sampler:
             batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
         common["generator"] = sampler.generator
+    if dispatch_batches:
+        return _dispatcher(loader, batch_sampler, num_processes, process_index, split_batches, even_batches,
+                           common, synchronize_generator=synchronize)
     shard = ShardBatchSampler(batch_sampler, num_processes, process_index, split_batches, even_batches)
     global_bs = shard.batch_size
     total = None if global_bs is None else (global_bs if split_batches else global_bs * num_processes)
@@ -387,3 +395,25 @@ def prepare_data_loader(
 def _shared_initial_seed(device: torch.device | None) -> int:
     """``torch.initial_seed()`` of rank 0 (what its ``set_seed`` set), on every rank."""
     return _rank0_int(torch.initial_seed() % (2**62), device)
+
+
+def _dispatcher(
+    loader: DataLoader, batch_sampler: Any, num_processes: int, process_index: int, split_batches: bool,
+    even_batches: bool, common: dict[str, Any], **kwargs: Any,
+) -> DataLoaderShard:
+    """A ``DataLoaderDispatcher`` over the user's (unsharded) batches: rank 0 loads, all get a slice."""
+    from notebook_accel.data_dispatch import DataLoaderDispatcher
+
+    size = loader.batch_size if loader.batch_size is not None else getattr(batch_sampler, "batch_size", None)
+    if size is None or (split_batches and size % num_processes):
+        raise ValueError(
+            f"dispatch_batches=True needs a fixed batch size{' divisible by the processes' if split_batches else ''}"
+            f" ({num_processes}), got batch_size={size}"
+        )
+    per = size // num_processes if split_batches else size
+    total = size if split_batches else size * num_processes
+    return DataLoaderDispatcher(
+        loader.dataset, batch_sampler, split_batches=split_batches, even_batches=even_batches,
+        process_index=process_index, num_processes=num_processes, per_process_batch=per,
+        remainder=None, total_batch_size=total, **common, **kwargs, **_loader_kwargs(loader),
+    )

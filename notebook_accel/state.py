@@ -32,12 +32,36 @@ T = TypeVar("T")
 
 
 class DistributedType(str, Enum):
-    """How the processes work together (same values as the peer's enum)."""
+    """How the processes work together (same members and values as the peer's enum).
+
+    ``PartialState`` chooses ``NO``, ``MULTI_CPU``, ``MULTI_GPU`` or ``XLA``; the
+    others exist so code written for the peer imports and compares, and
+    ``check_supported`` says so when one of them is chosen.
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     XLA = "XLA"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    MEGATRON_LM = "MEGATRON_LM"
+
+    def check_supported(self) -> None:
+        """Raise ``NotImplementedError`` naming this member when notebook_accel cannot run it."""
+        supported = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA")
+        if self.value not in supported:
+            raise NotImplementedError(
+                f"distributed_type {self.value} is not supported by notebook_accel (yet); "
+                f"supported: {', '.join(supported)}"
+            )
 
 
 def _env_int(name: str, default: int) -> int:
@@ -173,6 +197,32 @@ class PartialState:
     def is_last_process(self) -> bool:
         """True on the highest global rank."""
         return self.process_index == self.num_processes - 1
+
+    @property
+    def debug(self) -> bool:
+        """Debug mode: collectives first check that every process passes matching shapes (``op_checks``)."""
+        from notebook_accel import op_checks
+
+        return op_checks.debug_enabled()
+
+    @debug.setter
+    def debug(self, enabled: bool) -> None:
+        from notebook_accel import op_checks
+
+        op_checks.set_debug(enabled)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Tear down the process group (``group``, default: the default group) if one exists.
+
+        ``Accelerator.end_training`` calls it; a later ``PartialState()`` creates a new one.
+        """
+        if self.backend is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group(group)
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (no-op for one process)."""

@@ -35,3 +35,19 @@ def test_max_min_reductions_and_split_of_a_dataset(ranks):
         assert rank["max"] == [3.0, 4.0] and rank["min"] == [1.0, 2.0]
         assert rank["split"] == [0, 1, 2, 3, 4, 4]
         assert rank["gather"] == [0, 1]
+
+
+def test_dispatch_batches_sends_every_rank_its_slice(ranks):
+    for rank in ranks:
+        for split in (False, True):
+            values, length, batches = rank[f"dispatch_split{split}"]
+            assert values == list(range(22))  # nothing lost, padding dropped by gather_for_metrics
+            assert length == batches == 6
+
+
+def test_rng_sync_trigger_sync_in_backward_and_debug_mode(ranks):
+    for rank in ranks:
+        assert rank["rng_synced"] is True
+        assert rank["trigger_sync"][0] is True
+        assert "reduce: the processes passed tensors of different shapes" in rank["debug_mode"]
+    assert ranks[0]["trigger_sync"][1] != ranks[1]["trigger_sync"][1]  # the first backward did not sync

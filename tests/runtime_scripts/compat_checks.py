@@ -90,9 +90,57 @@ def check_reductions_and_splits() -> None:
     results["gather"] = gather(torch.tensor([state.process_index])).tolist()
 
 
+def check_dispatch_batches() -> None:
+    """dispatch_batches=True: rank 0 loads, every rank gets its slice; nothing lost, remainder exact."""
+    from notebook_accel.data import DataLoaderConfiguration
+
+    for split in (False, True):
+        acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True, split_batches=split))
+        loader = acc.prepare(DataLoader(TensorDataset(torch.arange(22)), batch_size=4 if split else 2))
+        seen = [acc.gather_for_metrics(x).tolist() for (x,) in loader]
+        results[f"dispatch_split{split}"] = [sorted(v for batch in seen for v in batch), len(loader), len(seen)]
+
+
+def check_rng_sync_trigger_sync_and_debug_mode() -> None:
+    from notebook_accel.op_checks import DistributedOperationException
+    from notebook_accel.rng_sync import synchronize_rng_states
+    from notebook_accel.testing import are_the_same_tensors
+
+    state = PartialState()
+    torch.manual_seed(state.process_index)
+    g = torch.Generator().manual_seed(100 + state.process_index)
+    synchronize_rng_states(["torch", "generator"], generator=g)
+    results["rng_synced"] = are_the_same_tensors(torch.get_rng_state()) and are_the_same_tensors(g.get_state())
+
+    acc = Accelerator()
+    torch.manual_seed(0)
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    x = torch.full((1, 2), float(acc.process_index + 1))
+    losses = []
+    with acc.no_sync(model):
+        for _ in range(2):
+            losses.append(model(x).sum())
+    acc.backward(losses[0])
+    unsynced = model.module.weight.grad.clone()
+    with acc.trigger_sync_in_backward(model):
+        acc.backward(losses[1])
+    grads = gather(model.module.weight.grad[None])
+    results["trigger_sync"] = [bool(torch.equal(grads[0], grads[1])), unsynced.tolist()]
+
+    state.debug = True
+    try:
+        shape = (1, 5) if state.process_index == 0 else (1, 1, 5)
+        reduce(torch.zeros(shape))
+        results["debug_mode"] = "no error"
+    except DistributedOperationException as error:
+        results["debug_mode"] = str(error)
+    finally:
+        state.debug = False
+
+
 def main() -> None:
     for check in (check_users_generator_gives_the_one_process_order, check_save_state_into_unshared_directories,
-                  check_reductions_and_splits):
+                  check_reductions_and_splits, check_dispatch_batches, check_rng_sync_trigger_sync_and_debug_mode):
         check()
     rank = PartialState().process_index
     (OUT / f"compat_rank{rank}.json").write_text(json.dumps(results))
