@@ -168,3 +168,26 @@ def test_launcher_options():
 
     with pytest.raises(ValueError, match="monitor_interval"):
         notebook_launcher(print, num_processes=1, monitor_interval=0)
+
+
+def _put_rank(queue):
+    from notebook_accel import PartialState
+
+    queue.put(PartialState().process_index)
+    queue.close()
+    queue.join_thread()  # flushed before the worker exits
+
+
+def test_forked_workers_inherit_what_cannot_be_pickled_others_are_told():
+    import multiprocessing
+    import threading
+
+    from notebook_accel import notebook_launcher
+
+    queue = multiprocessing.get_context("fork").Queue()
+    notebook_launcher(_put_rank, (queue,), num_processes=2, start_method="fork")
+    assert sorted(queue.get(timeout=10) for _ in range(2)) == [0, 1]
+    with pytest.raises(TypeError, match=r"cannot send args\[0\]"):
+        notebook_launcher(_put_rank, (queue,), num_processes=2, start_method="spawn")
+    with pytest.raises(TypeError, match=r"cannot send args\[0\]"):  # still named before any worker starts
+        notebook_launcher(_put_rank, (threading.Lock(),), num_processes=2, start_method="fork")

@@ -13,7 +13,7 @@ from typing import Any
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
-from notebook_accel.launch.payload import serialise_payload
+from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan
 from notebook_accel.launch.processes import close_worker_fds, kill_workers, start_workers
 from notebook_accel.launch.record import LaunchRecord, remember
@@ -118,7 +118,8 @@ def notebook_launcher(
     )
     plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
                      max_restarts=max_restarts)
-    payload = serialise_payload(function, tuple(args), dict(kwargs or {}))
+    inherit = plan.start.method == "fork" and plan.device_type != "xla"  # multiprocessing queues, locks
+    payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit)
     if plan.start.reason:
         print(f"[notebook_accel] start method: {plan.start.method} ({plan.start.reason})",
               flush=True)
@@ -136,7 +137,7 @@ def notebook_launcher(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
+def _launch_once(plan: LaunchPlan, payload: Payload) -> Any:
     if plan.start.method == "fork":
         # Forked workers inherit what the kernel imported: pay torch's lazy imports
         # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.
