@@ -191,3 +191,16 @@ def test_forked_workers_inherit_what_cannot_be_pickled_others_are_told():
         notebook_launcher(_put_rank, (queue,), num_processes=2, start_method="spawn")
     with pytest.raises(TypeError, match=r"cannot send args\[0\]"):  # still named before any worker starts
         notebook_launcher(_put_rank, (threading.Lock(),), num_processes=2, start_method="fork")
+
+
+def _world():
+    from notebook_accel import PartialState
+
+    state = PartialState()
+    return state.num_processes, state.device.type
+
+
+def test_debug_launcher_runs_on_cpu_processes():
+    from notebook_accel import debug_launcher
+
+    assert debug_launcher(_world, num_processes=2) == (2, "cpu")

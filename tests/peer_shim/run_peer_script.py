@@ -86,9 +86,44 @@ GATED = {
     "test_notebook.py": {"test_clean_cuda_fork": "asserts only when CUDA is available"},
 }
 
+def _tough_nut_every_rank(queue: Any) -> None:
+    from accelerate import PartialState
+
+    state = PartialState()  # every rank joins the job before rank 0 decides
+    if state.process_index == 0:
+        trial = queue.get()
+        if trial > 0:
+            queue.put(trial - 1)
+            queue.close()
+            queue.join_thread()  # the count reaches the next attempt even though we raise
+            raise RuntimeError("The nut hasn't cracked yet! Try again.")
+    state.wait_for_everyone()
+    print(f"PartialState:\n{state}")
+
+
+def _fault_tolerant_ours(max_restarts: int = 3) -> None:
+    # The peer's tough_nut_function races: each rank checks queue.empty() and the one
+    # that sees it empty returns at once, while the other blocks in the process-group
+    # rendezvous for it (a hang on a loaded machine); and the count it puts back is
+    # lost when the worker exits right after. Same check, deterministic: every rank
+    # joins, rank 0 fails 3 times, the 4th launch (3rd restart) succeeds, and the
+    # queue passed as an argument (inherited by the forked workers) carries the count.
+    import multiprocessing
+
+    from accelerate import notebook_launcher
+
+    module = sys.modules["peer_script"]
+    queue = multiprocessing.get_context("fork").Queue()
+    queue.put(max_restarts)
+    notebook_launcher(_tough_nut_every_rank, (queue,), num_processes=module.NUM_PROCESSES,
+                      max_restarts=max_restarts)
+    assert queue.empty(), "the launch succeeded before the nut cracked"
+
+
 CHANGED = {
     "test_script.py": {"test_reinstantiated_state": _reinstantiated_state_ours},
-    "test_notebook.py": {"test_c10d_rdzv_backend": _c10d_rdzv_backend_ours, "test_monitoring": _monitoring_ours},
+    "test_notebook.py": {"test_c10d_rdzv_backend": _c10d_rdzv_backend_ours, "test_monitoring": _monitoring_ours,
+                         "test_fault_tolerant": _fault_tolerant_ours},
 }
 
 
