@@ -170,9 +170,12 @@ class DataLoaderShard(DataLoader):
     def _inner_sampler(self) -> Any:
         """The user's sampler inside the sharding (or the iterable dataset): ``set_epoch`` goes there."""
         shard = self.shard_sampler
-        if shard is None:
+        if shard is not None:
+            inner = shard.batch_sampler
+        elif isinstance(self.dataset, IterableDataset):
             return self.dataset
-        inner = shard.batch_sampler
+        else:  # a dispatcher: the user's own batch sampler
+            inner = self.batch_sampler
         return inner if hasattr(inner, "set_epoch") else getattr(inner, "sampler", inner)
 
     def __iter__(self) -> Iterator[Any]:

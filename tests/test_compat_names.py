@@ -204,3 +204,15 @@ def test_debug_launcher_runs_on_cpu_processes():
     from notebook_accel import debug_launcher
 
     assert debug_launcher(_world, num_processes=2) == (2, "cpu")
+
+
+def test_dispatcher_forwards_set_epoch_to_a_seedable_sampler():
+    from notebook_accel.data import DataLoaderConfiguration
+    from notebook_accel.seeding import set_seed
+
+    set_seed(1)
+    config = DataLoaderConfiguration(dispatch_batches=True, use_seedable_sampler=True)
+    loader = Accelerator(dataloader_config=config).prepare(DataLoader(torch.arange(12), batch_size=4, shuffle=True))
+    first = [b.tolist() for b in loader]
+    loader.set_epoch(0)
+    assert [b.tolist() for b in loader] == first
