@@ -15,7 +15,10 @@ Atomicity: everything is written (and fsync'd) into ``<dir>.tmp``; only then doe
 the main process move the old ``<dir>`` aside to ``<dir>.old``, rename
 ``<dir>.tmp`` to ``<dir>`` and delete ``<dir>.old``. A crash while writing leaves
 the previous checkpoint untouched; a crash between the two renames leaves a
-complete ``<dir>.old``, which ``load_state`` falls back to.
+complete ``<dir>.old``, which ``load_state`` falls back to. Processes that do
+not share the directory with the main process (a path per rank, machines without
+a shared file system) each get a complete copy: one process per file system
+claims it (``<dir>.claim-<token>``, created exclusively) and does the same there.
 
 Security: files are read with ``torch.load(weights_only=True)``, which refuses
 arbitrary pickled objects; a state that needs them can be loaded with
@@ -38,8 +41,6 @@ import torch
 
 from notebook_accel.ops import broadcast_object_list
 from notebook_accel.state import PartialState
-
-_TOKEN = ".save_token"  # which save_state call made a <dir>.tmp (see _claim_tmp)
 
 
 @dataclass
@@ -113,40 +114,40 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def _claim_tmp(final: Path, tmp: Path, state: PartialState) -> bool:
-    """Make ``tmp`` ready on every process; True where this process finalises it.
+def _claim_tmp(final: Path, tmp: Path, state: PartialState) -> Path | None:
+    """Make ``tmp`` ready on every process; returns the claim file where this process finalises it.
 
-    The main process (re)creates ``tmp`` with a fresh token file. A process that
-    does not see that token has its own file system (each rank its own path, or
-    machines without a shared one): the first such process per file system claims
-    ``tmp`` with an exclusive lock file and (re)creates it there.
+    Every process tries to create ``<dir>.claim-<token>`` exclusively (``O_EXCL``,
+    decided by the file server, never from a stale cache), the main process first.
+    On a file system the main process shares, the file exists and the others do
+    not claim; a process that succeeds has a file system of its own (each rank its
+    own path, or machines without a shared one) and (re)creates ``tmp`` there.
     """
     token = uuid.uuid4().hex if state.is_main_process else None
+    if state.use_distributed:
+        token = broadcast_object_list([token])[0]
+    claim = final.with_name(f"{final.name}.claim-{token}")
     if state.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
-        tmp.mkdir(parents=True)
-        (tmp / _TOKEN).write_text(token)
-    token = broadcast_object_list([token])[0] if state.use_distributed else token
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        _create_exclusive(claim)
+    state.wait_for_everyone()
     owner = state.is_main_process
     if not owner:
-        try:
-            shared = (tmp / _TOKEN).read_text() == token
-        except OSError:
-            shared = False
-        if not shared:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            lock = final.with_name(f"{final.name}.claim-{token}")
-            try:
-                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                owner = True
-            except FileExistsError:
-                owner = False
-            if owner:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-                (tmp / _TOKEN).write_text(token)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        owner = _create_exclusive(claim)
+    if owner:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
+        tmp.mkdir()
     state.wait_for_everyone()
-    return owner
+    return claim if owner else None
+
+
+def _create_exclusive(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _model_file(index: int, safe_serialization: bool) -> str:
@@ -166,7 +167,8 @@ def save_state(
     final = Path(output_dir).absolute()
     tmp = final.with_name(final.name + ".tmp")
     old = final.with_name(final.name + ".old")
-    owner = _claim_tmp(final, tmp, state)
+    claim = _claim_tmp(final, tmp, state)
+    owner = claim is not None
     on_xla = state.device.type == "xla"
     if on_xla:  # every process takes part in the copy to the CPU
         from notebook_accel.xla import runtime as xla
@@ -197,7 +199,6 @@ def save_state(
     _write(rng_state(on_xla), tmp / f"random_states_{state.process_index}.pt")
     state.wait_for_everyone()
     if owner:
-        (tmp / _TOKEN).unlink()
         _fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -205,9 +206,7 @@ def save_state(
         os.rename(tmp, final)
         _fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
-        if not state.is_main_process:
-            for lock in final.parent.glob(f"{final.name}.claim-*"):
-                lock.unlink(missing_ok=True)
+        claim.unlink(missing_ok=True)  # every process tried to claim it before the first write
     state.wait_for_everyone()
     return final
 
