@@ -40,14 +40,14 @@ def work(tmp_path_factory):
     return path
 
 
-def check(result: dict, script: str, ranks: int = 2) -> None:
+def check(result: dict, script: str, ranks: int = 2, skipped: set[str] | None = None) -> None:
     assert result["returncode"] == 0, result["output"][-6000:]
     assert len(result["ranks"]) == ranks, result["output"][-3000:]
     for report in result["ranks"]:
         assert report["shim"].endswith("peer_shim/accelerate/__init__.py")
         assert report["leaked"] == [], "the real accelerate was imported"
         assert report["failed"] == []
-        assert set(report["skipped"]) == SKIPPED[script]
+        assert set(report["skipped"]) == (SKIPPED[script] if skipped is None else skipped)
         assert report["passed"]
     print(f"{script}: {run_all.counts(result)}")
 
@@ -65,3 +65,10 @@ def test_peer_notebook_script(work):
     result = run_all.run_script("test_notebook.py", work, "notebook")
     check(result, "test_notebook.py", ranks=1)  # the launching process reports; it starts 2 workers per check
     assert set(result["ranks"][0]["changed"]) == {"test_c10d_rdzv_backend", "test_monitoring", "test_fault_tolerant"}
+
+
+def test_peer_sync_script_on_one_process(work):
+    result = run_all.run_script("test_sync.py", work, nproc=1)
+    several = {"test_distributed_sync", "test_distributed_sync_multiple_fwd", "test_gradient_accumulation"}  # several processes (the last: GPU backends in the peer's main)
+    check(result, "test_sync.py", ranks=1, skipped=several)
+    assert "test_noop_sync" in result["ranks"][0]["passed"]

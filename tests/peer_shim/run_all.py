@@ -4,7 +4,8 @@ Usage: ``python tests/peer_shim/run_all.py [OUT_DIR]``. Each of ``test_script.py
 ``test_ops.py``, ``test_sync.py`` and ``test_distributed_data_loop.py`` runs under
 ``torchrun --nproc-per-node 2``; ``test_script.py`` also through our
 ``notebook_launcher`` (2 workers); ``test_notebook.py`` launches its own 2 workers
-(``ACCELERATE_NUM_PROCESSES=2``). Only the shim ``accelerate`` package (this
+(``ACCELERATE_NUM_PROCESSES=2``); ``test_sync.py`` runs once more on 1 process, for
+its one-process check. Only the shim ``accelerate`` package (this
 directory) is importable as ``accelerate``; the real one is never imported.
 """
 
@@ -77,16 +78,16 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tupl
     return proc.returncode, output
 
 
-def run_script(script: str, work: Path, mode: str = "torchrun", timeout: float = 400) -> dict:
-    """Run one script in ``work/<mode>`` (``torchrun``, ``launcher`` or ``notebook``); returns its reports.
+def run_script(script: str, work: Path, mode: str = "torchrun", timeout: float = 400, nproc: int = 2) -> dict:
+    """Run one script in ``work/<mode>`` (``torchrun`` on ``nproc``, ``launcher`` or ``notebook``); returns its reports.
 
     Returns ``{"returncode", "output", "ranks": [report of rank 0, rank 1]}``.
     """
-    out = work / f"{mode}_{Path(script).stem}"
+    out = work / f"{mode}{'' if nproc == 2 else nproc}_{Path(script).stem}"
     out.mkdir(parents=True, exist_ok=True)
     target = str(work / script)
     if mode == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
                "127.0.0.1", "--master-port", str(_free_port()), str(RUNNER), target, str(out)]
         env = _env()
     elif mode == "launcher":
@@ -109,6 +110,7 @@ def run_all(work: Path) -> dict[str, dict]:
     results = {f"{s} (torchrun)": run_script(s, work) for s in TORCHRUN_SCRIPTS}
     results["test_script.py (notebook_launcher)"] = run_script("test_script.py", work, "launcher")
     results["test_notebook.py (its own notebook_launcher)"] = run_script("test_notebook.py", work, "notebook")
+    results["test_sync.py (torchrun, 1 process)"] = run_script("test_sync.py", work, nproc=1)
     return results
 
 
