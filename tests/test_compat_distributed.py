@@ -8,6 +8,8 @@ import pytest
 
 from tests.runtime_support import no_worker_left_behind, torchrun  # noqa: F401  (overrides conftest's)
 
+pytestmark = pytest.mark.slow  # one torchrun launch for the module: ~7 s alone, ~20 s on a busy machine
+
 SCRIPT = Path(__file__).parent / "runtime_scripts" / "compat_checks.py"
 
 
