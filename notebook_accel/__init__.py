@@ -27,6 +27,22 @@ _EXPORTS = {
     "LaunchConfig": "notebook_accel.config",
     "load_config": "notebook_accel.config",
     "save_config": "notebook_accel.config",
+    "AcceleratorState": "notebook_accel.accelerator_state",
+    "GradientState": "notebook_accel.gradient_state",
+    "GradientAccumulationPlugin": "notebook_accel.plugins",
+    "KwargsHandler": "notebook_accel.plugins",
+    "DistributedDataParallelKwargs": "notebook_accel.plugins",
+    "GradScalerKwargs": "notebook_accel.plugins",
+    "AutocastKwargs": "notebook_accel.plugins",
+    "synchronize_rng_states": "notebook_accel.rng_sync",
+    "SeedableRandomSampler": "notebook_accel.samplers",
+    "SkipBatchSampler": "notebook_accel.samplers",
+    "SkipDataLoader": "notebook_accel.data_skip",
+    "DataLoaderDispatcher": "notebook_accel.data_dispatch",
+    "BatchSamplerShard": "notebook_accel.data_loader",
+    "prepare_data_loader": "notebook_accel.data_loader",
+    "skip_first_batches": "notebook_accel.data",
+    "debug_launcher": "notebook_accel.launch.debug",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -23,6 +23,8 @@ import builtins
 import contextlib
 import gc
 import os
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,10 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
 from notebook_accel import checkpoint, ops, precision, tracking
+from notebook_accel.accelerator_state import AcceleratorState
 from notebook_accel.checkpoint import ProjectConfiguration
 from notebook_accel.data import (
     DataLoaderConfiguration,
@@ -41,7 +45,7 @@ from notebook_accel.data import (
 )
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
-from notebook_accel.state import DistributedType, PartialState
+from notebook_accel.state import DistributedType
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
 if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
@@ -102,8 +106,8 @@ class Accelerator:
         scaler_kwargs: dict[str, Any] | None = None,
         kwargs_handlers: list[Any] | None = None,
     ) -> None:
-        self.state = PartialState(cpu=cpu)
-        self.mixed_precision = precision.resolve_mixed_precision(mixed_precision)
+        self.state = AcceleratorState(mixed_precision, cpu=cpu)
+        self.mixed_precision = self.state.mixed_precision
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches, even_batches)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -129,6 +133,9 @@ class Accelerator:
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
         self._moved_parameters: dict[int, torch.nn.Parameter] = {}  # XLA: id(old) -> moved parameter
+        # OrderedDict: RemovableHandle keeps a weak reference to it
+        self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
@@ -212,6 +219,7 @@ class Accelerator:
         Schedulers are prepared last, so they can find their prepared optimizers.
         Other objects are returned unchanged.
         """
+        self.distributed_type.check_supported()
         placement = device_placement or [self.device_placement] * len(args)
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
@@ -235,7 +243,13 @@ class Accelerator:
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
-        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed."""
+        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed.
+
+        A model prepared before (or the module inside one) is returned as prepared then.
+        """
+        for prepared in self._models:
+            if model is prepared or model is getattr(prepared, "module", None):
+                return prepared
         if device_placement if device_placement is not None else self.device_placement:
             if self.device.type == "xla":
                 from notebook_accel.xla import runtime as xla
@@ -287,7 +301,8 @@ class Accelerator:
             split_batches=self.split_batches, even_batches=self.even_batches,
             loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
             seed=self.dataloader_config.data_seed, auto_resume=self.dataloader_config.use_stateful_dataloader,
-            collective_device=self.device,
+            collective_device=self.device, use_seedable_sampler=self.dataloader_config.use_seedable_sampler,
+            dispatch_batches=bool(self.dataloader_config.dispatch_batches),
         )
         self._dataloaders.append(shard)
         return shard
@@ -321,6 +336,24 @@ class Accelerator:
         if self.use_distributed and isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Make the next backward all-reduce DDP gradients even though the forward ran under ``no_sync``.
+
+        For several forwards under ``no_sync`` followed by several backwards: wrap the last backward.
+        A null context when ``model`` is not DDP-wrapped.
+        """
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
         """Autocast for this accelerator's mixed precision and device.
@@ -381,7 +414,7 @@ class Accelerator:
         return ops.gather_object(obj)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """All-reduce tensors (nested): ``"sum"``, ``"mean"`` or ``"none"``."""
+        """All-reduce tensors (nested): ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"``."""
         return ops.reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
@@ -433,13 +466,23 @@ class Accelerator:
         if even_batches is not None:
             for sampler, _ in saved:
                 sampler.even_batches = even_batches
+            if len(saved) < len(self._dataloaders):
+                warnings.warn(
+                    "join_uneven_inputs(even_batches=...) is only supported for map-style datasets: "
+                    "loaders over an IterableDataset keep their setting", UserWarning, stacklevel=3,
+                )
         try:
-            if self.use_distributed and self.distributed_type != DistributedType.XLA:
+            if self.distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
                 from torch.distributed.algorithms.join import Join
 
                 with Join(joinables):
                     yield
             else:
+                if self.distributed_type != DistributedType.NO:
+                    warnings.warn(
+                        f"join_uneven_inputs is only supported for multi-GPU/multi-CPU DDP training, not "
+                        f"{self.distributed_type.value}; it has no effect here", UserWarning, stacklevel=3,
+                    )
                 yield
         finally:
             for sampler, value in saved:
@@ -457,14 +500,13 @@ class Accelerator:
         return fired
 
     # ---- models and checkpoints ---------------------------------------------------------
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        """The user's module inside DDP / ``torch.compile``; optionally without the autocast forward."""
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        model = getattr(model, "_orig_mod", model)
-        if not keep_fp32_wrapper:
-            precision.unwrap_forward(model)
-        return model
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = False) -> torch.nn.Module:
+        """The user's module inside DDP (and ``torch.compile`` unless ``keep_torch_compile``);
+        optionally without the autocast forward."""
+        from notebook_accel.helpers import extract_model_from_parallel
+
+        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's state dict (of the unwrapped model by default), on the CPU-visible device."""
@@ -487,22 +529,31 @@ class Accelerator:
             checkpoint.save_object(obj, Path(f), safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
-                   safe_serialization: bool = True) -> Path | None:
+                   max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> Path | None:
         """Save the unwrapped model's weights on the main process; returns the file (else ``None``).
 
         ``model.safetensors`` (tied weights stored once) or, with ``safe_serialization=False``,
-        ``pytorch_model.bin``; written to a temporary name, then renamed.
+        ``pytorch_model.bin``; written to a temporary name, then renamed. Above
+        ``max_shard_size`` (bytes, or ``"10GB"``, ``"500MB"``...) the weights are split into
+        ``model-00001-of-0000N.safetensors``... and the returned index file maps each weight to its shard.
         """
         state = self._to_cpu(self.unwrap_model(model).state_dict())
         if not self.is_main_process:
             return None
-        return checkpoint.save_weights(state, Path(save_directory), safe_serialization)
+        return checkpoint.save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``."""
-        for obj in objects:
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"{type(obj).__name__} has no state_dict/load_state_dict; it cannot be checkpointed")
+        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``.
+
+        Raises:
+            ValueError: listing every object (by position and type) that lacks them.
+        """
+        bad = [f"#{i} ({type(obj).__name__})" for i, obj in enumerate(objects)
+               if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
+        if bad:
+            raise ValueError(
+                f"these objects have no state_dict/load_state_dict and cannot be checkpointed: {', '.join(bad)}"
+            )
         self._custom_objects.extend(objects)
 
     def _checkpoint_items(self) -> checkpoint.CheckpointItems:
@@ -511,15 +562,45 @@ class Accelerator:
             self._custom_objects, self.scaler, _AcceleratorCounters(self),
         )
 
-    def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` at the start of every ``save_state``.
+
+        ``weights`` holds the models' state dicts; a hook may change it or remove entries
+        (with the matching ``models`` entries) to save something else or nothing.
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` at the start of every ``load_state``.
+
+        A hook may remove entries from ``models`` to load them itself. Returns a removable handle.
+        """
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None,
+                   safe_serialization: bool = False) -> Path:
         """Atomically checkpoint models, optimizers, schedulers, loaders, scaler and RNGs (all processes call it).
 
         Without ``output_dir``: the next automatic checkpoint when ``automatic_checkpoint_naming``
         is on (older ones beyond ``total_limit`` are removed), else ``<project_dir>/checkpoint``.
+        ``safe_serialization`` stores the models as safetensors (``model.safetensors``...);
+        ``load_state`` reads either.
         """
         config = self.project_configuration
         automatic = output_dir is None and config.automatic_checkpoint_naming
-        path = checkpoint.save_state(config.resolve(output_dir, saving=True), self._checkpoint_items(), self.state)
+        target = config.resolve(output_dir, saving=True)
+        items = self._checkpoint_items()
+        if self._save_state_pre_hooks:
+            items.model_states = [self.unwrap_model(m).state_dict() for m in items.models]
+            items.models = list(items.models)
+            for hook in list(self._save_state_pre_hooks.values()):
+                hook(items.models, items.model_states, target)
+        path = checkpoint.save_state(target, items, self.state, safe_serialization)
         if automatic:
             config.iteration += 1
             if self.is_main_process:
@@ -533,7 +614,12 @@ class Accelerator:
         ``weights_only=False`` can run code from the files: use it on trusted checkpoints only.
         """
         path = self.project_configuration.resolve(input_dir, saving=False)
-        path = checkpoint.load_state(path, self._checkpoint_items(), self.state, weights_only)
+        items = self._checkpoint_items()
+        if self._load_state_pre_hooks:
+            items.models = list(items.models)
+            for hook in list(self._load_state_pre_hooks.values()):
+                hook(items.models, path)
+        path = checkpoint.load_state(path, items, self.state, weights_only)
         suffix = path.name.removeprefix("checkpoint_")
         if self.project_configuration.automatic_checkpoint_naming and suffix.isdigit():
             self.project_configuration.iteration = int(suffix) + 1
@@ -582,11 +668,12 @@ class Accelerator:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Finish every tracker, then wait for all processes."""
+        """Finish every tracker, wait for all processes, then destroy the process group (as the peer)."""
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
         self.wait_for_everyone()
+        self.state.destroy_process_group()
 
 
 class _AcceleratorCounters:

@@ -2,7 +2,8 @@
 
 A checkpoint is a directory::
 
-    model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process)
+    model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process;
+                                       model.safetensors, ... with safe_serialization)
     optimizer.pt, scheduler.pt, ...    likewise, one per prepared object
     dataloader.pt, ...                 shuffling generator and position in the epoch
     scaler.pt                          the fp16 GradScaler, when there is one
@@ -14,7 +15,10 @@ Atomicity: everything is written (and fsync'd) into ``<dir>.tmp``; only then doe
 the main process move the old ``<dir>`` aside to ``<dir>.old``, rename
 ``<dir>.tmp`` to ``<dir>`` and delete ``<dir>.old``. A crash while writing leaves
 the previous checkpoint untouched; a crash between the two renames leaves a
-complete ``<dir>.old``, which ``load_state`` falls back to.
+complete ``<dir>.old``, which ``load_state`` falls back to. Processes that do
+not share the directory with the main process (a path per rank, machines without
+a shared file system) each get a complete copy: one process per file system
+claims it (``<dir>.claim-<token>``, created exclusively) and does the same there.
 
 Security: files are read with ``torch.load(weights_only=True)``, which refuses
 arbitrary pickled objects; a state that needs them can be loaded with
@@ -27,6 +31,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +39,7 @@ from typing import Any
 
 import torch
 
+from notebook_accel.ops import broadcast_object_list
 from notebook_accel.state import PartialState
 
 
@@ -48,6 +54,7 @@ class CheckpointItems:
     custom: list[Any] = field(default_factory=list)
     scaler: Any = None
     accelerator: Any = None  # an object with state_dict / load_state_dict
+    model_states: list[dict[str, Any]] | None = None  # what save-state hooks left to write (else: the models')
 
 
 def _name(prefix: str, index: int) -> str:
@@ -107,27 +114,77 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState) -> Path:
+def _claim_tmp(final: Path, tmp: Path, state: PartialState) -> Path | None:
+    """Make ``tmp`` ready on every process; returns the claim file where this process finalises it.
+
+    Every process tries to create ``<dir>.claim-<token>`` exclusively (``O_EXCL``,
+    decided by the file server, never from a stale cache), the main process first.
+    On a file system the main process shares, the file exists and the others do
+    not claim; a process that succeeds has a file system of its own (each rank its
+    own path, or machines without a shared one) and (re)creates ``tmp`` there.
+    """
+    token = uuid.uuid4().hex if state.is_main_process else None
+    if state.use_distributed:
+        token = broadcast_object_list([token])[0]
+    claim = final.with_name(f"{final.name}.claim-{token}")
+    if state.is_main_process:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        _create_exclusive(claim)
+    state.wait_for_everyone()
+    owner = state.is_main_process
+    if not owner:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        owner = _create_exclusive(claim)
+    if owner:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
+        tmp.mkdir()
+    state.wait_for_everyone()
+    return claim if owner else None
+
+
+def _create_exclusive(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _model_file(index: int, safe_serialization: bool) -> str:
+    return _name("model", index).replace(".pt", ".safetensors") if safe_serialization else _name("model", index)
+
+
+def save_state(
+    output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, safe_serialization: bool = False,
+) -> Path:
     """Write a checkpoint of ``items`` to ``output_dir`` atomically; returns its path.
 
-    Every process must call it (each writes its own RNG file).
+    Every process must call it (each writes its own RNG file). Where processes do not
+    share the directory (each its own path, or machines without a shared file system),
+    one process per file system writes the shared files there too, so every copy is complete.
+    ``safe_serialization`` writes the models as ``model.safetensors``, ``model_1.safetensors``...
     """
     final = Path(output_dir).absolute()
     tmp = final.with_name(final.name + ".tmp")
     old = final.with_name(final.name + ".old")
-    if state.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
-        tmp.mkdir(parents=True)
-    state.wait_for_everyone()
+    claim = _claim_tmp(final, tmp, state)
+    owner = claim is not None
     on_xla = state.device.type == "xla"
     if on_xla:  # every process takes part in the copy to the CPU
         from notebook_accel.xla import runtime as xla
 
-        model_states = [xla.to_cpu(_unwrap(m).state_dict()) for m in items.models]
+        model_states = [xla.to_cpu(s) for s in items.model_states or [_unwrap(m).state_dict() for m in items.models]]
         optimizer_states = [xla.to_cpu(o.state_dict()) for o in items.optimizers]
-    if state.is_main_process:
-        for i, model in enumerate(items.models):
-            _write(model_states[i] if on_xla else _unwrap(model).state_dict(), tmp / _name("model", i))
+    elif items.model_states is not None:
+        model_states = items.model_states
+    else:
+        model_states = [_unwrap(m).state_dict() for m in items.models]
+    if owner:
+        for i, weights in enumerate(model_states):
+            if safe_serialization:
+                save_weights_file(weights, tmp / _model_file(i, True))
+            else:
+                _write(weights, tmp / _model_file(i, False))
         for i, opt in enumerate(items.optimizers):
             _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / _name("optimizer", i))
         for prefix, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
@@ -141,7 +198,7 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
             _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
     _write(rng_state(on_xla), tmp / f"random_states_{state.process_index}.pt")
     state.wait_for_everyone()
-    if state.is_main_process:
+    if owner:
         _fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -149,6 +206,7 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
         os.rename(tmp, final)
         _fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
+        claim.unlink(missing_ok=True)  # every process tried to claim it before the first write
     state.wait_for_everyone()
     return final
 
@@ -163,28 +221,41 @@ def save_object(obj: Any, path: Path, safe_serialization: bool = False) -> None:
         torch.save(obj, path)
 
 
-def save_weights(state: dict[str, torch.Tensor], directory: Path, safe_serialization: bool = True) -> Path:
+def save_weights_file(state: dict[str, torch.Tensor], path: Path) -> None:
+    """One safetensors file of ``state``, tied weights stored once (fsync'd)."""
+    save_object(_untied(state), path, safe_serialization=True)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    seen: set[tuple[Any, int]] = set()
+    unique = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor.contiguous()
+    return unique
+
+
+def save_weights(
+    state: dict[str, torch.Tensor], directory: Path, safe_serialization: bool = True,
+    max_shard_size: int | str = "10GB",
+) -> Path:
     """Write a model state dict as ``model.safetensors`` or ``pytorch_model.bin``, atomically.
 
-    safetensors refuses tensors sharing memory (tied weights): each is stored once,
-    under its first name, as the peer does.
+    Above ``max_shard_size`` the weights are split into shards with an index file
+    (``weight_shards``). safetensors refuses tensors sharing memory (tied weights):
+    each is stored once, under its first name, as the peer does.
     """
+    from notebook_accel.weight_shards import parse_size, save_shards, split_state
+
+    limit = parse_size(max_shard_size)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / ("model.safetensors" if safe_serialization else "pytorch_model.bin")
-    tmp = path.with_name(path.name + ".tmp")
     if safe_serialization:
-        seen: set[tuple[Any, int]] = set()
-        unique = {}
-        for name, tensor in state.items():
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-            if key not in seen:
-                seen.add(key)
-                unique[name] = tensor.contiguous()
-        save_object(unique, tmp, safe_serialization=True)
-    else:
-        save_object(state, tmp)
-    os.replace(tmp, path)
-    return path
+        state = _untied(state)
+    return save_shards(split_state(state, limit), directory, safe_serialization)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -233,7 +304,13 @@ def load_state(
         return _read(file, weights_only)
 
     for i, model in enumerate(items.models):
-        _unwrap(model).load_state_dict(read(_name("model", i)))
+        safe = path / _model_file(i, True)
+        if safe.is_file():
+            from safetensors.torch import load_file
+
+            _unwrap(model).load_state_dict(load_file(str(safe)))
+        else:
+            _unwrap(model).load_state_dict(read(_model_file(i, False)))
     for prefix, objs in (
         ("optimizer", items.optimizers), ("scheduler", items.schedulers), ("dataloader", items.dataloaders),
     ):

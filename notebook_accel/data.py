@@ -8,14 +8,19 @@ from the start of the epoch so every rank gets the same number of full batches;
 ``remainder`` then says how many samples of the last global batch are real, and
 ``gather_for_metrics`` drops the rest.
 
-Shuffling: a ``RandomSampler`` is given our own ``torch.Generator``, seeded the
-same on every rank (rank 0's seed is broadcast), so every rank draws the same
-permutation. The loader's ``state_dict`` holds that generator's state at the start
-of the current epoch and how many batches of it were yielded, so a checkpoint can
-replay the epoch and ``skip_first_batches`` resume mid-epoch. Skipped batches are
-never loaded: skipping happens on indices. The generator also seeds the loader's
-worker processes, so ``num_workers > 0`` stays reproducible. A custom sampler keeps
-its own randomness, which is neither synchronised nor checkpointed here.
+Shuffling: a ``RandomSampler`` that brought its own ``generator`` keeps it, as in
+the peer, so the samples come in the order one process would see them; rank 0's
+generator state is given to every rank at the start of each epoch. A
+``RandomSampler`` without one gets our own ``torch.Generator``, seeded the same on
+every rank (rank 0's seed is broadcast). With ``use_seedable_sampler`` it becomes a
+``SeedableRandomSampler`` (permutation = f(seed, epoch), replayed by ``set_seed`` +
+``set_epoch``). The loader's ``state_dict`` holds that generator's state (and the
+sampler's epoch) at the start of the current epoch and how many batches of it were
+yielded, so a checkpoint can replay the epoch and ``skip_first_batches`` resume
+mid-epoch. Skipped batches are never loaded: skipping happens on indices. The
+generator also seeds the loader's worker processes, so ``num_workers > 0`` stays
+reproducible. A custom sampler keeps its own randomness, which is neither
+synchronised nor checkpointed here; ``set_epoch`` is forwarded to it.
 
 Which batches a rank gets: ``sharding`` (map-style) and ``data_iterable`` (streams).
 """
@@ -32,6 +37,8 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from notebook_accel.data_iterable import IterableDatasetShard
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.ops import broadcast, send_to_device, world_size
+from notebook_accel.rng_sync import synchronize_rng_state
+from notebook_accel.samplers import SeedableRandomSampler
 from notebook_accel.sharding import ShardBatchSampler
 
 _LOADER_ARGS = (
@@ -50,10 +57,12 @@ class DataLoaderConfiguration:
         non_blocking: copy batches to the device asynchronously (with ``pin_memory``).
         data_seed: seed of the shuffling generator; default: derived from torch's initial
             seed, rank 0's value broadcast so every rank shuffles alike.
-        use_seedable_sampler: accepted for the peer's sake; shuffling here is always seeded.
+        use_seedable_sampler: shuffle with a ``SeedableRandomSampler``: the permutation of
+            epoch ``e`` depends only on (seed, ``e``), so ``set_seed`` + ``set_epoch`` replay it.
         use_stateful_dataloader: after ``load_state``, the next pass over a loader resumes
             where the checkpointed epoch stopped (no ``skip_first_batches`` needed).
-        dispatch_batches: the peer's option we do not have; only "off" is accepted.
+        dispatch_batches: rank 0 loads every batch and sends each process its slice
+            (``data_dispatch.DataLoaderDispatcher``); default ``None``/``False``: each loads its own.
     """
 
     split_batches: bool = False
@@ -64,29 +73,43 @@ class DataLoaderConfiguration:
     dispatch_batches: bool | None = None
     use_stateful_dataloader: bool = False
 
-    def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise NotImplementedError("dispatch_batches=True is not supported; each process loads its own batches")
-
 
 class LoaderProgress:
     """Where a loader stands in its epoch; shared with the loaders ``skip_first_batches`` makes."""
 
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, sampler: Any = None) -> None:
         self.generator = generator
+        self.sampler = sampler if hasattr(sampler, "set_epoch") and hasattr(sampler, "epoch") else None
         self.epoch_start_state = generator.get_state()
+        self.epoch_start = self._epoch()
         self.batches_yielded = 0
         self.in_epoch = False
         self.resume_step = 0  # batches already done in the epoch a checkpoint interrupted
 
+    def _epoch(self) -> int | None:
+        return None if self.sampler is None else int(self.sampler.epoch)
+
+    def start_epoch(self) -> None:
+        """Remember where the epoch that starts now begins."""
+        self.epoch_start_state = self.generator.get_state()
+        self.epoch_start = self._epoch()
+
     def state_dict(self) -> dict[str, Any]:
-        """Generator state and position: replays an unfinished epoch, or starts the next."""
+        """Generator state (and sampler epoch) and position: replays an unfinished epoch, or starts the next."""
         if self.in_epoch:
-            return {"generator": self.epoch_start_state, "batches_yielded": self.batches_yielded}
-        return {"generator": self.generator.get_state(), "batches_yielded": 0}
+            state = {"generator": self.epoch_start_state, "batches_yielded": self.batches_yielded}
+            if self.epoch_start is not None:
+                state["epoch"] = self.epoch_start
+            return state
+        state = {"generator": self.generator.get_state(), "batches_yielded": 0}
+        if self.sampler is not None:
+            state["epoch"] = self._epoch()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
+        if self.sampler is not None and "epoch" in state:
+            self.sampler.set_epoch(int(state["epoch"]))
         self.resume_step = int(state["batches_yielded"])
         self.in_epoch = False
 
@@ -103,19 +126,24 @@ class DataLoaderShard(DataLoader):
         gradient_state: GradientState, generator: torch.Generator, remainder: int | None,
         total_batch_size: int | None, non_blocking: bool = False,
         progress: LoaderProgress | None = None, skip_batches: int = 0, auto_resume: bool = False,
+        sampler_is_batch_sampler: bool = False, synchronize_generator: bool = False,
         **kwargs: Any,
     ) -> None:
-        if batch_sampler is not None:
+        if batch_sampler is not None and sampler_is_batch_sampler:  # the user's sampler yields index lists
+            super().__init__(dataset, sampler=batch_sampler, batch_size=None, generator=generator, **kwargs)
+        elif batch_sampler is not None:
             super().__init__(dataset, batch_sampler=batch_sampler, generator=generator, **kwargs)
         else:  # an IterableDatasetShard: batch_size and drop_last come in kwargs
             super().__init__(dataset, generator=generator, **kwargs)
+        self.sampler_is_batch_sampler = sampler_is_batch_sampler
+        self.synchronize_generator = synchronize_generator  # the user's generator: rank 0's state each epoch
         self.device = device
         self.gradient_state = gradient_state
         self._remainder = remainder
         self.total_batch_size = total_batch_size
         self.non_blocking = non_blocking
         self.end_of_dataloader = False
-        self.progress = progress if progress is not None else LoaderProgress(generator)
+        self.progress = progress if progress is not None else LoaderProgress(generator, self._inner_sampler())
         self.skip_batches = skip_batches  # iterable datasets only: these batches are loaded, then dropped
         self.auto_resume = auto_resume
         self._pending_skip = 0
@@ -136,12 +164,25 @@ class DataLoaderShard(DataLoader):
     @property
     def shard_sampler(self) -> ShardBatchSampler | None:
         """The batch sampler for a map-style dataset; ``None`` for an iterable one."""
-        sampler = self.batch_sampler
+        sampler = self.sampler if self.sampler_is_batch_sampler else self.batch_sampler
         return sampler if isinstance(sampler, ShardBatchSampler) else None
+
+    def _inner_sampler(self) -> Any:
+        """The user's sampler inside the sharding (or the iterable dataset): ``set_epoch`` goes there."""
+        shard = self.shard_sampler
+        if shard is not None:
+            inner = shard.batch_sampler
+        elif isinstance(self.dataset, IterableDataset):
+            return self.dataset
+        else:  # a dispatcher: the user's own batch sampler
+            inner = self.batch_sampler
+        return inner if hasattr(inner, "set_epoch") else getattr(inner, "sampler", inner)
 
     def __iter__(self) -> Iterator[Any]:
         progress = self.progress
-        progress.epoch_start_state = self.generator.get_state()
+        if self.synchronize_generator and world_size() > 1:
+            synchronize_rng_state("generator", self.generator)
+        progress.start_epoch()
         sampler = self.shard_sampler
         resume, self._pending_skip = self._pending_skip, 0  # iterable datasets (samplers skip by themselves)
         if sampler is not None:
@@ -153,7 +194,7 @@ class DataLoaderShard(DataLoader):
         self.end_of_dataloader = False
         self.gradient_state.add_dataloader(self)
         try:
-            it = super().__iter__()
+            it = self._batches()
             for _ in range(self.skip_batches + resume):
                 next(it, None)
             if self.device is not None and self.device.type == "xla":
@@ -182,15 +223,22 @@ class DataLoaderShard(DataLoader):
             self.gradient_state.remove_dataloader(self)
             self.iteration += 1
 
+    def _batches(self) -> Iterator[Any]:
+        """This process's batches before the device move (the dispatcher overrides it)."""
+        return super().__iter__()
+
     def _to_device(self, batch: Any) -> Any:
         if self.device is None or self.device.type == "xla":  # XLA: moved by device_batches
             return batch
         return send_to_device(batch, self.device, self.non_blocking)
 
     def set_epoch(self, epoch: int) -> None:
-        """Accepted for compatibility; shuffling already differs per epoch through the generator."""
-        shard = self.shard_sampler
-        sampler = self.dataset if shard is None else getattr(shard.batch_sampler, "sampler", None)
+        """Forward ``epoch`` to the sampler, batch sampler or iterable dataset that has ``set_epoch``.
+
+        With ``use_seedable_sampler`` this (after ``set_seed``) replays that epoch's shuffle.
+        Our own generator needs no epoch: its shuffle already differs per epoch.
+        """
+        sampler = self._inner_sampler()
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
 
@@ -218,20 +266,23 @@ class DataLoaderShard(DataLoader):
         return max(super().__len__() - self._pending_skip, 0)
 
 
-def skip_first_batches(loader: DataLoaderShard, num_batches: int | None = None) -> DataLoaderShard:
+def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> DataLoader:
     """A loader over the same data, generator and state that skips the first ``num_batches``.
 
     Args:
-        loader: a prepared loader.
+        loader: a prepared loader, or a plain ``DataLoader``.
         num_batches: batches to skip; ``None`` takes ``loader.resume_step`` from the last
-            ``load_state``.
+            ``load_state`` (0 for a plain loader).
 
     Returns:
         A new loader; iterate it once for the rest of the epoch, then go back to ``loader``.
-        Skipped batches are never loaded.
+        Skipped batches are never loaded (except from an ``IterableDataset``, which
+        can only be read in order).
     """
     if not isinstance(loader, DataLoaderShard):
-        raise TypeError(f"skip_first_batches takes a prepared data loader, not {type(loader).__name__}")
+        from notebook_accel.data_skip import skip_plain_batches
+
+        return skip_plain_batches(loader, num_batches or 0)
     skip = loader.resume_step if num_batches is None else num_batches
     loader._set_pending(0)  # resumed by hand: no automatic resume on top
     old = loader.shard_sampler
@@ -245,7 +296,9 @@ def skip_first_batches(loader: DataLoaderShard, num_batches: int | None = None) 
     return DataLoaderShard(
         loader.dataset, sampler, device=loader.device, gradient_state=loader.gradient_state,
         generator=loader.generator, remainder=loader._remainder, total_batch_size=loader.total_batch_size,
-        non_blocking=loader.non_blocking, progress=loader.progress, skip_batches=0 if old else skip, **kwargs,
+        non_blocking=loader.non_blocking, progress=loader.progress, skip_batches=0 if old else skip,
+        sampler_is_batch_sampler=loader.sampler_is_batch_sampler,
+        synchronize_generator=loader.synchronize_generator, **kwargs,
     )
 
 
@@ -260,9 +313,14 @@ def _shared_seed(index: int, seed: int | None, device: torch.device | None) -> i
     """``seed``, else one derived from torch's initial seed, rank 0's value on every rank."""
     if seed is not None:
         return seed
-    value = torch.tensor([(torch.initial_seed() + 7919 * (index + 1)) % (2**62)], dtype=torch.int64)
+    return _rank0_int((torch.initial_seed() + 7919 * (index + 1)) % (2**62), device)
+
+
+def _rank0_int(number: int, device: torch.device | None) -> int:
+    """Rank 0's ``number``, on every rank."""
+    value = torch.tensor([number], dtype=torch.int64)
     if world_size() == 1:
-        return int(value.item())
+        return number
     if device is not None and device.type in ("cuda", "xla"):  # nccl / xla collectives need it there
         value = value.to(device)
     return int(broadcast(value, from_process=0).item())
@@ -272,9 +330,10 @@ def prepare_data_loader(
     loader: DataLoader, *, num_processes: int, process_index: int, device: torch.device | None,
     gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
     loader_index: int = 0, non_blocking: bool = False, seed: int | None = None, auto_resume: bool = False,
-    collective_device: torch.device | None = None,
+    collective_device: torch.device | None = None, use_seedable_sampler: bool = False,
+    dispatch_batches: bool = False,
 ) -> DataLoaderShard:
-    """Build this process's ``DataLoaderShard`` from a user's ``DataLoader``.
+    """Build this process's ``DataLoaderShard`` from a user's ``DataLoader`` (see the module docstring).
 
     Raises:
         ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``,
@@ -287,6 +346,9 @@ def prepare_data_loader(
     if isinstance(loader.dataset, IterableDataset):
         if loader.batch_size is None:
             raise ValueError("prepare() needs a batch_size on a loader over an IterableDataset")
+        if dispatch_batches:
+            return _dispatcher(loader, None, num_processes, process_index, split_batches, even_batches, common,
+                               batch_size=loader.batch_size, drop_last=loader.drop_last)
         shard_ds = IterableDatasetShard(
             loader.dataset, loader.batch_size, loader.drop_last, num_processes, process_index, split_batches
         )
@@ -296,14 +358,30 @@ def prepare_data_loader(
             total_batch_size=shard_ds.chunk, batch_size=shard_ds.process_batch_size, drop_last=False,
             **common, **_loader_kwargs(loader),
         )
-    batch_sampler = loader.batch_sampler
+    sampler_is_batch_sampler = loader.batch_sampler is None and isinstance(loader.sampler, BatchSampler)
+    batch_sampler = loader.sampler if sampler_is_batch_sampler else loader.batch_sampler
     sampler = getattr(batch_sampler, "sampler", None)
+    synchronize = False
     if isinstance(sampler, RandomSampler) and isinstance(batch_sampler, BatchSampler):
-        sampler = RandomSampler(
-            sampler.data_source, replacement=sampler.replacement,
-            num_samples=sampler._num_samples, generator=generator,
-        )
-        batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+        if use_seedable_sampler and not isinstance(sampler, SeedableRandomSampler):
+            data_seed = seed if seed is not None else _shared_initial_seed(collective_device or device)
+            sampler = SeedableRandomSampler(
+                sampler.data_source, sampler.replacement, sampler._num_samples,
+                generator=sampler.generator or generator, data_seed=data_seed,
+            )
+        elif sampler.generator is None:
+            sampler = RandomSampler(
+                sampler.data_source, replacement=sampler.replacement,
+                num_samples=sampler._num_samples, generator=generator,
+            )
+        else:  # the user's generator: the order one process would see, rank 0's state on every rank
+            synchronize = True
+        if sampler is not batch_sampler.sampler:
+            batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+        common["generator"] = sampler.generator
+    if dispatch_batches:
+        return _dispatcher(loader, batch_sampler, num_processes, process_index, split_batches, even_batches,
+                           common, synchronize_generator=synchronize)
     shard = ShardBatchSampler(batch_sampler, num_processes, process_index, split_batches, even_batches)
     global_bs = shard.batch_size
     total = None if global_bs is None else (global_bs if split_batches else global_bs * num_processes)
@@ -311,5 +389,34 @@ def prepare_data_loader(
     if even_batches and total is not None and not shard.drop_last:
         remainder = len(sampler if sampler is not None else loader.dataset) % total
     return DataLoaderShard(
-        loader.dataset, shard, remainder=remainder, total_batch_size=total, **common, **_loader_kwargs(loader)
+        loader.dataset, shard, remainder=remainder, total_batch_size=total,
+        sampler_is_batch_sampler=sampler_is_batch_sampler, synchronize_generator=synchronize,
+        **common, **_loader_kwargs(loader),
+    )
+
+
+def _shared_initial_seed(device: torch.device | None) -> int:
+    """``torch.initial_seed()`` of rank 0 (what its ``set_seed`` set), on every rank."""
+    return _rank0_int(torch.initial_seed() % (2**62), device)
+
+
+def _dispatcher(
+    loader: DataLoader, batch_sampler: Any, num_processes: int, process_index: int, split_batches: bool,
+    even_batches: bool, common: dict[str, Any], **kwargs: Any,
+) -> DataLoaderShard:
+    """A ``DataLoaderDispatcher`` over the user's (unsharded) batches: rank 0 loads, all get a slice."""
+    from notebook_accel.data_dispatch import DataLoaderDispatcher
+
+    size = loader.batch_size if loader.batch_size is not None else getattr(batch_sampler, "batch_size", None)
+    if size is None or (split_batches and size % num_processes):
+        raise ValueError(
+            f"dispatch_batches=True needs a fixed batch size{' divisible by the processes' if split_batches else ''}"
+            f" ({num_processes}), got batch_size={size}"
+        )
+    per = size // num_processes if split_batches else size
+    total = size if split_batches else size * num_processes
+    return DataLoaderDispatcher(
+        loader.dataset, batch_sampler, split_batches=split_batches, even_batches=even_batches,
+        process_index=process_index, num_processes=num_processes, per_process_batch=per,
+        remainder=None, total_batch_size=total, **common, **kwargs, **_loader_kwargs(loader),
     )

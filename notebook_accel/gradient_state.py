@@ -26,6 +26,10 @@ class GradientState:
         self.step = 0  # micro-steps since the last sync, counted by ``do_sync``
         self.active_dataloaders: list[Any] = []
 
+    @classmethod
+    def _reset_state(cls) -> None:
+        """The peer's reset of its shared singleton; each ``GradientState`` here is its own, so none."""
+
     @property
     def active_dataloader(self) -> Any:
         """The innermost loader being iterated, or ``None``."""

@@ -14,7 +14,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-REDUCTIONS = ("sum", "mean", "none")
+from notebook_accel import op_checks
+
+REDUCTIONS = ("sum", "mean", "max", "min", "none")
+_OPS = {"max": "MAX", "min": "MIN"}
 
 
 def world_size() -> int:
@@ -130,6 +133,7 @@ def gather(data: Any, uneven: bool = False) -> Any:
     """
     if world_size() == 1:
         return recursively_apply(lambda t: t[None] if t.ndim == 0 else t, data, error_on_other_type=True)
+    op_checks.verify_operation("gather", data, skip_dim=0 if uneven else None)
     return recursively_apply(lambda t: _gather_one(t, uneven), data, error_on_other_type=True)
 
 
@@ -157,12 +161,15 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
     Args:
         data: a tensor or nested structure of tensors.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
+        reduction: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` (element-wise over the
+            processes) or ``"none"``.
         scale: factor applied to the result.
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is not valid; choose one of {REDUCTIONS}")
     n = world_size()
+    if n > 1 and reduction != "none":
+        op_checks.verify_operation("reduce", data)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
         if n > 1 and reduction != "none" and tensor.device.type == "xla":
@@ -170,7 +177,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
             return out * scale if scale != 1.0 else out
         out = tensor.clone()
         if n > 1 and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS.get(reduction, "SUM")))
             if reduction == "mean":
                 out /= n
         if scale != 1.0:
@@ -184,6 +191,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     """Overwrite tensors in place with those of ``from_process``; returns ``data``."""
     if world_size() == 1:
         return data
+    op_checks.verify_operation("broadcast", data)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device.type == "xla":
@@ -214,6 +222,7 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first:
     """
     if world_size() == 1:
         return data
+    op_checks.verify_operation("pad_across_processes", data, skip_dim=dim)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
         if dim >= tensor.ndim or dim < -tensor.ndim:

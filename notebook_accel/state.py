@@ -33,12 +33,36 @@ T = TypeVar("T")
 
 
 class DistributedType(str, Enum):
-    """How the processes work together (same values as the peer's enum)."""
+    """How the processes work together (same members and values as the peer's enum).
+
+    ``PartialState`` chooses ``NO``, ``MULTI_CPU``, ``MULTI_GPU`` or ``XLA``; the
+    others exist so code written for the peer imports and compares, and
+    ``check_supported`` says so when one of them is chosen.
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     XLA = "XLA"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    MEGATRON_LM = "MEGATRON_LM"
+
+    def check_supported(self) -> None:
+        """Raise ``NotImplementedError`` naming this member when notebook_accel cannot run it."""
+        supported = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA")
+        if self.value not in supported:
+            raise NotImplementedError(
+                f"distributed_type {self.value} is not supported by notebook_accel (yet); "
+                f"supported: {', '.join(supported)}"
+            )
 
 
 def _env_int(name: str, default: int) -> int:
@@ -181,6 +205,32 @@ class PartialState:
         """True on the highest global rank."""
         return self.process_index == self.num_processes - 1
 
+    @property
+    def debug(self) -> bool:
+        """Debug mode: collectives first check that every process passes matching shapes (``op_checks``)."""
+        from notebook_accel import op_checks
+
+        return op_checks.debug_enabled()
+
+    @debug.setter
+    def debug(self, enabled: bool) -> None:
+        from notebook_accel import op_checks
+
+        op_checks.set_debug(enabled)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Tear down the process group (``group``, default: the default group) if one exists.
+
+        ``Accelerator.end_training`` calls it; a later ``PartialState()`` creates a new one.
+        """
+        if self.backend is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group(group)
+
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (no-op for one process)."""
         if not self.use_distributed:
@@ -261,9 +311,12 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
     if isinstance(inputs, dict):
         return {k: split_for_process(v, index, count, apply_padding) for k, v in inputs.items()}
     if not isinstance(inputs, (list, tuple, torch.Tensor)):
-        raise TypeError(
-            f"split_between_processes takes a list, tuple, tensor or dict, not {type(inputs).__name__}"
-        )
+        if not (hasattr(inputs, "__len__") and hasattr(inputs, "__getitem__")):
+            raise TypeError(
+                "split_between_processes takes a list, tuple, tensor, dict or any sized indexable "
+                f"(a datasets.Dataset, a torch Dataset with __len__), not {type(inputs).__name__}"
+            )
+        return _split_indexable(inputs, index, count, apply_padding)
     base, extra = divmod(len(inputs), count)
     start = index * base + min(index, extra)
     end = start + base + (1 if index < extra else 0)
@@ -278,3 +331,12 @@ def split_for_process(inputs: Any, index: int, count: int, apply_padding: bool =
             else:
                 part = part + type(part)(last) * missing
     return part
+
+
+def _split_indexable(inputs: Any, index: int, count: int, apply_padding: bool) -> Any:
+    """Share ``index`` of a sized indexable: ``inputs.select(rows)`` when it has one
+    (``datasets.Dataset``), else a ``torch.utils.data.Subset``."""
+    rows = split_for_process(list(range(len(inputs))), index, count, apply_padding)
+    if callable(getattr(inputs, "select", None)):
+        return inputs.select(rows)
+    return torch.utils.data.Subset(inputs, rows)

@@ -177,7 +177,7 @@ def test_custom_objects_are_checkpointed(tmp_path):
     counter.n = 0
     acc.load_state()
     assert counter.n == 7
-    with pytest.raises(TypeError, match="state_dict"):
+    with pytest.raises(ValueError, match="state_dict"):
         acc.register_for_checkpointing(object())
 
 

@@ -82,7 +82,7 @@ def test_shuffling_is_seeded_and_differs_between_epochs():
     assert first[0] != first[1] and sorted(first[0]) == list(range(20))
 
 
-def test_data_seed_fixes_the_shuffle_and_unsupported_peer_options_are_refused():
+def test_data_seed_fixes_the_shuffle():
     from notebook_accel.accelerator import DataLoaderConfiguration
 
     def order(seed):
@@ -91,8 +91,6 @@ def test_data_seed_fixes_the_shuffle_and_unsupported_peer_options_are_refused():
         return [int(v) for x in acc.prepare(DataLoader(torch.arange(10), batch_size=5, shuffle=True)) for v in x]
 
     assert order(1) == order(2)
-    with pytest.raises(NotImplementedError, match="dispatch_batches"):
-        DataLoaderConfiguration(dispatch_batches=True)
 
 
 class CountingDataset(Dataset):

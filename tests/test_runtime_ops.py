@@ -42,8 +42,8 @@ def test_single_process_collectives_are_identities():
 
 
 def test_bad_inputs_are_named():
-    with pytest.raises(ValueError, match="'max'.*'sum', 'mean', 'none'"):
-        ops.reduce(torch.ones(1), "max")
+    with pytest.raises(ValueError, match="'median'.*'sum', 'mean', 'max', 'min', 'none'"):
+        ops.reduce(torch.ones(1), "median")
     with pytest.raises(TypeError, match="found str"):
         ops.gather({"a": "text"})
     assert not ops.is_tensor_structure([torch.ones(1), "x"]) and ops.is_tensor_structure((torch.ones(1),))

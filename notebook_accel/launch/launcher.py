@@ -13,7 +13,7 @@ from typing import Any
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
-from notebook_accel.launch.payload import serialise_payload
+from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan
 from notebook_accel.launch.processes import close_worker_fds, kill_workers, start_workers
 from notebook_accel.launch.record import LaunchRecord, remember
@@ -43,6 +43,7 @@ def notebook_launcher(
     output: str = "all",
     device: str | None = None,
     config_file: str | os.PathLike | None = None,
+    monitor_interval: float = 0.1,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
 
@@ -71,6 +72,9 @@ def notebook_launcher(
             default: CUDA when a GPU is visible, else XLA on a TPU, else the CPU.
         config_file: a YAML launch config (ours or Accelerate's format); default:
             ``$NOTEBOOK_ACCEL_CONFIG_FILE``, else the default config file if any.
+        monitor_interval: the peer's polling period (seconds) for failed workers. Ours
+            waits on process sentinels and reacts at once, so any positive value
+            behaves the same; it is checked, and otherwise unused.
 
     Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
     then the config file, then the defaults (``mixed_precision="no"``,
@@ -99,6 +103,8 @@ def notebook_launcher(
         raise TypeError(f"args must be a tuple or list, not {type(args).__name__}: {args!r}")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict or None, not {type(kwargs).__name__}")
+    if not isinstance(monitor_interval, (int, float)) or monitor_interval <= 0:
+        raise ValueError(f"monitor_interval must be a positive number of seconds, got {monitor_interval!r}")
     if rdzv_backend != "static" or rdzv_endpoint:
         raise ValueError(
             f"rdzv_backend={rdzv_backend!r} / rdzv_endpoint={rdzv_endpoint!r}: only the static "
@@ -112,7 +118,8 @@ def notebook_launcher(
     )
     plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
                      max_restarts=max_restarts)
-    payload = serialise_payload(function, tuple(args), dict(kwargs or {}))
+    inherit = plan.start.method == "fork" and plan.device_type != "xla"  # multiprocessing queues, locks
+    payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit)
     if plan.start.reason:
         print(f"[notebook_accel] start method: {plan.start.method} ({plan.start.reason})",
               flush=True)
@@ -130,7 +137,7 @@ def notebook_launcher(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
+def _launch_once(plan: LaunchPlan, payload: Payload) -> Any:
     if plan.start.method == "fork":
         # Forked workers inherit what the kernel imported: pay torch's lazy imports
         # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.

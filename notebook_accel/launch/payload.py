@@ -3,7 +3,10 @@
 The function, its args and kwargs are serialised with cloudpickle, so functions and
 classes defined in the notebook travel by value. When something cannot be
 serialised we find *where* it is (``args[0].lock``) and say so before any worker
-starts.
+starts. One exception: ``multiprocessing`` queues, locks, events... refuse
+pickling because they "should only be shared between processes through
+inheritance"; under ``fork`` the payload is then handed over as it is (an
+``InheritedPayload``), so they work as with the peer's launcher.
 """
 
 from __future__ import annotations
@@ -23,15 +26,31 @@ _MAX_DEPTH = 12
 _MAX_SOURCE_BYTES = 4 << 20
 
 
-def serialise_payload(function: Any, args: tuple, kwargs: dict) -> bytes:
+class InheritedPayload:
+    """``(function, args, kwargs)`` that forked workers inherit instead of unpickling."""
+
+    def __init__(self, function: Any, args: tuple, kwargs: dict) -> None:
+        self.function, self.args, self.kwargs = function, tuple(args), dict(kwargs)
+
+
+Payload = bytes | InheritedPayload  # what the workers get
+
+
+def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = False) -> Payload:
     """Serialise ``(function, args, kwargs)`` plus the notebook cell sources.
 
+    Args:
+        inherit: the workers are forked: a payload holding ``multiprocessing`` objects
+            (which only travel by inheritance) is inherited instead.
+
     Raises:
-        TypeError: a value cannot be serialised; the message names its path.
+        TypeError: a value cannot be serialised (and cannot be inherited); the message names its path.
     """
     try:
         return _dumps((function, tuple(args), dict(kwargs), _cell_sources()))
     except Exception as exc:  # cloudpickle raises TypeError, PicklingError, AttributeError...
+        if inherit and isinstance(exc, RuntimeError) and "through inheritance" in str(exc):
+            return InheritedPayload(function, args, kwargs)
         where, error = _locate_failure(function, args, kwargs) or ("the payload", exc)
         raise TypeError(
             f"cannot send {where} to the workers: {type(error).__name__}: {error}. "
@@ -62,8 +81,10 @@ def _dumps(obj: Any, pickler_class: type | None = None) -> bytes:
     return buffer.getvalue()
 
 
-def load_payload(data: bytes) -> tuple[Any, tuple, dict]:
+def load_payload(data: Payload) -> tuple[Any, tuple, dict]:
     """Inverse of :func:`serialise_payload`; registers the shipped cell sources."""
+    if isinstance(data, InheritedPayload):
+        return data.function, data.args, data.kwargs
     function, args, kwargs, sources = pickle.loads(data)
     for filename, entry in sources.items():
         linecache.cache.setdefault(filename, entry)

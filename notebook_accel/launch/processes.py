@@ -14,6 +14,7 @@ from multiprocessing.process import BaseProcess
 
 from notebook_accel.launch.environment import network_environment, worker_environment
 from notebook_accel.launch.events import enlarge_pipe
+from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.start_method import get_context
 from notebook_accel.launch.worker import WorkerPipes, WorkerSpec, worker_main
@@ -67,7 +68,7 @@ def _pipe() -> tuple[int, int]:
 
 
 def start_workers(
-    plan: LaunchPlan, payload: bytes, port: int, kernel_only: tuple[int, ...] = ()
+    plan: LaunchPlan, payload: Payload, port: int, kernel_only: tuple[int, ...] = ()
 ) -> tuple[list[Worker], int]:
     """Start one process per local rank; returns the workers and the kernel-alive fd.
 

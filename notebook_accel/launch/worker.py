@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 
 from notebook_accel.launch import events
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
-from notebook_accel.launch.payload import dumps_result, load_payload
+from notebook_accel.launch.payload import Payload, dumps_result, load_payload
 
 _SECONDARY = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|"
@@ -170,7 +170,7 @@ def _send(pipes: WorkerPipes, *message) -> None:
     pipes.control.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _run(spec: WorkerSpec, payload: bytes, pipes: WorkerPipes) -> int:
+def _run(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> int:
     try:
         function, args, kwargs = load_payload(payload)
         value = function(*args, **kwargs)
@@ -210,7 +210,7 @@ def _flush_output() -> None:
         ctypes.CDLL(None).fflush(None)
 
 
-def worker_main(spec: WorkerSpec, payload: bytes, pipes: WorkerPipes) -> None:
+def worker_main(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> None:
     """Entry point of every worker process; never returns."""
     code = 1
     try:

@@ -93,8 +93,10 @@ def device_batches(batches: Iterable[Any], xla_device: torch.device) -> Iterator
 
 
 def all_reduce(tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-    """Sum (or average, ``reduction="mean"``) ``tensor`` across the cores; a new tensor."""
+    """Sum (average, max, min: ``reduction``) ``tensor`` across the cores; a new tensor."""
     xm = _xm()
+    if reduction in ("max", "min"):
+        return xm.all_reduce(xm.REDUCE_MAX if reduction == "max" else xm.REDUCE_MIN, tensor)
     scale = 1.0 / ranks()[1] if reduction == "mean" else 1.0
     return xm.all_reduce(xm.REDUCE_SUM, tensor, scale=scale)
 

@@ -1,0 +1,84 @@
+"""Where a user switching from ``accelerate.utils`` finds the helpers: a re-export module, no code of its own.
+
+Also serves the peer's ``accelerate.utils.dataclasses`` and
+``accelerate.utils.operations`` names (the same objects).
+"""
+
+from notebook_accel.availability import (
+    is_bf16_available,
+    is_bnb_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_fp16_available,
+    is_hpu_available,
+    is_ipex_available,
+    is_mlu_available,
+    is_mps_available,
+    is_musa_available,
+    is_npu_available,
+    is_numpy_available,
+    is_peft_available,
+    is_pytest_available,
+    is_rocm_available,
+    is_safetensors_available,
+    is_sdaa_available,
+    is_tensorboard_available,
+    is_torch_xla_available,
+    is_transformers_available,
+    is_wandb_available,
+    is_xpu_available,
+)
+from notebook_accel.checkpoint import ProjectConfiguration
+from notebook_accel.data import DataLoaderConfiguration
+from notebook_accel.helpers import (
+    clear_environment,
+    concatenate,
+    convert_outputs_to_fp32,
+    copy_tensor_to_devices,
+    extract_model_from_parallel,
+    find_batch_size,
+    find_device,
+    listify,
+    pad_input_tensors,
+    patch_environment,
+    str_to_bool,
+    wait_for_everyone,
+)
+from notebook_accel.op_checks import DistributedOperationException
+from notebook_accel.ops import (
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    recursively_apply,
+    reduce,
+    send_to_device,
+)
+from notebook_accel.plugins import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    KwargsHandler,
+)
+from notebook_accel.precision import convert_to_fp32
+from notebook_accel.rng_sync import RNGType, synchronize_rng_state, synchronize_rng_states
+from notebook_accel.seeding import set_seed
+from notebook_accel.state import DistributedType
+
+__all__ = [
+    "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
+    "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProjectConfiguration",
+    "RNGType", "broadcast", "broadcast_object_list", "clear_environment", "concatenate", "convert_outputs_to_fp32",
+    "convert_to_fp32", "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device",
+    "gather", "gather_object", "is_bf16_available", "is_bnb_available", "is_cuda_available",
+    "is_datasets_available", "is_deepspeed_available", "is_fp16_available", "is_hpu_available",
+    "is_ipex_available", "is_mlu_available", "is_mps_available", "is_musa_available", "is_npu_available",
+    "is_numpy_available", "is_peft_available", "is_pytest_available", "is_rocm_available",
+    "is_safetensors_available", "is_sdaa_available", "is_tensorboard_available", "is_torch_xla_available",
+    "is_transformers_available", "is_wandb_available", "is_xpu_available", "listify", "pad_across_processes",
+    "pad_input_tensors", "patch_environment", "recursively_apply", "reduce", "send_to_device", "set_seed",
+    "str_to_bool", "synchronize_rng_state", "synchronize_rng_states", "wait_for_everyone",
+]

@@ -1,0 +1,77 @@
+"""Saving a model's weights in shards of at most ``max_shard_size`` (the Hugging Face layout).
+
+One shard: ``model.safetensors`` (or ``pytorch_model.bin``). Several:
+``model-00001-of-00003.safetensors``... plus ``model.safetensors.index.json``
+mapping every weight to its file (``{"metadata": {"total_size": N}, "weight_map": {...}}``).
+A tensor larger than the limit gets a shard of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string like ``"10GB"``, ``"500MiB"``.
+
+    Raises:
+        ValueError: a string that is not a number and a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).
+    """
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be positive, got {size}")
+        return size
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(size))
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"max_shard_size={size!r} is not a size; use an int (bytes) or e.g. '10GB', '500MB', '2GiB'"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def split_state(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """``state`` cut, in order, into pieces of at most ``max_bytes`` (a bigger tensor alone)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    used = 0
+    for name, tensor in state.items():
+        size = tensor.numel() * tensor.element_size()
+        if shards[-1] and used + size > max_bytes:
+            shards.append({})
+            used = 0
+        shards[-1][name] = tensor
+        used += size
+    return shards
+
+
+def save_shards(
+    shards: list[dict[str, torch.Tensor]], directory: Path, safe_serialization: bool,
+) -> Path:
+    """Write ``shards`` (see the module docstring); returns the index file (or the single file)."""
+    from notebook_accel.checkpoint import save_object
+
+    stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    count = len(shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, shard in enumerate(shards, start=1):
+        name = f"{stem}{ext}" if count == 1 else f"{stem}-{i:05d}-of-{count:05d}{ext}"
+        tmp = directory / (name + ".tmp")
+        save_object(shard, tmp, safe_serialization)
+        os.replace(tmp, directory / name)
+        for key, tensor in shard.items():
+            weight_map[key] = name
+            total += tensor.numel() * tensor.element_size()
+    if count == 1:
+        return directory / f"{stem}{ext}"
+    index = directory / f"{stem}{ext}.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return index
