@@ -20,6 +20,7 @@ from magics.cell_runner import CELL_VALUE, cell_job
 from magics.cell_source import make_cell_code
 from magics.names import analyse_cell
 from magics.shipping import collect_names
+from notebook_accel.launch.interrupts import deferred_interrupts
 
 
 @magics_class
@@ -68,12 +69,11 @@ class AccelerateMagics(Magics):
         config file (--config, else the default one), then auto-detection.
         """
         args = parse_argstring(self.accelerate, line)
-        if cell is None:
-            return self._line(args)
-        if args.command:
+        if cell is not None and args.command:
             raise UsageError(f"'{args.command}' is a line magic: use %accelerate {args.command} "
                              "(one % sign) in a cell of its own")
-        return self._cell(args, line, cell)
+        with deferred_interrupts():  # the stop button must not cut an import half-way
+            return self._line(args) if cell is None else self._cell(args, line, cell)
 
     def _line(self, args: Any) -> Any:
         if args.command is None:

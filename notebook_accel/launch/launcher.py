@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupts
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import serialise_payload
@@ -93,6 +94,20 @@ def notebook_launcher(
         >>> notebook_launcher(train, (0.1,), num_processes=2)  # doctest: +SKIP
         0
     """
+    __tracebackhide__ = True  # IPython: the user's line is the story, not this frame
+    with deferred_interrupts():  # nothing imported on the way may be cut half-way
+        try:
+            return _launch(function, args, num_processes, mixed_precision, use_port,
+                           master_addr, node_rank, num_nodes, rdzv_backend, rdzv_endpoint,
+                           max_restarts, kwargs, start_method, timeout, return_all, output,
+                           device, config_file)
+        except (TypeError, ValueError) as error:  # bad input: no launcher frames to show
+            raise error.with_traceback(None)  # noqa: B904 - the same error, shorter
+
+
+def _launch(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
+            num_nodes, rdzv_backend, rdzv_endpoint, max_restarts, kwargs, start_method, timeout,
+            return_all, output, device, config_file) -> Any:
     if not callable(function):
         raise TypeError(f"function={function!r} is not callable; pass the function to run")
     if not isinstance(args, (tuple, list)):
@@ -135,6 +150,7 @@ def _launch_once(plan: LaunchPlan, payload: bytes) -> Any:
         # Forked workers inherit what the kernel imported: pay torch's lazy imports
         # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.
         importlib.import_module("notebook_accel.launch.warm")
+    check_interrupt("launch interrupted before any worker started")
     relay = OutputRelay(show=plan.output)
     rendezvous = Rendezvous(plan.master_addr, plan.port or 0) if plan.hosts_rendezvous else None
     try:

@@ -14,6 +14,7 @@ from multiprocessing.process import BaseProcess
 
 from notebook_accel.launch.environment import network_environment, worker_environment
 from notebook_accel.launch.events import enlarge_pipe
+from notebook_accel.launch.interrupts import interrupt_requested
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.start_method import get_context
 from notebook_accel.launch.worker import WorkerPipes, WorkerSpec, worker_main
@@ -156,7 +157,7 @@ STOP_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
 def stop_workers(workers: list[Worker], grace: float | None = None, on_wait=None) -> None:
     """SIGTERM the live workers' groups, SIGKILL whatever is left after ``grace`` seconds.
 
-    A second KeyboardInterrupt while waiting escalates to SIGKILL at once.
+    A (further) press of the stop button while waiting escalates to SIGKILL at once.
     ``on_wait`` is called while waiting (to keep relaying output).
     """
     alive = [w for w in workers if w.process.exitcode is None]
@@ -165,7 +166,7 @@ def stop_workers(workers: list[Worker], grace: float | None = None, on_wait=None
         signal_worker(worker, signal.SIGTERM)
     deadline = time.monotonic() + (STOP_GRACE if grace is None else grace)
     try:
-        while alive and time.monotonic() < deadline:
+        while alive and time.monotonic() < deadline and not interrupt_requested():
             wait([w.process.sentinel for w in alive], timeout=0.05)
             if on_wait is not None:
                 on_wait()

@@ -19,6 +19,7 @@ import psutil
 
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.events import EventReader
+from notebook_accel.launch.interrupts import LaunchInterrupted, check_interrupt
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.processes import Worker, stop_workers
 from notebook_accel.launch.record import LaunchRecord, RankStatus
@@ -208,12 +209,12 @@ class Supervisor:
                     break
                 if self.timeout is not None and now - start >= self.timeout:
                     raise self._timed_out(now - start)
+                check_interrupt()
                 self._poll(0.1)
         except KeyboardInterrupt:
             stop_workers(self.workers, on_wait=self._drain)
             self._finish()
-            print(f"[notebook_accel] interrupted: stopped {len(self.workers)} workers", flush=True)
-            raise
+            raise LaunchInterrupted(f"stopped {len(self.workers)} workers") from None
         if self.first_failure is not None or any(w.exitcode != 0 for w in self.workers):
             stop_workers(self.workers, on_wait=self._drain)
             self._finish()
