@@ -76,9 +76,9 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
 
     The cell runs in a fresh namespace holding the shipped names (modules travel as
     references and are imported again in the worker; everything else by value).
-    The callable is ``eval`` of one line compiled under the cell's file name at
-    line 1, the ``%%accelerate`` line, so a failing worker's traceback reads: the
-    magic line, then the cell's own frames, and no frame of this module.
+    The callable is ``eval`` of one line that hides itself (``__tracebackhide__``),
+    so a failing worker's traceback shows the cell's own frames and no frame of
+    this module.
 
     Args:
         cell: the code to run.
@@ -92,7 +92,7 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     namespace: dict[str, Any] = {"__name__": "__main__"}
     namespace.update({name: importlib.import_module(module) for name, module in modules.items()})
     namespace.update(values)
-    outer = {"_cell": cell.compile(), "_namespace": namespace,
+    outer = {"_cell": cell.compile(), "_namespace": namespace, "__tracebackhide__": True,
              "_pull": tuple(pull), "_pack": _pack_on_first_worker}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
     line_one = compile("(exec(_cell, _namespace), _pack(_namespace, _pull))[1]",

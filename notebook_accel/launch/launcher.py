@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.global_check import warn_missing_globals
 from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupts
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
@@ -20,6 +21,7 @@ from notebook_accel.launch.processes import close_worker_fds, kill_workers, star
 from notebook_accel.launch.record import LaunchRecord, remember
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Supervisor
+from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views import make_view
 from notebook_accel.launch.xla_launch import launch_xla
 
@@ -94,15 +96,15 @@ def notebook_launcher(
         >>> notebook_launcher(train, (0.1,), num_processes=2)  # doctest: +SKIP
         0
     """
-    __tracebackhide__ = True  # IPython: the user's line is the story, not this frame
     with deferred_interrupts():  # nothing imported on the way may be cut half-way
         try:
             return _launch(function, args, num_processes, mixed_precision, use_port,
                            master_addr, node_rank, num_nodes, rdzv_backend, rdzv_endpoint,
                            max_restarts, kwargs, start_method, timeout, return_all, output,
                            device, config_file)
-        except (TypeError, ValueError) as error:  # bad input: no launcher frames to show
-            raise error.with_traceback(None)  # noqa: B904 - the same error, shorter
+        except (TypeError, ValueError) as error:  # bad input: IPython shows no frame of ours
+            hide_our_frames(error)
+            raise
 
 
 def _launch(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
@@ -128,6 +130,7 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
     plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
                      max_restarts=max_restarts)
     payload = serialise_payload(function, tuple(args), dict(kwargs or {}))
+    warn_missing_globals(function)
     if plan.start.reason:
         print(f"[notebook_accel] start method: {plan.start.method} ({plan.start.reason})",
               flush=True)

@@ -97,6 +97,7 @@ class OutputRelay:
         self._pending: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._budgets: dict[int, _Budget] = {}
         self._last: dict[int, str] = {}
+        self._held: set[int] = set()
         self.snapshot_every = snapshot_every
 
     def _stream(self, rank: int, name: str) -> _Stream:
@@ -108,8 +109,15 @@ class OutputRelay:
     def _visible(self, rank: int) -> bool:
         return self.show == "all" or (self.show == "main" and rank == 0)
 
+    def hold(self, rank: int) -> None:
+        """Keep ``rank``'s further lines for :meth:`tail` only (not shown, not its last line):
+        a stack dump the error report will show once, cleaned up."""
+        self._held.add(rank)
+
     def _emit(self, rank: int, name: str, text: str) -> None:
         self._stream(rank, name).add_line(text)
+        if rank in self._held:
+            return
         if text.strip():
             self._last[rank] = text
         if self._visible(rank):
@@ -142,7 +150,7 @@ class OutputRelay:
                 and now - stream.snapshot_at >= self.snapshot_every
             ):
                 stream.snapshot_at, stream.snapshot_text = now, current
-                if self._visible(rank):
+                if self._visible(rank) and rank not in self._held:
                     self._pending[name].append(f"[rank {rank}] {current}\n")
 
     def finish(self, rank: int) -> None:

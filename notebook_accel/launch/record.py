@@ -78,9 +78,10 @@ class LaunchRecord:
         elif kind == "dropped":
             self.dropped[rank] = self.dropped.get(rank, 0) + int(data.get("count", 0))
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: str, ended: float | None = None) -> None:
+        """Set the outcome; ``ended`` (a ``time.time()``) defaults to now."""
         self.outcome = outcome
-        self.ended = time.time()
+        self.ended = time.time() if ended is None else ended
 
 
 _last: LaunchRecord | None = None
