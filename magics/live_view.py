@@ -3,7 +3,8 @@
 The block holds a header (world size, device, start method, mixed precision), a
 table of ranks (state, pid, elapsed, memory, last output line), one progress bar
 for the job and a chart per logged metric. It appears once the job has run for
-``appear_after`` seconds (a trivial job shows nothing), is redrawn at most every
+``appear_after`` seconds (a trivial job shows nothing; until then the supervisor
+holds relayed output back, so the block always sits above it), is redrawn at most every
 ``interval`` seconds through its display id (never ``clear_output``, so worker
 output relayed into the cell stays), and ends as a static summary that stays in
 the notebook. Every display carries ``text/plain`` too, for consoles and nbconvert.
@@ -76,6 +77,12 @@ class LiveView:
         self.draws = 0
         self.done = False
         self.plots = Plots()
+
+    @property
+    def holds_output(self) -> bool:
+        """True until the block is shown (or the job ended without it): the block's place
+        is under the cell's input, above the relayed output, whenever that starts."""
+        return self.handle is None and not self.done
 
     def update(self, record: LaunchRecord, final: bool = False) -> None:
         """Redraw when due; with ``final``, draw the static summary (if shown at all)."""

@@ -17,6 +17,7 @@ from notebook_accel.launch.events import enlarge_pipe
 from notebook_accel.launch.interrupts import interrupt_requested
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.start_method import get_context
+from notebook_accel.launch.views import in_kernel
 from notebook_accel.launch.worker import WorkerPipes, WorkerSpec, worker_main
 
 
@@ -88,6 +89,7 @@ def start_workers(
         Connection(pair[1], readable=False) for triple in ends for pair in triple
     ]
     threads = plan.threads_per_worker()
+    rich = plan.output != "none" and in_kernel()
     workers: list[Worker] = []
     try:
         for local_rank, (out, err, ctl, ev) in enumerate(ends):
@@ -103,7 +105,8 @@ def start_workers(
             )
             env.update(network_environment(plan))
             spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
-                              send_result=plan.return_all or local_rank == 0, close_fds=close_fds)
+                              send_result=plan.return_all or local_rank == 0, close_fds=close_fds,
+                              rich_output=rich)
             base = 1 + 4 * local_rank
             pipes = WorkerPipes(stdout=worker_side[base], stderr=worker_side[base + 1],
                                 control=worker_side[base + 2], events=worker_side[base + 3],

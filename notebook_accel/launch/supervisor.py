@@ -110,6 +110,8 @@ class Supervisor:
                 elif kind == "error":
                     worker.error, worker.error_time = body, when
                     self._failed()
+                elif kind == "display":
+                    self.relay.display(body)
         except (EOFError, OSError):
             self._unregister(worker.control.fileno())
 
@@ -142,7 +144,12 @@ class Supervisor:
             self._read_output(w, "stderr")
             self._read_control(w)
             self._read_events(w)
-        self.relay.flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        """Relay what was gathered, unless the live view still has to appear above it."""
+        if not getattr(self.view, "holds_output", False):
+            self.relay.flush()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -160,8 +167,8 @@ class Supervisor:
             else:
                 self._read_output(worker, kind)
         self.relay.tick()
-        self.relay.flush()
         self._refresh()
+        self._flush()
 
     def _refresh(self) -> None:
         """Bring the record up to date (states, memory once a second) and redraw."""
@@ -200,6 +207,7 @@ class Supervisor:
         finally:
             self.record.finish(outcome, self.timed_out_at)
             self.view.update(self.record, final=True)
+            self.relay.flush()  # below the summary: output held while it had to appear
         return self.workers
 
     def _watch(self) -> None:
@@ -231,7 +239,7 @@ class Supervisor:
         self._drain()
         for w in self.workers:
             self.relay.finish(w.rank)
-        self.relay.flush()
+        self._flush()
         self.selector.close()
 
     # -- verdicts ------------------------------------------------------------------------------

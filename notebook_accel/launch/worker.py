@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from notebook_accel.launch import events
+from notebook_accel.launch import events, worker_display
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import dumps_result, load_payload
 
@@ -44,6 +44,7 @@ class WorkerSpec:
     num_threads: int | None
     send_result: bool
     close_fds: tuple[int, ...] = field(default_factory=tuple)
+    rich_output: bool = False  # the launching kernel shows rank 0's displays in the cell
 
 
 @dataclass
@@ -133,6 +134,8 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _redirect_output(pipes.stdout.fileno(), pipes.stderr.fileno())
     _watch_kernel(pipes.alive.fileno())
     events.install(pipes.events.fileno())
+    worker_display.install(lambda message: _send(pipes, "display", time.monotonic(), message),
+                           main=spec.rank == 0, rich=spec.rich_output)
     if spec.env.get(DEVICE_TYPE) == "cuda":
         _report_gpu_memory(int(spec.env[LOCAL_RANK]))
     _set_process_name(spec.rank)
@@ -166,8 +169,13 @@ def _error(exc: BaseException, exitcode: int, headline: str | None = None) -> di
     }
 
 
+_send_lock = threading.Lock()  # displays may come from any thread
+
+
 def _send(pipes: WorkerPipes, *message) -> None:
-    pipes.control.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    with _send_lock:
+        pipes.control.send_bytes(data)
 
 
 def _run(spec: WorkerSpec, payload: bytes, pipes: WorkerPipes) -> int:
