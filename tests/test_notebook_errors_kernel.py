@@ -125,3 +125,18 @@ def test_flag_errors_name_the_bad_word_and_suggest_the_closest(nb, code, message
     result, _ = nb.run(code)
     assert message in result.stderr, result.stderr
     assert "invalid choice" not in result.stderr and "[rank" not in result.stdout
+
+
+def test_failed_job_marks_the_root_cause_and_workers_are_named_in_ps(nb):
+    nb.run("def slow_fail():\n    import os, time, setproctitle\n"
+           "    print('title', setproctitle.getproctitle(), flush=True)\n"
+           "    time.sleep(1.5)\n    if os.environ['RANK'] == '1':\n"
+           "        raise RuntimeError('boom')\n    time.sleep(30)\n")
+    result, _ = nb.run("notebook_launcher(slow_fail, num_processes=2)")
+    assert "[rank 0] title notebook_accel rank 0 of 2" in result.stdout
+    assert "[rank 1] title notebook_accel rank 1 of 2" in result.stdout
+    final = [m["content"]["data"] for m in result.outputs
+             if "notebook-accel-live" in m["content"]["data"].get("text/html", "")][-1]
+    assert "rank 1: failed (exit 1) · root cause" in final["text/plain"], final["text/plain"]
+    assert "rank 0: stopped" in final["text/plain"] and final["text/plain"].count("root cause") == 1
+    assert "<code></code>" not in final["text/html"]

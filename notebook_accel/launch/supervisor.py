@@ -288,6 +288,7 @@ class Supervisor:
             candidates = [(3, 0.0, w) for w in self.workers if w.exitcode != 0]
         candidates.sort(key=lambda c: (c[0], c[1] or 0.0, c[2].rank))
         cause = candidates[0][2]
+        self.record.root_cause = cause.rank
         others = [self._summary(w) for _, _, w in candidates[1:]]
         others += [f"rank {w.rank}: stopped" for w in self.workers
                    if w.stopped and w.error is None and w is not cause]

@@ -58,7 +58,15 @@ class WorkerPipes:
     alive: Connection
 
 
-def _set_process_name(rank: int) -> None:
+def _set_process_name(rank: int, world_size: str) -> None:
+    """``ps`` shows ``notebook_accel rank 0 of 2`` (a forked worker would look like the
+    kernel); the short name (``nbaccel-r0``: top, psutil) stays distinct too."""
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"notebook_accel rank {rank} of {world_size}")
+    except ImportError:  # an optional nicety: the short name below still tells workers apart
+        pass
     try:
         libc = ctypes.CDLL(None)
         libc.prctl(15, f"nbaccel-r{rank}".encode()[:15], 0, 0, 0)  # PR_SET_NAME
@@ -138,7 +146,7 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
                            main=spec.rank == 0, rich=spec.rich_output)
     if spec.env.get(DEVICE_TYPE) == "cuda":
         _report_gpu_memory(int(spec.env[LOCAL_RANK]))
-    _set_process_name(spec.rank)
+    _set_process_name(spec.rank, spec.env.get("WORLD_SIZE", "?"))
     _reset_signals()
     os.environ.update(spec.env)
     if spec.num_threads:
