@@ -23,12 +23,15 @@ from magics.live_status import status_html, status_text
 from notebook_accel.launch.record import LaunchRecord
 
 
-def render(record: LaunchRecord, plots: Plots | None = None) -> dict[str, str]:
+def render(record: LaunchRecord, plots: Plots | None = None,
+           final: bool = False) -> dict[str, str]:
     """The whole block as a MIME bundle (``text/html`` and ``text/plain``).
 
     Args:
         record: the launch.
         plots: the charts kept between redraws (a new set when None).
+        final: the summary that stays in the saved notebook: charts as images, which
+            survive the sanitiser of a reopened (untrusted) notebook.
     """
     plots = plots or Plots()
     plots.update(record.history)
@@ -36,7 +39,7 @@ def render(record: LaunchRecord, plots: Plots | None = None) -> dict[str, str]:
     dropped = sum(record.dropped.values())
     note = f"{dropped} events dropped (the kernel lagged)" if dropped else ""
     html = ('<div class="notebook-accel-live" style="font-size:12px;line-height:1.35">'
-            + status_html(record) + progress_html(record) + plots.html()
+            + status_html(record) + progress_html(record) + plots.html(as_images=final)
             + (f'<div style="color:#888">{note}</div>' if note else "") + "</div>")
     return {"text/html": html, "text/plain": "\n".join(p for p in [*plain, note] if p)}
 
@@ -106,7 +109,7 @@ class LiveView:
         if not final and now - self.last_draw < self.interval:
             return
         self.last_draw = now
-        bundle = render(record, self.plots)
+        bundle = render(record, self.plots, final=final)
         if bundle == self.last_bundle:
             return
         self.last_bundle = bundle
