@@ -140,3 +140,17 @@ def test_failed_job_marks_the_root_cause_and_workers_are_named_in_ps(nb):
     assert "rank 1: failed (exit 1) · root cause" in final["text/plain"], final["text/plain"]
     assert "rank 0: stopped" in final["text/plain"] and final["text/plain"].count("root cause") == 1
     assert "<code></code>" not in final["text/html"]
+
+
+def test_the_config_file_in_force_is_named_and_env_reports_what_a_launch_does(nb, tmp_path):
+    config = tmp_path / "cfg.yaml"
+    config.write_text("num_processes: 2\nmixed_precision: bf16\n")
+    result, _ = nb.run(f"print(notebook_launcher(lambda: 5, config_file={str(config)!r}))")
+    assert result.stdout.splitlines()[0] == (
+        f"[notebook_accel] config file {config}: num_processes=2, mixed_precision='bf16'")
+    result, _ = nb.run(f"notebook_launcher(lambda: 5, num_processes=1, mixed_precision='no', "
+                       f"config_file={str(config)!r})")
+    assert "config file" not in result.stdout  # nothing came from it
+    result, _ = nb.run(f"%accelerate env --config {config}")
+    assert ("A launch here: 2 process(es) on cpu (distributed_type MULTI_CPU, use_cpu true), "
+            "start method fork, mixed precision bf16") in result.stdout, result.stdout

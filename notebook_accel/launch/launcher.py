@@ -121,19 +121,21 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
             f"rdzv_backend={rdzv_backend!r} / rdzv_endpoint={rdzv_endpoint!r}: only the static "
             "rendezvous is supported; give master_addr and use_port (the same on every node)"
         )
+    notes: list[str] = []
     options = fill_options(
         {"num_processes": num_processes, "mixed_precision": mixed_precision,
          "use_port": use_port, "master_addr": master_addr, "node_rank": node_rank,
          "num_nodes": num_nodes, "start_method": start_method, "device": device},
-        config_file,
+        config_file, notes,
     )
     plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
                      max_restarts=max_restarts)
     payload = serialise_payload(function, tuple(args), dict(kwargs or {}))
     warn_missing_globals(function)
     if plan.start.reason:
-        print(f"[notebook_accel] start method: {plan.start.method} ({plan.start.reason})",
-              flush=True)
+        notes.append(f"start method: {plan.start.method} ({plan.start.reason})")
+    for note in notes:  # the launch's first lines: what decided its settings
+        print(f"[notebook_accel] {note}", flush=True)
     run = _launch_once
     if plan.device_type == "xla":
         run = functools.partial(launch_xla, launch_once=_launch_once)
