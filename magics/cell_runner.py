@@ -11,6 +11,7 @@ import functools
 import importlib
 import linecache
 import os
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,11 +94,25 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     namespace.update({name: importlib.import_module(module) for name, module in modules.items()})
     namespace.update(values)
     outer = {"_cell": cell.compile(), "_namespace": namespace, "__tracebackhide__": True,
-             "_pull": tuple(pull), "_pack": _pack_on_first_worker}
+             "_pull": tuple(pull), "_pack": _pack_on_first_worker, "_show": _show_figures}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
-    line_one = compile("(exec(_cell, _namespace), _pack(_namespace, _pull))[1]",
+    line_one = compile("(exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[2]",
                        cell.filename, "eval")
     return functools.partial(eval, line_one, outer)
+
+
+def _show_figures() -> None:
+    """Show the figures the cell left open, as a notebook cell does with the inline backend
+    (on the main process; the others close theirs)."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None or "inline" not in str(pyplot.get_backend()):
+        return
+    if os.environ.get("RANK", "0") == "0":
+        from IPython.display import display
+
+        for number in pyplot.get_fignums():
+            display(pyplot.figure(number))
+    pyplot.close("all")
 
 
 def _pack_on_first_worker(namespace: dict[str, Any], pull: tuple[str, ...]) -> PulledNames | None:

@@ -110,3 +110,13 @@ def test_the_live_block_sits_above_the_log_from_the_first_line(kernel):
     assert kinds[0] == "display_data" and "stream" in kinds, kinds
     assert "notebook-accel-live" in mine[0]["content"]["data"]["text/html"]
     assert "[rank 0] line 0" in "".join(m["content"].get("text", "") for m in mine)
+
+
+def test_a_cell_magic_shows_the_figures_it_leaves_open_once_from_rank_zero(kernel):
+    kernel.ok("%load_ext notebook_accel")
+    result = kernel.ok("%%accelerate -n 2\nimport matplotlib.pyplot as plt\n"
+                       "plt.plot([1, 2, 3])\nplt.title('left open')")
+    images = [m for m in result.outputs if m["msg_type"] == "display_data"
+              and "image/png" in m["content"]["data"]]
+    assert len(images) == 1, [m["content"]["data"].keys() for m in result.outputs]
+    assert not wait_no_workers(timeout=5)
