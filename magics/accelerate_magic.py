@@ -15,11 +15,13 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import parse_argstring
 
 from magics import commands, pulling
-from magics.arguments import launch_options, magic_flags
+from magics.arguments import COMMANDS, launch_options, magic_flags
 from magics.cell_runner import CELL_VALUE, cell_job
 from magics.cell_source import make_cell_code
+from magics.flag_check import check_words
 from magics.names import analyse_cell
-from magics.shipping import collect_names
+from magics.shipping import check_defined, collect_names
+from notebook_accel.launch.interrupts import deferred_interrupts
 
 
 @magics_class
@@ -67,13 +69,13 @@ class AccelerateMagics(Magics):
         Unset flags fall back to NOTEBOOK_ACCEL_* environment variables, then the
         config file (--config, else the default one), then auto-detection.
         """
+        check_words(self.accelerate.parser, line, cell is not None, COMMANDS)
         args = parse_argstring(self.accelerate, line)
-        if cell is None:
-            return self._line(args)
-        if args.command:
+        if cell is not None and args.command:
             raise UsageError(f"'{args.command}' is a line magic: use %accelerate {args.command} "
                              "(one % sign) in a cell of its own")
-        return self._cell(args, line, cell)
+        with deferred_interrupts():  # the stop button must not cut an import half-way
+            return self._line(args) if cell is None else self._cell(args, line, cell)
 
     def _line(self, args: Any) -> Any:
         if args.command is None:
@@ -87,6 +89,9 @@ class AccelerateMagics(Magics):
         raw_cell, self._raw_cell = self._raw_cell, None
         code, tree = make_cell_code(self.shell, line, body, raw_cell)
         names = analyse_cell(tree)
+        if not any(isinstance(node, ast.ImportFrom) and node.names[0].name == "*"
+                   for node in ast.walk(tree)):  # `import *` binds names we cannot know
+            check_defined(names.reads, names.assigns, self.shell.user_ns)
         shipment = collect_names(names.reads, self.shell.user_ns, self.shell.user_ns_hidden)
         pull = names.assigns if args.pull is None else args.pull
         if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):

@@ -11,6 +11,7 @@ import functools
 import importlib
 import linecache
 import os
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,9 +77,9 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
 
     The cell runs in a fresh namespace holding the shipped names (modules travel as
     references and are imported again in the worker; everything else by value).
-    The callable is ``eval`` of one line compiled under the cell's file name at
-    line 1, the ``%%accelerate`` line, so a failing worker's traceback reads: the
-    magic line, then the cell's own frames, and no frame of this module.
+    The callable is ``eval`` of one line that hides itself (``__tracebackhide__``),
+    so a failing worker's traceback shows the cell's own frames and no frame of
+    this module.
 
     Args:
         cell: the code to run.
@@ -92,12 +93,26 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     namespace: dict[str, Any] = {"__name__": "__main__"}
     namespace.update({name: importlib.import_module(module) for name, module in modules.items()})
     namespace.update(values)
-    outer = {"_cell": cell.compile(), "_namespace": namespace,
-             "_pull": tuple(pull), "_pack": _pack_on_first_worker}
+    outer = {"_cell": cell.compile(), "_namespace": namespace, "__tracebackhide__": True,
+             "_pull": tuple(pull), "_pack": _pack_on_first_worker, "_show": _show_figures}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
-    line_one = compile("(exec(_cell, _namespace), _pack(_namespace, _pull))[1]",
+    line_one = compile("(exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[2]",
                        cell.filename, "eval")
     return functools.partial(eval, line_one, outer)
+
+
+def _show_figures() -> None:
+    """Show the figures the cell left open, as a notebook cell does with the inline backend
+    (on the main process; the others close theirs)."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None or "inline" not in str(pyplot.get_backend()):
+        return
+    if os.environ.get("RANK", "0") == "0":
+        from IPython.display import display
+
+        for number in pyplot.get_fignums():
+            display(pyplot.figure(number))
+    pyplot.close("all")
 
 
 def _pack_on_first_worker(namespace: dict[str, Any], pull: tuple[str, ...]) -> PulledNames | None:

@@ -8,6 +8,7 @@ the top of the cell as the user sees it: the ``%%accelerate`` line is line 1.
 from __future__ import annotations
 
 import ast
+import sys
 import traceback
 from typing import Any
 
@@ -51,6 +52,22 @@ def _cell_text(raw_cell: str | None, line: str, body: str) -> tuple[list[str], i
     return rebuilt, 1, False
 
 
+def cell_number(shell: Any) -> int:
+    """The execution count of the cell running now, as its ``Cell In[N]`` label says.
+
+    ``shell.execution_count`` is already the next cell's number while a cell runs
+    (IPython counts up before running it), so find the running cell's frame instead.
+    """
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    frame = sys._getframe(1)
+    while frame is not None:
+        number = names.get(frame.f_code.co_filename)
+        if number is not None:
+            return number
+        frame = frame.f_back
+    return shell.execution_count
+
+
 def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tuple[CellCode, ast.Module]:
     """Compile-check the body in the kernel and describe it for the workers.
 
@@ -65,18 +82,18 @@ def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tu
     """
     lines, offset, as_typed = _cell_text(raw_cell, line, body)
     text = "".join(lines)
+    number = cell_number(shell)
     compiler = getattr(shell, "compile", None)
     if compiler is not None and hasattr(compiler, "cache"):
         # As typed: the name IPython gives this cell (its traceback label "Cell In[n]").
-        filename = compiler.cache(text, shell.execution_count,
-                                  raw_code=raw_cell if as_typed else text)
+        filename = compiler.cache(text, number, raw_code=raw_cell if as_typed else text)
     else:
-        filename = f"<%%accelerate cell {shell.execution_count}>"
+        filename = f"<%%accelerate cell {number}>"
     code = CellCode("\n" * offset + body, filename, lines)
     code.register()
     try:
         tree = ast.parse(code.source, filename)
         code.compile()  # what parsing misses: `return` outside a function...
     except SyntaxError as error:
-        raise CellSyntaxError(error, f"Cell In[{shell.execution_count}]") from None
+        raise CellSyntaxError(error, f"Cell In[{number}]") from None
     return code, tree

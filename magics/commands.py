@@ -31,9 +31,14 @@ def env(args: argparse.Namespace) -> None:
     """Versions, devices and the config in force (the ``notebook-accel env`` report),
     plus what matters in this kernel: the notebook packages and the start method."""
     from notebook_accel.cli import main
+    from notebook_accel.launch.in_force import launch_in_force
     from notebook_accel.launch.start_method import fork_unsafe_reason
 
     main(["env", *(["--config-file", args.config] if args.config else [])])
+    try:
+        print(launch_in_force(args.config))
+    except ValueError as error:
+        print(f"A launch here would fail: {error}")
     print(f"IPython: {_version('IPython')}; ipywidgets: {_version('ipywidgets')}")
     reason = fork_unsafe_reason()
     print("Start method 'auto' in this kernel: "

@@ -18,6 +18,7 @@ import ipywidgets as widgets
 from magics.panel_rules import (
     START_METHOD_TIPS,
     device_choices,
+    effective_device,
     max_processes,
     precision_choices,
 )
@@ -93,9 +94,9 @@ class ConfigPanel(widgets.VBox):
             state.num_processes = bound
         self._build_fields(state)
         self._build_buttons()
+        self.notes = widgets.HTML("<br>".join(html.escape(n) for n in notes))
         header = [widgets.HTML(f"<b>notebook_accel launch config</b> &nbsp; Hardware: "
-                               f"{html.escape(self.hardware.summary())}"),
-                  widgets.HTML("<br>".join(html.escape(n) for n in notes))]
+                               f"{html.escape(self.hardware.summary())}"), self.notes]
         super().__init__(header + self._rows())
         self.add_class("notebook-accel-config-panel")
         self._refresh()
@@ -108,11 +109,14 @@ class ConfigPanel(widgets.VBox):
                      for c in devices if c.enabled or c.value == state.device],
             value=state.device, description="Device", style=_LABEL, layout=_wide(),
             tooltip="; ".join(f"{c.value}: {c.tooltip}" for c in devices))
-        self.num_processes = _int_field("Processes", state.num_processes, 1,
-                                        max_processes(state.device, hw), "workers on this machine")
+        self.num_processes = widgets.IntText(  # not Bounded: it would clamp without a word
+            value=state.num_processes, description="Processes", tooltip="workers on this machine",
+            style=_LABEL, layout=_wide())
+        self.clamp_note = widgets.HTML()
+        self._clamped_to: int | None = None
         self.precision_buttons = {
             c.value: widgets.ToggleButton(value=c.value == state.mixed_precision,
-                                          description=c.value, layout=widgets.Layout(width="70px"))
+                                          description=c.value, layout=widgets.Layout(width="80px"))
             for c in precision_choices(state.device, hw)}
         self.precision_note = widgets.HTML()
         self.start_method = widgets.Dropdown(
@@ -138,11 +142,12 @@ class ConfigPanel(widgets.VBox):
 
     def _build_buttons(self) -> None:
         self.messages = widgets.HTML()
+        self.saved = widgets.HTML()  # Save's outcome; ``status`` is the Test's
         self.save_button = widgets.Button(description="Save", button_style="primary",
                                           icon="save", tooltip=f"write {self.path}")
-        self.code_button = widgets.Button(description="Copy as code", icon="code",
+        self.code_button = widgets.Button(description="Show as code", icon="code",
                                           tooltip="show the equivalent notebook_launcher(...) "
-                                                  "call and %%accelerate line")
+                                                  "call and %%accelerate line, to copy")
         self.test_button = widgets.Button(description="Test", icon="play",
                                           tooltip="run the sanity check on these settings")
         self.status = widgets.HTML()
@@ -156,9 +161,9 @@ class ConfigPanel(widgets.VBox):
         precision = widgets.HBox([widgets.Label("Mixed precision", layout=widgets.Layout(
             width="150px")), *self.precision_buttons.values()])
         buttons = widgets.HBox([self.save_button, self.code_button, self.test_button])
-        return [self.device, self.num_processes, precision, self.precision_note,
+        return [self.device, self.num_processes, self.clamp_note, precision, self.precision_note,
                 self.start_method, self.num_machines, self.multi_node, self.messages, buttons,
-                self.status, self.code, self.test_output]
+                self.saved, self.status, self.code, self.test_output]
 
     def __repr__(self) -> str:  # the text/plain of a saved notebook, instead of every child
         return f"ConfigPanel(config_file={str(self.path)!r})"
@@ -193,37 +198,58 @@ class ConfigPanel(widgets.VBox):
     def _refresh(self) -> None:
         """Re-derive enabled choices, bounds, visibility and messages from the form."""
         hw, state = self.hardware, self.state()
-        self.num_processes.max = max_processes(state.device, hw)
+        self._clamp_processes(max_processes(state.device, hw))
         tips = []
         for choice in precision_choices(state.device, hw):
             button = self.precision_buttons[choice.value]
             button.disabled, button.tooltip = not choice.enabled, choice.tooltip
+            button.button_style = "primary" if button.value else ""  # the choice stands out
+            button.icon = "check" if button.value else ""
             if not choice.enabled:
                 tips.append(f"{choice.value}: {choice.tooltip}")
         self.precision_note.value = "<small>" + "<br>".join(html.escape(t) for t in tips) + "</small>"
         self.multi_node.layout.display = "" if state.num_machines > 1 else "none"
         messages = validate(self.state(), hw)
         colour = {"error": "#c62828", "note": "#8a6d00"}
+        label = {"error": "Error:", "note": "Note:"}  # words: icon glyphs may be missing
         self.messages.value = "".join(
-            f"<div style='color:{colour[m.level]}'>{'✗' if m.level == 'error' else 'ⓘ'} "
+            f"<div style='color:{colour[m.level]}'><b>{label[m.level]}</b> "
             f"{html.escape(m.text)}</div>" for m in messages)
         self.save_button.disabled = any(m.level == "error" for m in messages)
         self.test_button.disabled = self.save_button.disabled
         if self.code.layout.display != "none":
             self._show_code()
 
+    def _clamp_processes(self, bound: int) -> None:
+        """Keep Processes within 1..bound, saying so when a value had to change."""
+        asked = self.num_processes.value
+        if 1 <= asked <= bound:
+            if asked != self._clamped_to:  # the user chose again: the old note is stale
+                self.clamp_note.value, self._clamped_to = "", None
+            return
+        kept = min(max(asked, 1), bound)
+        why = ("at least 1" if asked < 1 else
+               f"at most {bound} on {effective_device(self.device.value, self.hardware)} here "
+               f"({self.hardware.summary()})")
+        self.clamp_note.value = (f"<div style='color:#8a6d00'><b>Note:</b> Processes "
+                                 f"{asked} changed to {kept}: {html.escape(why)}</div>")
+        self._clamped_to = kept
+        self.num_processes.value = kept  # re-enters _refresh through the observer
+
     def save(self) -> Path | None:
         """Write the form to the config file (the Save button); returns the path, or None when
         the form has errors (they are shown in the panel)."""
         if any(m.level == "error" for m in validate(self.state(), self.hardware)):
-            self.status.value = "<span style='color:#c62828'>Not saved: fix the errors above</span>"
+            self.saved.value = "<span style='color:#c62828'>Not saved: fix the errors above</span>"
             return None
         try:
             path = save_config(config_from_state(self.state(), self._base), self.path)
         except (OSError, ValueError) as err:
-            self.status.value = f"<span style='color:#c62828'>Not saved: {html.escape(str(err))}</span>"
+            self.saved.value = f"<span style='color:#c62828'>Not saved: {html.escape(str(err))}</span>"
             return None
-        self.status.value = f"Saved to <code>{html.escape(str(path))}</code>"
+        self.saved.value = f"Saved to <code>{html.escape(str(path))}</code>"
+        self.notes.value = html.escape(f"Config file: {path} (saved; every launch without "
+                                       "arguments now uses it)")
         return path
 
     def _show_code(self) -> None:

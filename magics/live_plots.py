@@ -9,6 +9,7 @@ costs the same after a million steps as after a hundred.
 
 from __future__ import annotations
 
+import base64
 import math
 from html import escape
 from typing import Any
@@ -16,8 +17,10 @@ from typing import Any
 from notebook_accel.launch.text_view import format_value
 
 MAX_POINTS = 400
-WIDTH, HEIGHT = 280, 130
-_LEFT, _RIGHT, _TOP, _BOTTOM = 48, 8, 18, 18
+WIDTH, HEIGHT = 300, 140
+_LEFT, _RIGHT, _TOP, _BOTTOM = 58, 8, 18, 20
+SMOOTHING = 0.6  # TensorBoard's default weight of its exponential moving average
+LOG_DECADES = 2.0  # a positive metric spanning more than this many decades gets a log axis
 Point = tuple[float, float]
 
 
@@ -38,17 +41,22 @@ class Series:
     long the history, and spikes stay visible.
     """
 
-    def __init__(self, limit: int = MAX_POINTS) -> None:
+    def __init__(self, limit: int = MAX_POINTS, smoothing: float | None = SMOOTHING) -> None:
         self.limit = limit
+        self.smoothing = smoothing
         self._reset()
 
     def _reset(self) -> None:
         self.consumed = 0  # history entries read so far (finite or not)
         self.size = 1
         self.buckets: list[list[Any]] = []  # [low, high, count]
+        self.first: Point | None = None  # kept whatever the thinning: the axis starts here
         self.last: Point | None = None
         self.low: float = math.inf
         self.high: float = -math.inf
+        self._ema, self._added = 0.0, 0
+        # The smoothed curve (debiased EMA of every point, as TensorBoard draws it), thinned too.
+        self.smooth = Series(self.limit, smoothing=None) if self.smoothing else None
 
     def extend(self, history: list[tuple[int | None, float]]) -> None:
         """Read the entries of ``history`` not seen yet (it only ever grows)."""
@@ -61,6 +69,12 @@ class Series:
         self.consumed = len(history)
 
     def _add(self, point: Point) -> None:
+        if self.first is None:
+            self.first = point
+        if self.smooth is not None:
+            self._added += 1
+            self._ema = self._ema * self.smoothing + (1 - self.smoothing) * point[1]
+            self.smooth._add((point[0], self._ema / (1 - self.smoothing ** self._added)))
         self.last = point
         self.low, self.high = min(self.low, point[1]), max(self.high, point[1])
         if self.buckets and self.buckets[-1][2] < self.size:
@@ -87,9 +101,9 @@ class Series:
 
     def points(self) -> list[Point]:
         """At most about ``limit`` points in step order, the last one included."""
-        out: list[Point] = []
+        out: list[Point] = [self.first] if self.first is not None else []
         for low, high, _ in self.buckets:
-            out.extend([low] if low == high else sorted((low, high)))
+            out.extend(p for p in ([low] if low == high else sorted((low, high))) if p != out[0])
         if self.last is not None and (not out or out[-1] != self.last):
             out.append(self.last)
         return out
@@ -99,49 +113,76 @@ class Series:
 
 
 def _label(value: float) -> str:
-    return escape(format_value(float(value)))
+    """An axis label short enough for the margin: ``0.00038``, ``1.2e+04``, ``12``."""
+    return escape(f"{float(value):.3g}")
 
 
 def _step(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else format_value(value)
 
 
+def _log_axis(low: float, high: float) -> bool:
+    return low > 0 and math.log10(high / low) > LOG_DECADES
+
+
 def metric_svg(name: str, series: Series) -> str:
-    """One metric as an SVG line chart with its name, last value and axis ranges."""
+    """One metric as an SVG line chart: raw values (light), their smoothed curve, its name,
+    last value and axis ranges; a log y axis when a positive metric spans > 2 decades."""
     data = series.points()
-    last = f" = {_label(data[-1][1])}" if data else ""
-    title = (f'<text x="{_LEFT}" y="12" font-size="11" font-weight="bold">{escape(name)}{last}'
-             "</text>")
+    last = f" = {escape(format_value(data[-1][1]))}" if data else ""
     box_w, box_h = WIDTH - _LEFT - _RIGHT, HEIGHT - _TOP - _BOTTOM
     frame = (f'<rect x="{_LEFT}" y="{_TOP}" width="{box_w}" height="{box_h}" fill="none" '
              'stroke="#bbb"/>')
-    body = ""
+    body, scale = "", ""
     if data:
         xs, ys = [p[0] for p in data], [p[1] for p in data]
         x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-        dx, dy = (x1 - x0) or 1.0, (y1 - y0) or 1.0
+        log = _log_axis(y0, y1)
+        if log:
+            scale = " (log scale)"
+        fy = math.log10 if log else float
+        dx, dy = (x1 - x0) or 1.0, (fy(y1) - fy(y0)) or 1.0
 
         def sx(x: float) -> float:
             return _LEFT + (x - x0) / dx * box_w
 
         def sy(y: float) -> float:
-            return _TOP + box_h - (y - y0) / dy * box_h
+            return _TOP + box_h - (fy(y) - fy(y0)) / dy * box_h
 
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in data)
-        shape = (f'<polyline points="{path}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>'
-                 if len(data) > 1 else
-                 f'<circle cx="{sx(xs[0]):.1f}" cy="{sy(ys[0]):.1f}" r="2" fill="#1f77b4"/>')
+        def line(points: list[Point], style: str) -> str:
+            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
+            return f'<polyline points="{path}" fill="none" {style}/>'
+
+        smooth = series.smooth.points() if series.smooth is not None else []
+        if len(data) > 1 and len(smooth) > 1:
+            shape = (line(data, 'stroke="#1f77b4" stroke-opacity="0.3" stroke-width="1"')
+                     + line([(x, min(max(y, y0), y1)) for x, y in smooth],
+                            'stroke="#1f77b4" stroke-width="1.6" class="smoothed"'))
+        elif len(data) > 1:
+            shape = line(data, 'stroke="#1f77b4" stroke-width="1.5"')
+        else:
+            shape = f'<circle cx="{sx(xs[0]):.1f}" cy="{sy(ys[0]):.1f}" r="2" fill="#1f77b4"/>'
         small = 'font-size="9" fill="#555"'
         body = (shape
                 + f'<text x="{_LEFT - 3}" y="{_TOP + 8}" text-anchor="end" {small}>{_label(y1)}</text>'
                 + f'<text x="{_LEFT - 3}" y="{_TOP + box_h}" text-anchor="end" {small}>'
                   f"{_label(y0)}</text>"
-                + f'<text x="{_LEFT}" y="{HEIGHT - 5}" {small}>{_step(x0)}</text>'
-                + f'<text x="{WIDTH - _RIGHT}" y="{HEIGHT - 5}" text-anchor="end" {small}>'
+                + f'<text x="{_LEFT}" y="{HEIGHT - 6}" {small}>step {_step(x0)}</text>'
+                + f'<text x="{WIDTH - _RIGHT}" y="{HEIGHT - 6}" text-anchor="end" {small}>'
                   f"step {_step(x1)}</text>")
+    title = (f'<text x="{_LEFT}" y="12" font-size="11" font-weight="bold">{escape(name)}{last}'
+             f'<tspan font-weight="normal" fill="#888">{scale}</tspan></text>')
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
             f'viewBox="0 0 {WIDTH} {HEIGHT}" style="margin:2px 8px 2px 0">'
             f"{title}{frame}{body}</svg>")
+
+
+def _as_image(name: str, series: Series, svg: str) -> str:
+    data = base64.b64encode(svg.encode()).decode()
+    alt = escape(f"{name}: last {format_value(series.last[1])} at step "
+                 f"{_step(series.last[0])}", quote=True)
+    return (f'<img src="data:image/svg+xml;base64,{data}" width="{WIDTH}" height="{HEIGHT}" '
+            f'alt="{alt}" style="margin:2px 8px 2px 0">')
 
 
 class Plots:
@@ -155,9 +196,17 @@ class Plots:
         for name, points in history.items():
             self.series.setdefault(name, Series()).extend(points)
 
-    def html(self) -> str:
-        """Every metric's chart, side by side (empty without metrics)."""
-        charts = [metric_svg(name, s) for name, s in self.series.items() if s.last is not None]
+    def html(self, as_images: bool = False) -> str:
+        """Every metric's chart, side by side (empty without metrics).
+
+        Args:
+            as_images: each chart as an ``<img>`` holding the SVG as a data URI, not
+                inline SVG: a reopened (untrusted) notebook's sanitiser strips inline SVG
+                (leaving its labels as stray text) but keeps images.
+        """
+        shown = [(name, s) for name, s in self.series.items() if s.last is not None]
+        charts = [_as_image(name, s, metric_svg(name, s)) if as_images else metric_svg(name, s)
+                  for name, s in shown]
         if not charts:
             return ""
         return '<div style="display:flex;flex-wrap:wrap">' + "".join(charts) + "</div>"

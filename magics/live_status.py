@@ -39,10 +39,18 @@ def _shows_gpu(record: LaunchRecord) -> bool:
     return any(status.gpu_memory is not None for status in record.ranks.values())
 
 
-def _state_label(state: str, exitcode: int | None) -> str:
+def _state_label(state: str, exitcode: int | None, root_cause: bool = False) -> str:
+    label = state
     if state in ("failed", "stopped") and exitcode is not None:
-        return f"{state} (exit {exitcode})"
-    return state
+        label = f"{state} (exit {exitcode})"
+    return f"{label} · root cause" if root_cause else label
+
+
+def _colour(record: LaunchRecord, rank: int, state: str) -> str:
+    """Red for the root cause only: ranks that failed because of it look like stopped ones."""
+    if state == "failed" and record.root_cause is not None and rank != record.root_cause:
+        return STATE_COLOURS["stopped"]
+    return STATE_COLOURS.get(state, "#000000")
 
 
 def status_text(record: LaunchRecord) -> str:
@@ -53,7 +61,8 @@ def status_text(record: LaunchRecord) -> str:
         memory = f"RSS {format_bytes(status.rss)}"
         if gpu:
             memory += f", GPU {format_bytes(status.gpu_memory)}"
-        line = (f"  rank {rank}: {_state_label(status.state, status.exitcode)}, "
+        label = _state_label(status.state, status.exitcode, rank == record.root_cause)
+        line = (f"  rank {rank}: {label}, "
                 f"pid {status.pid}, {format_duration(status.elapsed)}, {memory}")
         if status.last_line.strip():
             line += f" | {_short(status.last_line)}"
@@ -68,18 +77,19 @@ def status_html(record: LaunchRecord) -> str:
     cell = 'style="padding:1px 8px;text-align:left;border:none"'
     rows = ["<tr>" + "".join(f"<th {cell}>{h}</th>" for h in heads) + "</tr>"]
     for rank, status in sorted(record.ranks.items()):
-        colour = STATE_COLOURS.get(status.state, "#000000")
+        colour = _colour(record, rank, status.state)
+        label = _state_label(status.state, status.exitcode, rank == record.root_cause)
         values = [
             str(rank),
-            f'<span style="color:{colour};font-weight:bold">'
-            f"{escape(_state_label(status.state, status.exitcode))}</span>",
+            f'<span style="color:{colour};font-weight:bold">{escape(label)}</span>',
             str(status.pid or "-"),
             format_duration(status.elapsed),
             format_bytes(status.rss),
         ]
         if gpu:
             values.append(format_bytes(status.gpu_memory))
-        values.append(f"<code>{escape(_short(status.last_line))}</code>")
+        last = _short(status.last_line)
+        values.append(f"<code>{escape(last)}</code>" if last.strip() else "")  # no empty box
         rows.append("<tr>" + "".join(f"<td {cell}>{v}</td>" for v in values) + "</tr>")
     return (f'<div style="margin-bottom:4px"><b>notebook_accel</b> · {escape(header_text(record))}'
             f'</div><table style="border-collapse:collapse;font-size:12px;margin:0">'

@@ -3,7 +3,8 @@
 The block holds a header (world size, device, start method, mixed precision), a
 table of ranks (state, pid, elapsed, memory, last output line), one progress bar
 for the job and a chart per logged metric. It appears once the job has run for
-``appear_after`` seconds (a trivial job shows nothing), is redrawn at most every
+``appear_after`` seconds (a trivial job shows nothing; until then the supervisor
+holds relayed output back, so the block always sits above it), is redrawn at most every
 ``interval`` seconds through its display id (never ``clear_output``, so worker
 output relayed into the cell stays), and ends as a static summary that stays in
 the notebook. Every display carries ``text/plain`` too, for consoles and nbconvert.
@@ -22,12 +23,15 @@ from magics.live_status import status_html, status_text
 from notebook_accel.launch.record import LaunchRecord
 
 
-def render(record: LaunchRecord, plots: Plots | None = None) -> dict[str, str]:
+def render(record: LaunchRecord, plots: Plots | None = None,
+           final: bool = False) -> dict[str, str]:
     """The whole block as a MIME bundle (``text/html`` and ``text/plain``).
 
     Args:
         record: the launch.
         plots: the charts kept between redraws (a new set when None).
+        final: the summary that stays in the saved notebook: charts as images, which
+            survive the sanitiser of a reopened (untrusted) notebook.
     """
     plots = plots or Plots()
     plots.update(record.history)
@@ -35,7 +39,7 @@ def render(record: LaunchRecord, plots: Plots | None = None) -> dict[str, str]:
     dropped = sum(record.dropped.values())
     note = f"{dropped} events dropped (the kernel lagged)" if dropped else ""
     html = ('<div class="notebook-accel-live" style="font-size:12px;line-height:1.35">'
-            + status_html(record) + progress_html(record) + plots.html()
+            + status_html(record) + progress_html(record) + plots.html(as_images=final)
             + (f'<div style="color:#888">{note}</div>' if note else "") + "</div>")
     return {"text/html": html, "text/plain": "\n".join(p for p in [*plain, note] if p)}
 
@@ -77,6 +81,12 @@ class LiveView:
         self.done = False
         self.plots = Plots()
 
+    @property
+    def holds_output(self) -> bool:
+        """True until the block is shown (or the job ended without it): the block's place
+        is under the cell's input, above the relayed output, whenever that starts."""
+        return self.handle is None and not self.done
+
     def update(self, record: LaunchRecord, final: bool = False) -> None:
         """Redraw when due; with ``final``, draw the static summary (if shown at all)."""
         if self.done:
@@ -99,7 +109,7 @@ class LiveView:
         if not final and now - self.last_draw < self.interval:
             return
         self.last_draw = now
-        bundle = render(record, self.plots)
+        bundle = render(record, self.plots, final=final)
         if bundle == self.last_bundle:
             return
         self.last_bundle = bundle

@@ -8,6 +8,8 @@ any worker starts.
 
 from __future__ import annotations
 
+import builtins
+import difflib
 import importlib.util
 import pickle
 import re
@@ -41,6 +43,48 @@ class UnshippableNamesError(TypeError):
         return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self.args[0]}"]
 
 
+class UndefinedNamesError(NameError):
+    """The cell reads names that exist nowhere: not in the notebook, not assigned by the
+    cell, not builtins (raised before any worker starts).
+
+    Attributes:
+        names: the undefined names, in order of first use.
+    """
+
+    def __init__(self, names: list[str], hints: Mapping[str, str]) -> None:
+        self.names = list(names)
+        listed = ", ".join(repr(name) + (f" (did you mean {hints[name]!r}?)" if name in hints
+                                         else "") for name in names)
+        plural = "s" if len(names) > 1 else ""
+        super().__init__(
+            f"name{plural} {listed} {'are' if plural else 'is'} not defined: the cell reads "
+            f"{'them' if plural else 'it'}, but neither the notebook nor the cell defines "
+            f"{'them' if plural else 'it'}; no worker was started")
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython hook: the message alone, as for a NameError in a plain cell."""
+        return [f"\x1b[31mNameError\x1b[0m: {self.args[0]}"]
+
+
+def check_defined(reads: Iterable[str], assigns: Iterable[str], namespace: Mapping[str, Any]) -> None:
+    """Refuse a cell that reads a name defined nowhere.
+
+    A name the cell assigns somewhere is let through (it may be bound on the path
+    that reads it); so are builtins and the notebook's names.
+
+    Raises:
+        UndefinedNamesError: naming each, with the closest notebook name when one is near.
+    """
+    assigned = set(assigns)
+    missing = [name for name in reads if name not in namespace and name not in assigned
+               and not hasattr(builtins, name)]
+    if missing:
+        candidates = [name for name in namespace if not name.startswith("_")]
+        hints = {name: close[0] for name in missing
+                 if (close := difflib.get_close_matches(name, candidates, n=1))}
+        raise UndefinedNamesError(missing, hints)
+
+
 @dataclass
 class Shipment:
     """What goes to the workers.
@@ -71,7 +115,7 @@ def collect_names(reads: Iterable[str], namespace: Mapping[str, Any],
     shipment, refused = Shipment(), {}
     for name in reads:
         if name not in namespace:
-            continue  # a builtin, or a NameError the worker reports with the cell's line
+            continue  # a builtin (undefined names were refused by check_defined)
         value = namespace[name]
         if name in hidden and hidden[name] is value:
             continue

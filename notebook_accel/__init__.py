@@ -52,7 +52,10 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'notebook_accel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    from notebook_accel.launch.interrupts import deferred_interrupts
+
+    with deferred_interrupts():  # a half-done import of torch would break the kernel
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

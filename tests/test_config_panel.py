@@ -29,7 +29,7 @@ def cfg_path(tmp_path, monkeypatch):
 
 
 def errors(panel) -> bool:
-    return "✗" in panel.messages.value
+    return "<b>Error:</b>" in panel.messages.value
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -116,7 +116,7 @@ def test_panel_save_writes_the_yaml_and_shows_the_path(cfg_path):
     assert not panel.precision_buttons["no"].value  # one choice at a time
     panel.start_method.value = "forkserver"
     panel.save_button.click()
-    assert f"Saved to <code>{cfg_path}</code>" in panel.status.value
+    assert f"Saved to <code>{cfg_path}</code>" in panel.saved.value
     data = yaml.safe_load(cfg_path.read_text())
     assert data["num_processes"] == 2 and data["mixed_precision"] == "bf16"
     assert data["start_method"] == "forkserver" and data["use_cpu"] is True
@@ -140,7 +140,7 @@ def test_panel_errors_block_save(cfg_path):
     panel = config_panel(hardware=CPU2)  # fp16 from the file, but no GPU here
     assert panel.mixed_precision == "fp16" and errors(panel) and panel.save_button.disabled
     assert "fp16 needs a GPU" in panel.messages.value
-    assert panel.save() is None and "Not saved" in panel.status.value
+    assert panel.save() is None and "Not saved" in panel.saved.value
     assert cfg_path.read_text() == "mixed_precision: fp16\n"
     panel.precision_buttons["bf16"].value = True
     assert not errors(panel) and not panel.save_button.disabled
@@ -148,11 +148,13 @@ def test_panel_errors_block_save(cfg_path):
 
 def test_panel_process_count_is_bounded_by_the_gpus(cfg_path):
     panel = config_panel(hardware=T4X2)
-    assert panel.num_processes.value == 2 and panel.num_processes.max == 2
+    assert panel.num_processes.value == 2
     panel.num_processes.value = 5
-    assert panel.num_processes.value == 2  # the widget clamps to the detected GPUs
+    assert panel.num_processes.value == 2  # clamped to the detected GPUs, and it says so
+    assert "Processes 5 changed to 2: at most 2 on cuda" in panel.clamp_note.value
     panel.device.value = "cpu"
-    assert panel.num_processes.max == 32
+    panel.num_processes.value = 40
+    assert panel.num_processes.value == 32
     panel.num_processes.value = 12
     assert "12 processes on 8 CPU core(s)" in panel.messages.value and not errors(panel)
     assert not panel.precision_buttons["bf16"].disabled and panel.precision_buttons["fp16"].disabled
@@ -285,3 +287,27 @@ def test_panel_on_this_machine_never_initialises_cuda(cfg_path):
     panel = config_panel()  # the real detection
     assert panel.hardware == detect() and detect().summary() in panel.children[0].value
     assert not torch.cuda.is_initialized()
+
+
+def test_panel_says_what_it_changed_and_what_was_saved(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.device.value = "cpu"
+    panel.num_processes.value = 999
+    assert panel.num_processes.value == 8  # 4 per core, at least 8 (panel_rules)
+    assert "Processes 999 changed to 8: at most 8 on cpu here (2 CPU cores)" in \
+        panel.clamp_note.value
+    panel.num_processes.value = 0
+    assert panel.num_processes.value == 1 and "Processes 0 changed to 1: at least 1" in \
+        panel.clamp_note.value
+    panel.num_processes.value = 2
+    assert panel.clamp_note.value == ""  # a fresh choice clears the note
+    assert "none yet" in panel.notes.value
+    panel.precision_buttons["bf16"].value = True
+    assert panel.precision_buttons["bf16"].button_style == "primary"
+    assert panel.precision_buttons["no"].button_style == ""
+    panel.save_button.click()
+    assert f"Config file: {cfg_path} (saved" in panel.notes.value  # the header follows
+    panel.status.value = "Test passed"  # what the Test button writes
+    assert f"Saved to <code>{cfg_path}</code>" in panel.saved.value  # and does not replace
+    assert panel.code_button.description == "Show as code"
+    assert "ⓘ" not in panel.messages.value and "✗" not in panel.messages.value

@@ -47,6 +47,9 @@ def test_demo_notebook_runs(path):
         displays = [output.data.get("text/plain", "") for cell in notebook.cells
                     for output in cell.get("outputs", []) if output.output_type == "display_data"]
         assert any("finished in" in text for text in displays), displays
+        images = [output for cell in notebook.cells for output in cell.get("outputs", [])
+                  if output.output_type == "display_data" and "image/png" in output.data]
+        assert len(images) == 2, "rank 0's figure, once per training launch"
     if path.name == "03_config_panel.ipynb":
         text = _text(notebook)
         assert "sanity check passed: True" in text

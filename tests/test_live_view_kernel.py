@@ -64,7 +64,7 @@ def test_one_block_shown_then_updated_in_place_and_ends_as_summary(job):
     final = shown[-1]["content"]["data"]
     assert "finished in" in final["text/plain"] and "rank 1: finished" in final["text/plain"]
     assert "train: 100%" in final["text/plain"] and "28/28" in final["text/plain"]
-    assert final["text/html"].count("<svg") == 2  # loss and lr
+    assert final["text/html"].count("<img src=\"data:image/svg+xml") == 2  # loss and lr
     assert "loss: 0.03571 at step 27" in final["text/plain"]
     # the relayed output is untouched by the display
     assert "[rank 0] at step 20" in job.stdout and "[rank 1] at step 20" in job.stdout
@@ -135,7 +135,7 @@ notebook_launcher(train, num_processes=2)
     assert len(shown) == 1, [o.output_type for o in outputs]
     assert "finished in" in shown[0].data["text/plain"]
     assert "loss: 0.06667 at step 14" in shown[0].data["text/plain"]
-    assert "<svg" in shown[0].data["text/html"]
+    assert "<img src=\"data:image/svg+xml" in shown[0].data["text/html"]
 
 
 def test_the_cell_magic_gets_the_same_live_view(kernel):

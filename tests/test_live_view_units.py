@@ -76,7 +76,10 @@ def test_appears_after_a_second_updates_in_place_throttled_and_ends_static():
     final = screen.bundles[-1]
     assert "failed after" in final["text/plain"]
     assert "rank 1: failed (exit 3)" in final["text/plain"]
-    assert "<svg" in final["text/html"] and "loss" in final["text/plain"]
+    assert "loss" in final["text/plain"]
+    # the summary's charts are images (an untrusted notebook's sanitiser strips inline SVG)
+    assert '<img src="data:image/svg+xml;base64,' in final["text/html"]
+    assert "<svg" not in final["text/html"]
     count = len(screen.bundles)
     view.update(record)
     view.update(record, final=True)
@@ -199,3 +202,40 @@ def test_text_view_is_silent_for_a_trivial_job():
     record.finish("finished")
     view.update(record, final=True)
     assert out.getvalue() == ""
+
+
+def test_ranks_without_output_get_no_empty_box_and_only_the_root_cause_is_red():
+    from magics.live_status import STATE_COLOURS, status_html
+
+    record = make_record(ranks=3)
+    record.ranks[0].state, record.ranks[0].last_line = "stopped", ""
+    record.ranks[1].state, record.ranks[1].last_line = "failed", "ValueError: boom"
+    record.ranks[2].state, record.ranks[2].last_line = "failed", "Connection closed by peer"
+    record.root_cause = 1
+    html = status_html(record)
+    assert "<code></code>" not in html and "<code>ValueError: boom</code>" in html
+    red = STATE_COLOURS["failed"]
+    assert html.count(f"color:{red}") == 1 and "failed · root cause" in html
+
+
+def test_plots_use_a_log_axis_over_two_decades_start_at_step_zero_and_smooth():
+    import base64
+
+    falling = [(step, 10.0 ** (-4 * step / 999)) for step in range(1000)]  # 4 decades
+    plots = Plots()
+    plots.update({"loss": falling, "flat": [(step, 1.0 + step % 3) for step in range(1000)]})
+    loss_svg = metric_svg("loss", plots.series["loss"])
+    assert "(log scale)" in loss_svg and "(log scale)" not in metric_svg("flat", plots.series["flat"])
+    assert "step 0</text>" in loss_svg  # the first step survives the thinning
+    assert 'class="smoothed"' in loss_svg and 'stroke-opacity="0.3"' in loss_svg
+    labels = re.findall(r'text-anchor="end" font-size="9" fill="#555">([^<]+)<', loss_svg)
+    assert labels[:2] == ["1", "0.0001"] and all(len(label) <= 7 for label in labels[:2])
+    # drawn on a log axis, the half-way value sits half-way up the box
+    top, bottom = 18, 140 - 20
+    mid = [p for p in re.search(r'points="([^"]+)"', loss_svg)[1].split()
+           if p.startswith(f"{58 + (300 - 58 - 8) * 500 / 999:.0f}")]
+    assert mid and abs(float(mid[0].split(",")[1]) - (top + bottom) / 2) < 3, mid
+    image = plots.html(as_images=True)
+    encoded = re.search(r'src="data:image/svg\+xml;base64,([^"]+)"', image)[1]
+    assert "(log scale)" in base64.b64decode(encoded).decode()
+    assert 'alt="loss: last 0.0001 at step 999"' in image

@@ -154,6 +154,7 @@ def test_cell_job_runs_the_cell_and_its_traceback_starts_at_the_magic_line(monke
     failing.register()
     with pytest.raises(ZeroDivisionError) as caught:
         cell_job(failing, {"base": 1, "helper": abs}, {}, ())()
-    frames = traceback.extract_tb(caught.value.__traceback__)[1:]  # [0]: this test
-    assert [(f.filename, f.lineno, f.line) for f in frames] == [
-        ("<failing-cell>", 1, "%%accelerate -n 2"), ("<failing-cell>", 4, "boom = 1 / 0")]
+    frames = list(traceback.walk_tb(caught.value.__traceback__))[1:]  # [0]: this test
+    shown = [(frame.f_code.co_filename, line) for frame, line in frames
+             if not frame.f_locals.get("__tracebackhide__")]  # what the worker reports
+    assert shown == [("<failing-cell>", 4)]

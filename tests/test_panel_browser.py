@@ -1,49 +1,30 @@
 """The config panel in a real browser: JupyterLab + headless Chromium driven by Playwright.
 
 Needs ``apt-get install chromium`` (``/usr/bin/chromium``) and ``pip install jupyterlab
-ipywidgets playwright`` (never ``playwright install``). The screenshot is written to
-``$TEST_ARTIFACTS_DIR`` (default: the test's tmp dir).
+ipywidgets playwright`` (never ``playwright install``). The screenshot
+(``config_panel.png``) is written to ``$TEST_ARTIFACTS_DIR`` (default: the test's tmp dir).
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import json
-import os
 import re
-import secrets
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
 
-from notebook_accel.launch.ports import free_port
+from tests.browser_support import (
+    BROWSER_MARKS,
+    artifacts_dir,
+    chromium,
+    jupyter_lab,
+    lab_env,
+    run_all_cells,
+    wait_for_kernel,
+)
 
-CHROMIUM = Path("/usr/bin/chromium")
-REPO = Path(__file__).resolve().parent.parent
-_MISSING = [name for name in ("playwright", "jupyterlab", "ipywidgets")
-            if importlib.util.find_spec(name) is None]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(not CHROMIUM.exists(),
-                       reason="/usr/bin/chromium is missing (apt-get install -y chromium)"),
-    pytest.mark.skipif(bool(_MISSING), reason=f"not installed: {', '.join(_MISSING)} "
-                       "(pip install jupyterlab ipywidgets playwright)"),
-]
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
+pytestmark = BROWSER_MARKS
 NOTEBOOK = {
     "nbformat": 4, "nbformat_minor": 5,
     "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
@@ -54,56 +35,6 @@ NOTEBOOK = {
 }
 
 
-def _get(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-@contextlib.contextmanager
-def jupyter_lab(root: Path, env: dict[str, str]) -> Iterator[str]:
-    """A JupyterLab server on 127.0.0.1 with a random token; yields its base URL + token query."""
-    port, token = free_port(), secrets.token_hex(16)
-    for name in ("config", "runtime", "workspaces", "settings"):
-        (root / f".jp-{name}").mkdir()
-    news = root / ".jp-settings" / "@jupyterlab" / "apputils-extension"
-    news.mkdir(parents=True)
-    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    env = {**env, "JUPYTER_CONFIG_DIR": str(root / ".jp-config"),
-           "JUPYTER_RUNTIME_DIR": str(root / ".jp-runtime"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(root / ".jp-workspaces"),
-           "JUPYTERLAB_SETTINGS_DIR": str(root / ".jp-settings")}
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
-           f"--port={port}", f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0",
-           f"--ServerApp.root_dir={root}"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-root")
-    log = (root / "jupyter.log").open("w")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while not _get(f"{base}/api/status?token={token}"):
-            assert server.poll() is None, (root / "jupyter.log").read_text()
-            assert time.monotonic() < deadline, "JupyterLab did not start in 60 s"
-            time.sleep(0.3)
-        yield f"{base}|{token}"
-    finally:
-        with contextlib.suppress(OSError):
-            request = urllib.request.Request(f"{base}/api/shutdown", method="POST",
-                                             headers={"Authorization": f"token {token}"})
-            urllib.request.urlopen(request, timeout=5).close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-        log.close()
-
-
 def _read_yaml(path: Path) -> dict:
     try:
         return yaml.safe_load(path.read_text()) or {}
@@ -111,44 +42,24 @@ def _read_yaml(path: Path) -> dict:
         return {}
 
 
-def _wait_for_kernel(page) -> None:
-    """Pitfall 1: "idle" shows before a kernel is attached; wait for a real kernel name too."""
-    page.wait_for_function(
-        """() => {
-            const name = document.querySelector('.jp-NotebookPanel .jp-KernelName');
-            const busy = document.querySelector('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator');
-            return name && /Python/.test(name.textContent)
-                && busy && busy.getAttribute('data-status') === 'idle';
-        }""", timeout=60_000)
-
-
 def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    artifacts = Path(os.environ.get("TEST_ARTIFACTS_DIR") or tmp_path)
-    artifacts.mkdir(parents=True, exist_ok=True)
+    artifacts = artifacts_dir(tmp_path)
     root = tmp_path / "lab"
     root.mkdir()
     (root / "panel.ipynb").write_text(json.dumps(NOTEBOOK))  # plain JSON: no nbformat import
     config = tmp_path / "cache" / "notebook_accel" / "default_config.yaml"
     config.parent.mkdir(parents=True)
     config.write_text("num_processes: 1\nstart_method: fork\nmixed_precision: 'no'\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTEBOOK_ACCEL_")}
-    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
 
-    with jupyter_lab(root, env) as server, sync_playwright() as pw:
+    with jupyter_lab(root, lab_env(tmp_path)) as server, sync_playwright() as pw, \
+            chromium(pw, tmp_path / "profile") as page:
         base, token = server.split("|")
-        browser = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
-        page = browser.pages[0] if browser.pages else browser.new_page()
         try:
             page.goto(f"{base}/lab/tree/panel.ipynb?token={token}", timeout=60_000)
-            _wait_for_kernel(page)
-            page.locator("#jp-MainMenu .lm-MenuBar-itemLabel").get_by_text(
-                "Run", exact=True).click()
-            page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
+            wait_for_kernel(page)
+            run_all_cells(page)
 
             panel = page.locator(".notebook-accel-config-panel")
             expect(panel).to_be_visible(timeout=60_000)
@@ -161,13 +72,20 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
             expect(fp16).to_be_disabled()
             expect(fp16).to_have_attribute("title", re.compile("fp16 needs a GPU"))  # tooltip
 
+            processes.fill("99")  # more than allowed: changed, and the panel says so
+            processes.press("Tab")
+            expect(panel).to_contain_text("Processes 99 changed to 8: at most 8 on cpu")
+            expect(processes).to_have_value("8")
             processes.fill("2")
             processes.press("Tab")
-            panel.get_by_role("button", name="bf16", exact=True).click()
+            bf16 = panel.locator("button.widget-toggle-button", has_text="bf16")  # + a check icon
+            bf16.click()
+            expect(bf16).to_have_class(re.compile("mod-primary"), timeout=20_000)  # stands out
             panel.locator(".widget-inline-hbox", has_text="Start method").locator(
                 "select").select_option("spawn")
             panel.get_by_role("button", name="Save").click()  # the icon joins the name
             expect(panel).to_contain_text(f"Saved to {config}", timeout=30_000)
+            expect(panel).to_contain_text(f"Config file: {config} (saved")  # the header too
 
             deadline = time.monotonic() + 20
             while _read_yaml(config).get("mixed_precision") != "bf16":
@@ -177,11 +95,14 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
             assert (data["num_processes"], data["mixed_precision"], data["start_method"]) == (
                 2, "bf16", "spawn"), data
 
+            panel.get_by_role("button", name="Show as code").click()
+            expect(panel.locator("pre")).to_contain_text("notebook_launcher(")
             panel.get_by_role("button", name="Test").click()  # real workers, forked by the kernel
             expect(panel).to_contain_text("Test passed", timeout=120_000)
+            expect(panel).to_contain_text(f"Saved to {config}")  # not replaced by the Test
             expect(panel.locator(".jp-OutputArea-output", has_text="PASS").first).to_be_visible()
+            assert "ⓘ" not in panel.inner_text()  # no glyph that may be missing
         finally:
             page.screenshot(path=str(artifacts / "config_panel.png"), full_page=True)
-            browser.close()
     assert (artifacts / "config_panel.png").stat().st_size > 1000
     assert re.search(r"num_processes: 2\n", config.read_text())

@@ -44,11 +44,13 @@ class WorkerError(RuntimeError):
 
     def _render_traceback_(self) -> list[str]:
         """IPython hook: show the worker's own frames, not the launcher's internals."""
+        from notebook_accel.launch.tracebacks import with_cell_labels
+
         red, reset = "\x1b[31m", "\x1b[0m"
         lines = [f"{red}WorkerError{reset}: {self.args[0]}"]
         if self.remote_traceback:
             lines += ["", f"{red}[rank {self.rank}]{reset}",
-                      *self.remote_traceback.rstrip().splitlines()]
+                      *with_cell_labels(self.remote_traceback.rstrip()).splitlines()]
         if self.other_failures:
             lines += ["", "Other ranks:", *(f"  {line}" for line in self.other_failures)]
         return lines

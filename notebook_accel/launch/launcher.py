@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.global_check import warn_missing_globals
+from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupts
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import Payload, serialise_payload
@@ -19,6 +21,7 @@ from notebook_accel.launch.processes import close_worker_fds, kill_workers, star
 from notebook_accel.launch.record import LaunchRecord, remember
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Supervisor
+from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views import make_view
 from notebook_accel.launch.xla_launch import launch_xla
 
@@ -97,6 +100,20 @@ def notebook_launcher(
         >>> notebook_launcher(train, (0.1,), num_processes=2)  # doctest: +SKIP
         0
     """
+    with deferred_interrupts():  # nothing imported on the way may be cut half-way
+        try:
+            return _launch(function, args, num_processes, mixed_precision, use_port,
+                           master_addr, node_rank, num_nodes, rdzv_backend, rdzv_endpoint,
+                           max_restarts, kwargs, start_method, timeout, return_all, output,
+                           device, config_file, monitor_interval)
+        except (TypeError, ValueError) as error:  # bad input: IPython shows no frame of ours
+            hide_our_frames(error)
+            raise
+
+
+def _launch(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
+            num_nodes, rdzv_backend, rdzv_endpoint, max_restarts, kwargs, start_method, timeout,
+            return_all, output, device, config_file, monitor_interval) -> Any:
     if not callable(function):
         raise TypeError(f"function={function!r} is not callable; pass the function to run")
     if not isinstance(args, (tuple, list)):
@@ -110,19 +127,22 @@ def notebook_launcher(
             f"rdzv_backend={rdzv_backend!r} / rdzv_endpoint={rdzv_endpoint!r}: only the static "
             "rendezvous is supported; give master_addr and use_port (the same on every node)"
         )
+    notes: list[str] = []
     options = fill_options(
         {"num_processes": num_processes, "mixed_precision": mixed_precision,
          "use_port": use_port, "master_addr": master_addr, "node_rank": node_rank,
          "num_nodes": num_nodes, "start_method": start_method, "device": device},
-        config_file,
+        config_file, notes,
     )
     plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
                      max_restarts=max_restarts)
     inherit = plan.start.method == "fork" and plan.device_type != "xla"  # multiprocessing queues, locks
     payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit)
+    warn_missing_globals(function)
     if plan.start.reason:
-        print(f"[notebook_accel] start method: {plan.start.method} ({plan.start.reason})",
-              flush=True)
+        notes.append(f"start method: {plan.start.method} ({plan.start.reason})")
+    for note in notes:  # the launch's first lines: what decided its settings
+        print(f"[notebook_accel] {note}", flush=True)
     run = _launch_once
     if plan.device_type == "xla":
         run = functools.partial(launch_xla, launch_once=_launch_once)
@@ -142,6 +162,7 @@ def _launch_once(plan: LaunchPlan, payload: Payload) -> Any:
         # Forked workers inherit what the kernel imported: pay torch's lazy imports
         # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.
         importlib.import_module("notebook_accel.launch.warm")
+    check_interrupt("launch interrupted before any worker started")
     relay = OutputRelay(show=plan.output)
     rendezvous = Rendezvous(plan.master_addr, plan.port or 0) if plan.hosts_rendezvous else None
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from notebook_accel.config import load_config, resolve_launch_options
+from notebook_accel.config import LaunchConfig, load_config, resolve_launch_options
 
 DEFAULTS = {
     "mixed_precision": "no",
@@ -20,21 +20,32 @@ DEFAULTS = {
 }
 
 
-def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None) -> dict[str, Any]:
+def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None,
+                 notes: list[str] | None = None) -> dict[str, Any]:
     """Return ``explicit`` with its None values filled from the layers below it.
 
     ``explicit`` holds ``num_processes``, ``mixed_precision``, ``start_method``,
     ``use_port``, ``master_addr``, ``num_nodes``, ``node_rank`` and ``device``.
     Explicit values pass through untouched (the plan validates them); values that
     come from the config file are checked there, with the file's name in the error.
+
+    Args:
+        notes: when given, gets a line naming the config file in force and what it
+            set, when a file set anything (a saved config applies to every launch).
     """
     config = load_config(config_file)
     layered = resolve_launch_options({}, config)
-    filled = {}
+    blank = resolve_launch_options({}, LaunchConfig())  # what a file that sets nothing gives
+    filled, from_file = {}, {}
     for key, value in explicit.items():
         if value is None:
             value = layered.get(key)
+            if value is not None and value != blank.get(key):  # (the environment is in both)
+                from_file[key] = value
         if value is None:
             value = DEFAULTS.get(key)
         filled[key] = value
+    if notes is not None and config is not None and config.source is not None and from_file:
+        settings = ", ".join(f"{key}={value!r}" for key, value in from_file.items())
+        notes.append(f"config file {config.source}: {settings}")
     return filled

@@ -14,7 +14,10 @@ import codecs
 import collections
 import sys
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from notebook_accel.launch.rich_output import show_display
 
 OUTPUT_CHOICES = ("all", "main", "none")
 _TAIL_LINES = 200
@@ -82,6 +85,7 @@ class OutputRelay:
             tails are still kept, so failures can show what a rank printed).
         stdout, stderr: where relayed lines go (the cell's streams by default).
         snapshot_every: seconds between snapshots of a moving progress line.
+        publish: shows a rich display message of the main worker (in the cell).
     """
 
     def __init__(
@@ -90,13 +94,16 @@ class OutputRelay:
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
         snapshot_every: float = 5.0,
+        publish: Callable[[dict[str, Any]], None] = show_display,
     ) -> None:
         self.show = show
         self._targets = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
         self._streams: dict[tuple[int, str], _Stream] = {}
-        self._pending: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._pending: list[tuple[str, Any]] = []  # ("stdout"|"stderr", line) or ("display", msg)
+        self._publish = publish
         self._budgets: dict[int, _Budget] = {}
         self._last: dict[int, str] = {}
+        self._held: set[int] = set()
         self.snapshot_every = snapshot_every
 
     def _stream(self, rank: int, name: str) -> _Stream:
@@ -108,8 +115,15 @@ class OutputRelay:
     def _visible(self, rank: int) -> bool:
         return self.show == "all" or (self.show == "main" and rank == 0)
 
+    def hold(self, rank: int) -> None:
+        """Keep ``rank``'s further lines for :meth:`tail` only (not shown, not its last line):
+        a stack dump the error report will show once, cleaned up."""
+        self._held.add(rank)
+
     def _emit(self, rank: int, name: str, text: str) -> None:
         self._stream(rank, name).add_line(text)
+        if rank in self._held:
+            return
         if text.strip():
             self._last[rank] = text
         if self._visible(rank):
@@ -118,8 +132,8 @@ class OutputRelay:
             if budget.allow(len(line)):
                 notice = budget.notice()
                 if notice:
-                    self._pending[name].append(f"[rank {rank}] {notice}\n")
-                self._pending[name].append(line)
+                    self._pending.append((name, f"[rank {rank}] {notice}\n"))
+                self._pending.append((name, line))
 
     def feed(self, rank: int, name: str, data: bytes) -> None:
         """Take raw bytes read from ``rank``'s ``name`` ("stdout"/"stderr") pipe."""
@@ -142,15 +156,15 @@ class OutputRelay:
                 and now - stream.snapshot_at >= self.snapshot_every
             ):
                 stream.snapshot_at, stream.snapshot_text = now, current
-                if self._visible(rank):
-                    self._pending[name].append(f"[rank {rank}] {current}\n")
+                if self._visible(rank) and rank not in self._held:
+                    self._pending.append((name, f"[rank {rank}] {current}\n"))
 
     def finish(self, rank: int) -> None:
         """Flush the unfinished last line of ``rank`` (its process has ended)."""
         budget = self._budgets.get(rank)
         notice = budget.notice() if budget is not None else None
         if notice:
-            self._pending["stderr"].append(f"[rank {rank}] {notice}\n")
+            self._pending.append(("stderr", f"[rank {rank}] {notice}\n"))
         for name in ("stdout", "stderr"):
             stream = self._streams.get((rank, name))
             if stream is None:
@@ -160,14 +174,27 @@ class OutputRelay:
             if _latest(rest):
                 self._emit(rank, name, _latest(rest))
 
+    def display(self, message: dict[str, Any]) -> None:
+        """Queue a rich display of the main worker, in order with the text around it."""
+        self._pending.append(("display", message))
+
     def flush(self) -> None:
-        """Write what was gathered since the last flush to the cell."""
-        for name, lines in self._pending.items():
-            if lines:
-                target = self._targets[name]
-                target.write("".join(lines))
-                target.flush()
-                lines.clear()
+        """Write what was gathered since the last flush to the cell, in arrival order."""
+        pending, self._pending = self._pending, []
+        index = 0
+        while index < len(pending):
+            name, item = pending[index]
+            if name == "display":
+                self._publish(item)
+                index += 1
+                continue
+            end = index
+            while end < len(pending) and pending[end][0] == name:
+                end += 1
+            target = self._targets[name]
+            target.write("".join(text for _, text in pending[index:end]))
+            target.flush()
+            index = end
 
     def last_line(self, rank: int) -> str:
         """What ``rank`` shows last: its moving progress line, else its last line."""

@@ -14,9 +14,11 @@ from multiprocessing.process import BaseProcess
 
 from notebook_accel.launch.environment import network_environment, worker_environment
 from notebook_accel.launch.events import enlarge_pipe
+from notebook_accel.launch.interrupts import interrupt_requested
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.start_method import get_context
+from notebook_accel.launch.views import in_kernel
 from notebook_accel.launch.worker import WorkerPipes, WorkerSpec, worker_main
 
 
@@ -88,6 +90,7 @@ def start_workers(
         Connection(pair[1], readable=False) for triple in ends for pair in triple
     ]
     threads = plan.threads_per_worker()
+    rich = plan.output != "none" and in_kernel()
     workers: list[Worker] = []
     try:
         for local_rank, (out, err, ctl, ev) in enumerate(ends):
@@ -103,7 +106,8 @@ def start_workers(
             )
             env.update(network_environment(plan))
             spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
-                              send_result=plan.return_all or local_rank == 0, close_fds=close_fds)
+                              send_result=plan.return_all or local_rank == 0, close_fds=close_fds,
+                              rich_output=rich)
             base = 1 + 4 * local_rank
             pipes = WorkerPipes(stdout=worker_side[base], stderr=worker_side[base + 1],
                                 control=worker_side[base + 2], events=worker_side[base + 3],
@@ -157,7 +161,7 @@ STOP_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
 def stop_workers(workers: list[Worker], grace: float | None = None, on_wait=None) -> None:
     """SIGTERM the live workers' groups, SIGKILL whatever is left after ``grace`` seconds.
 
-    A second KeyboardInterrupt while waiting escalates to SIGKILL at once.
+    A (further) press of the stop button while waiting escalates to SIGKILL at once.
     ``on_wait`` is called while waiting (to keep relaying output).
     """
     alive = [w for w in workers if w.process.exitcode is None]
@@ -166,7 +170,7 @@ def stop_workers(workers: list[Worker], grace: float | None = None, on_wait=None
         signal_worker(worker, signal.SIGTERM)
     deadline = time.monotonic() + (STOP_GRACE if grace is None else grace)
     try:
-        while alive and time.monotonic() < deadline:
+        while alive and time.monotonic() < deadline and not interrupt_requested():
             wait([w.process.sentinel for w in alive], timeout=0.05)
             if on_wait is not None:
                 on_wait()

@@ -44,6 +44,7 @@ class LaunchRecord:
         dropped: rank -> events the worker dropped because the kernel lagged.
         outcome: None while running, then "finished", "failed", "interrupted" or
             "timed out".
+        root_cause: the rank whose failure ended the job (set when one failed).
     """
 
     world_size: int
@@ -58,6 +59,7 @@ class LaunchRecord:
     progress: dict[int, dict[str, Any]] = field(default_factory=dict)
     dropped: dict[int, int] = field(default_factory=dict)
     outcome: str | None = None
+    root_cause: int | None = None
     events: int = 0
 
     @property
@@ -78,9 +80,10 @@ class LaunchRecord:
         elif kind == "dropped":
             self.dropped[rank] = self.dropped.get(rank, 0) + int(data.get("count", 0))
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: str, ended: float | None = None) -> None:
+        """Set the outcome; ``ended`` (a ``time.time()``) defaults to now."""
         self.outcome = outcome
-        self.ended = time.time()
+        self.ended = time.time() if ended is None else ended
 
 
 _last: LaunchRecord | None = None

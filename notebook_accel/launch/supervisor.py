@@ -13,15 +13,19 @@ import os
 import pickle
 import selectors
 import signal
+import textwrap
 import time
 
 import psutil
 
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.events import EventReader
+from notebook_accel.launch.interrupts import LaunchInterrupted, check_interrupt
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.processes import Worker, stop_workers
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.text_view import format_duration
+from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
@@ -64,7 +68,7 @@ class Supervisor:
         self.by_rank = {w.rank: w for w in workers}
         self.selector = selectors.DefaultSelector()
         self.first_failure: float | None = None
-        self.timed_out = False
+        self.timed_out_at: float | None = None  # time.time() when the timeout hit
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -106,6 +110,8 @@ class Supervisor:
                 elif kind == "error":
                     worker.error, worker.error_time = body, when
                     self._failed()
+                elif kind == "display":
+                    self.relay.display(body)
         except (EOFError, OSError):
             self._unregister(worker.control.fileno())
 
@@ -119,7 +125,7 @@ class Supervisor:
         self._read_output(worker, "stderr")
         self.relay.finish(worker.rank)
         status = self.record.ranks[worker.rank]
-        status.ended, status.exitcode = time.time(), worker.exitcode
+        status.ended, status.exitcode = self.timed_out_at or time.time(), worker.exitcode
         if worker.returned and worker.exitcode == 0:
             status.state = "finished"
         elif worker.stopped:
@@ -138,7 +144,12 @@ class Supervisor:
             self._read_output(w, "stderr")
             self._read_control(w)
             self._read_events(w)
-        self.relay.flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        """Relay what was gathered, unless the live view still has to appear above it."""
+        if not getattr(self.view, "holds_output", False):
+            self.relay.flush()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -156,8 +167,8 @@ class Supervisor:
             else:
                 self._read_output(worker, kind)
         self.relay.tick()
-        self.relay.flush()
         self._refresh()
+        self._flush()
 
     def _refresh(self) -> None:
         """Bring the record up to date (states, memory once a second) and redraw."""
@@ -191,11 +202,12 @@ class Supervisor:
             outcome = "interrupted"
             raise
         except WorkerError:
-            outcome = "timed out" if self.timed_out else "failed"
+            outcome = "timed out" if self.timed_out_at else "failed"
             raise
         finally:
-            self.record.finish(outcome)
+            self.record.finish(outcome, self.timed_out_at)
             self.view.update(self.record, final=True)
+            self.relay.flush()  # below the summary: output held while it had to appear
         return self.workers
 
     def _watch(self) -> None:
@@ -207,13 +219,13 @@ class Supervisor:
                 if self.first_failure is not None and now - self.first_failure >= _COLLECT_AFTER_FAILURE:
                     break
                 if self.timeout is not None and now - start >= self.timeout:
-                    raise self._timed_out(now - start)
+                    raise self._timed_out()
+                check_interrupt()
                 self._poll(0.1)
         except KeyboardInterrupt:
             stop_workers(self.workers, on_wait=self._drain)
             self._finish()
-            print(f"[notebook_accel] interrupted: stopped {len(self.workers)} workers", flush=True)
-            raise
+            raise LaunchInterrupted(f"stopped {len(self.workers)} workers") from None
         if self.first_failure is not None or any(w.exitcode != 0 for w in self.workers):
             stop_workers(self.workers, on_wait=self._drain)
             self._finish()
@@ -227,16 +239,18 @@ class Supervisor:
         self._drain()
         for w in self.workers:
             self.relay.finish(w.rank)
-        self.relay.flush()
+        self._flush()
         self.selector.close()
 
     # -- verdicts ------------------------------------------------------------------------------
 
-    def _timed_out(self, elapsed: float) -> WorkerError:
-        self.timed_out = True
+    def _timed_out(self) -> WorkerError:
+        self.timed_out_at = time.time()
+        elapsed = self.timed_out_at - self.record.started  # the figure the live view shows
         running = [w for w in self.workers if not w.exited]
         marks = {w.rank: self.relay.line_count(w.rank) for w in running}
         for w in running:
+            self.relay.hold(w.rank)  # the dump is shown once, in the error, cleaned up
             try:
                 os.kill(w.process.pid, signal.SIGUSR1)  # faulthandler dumps every thread's stack
             except ProcessLookupError:
@@ -247,14 +261,19 @@ class Supervisor:
         stop_workers(self.workers, on_wait=self._drain)
         self._finish()
         first = running[0] if running else self.workers[0]
-        dumps = {w.rank: self.relay.tail(w.rank, since=marks[w.rank]) for w in running}
+        stacks: dict[str, list[int]] = {}
+        for w in running:
+            stack = main_thread_stack(self.relay.tail(w.rank, since=marks[w.rank]))
+            stacks.setdefault(stack, []).append(w.rank)
+        ranks = ", ".join(str(w.rank) for w in running)
         return WorkerError(
-            f"timed out after {elapsed:.1f} s; ranks still running: "
-            + ", ".join(str(w.rank) for w in running),
+            f"timed out after {format_duration(elapsed)} (timeout={self.timeout:g} s): "
+            f"rank{'s' if len(running) > 1 else ''} {ranks} stopped while still running",
             rank=first.rank,
-            remote_traceback=f"Stack of rank {first.rank} when stopped:\n{dumps.get(first.rank, '')}",
-            other_failures=[f"rank {r}: still running, stack dump in its output" for r in dumps
-                            if r != first.rank],
+            remote_traceback="\n\n".join(
+                f"{_ranks_label(group)} {'was' if len(group) == 1 else 'were'} here when stopped:\n"
+                f"{stack}"
+                for stack, group in stacks.items()),
         )
 
     def _root_cause(self) -> WorkerError:
@@ -269,6 +288,7 @@ class Supervisor:
             candidates = [(3, 0.0, w) for w in self.workers if w.exitcode != 0]
         candidates.sort(key=lambda c: (c[0], c[1] or 0.0, c[2].rank))
         cause = candidates[0][2]
+        self.record.root_cause = cause.rank
         others = [self._summary(w) for _, _, w in candidates[1:]]
         others += [f"rank {w.rank}: stopped" for w in self.workers
                    if w.stopped and w.error is None and w is not cause]
@@ -287,5 +307,10 @@ class Supervisor:
     @staticmethod
     def _summary(worker: Worker) -> str:
         if worker.error is not None:
-            return f"rank {worker.rank}: {worker.error['headline'].splitlines()[0][:200]}"
+            headline = worker.error["headline"].splitlines()[0]
+            return f"rank {worker.rank}: {textwrap.shorten(headline, 300, placeholder=' …')}"
         return f"rank {worker.rank}: {_describe_exit(worker)}"
+
+
+def _ranks_label(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"

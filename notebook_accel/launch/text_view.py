@@ -105,6 +105,8 @@ class TextView:
         clock: the monotonic clock (tests pass their own).
     """
 
+    holds_output = False  # its lines go to stderr, interleaved with the output
+
     def __init__(
         self,
         record: LaunchRecord,

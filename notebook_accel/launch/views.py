@@ -14,11 +14,18 @@ from notebook_accel.launch.record import LaunchRecord
 
 
 class View(Protocol):
+    """``holds_output``: True while relayed output must wait, because the view is about
+    to appear and its place is above the output (under the cell's input)."""
+
+    holds_output: bool
+
     def update(self, record: LaunchRecord, final: bool = False) -> None: ...
 
 
 class NullView:
     """Shows nothing (``output="none"``, or no view available)."""
+
+    holds_output = False
 
     def update(self, record: LaunchRecord, final: bool = False) -> None:
         return None

@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from notebook_accel.launch import events
+from notebook_accel.launch import events, worker_display
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import Payload, dumps_result, load_payload
 
@@ -44,6 +44,7 @@ class WorkerSpec:
     num_threads: int | None
     send_result: bool
     close_fds: tuple[int, ...] = field(default_factory=tuple)
+    rich_output: bool = False  # the launching kernel shows rank 0's displays in the cell
 
 
 @dataclass
@@ -57,7 +58,15 @@ class WorkerPipes:
     alive: Connection
 
 
-def _set_process_name(rank: int) -> None:
+def _set_process_name(rank: int, world_size: str) -> None:
+    """``ps`` shows ``notebook_accel rank 0 of 2`` (a forked worker would look like the
+    kernel); the short name (``nbaccel-r0``: top, psutil) stays distinct too."""
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"notebook_accel rank {rank} of {world_size}")
+    except ImportError:  # an optional nicety: the short name below still tells workers apart
+        pass
     try:
         libc = ctypes.CDLL(None)
         libc.prctl(15, f"nbaccel-r{rank}".encode()[:15], 0, 0, 0)  # PR_SET_NAME
@@ -133,9 +142,11 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _redirect_output(pipes.stdout.fileno(), pipes.stderr.fileno())
     _watch_kernel(pipes.alive.fileno())
     events.install(pipes.events.fileno())
+    worker_display.install(lambda message: _send(pipes, "display", time.monotonic(), message),
+                           main=spec.rank == 0, rich=spec.rich_output)
     if spec.env.get(DEVICE_TYPE) == "cuda":
         _report_gpu_memory(int(spec.env[LOCAL_RANK]))
-    _set_process_name(spec.rank)
+    _set_process_name(spec.rank, spec.env.get("WORLD_SIZE", "?"))
     _reset_signals()
     os.environ.update(spec.env)
     if spec.num_threads:
@@ -166,8 +177,13 @@ def _error(exc: BaseException, exitcode: int, headline: str | None = None) -> di
     }
 
 
+_send_lock = threading.Lock()  # displays may come from any thread
+
+
 def _send(pipes: WorkerPipes, *message) -> None:
-    pipes.control.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    with _send_lock:
+        pipes.control.send_bytes(data)
 
 
 def _run(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> int:

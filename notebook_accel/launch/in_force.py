@@ -1,0 +1,31 @@
+"""What a launch from here would do with no arguments: the settings actually in force.
+
+A config file's ``distributed_type: NO`` / ``use_cpu: false`` mean "let the launcher
+detect"; reports should say what it detects (2 CPU workers is ``MULTI_CPU``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from notebook_accel.launch.options import fill_options
+from notebook_accel.launch.plan import make_plan
+
+_MULTI = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU", "xla": "XLA"}
+
+
+def launch_in_force(config_file: str | os.PathLike | None = None) -> str:
+    """One line: processes, device, the Accelerate ``distributed_type`` equivalent, start
+    method and mixed precision of ``notebook_launcher(fn)`` called here now.
+
+    Raises:
+        ValueError: the config file or environment holds a bad value (named).
+    """
+    options = fill_options(dict.fromkeys(("num_processes", "mixed_precision", "use_port",
+                                          "master_addr", "node_rank", "num_nodes",
+                                          "start_method", "device")), config_file)
+    plan = make_plan(**options, timeout=None, output="all", return_all=False, max_restarts=0)
+    kind = _MULTI[plan.device_type] if plan.world_size > 1 or plan.device_type == "xla" else "NO"
+    return (f"A launch here: {plan.num_processes} process(es) on {plan.device_type} "
+            f"(distributed_type {kind}, use_cpu {str(plan.device_type == 'cpu').lower()}), "
+            f"start method {plan.start.method}, mixed precision {plan.mixed_precision}")

@@ -1,0 +1,108 @@
+"""Make tracebacks read like IPython's: the user's frames, notebook cells as ``Cell In[N]``.
+
+Worker tracebacks are formatted in the worker, where a notebook cell is only a file
+name (``/tmp/ipykernel_1234/5678.py``); the kernel knows which cell that is. Stack
+dumps (faulthandler, on a timeout) list every thread and the whole bootstrap; the
+user needs the main thread's frames from their function down.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import sys
+import traceback
+import types
+from typing import Any
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # notebook_accel/
+_OURS = (_PACKAGE + os.sep, os.path.join(os.path.dirname(_PACKAGE), "magics") + os.sep)
+_WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+_TRACEBACK_FILE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<sep>,? in )')
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$')
+
+
+def _shell() -> Any:
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+def cell_label(filename: str) -> str | None:
+    """``"Cell In[3]"`` when ``filename`` is a notebook cell this kernel ran, else None."""
+    shell = _shell()
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    number = names.get(filename)
+    return None if number is None else f"Cell In[{number}]"
+
+
+def with_cell_labels(text: str) -> str:
+    """Rewrite ``File "/tmp/ipykernel_1/2.py", line 5, in f`` as ``Cell In[3], line 5, in f``."""
+
+    def label(match: re.Match[str]) -> str:
+        cell = cell_label(match["file"])
+        if cell is None:
+            return match[0]
+        return f"{cell}, line {match['line']}, in "
+
+    return _TRACEBACK_FILE.sub(label, text)
+
+
+def main_thread_stack(dump: str) -> str:
+    """The user's part of a faulthandler dump, as a traceback (most recent call last).
+
+    Keeps the dumped ("Current thread") main thread only, from the first frame
+    above the worker's entry point; other threads are counted, not listed.
+    """
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
+    current = [block for block in blocks if block.startswith("Current thread")]
+    others = len([block for block in blocks  # the worker's own watch threads do not count
+                  if block.startswith("Thread ") and _WORKER_FILE not in block])
+    if not current:
+        return dump.strip()
+    frames = [match for line in current[-1].splitlines()[1:]
+              if (match := _DUMP_FRAME.match(line))]
+    user = []
+    for match in frames:  # most recent first: stop at the worker's entry point
+        if match["file"] == _WORKER_FILE:
+            break
+        user.append(match)
+    lines = ["Traceback (most recent call last):"]
+    for match in reversed(user or frames):
+        lines.append(f'  File "{match["file"]}", line {match["line"]}, in {match["name"]}')
+        source = linecache.getline(match["file"], int(match["line"])).strip()
+        if source:
+            lines.append(f"    {source}")
+    if others:
+        lines.append(f"({others} other thread{'s' if others > 1 else ''} not shown)")
+    return with_cell_labels("\n".join(lines))
+
+
+def _without_our_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_OURS):
+            kept.append(tb)
+        tb = tb.tb_next
+    chain = None
+    for entry in reversed(kept):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
+
+
+def hide_our_frames(error: BaseException) -> BaseException:
+    """Have IPython show ``error`` with the user's frames only (none of this package's).
+
+    Sets an instance-level ``_render_traceback_`` (IPython's hook), so the error keeps
+    its type for ``except`` clauses. Returns ``error``.
+    """
+
+    def render() -> list[str]:
+        tb = _without_our_frames(error.__traceback__)
+        shell = _shell()
+        if shell is None:
+            return "".join(traceback.format_exception(type(error), error, tb)).splitlines()
+        return shell.InteractiveTB.structured_traceback(type(error), error, tb)
+
+    error._render_traceback_ = render  # type: ignore[attr-defined]
+    return error
