@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 import time
@@ -10,6 +11,14 @@ import time
 import pytest
 
 from tests.kernel_harness import Kernel, wait_no_workers, worker_processes
+
+
+@pytest.fixture(scope="module")
+def kernel(kernel):
+    """The shared kernel after one launch: the timings below measure failure handling,
+    not the first launch's one-off imports (seconds on a busy machine)."""
+    assert kernel.value("notebook_launcher(lambda: 1, num_processes=2)") == 1
+    return kernel
 
 
 def caught(kernel, body: str, timeout: float = 120) -> str:
@@ -72,7 +81,8 @@ def test_exception_class_that_cannot_be_pickled(kernel):
     def job():
         raise LockedError()
     """)
-    assert "MESSAGE rank 0 failed: LockedError: holds a lock" in out
+    # both ranks raise at once: either may be the root cause, the other is summarised
+    assert re.search(r"MESSAGE rank [01] failed: LockedError: holds a lock", out), out
     assert "raise LockedError()" in out
 
 

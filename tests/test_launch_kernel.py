@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 import time
@@ -152,8 +153,9 @@ def test_exit_without_result_is_a_failure(kernel):
             print("caught", e.exitcode, e.args[0])
     """)
     out = kernel.ok(code).stdout
-    assert "caught 0 rank 0 exited (code 0) before its function returned" in out
-    assert "caught 3 rank 0 failed: called sys.exit(3)" in out
+    # both ranks exit at once: either may be the root cause
+    assert re.search(r"caught 0 rank [01] exited \(code 0\) before its function returned", out), out
+    assert re.search(r"caught 3 rank [01] failed: called sys.exit\(3\)", out), out
 
 
 def test_timeout_stops_a_hung_job_with_its_stack(kernel):
