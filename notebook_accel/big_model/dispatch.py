@@ -173,7 +173,7 @@ def _replace_with_placeholders(model, sources) -> None:
         tensor = get_tensor(model, name)
         if id(tensor) not in placeholders:
             if not tensor.is_meta:
-                set_tensor(model, name, torch.empty_like(tensor, device="meta"))
+                set_tensor(model, name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
             placeholders[id(tensor)] = get_tensor(model, name)
         set_tensor(model, name, placeholders[id(tensor)])
 

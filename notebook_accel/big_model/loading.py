@@ -42,6 +42,10 @@ def _materialize(entry: StoredTensor | torch.Tensor, fd: int | None, device: tor
     return entry.to(device=device, dtype=dtype, copy=True)
 
 
+def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+
+
 def resident_device(device: DeviceKey, tiers: set[DeviceKey], is_buffer: bool,
                     offload_buffers: bool, main: DeviceKey) -> DeviceKey | None:
     """Where a tensor placed on ``device`` lives for good, or ``None`` when it is offloaded."""
@@ -97,7 +101,7 @@ def load_checkpoint_in_model(
     def put(names: list[str], value: torch.Tensor, offload_as: WeightSource) -> None:
         """Share one tensor (one Parameter for tied names) among the resident names; offloaded
         names get a meta placeholder and a source."""
-        placeholder = torch.empty_like(value, device="meta")
+        placeholder = _meta_like(value)
         for name in names:
             if home(name) is not None:
                 set_tensor(model, name, value)
@@ -168,6 +172,6 @@ def _place_missing(model, missing, home, placed, record, devices) -> None:
         target = home(name)
         if target is None:
             record[name] = WeightSource(tensor.detach().to("cpu"))
-            set_tensor(model, name, torch.empty_like(tensor, device="meta"))
+            set_tensor(model, name, _meta_like(tensor))
         else:
             set_tensor(model, name, tensor.detach().to(devices.torch_device(target)))

@@ -128,8 +128,10 @@ def map_tensors(tensors: Mapping[str, StoredTensor]) -> dict[str, torch.Tensor]:
             mapping = None
         else:
             with open(path, "rb") as f:
+                # Private and writable, so torch gets a writable buffer; read faults map page-cache
+                # pages (no copy). Not MAP_POPULATE: on a writable private mapping it copies them.
                 mapping = mmap.mmap(
-                    f.fileno(), high - low, flags=mmap.MAP_PRIVATE | mmap.MAP_POPULATE,
+                    f.fileno(), high - low, flags=mmap.MAP_PRIVATE,
                     prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=low,
                 )
         for name, stored in run:

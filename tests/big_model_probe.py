@@ -1,0 +1,133 @@
+"""Measure one way of loading and running a big model, in a fresh process, and print JSON.
+
+    python -m tests.big_model_probe {ours,peer,eager} CHECKPOINT WIDTH BLOCKS BUDGET OUT_DIR
+
+Memory comes from /proc/self/status, sampled every millisecond from a thread: ``RssAnon``
+(anonymous memory: what the process really holds) and ``RssFile`` (mapped file pages, which count
+as RSS while mapped but are page cache the kernel can take back) are reported apart; ``VmHWM``
+(the kernel's exact peak of their sum, reset at the baseline) is reported too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def status() -> dict[str, int]:
+    """Kilobyte fields of /proc/self/status, in bytes."""
+    found = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if value.strip().endswith("kB"):
+                found[key] = int(value.split()[0]) * 1024
+    return found
+
+
+class Peaks(threading.Thread):
+    """Highest RssAnon, RssFile and their sum seen while running."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.anon = self.file = self.total = 0
+        self.running = True
+
+    def sample(self) -> None:
+        now = status()
+        self.anon = max(self.anon, now["RssAnon"])
+        self.file = max(self.file, now["RssFile"])
+        self.total = max(self.total, now["RssAnon"] + now["RssFile"] + now.get("RssShmem", 0))
+
+    def run(self) -> None:
+        while self.running:
+            self.sample()
+            time.sleep(0.001)
+
+    def stop(self) -> None:
+        self.running = False
+        self.join()
+        self.sample()
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def warm(checkpoint: Path) -> None:
+    """Read the checkpoint once so the page cache holds it (the 'warm' measurements)."""
+    for file in checkpoint.iterdir():
+        with open(file, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def main() -> None:
+    kind, checkpoint, width, blocks, budget, out_dir = sys.argv[1:7]
+    checkpoint, width, blocks, out_dir = Path(checkpoint), int(width), int(blocks), Path(out_dir)
+    import torch
+
+    from tests.big_model_support import Net
+
+    torch.manual_seed(0)
+    x = torch.randn(16, width)
+    offload = out_dir / f"offload-{kind}"
+    offload.mkdir(parents=True, exist_ok=True)
+    if kind == "peer":
+        from accelerate import init_empty_weights, load_checkpoint_and_dispatch
+    else:
+        from notebook_accel import init_empty_weights, load_checkpoint_and_dispatch
+    warm(checkpoint)
+    before = status()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    peaks = Peaks()
+    peaks.start()
+    start = time.perf_counter()
+    if kind == "eager":
+        from safetensors.torch import load_file
+
+        model = Net(width, blocks)
+        for file in sorted(checkpoint.glob("*.safetensors")):
+            model.load_state_dict(load_file(file), strict=False)
+    else:
+        with init_empty_weights():
+            model = Net(width, blocks)
+        model = load_checkpoint_and_dispatch(
+            model, checkpoint, device_map="auto", max_memory={"cpu": int(budget)},
+            no_split_module_classes=["Block"], offload_folder=str(offload),
+        )
+    load_s = time.perf_counter() - start
+    after_load = status()
+    forwards = []
+    with torch.no_grad():
+        for _ in range(3):
+            start = time.perf_counter()
+            y = model(x)
+            forwards.append(time.perf_counter() - start)
+    peaks.stop()
+    end = status()
+    torch.save(y, out_dir / f"output-{kind}.pt")
+    plan = getattr(model, "hf_device_map", {"": "cpu"})
+    print(json.dumps({
+        "kind": kind,
+        "load_s": load_s,
+        "forward_s": forwards,
+        "warm_forward_s": min(forwards[1:]),
+        "baseline_anon": before["RssAnon"], "baseline_file": before["RssFile"],
+        "peak_anon_delta": peaks.anon - before["RssAnon"],
+        "peak_file_delta": peaks.file - before["RssFile"],
+        "peak_total_delta": max(peaks.total, end["VmHWM"]) - (before["RssAnon"] + before["RssFile"] + before.get("RssShmem", 0)),
+        "anon_after_load_delta": after_load["RssAnon"] - before["RssAnon"],
+        "anon_end_delta": end["RssAnon"] - before["RssAnon"],
+        "offload_bytes": folder_bytes(offload),
+        "on_disk": sum(1 for d in plan.values() if d == "disk"),
+        "on_cpu": sum(1 for d in plan.values() if d == "cpu"),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Models and checkpoints for the big-model tests and benchmark (written with the safetensors
+library itself, in the Hub's sharded layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+
+class Block(nn.Module):
+    """A residual MLP block: splitting it across devices would be wrong-footed, so it is no-split."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, 4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class Net(nn.Module):
+    """``blocks`` blocks of ``8 * width**2`` weights each, between an input and an output layer."""
+
+    def __init__(self, width: int = 64, blocks: int = 24) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
+        self.out = nn.Linear(width, width)
+        self.register_buffer("scale", torch.full((width,), 0.5))  # persistent buffer, on the root
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x) * self.scale
+
+
+class TiedLM(nn.Module):
+    """Embedding and output head sharing one weight (tied), with blocks between."""
+
+    def __init__(self, vocab: int = 300, width: int = 32, blocks: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def random_state(model: nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random values for every tensor of ``model`` (meta is fine), tied weights once."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    seen = set()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        state[name] = (torch.randn(tensor.shape, generator=g) * 0.02).to(tensor.dtype)
+    return state
+
+
+def write_sharded(state: dict[str, torch.Tensor], folder: str | os.PathLike, shards: int) -> Path:
+    """``model-0000i-of-0000n.safetensors`` files plus ``model.safetensors.index.json``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = list(state)
+    per = -(-len(names) // shards)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i * per:(i + 1) * per]
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: state[n].contiguous() for n in part}, folder / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
+
+
+def eager(model_class, state: dict[str, torch.Tensor], **kwargs) -> nn.Module:
+    """The model loaded the ordinary way, for reference outputs."""
+    model = model_class(**kwargs)
+    model.load_state_dict(state, strict=False)
+    return model.eval()
