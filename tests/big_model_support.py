@@ -93,3 +93,39 @@ def eager(model_class, state: dict[str, torch.Tensor], **kwargs) -> nn.Module:
     model = model_class(**kwargs)
     model.load_state_dict(state, strict=False)
     return model.eval()
+
+
+class FakeGPUs:
+    """The device seam with ``count`` pretend GPUs of ``free`` bytes each, whose tensors really
+    live on the CPU; records every GPU a tensor or an input was placed on."""
+
+    def __init__(self, count: int, free: int = 1 << 30) -> None:
+        self.count, self.free = count, free
+        self.placed: set[int] = set()
+
+    def gpu_count(self) -> int:
+        return self.count
+
+    def gpu_free_memory(self, index: int) -> int:
+        return self.free
+
+    def torch_device(self, key) -> torch.device:
+        if isinstance(key, int):
+            self.placed.add(key)
+            return torch.device("cpu")
+        return torch.device(key)
+
+
+def plan_bytes(model: nn.Module, plan: dict) -> dict:
+    """Bytes of weights each device holds under ``plan`` (each tensor once)."""
+    from notebook_accel.big_model.model_tensors import all_tensors, owning_entry
+
+    held: dict = {}
+    seen = set()
+    for name, tensor in all_tensors(model).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        device = plan[owning_entry(name, plan)]
+        held[device] = held.get(device, 0) + tensor.numel() * tensor.element_size()
+    return held
