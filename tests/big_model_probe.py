@@ -1,6 +1,10 @@
 """Measure one way of loading and running a big model, in a fresh process, and print JSON.
 
-    python -m tests.big_model_probe {ours,peer,eager} CHECKPOINT WIDTH BLOCKS BUDGET OUT_DIR
+    python -m tests.big_model_probe {ours,peer,eager,disk_offload} CHECKPOINT WIDTH BLOCKS BUDGET OUT_DIR
+
+``ours`` / ``peer``: ``load_checkpoint_and_dispatch`` with ``device_map="auto"`` and a CPU budget of
+BUDGET bytes; ``eager``: the ordinary ``load_state_dict``; ``disk_offload``: an eagerly loaded model
+handed to our ``disk_offload``. Three forwards follow; the output is saved to OUT_DIR.
 
 Memory comes from /proc/self/status, sampled every millisecond from a thread: ``RssAnon``
 (anonymous memory: what the process really holds) and ``RssFile`` (mapped file pages, which count
@@ -11,6 +15,7 @@ as RSS while mapped but are page cache the kernel can take back) are reported ap
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -47,6 +52,12 @@ class Peaks(threading.Thread):
             self.sample()
             time.sleep(0.001)
 
+    def restart(self) -> int:
+        """The anonymous peak so far; the next peak counts from now."""
+        self.sample()
+        anon, self.anon = self.anon, 0
+        return anon
+
     def stop(self) -> None:
         self.running = False
         self.join()
@@ -58,28 +69,60 @@ def folder_bytes(folder: Path) -> int:
 
 
 def warm(checkpoint: Path) -> None:
-    """Read the checkpoint once so the page cache holds it (the 'warm' measurements)."""
-    for file in checkpoint.iterdir():
-        with open(file, "rb") as f:
-            while f.read(1 << 24):
-                pass
+    """Read the checkpoint once so the page cache holds it (the 'warm' measurements). In another
+    process: large reads here would raise glibc's mmap threshold and change what is measured."""
+    subprocess.run(["cat", *map(str, checkpoint.iterdir())], stdout=subprocess.DEVNULL, check=True)
+
+
+def eager_model(checkpoint: Path, width: int, blocks: int):
+    from safetensors.torch import load_file
+
+    from tests.big_model_support import Net
+
+    model = Net(width, blocks)
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        model.load_state_dict(load_file(file), strict=False)
+    return model
+
+
+def load(kind: str, checkpoint: Path, width: int, blocks: int, budget: int, offload: Path):
+    """The model, loaded the way ``kind`` names."""
+    from tests.big_model_support import Net
+
+    if kind == "eager":
+        return eager_model(checkpoint, width, blocks)
+    if kind == "disk_offload":
+        from notebook_accel import disk_offload
+
+        return disk_offload(eager_model(checkpoint, width, blocks), offload, execution_device="cpu")
+    if kind == "peer":
+        from accelerate import init_empty_weights, load_checkpoint_and_dispatch
+    else:
+        from notebook_accel import init_empty_weights, load_checkpoint_and_dispatch
+    with init_empty_weights():
+        model = Net(width, blocks)
+    return load_checkpoint_and_dispatch(
+        model, checkpoint, device_map="auto", max_memory={"cpu": budget},
+        no_split_module_classes=["Block"], offload_folder=str(offload),
+    )
 
 
 def main() -> None:
     kind, checkpoint, width, blocks, budget, out_dir = sys.argv[1:7]
     checkpoint, width, blocks, out_dir = Path(checkpoint), int(width), int(blocks), Path(out_dir)
+    import gc
+
     import torch
 
-    from tests.big_model_support import Net
+    import notebook_accel.big_model  # noqa: F401 - imports are not part of the measurement
+
+    if kind == "peer":
+        import accelerate  # noqa: F401
 
     torch.manual_seed(0)
     x = torch.randn(16, width)
     offload = out_dir / f"offload-{kind}"
     offload.mkdir(parents=True, exist_ok=True)
-    if kind == "peer":
-        from accelerate import init_empty_weights, load_checkpoint_and_dispatch
-    else:
-        from notebook_accel import init_empty_weights, load_checkpoint_and_dispatch
     warm(checkpoint)
     before = status()
     with open("/proc/self/clear_refs", "w") as f:
@@ -87,21 +130,11 @@ def main() -> None:
     peaks = Peaks()
     peaks.start()
     start = time.perf_counter()
-    if kind == "eager":
-        from safetensors.torch import load_file
-
-        model = Net(width, blocks)
-        for file in sorted(checkpoint.glob("*.safetensors")):
-            model.load_state_dict(load_file(file), strict=False)
-    else:
-        with init_empty_weights():
-            model = Net(width, blocks)
-        model = load_checkpoint_and_dispatch(
-            model, checkpoint, device_map="auto", max_memory={"cpu": int(budget)},
-            no_split_module_classes=["Block"], offload_folder=str(offload),
-        )
+    model = load(kind, checkpoint, width, blocks, int(budget), offload)
     load_s = time.perf_counter() - start
+    gc.collect()
     after_load = status()
+    load_peak_anon = peaks.restart()
     forwards = []
     with torch.no_grad():
         for _ in range(3):
@@ -112,17 +145,17 @@ def main() -> None:
     end = status()
     torch.save(y, out_dir / f"output-{kind}.pt")
     plan = getattr(model, "hf_device_map", {"": "cpu"})
+    total_before = before["RssAnon"] + before["RssFile"] + before.get("RssShmem", 0)
     print(json.dumps({
         "kind": kind,
         "load_s": load_s,
         "forward_s": forwards,
         "warm_forward_s": min(forwards[1:]),
-        "baseline_anon": before["RssAnon"], "baseline_file": before["RssFile"],
-        "peak_anon_delta": peaks.anon - before["RssAnon"],
+        "peak_anon_delta": max(load_peak_anon, peaks.anon) - before["RssAnon"],
+        "forward_peak_anon_delta": peaks.anon - before["RssAnon"],
         "peak_file_delta": peaks.file - before["RssFile"],
-        "peak_total_delta": max(peaks.total, end["VmHWM"]) - (before["RssAnon"] + before["RssFile"] + before.get("RssShmem", 0)),
+        "peak_total_delta": max(peaks.total, end["VmHWM"]) - total_before,
         "anon_after_load_delta": after_load["RssAnon"] - before["RssAnon"],
-        "anon_end_delta": end["RssAnon"] - before["RssAnon"],
         "offload_bytes": folder_bytes(offload),
         "on_disk": sum(1 for d in plan.values() if d == "disk"),
         "on_cpu": sum(1 for d in plan.values() if d == "cpu"),

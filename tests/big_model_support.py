@@ -129,3 +129,41 @@ def plan_bytes(model: nn.Module, plan: dict) -> dict:
         device = plan[owning_entry(name, plan)]
         held[device] = held.get(device, 0) + tensor.numel() * tensor.element_size()
     return held
+
+
+def probe(kind: str, checkpoint: Path, width: int, blocks: int, budget: int, out_dir: Path) -> dict:
+    """Run ``tests.big_model_probe`` in a fresh process and return its figures."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.big_model_probe", kind, str(checkpoint), str(width), str(blocks),
+         str(budget), str(out_dir)],
+        capture_output=True, text=True, env=env, cwd=root, timeout=600,
+    )
+    if done.returncode:
+        raise RuntimeError(f"probe {kind} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write_net_checkpoint(folder: Path, width: int, blocks: int, shards: int = 6) -> Path:
+    """A random ``Net(width, blocks)`` checkpoint in ``folder``, built without the model in memory."""
+    from notebook_accel import init_empty_weights
+
+    with init_empty_weights():
+        model = Net(width, blocks)
+    names = [name for name, _ in [*model.named_parameters(), *model.named_buffers()]]
+    per = -(-len(names) // shards)
+    weight_map = {}
+    g = torch.Generator().manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = dict([*model.named_parameters(), *model.named_buffers()])
+    for i in range(shards):  # one shard in memory at a time
+        part = names[i * per:(i + 1) * per]
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: torch.randn(tensors[n].shape, generator=g) * 0.02 for n in part}, folder / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return folder
