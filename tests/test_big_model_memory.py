@@ -71,7 +71,7 @@ def test_disk_offload_holds_about_one_layer(big_checkpoint, tmp_path):
         off = probe("disk_offload", big_checkpoint, width, blocks, GiB, tmp_path)
     finally:
         shutil.rmtree(tmp_path / "offload-disk_offload", ignore_errors=True)  # 3 GiB written there
-    eager = probe("eager", big_checkpoint, width, blocks, GiB, tmp_path)
+    probe("eager", big_checkpoint, width, blocks, GiB, tmp_path)
     print("disk_offload", off)
     assert outputs_equal(tmp_path, "disk_offload", "eager")
     limit = block_bytes(width) * 1.1
