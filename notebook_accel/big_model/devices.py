@@ -7,7 +7,7 @@ be exercised on a CPU-only machine with a fake set of GPUs (``use_devices``), an
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Union
 
 import torch
@@ -63,6 +63,17 @@ class Devices:
         if key == "disk":
             raise ValueError("'disk' is a storage tier, not a device tensors run on")
         return torch.device("cuda", key) if isinstance(key, int) else torch.device(key)
+
+
+def check_gpus(device_map: Mapping[str, DeviceKey]) -> None:
+    """Raise ``ValueError`` when ``device_map`` names a GPU this machine (or seam) lacks."""
+    count = current_devices().gpu_count()
+    missing = sorted({d for d in device_map.values() if isinstance(d, int) and d >= count})
+    if missing:
+        raise ValueError(
+            f"device_map uses GPU(s) {missing} but this machine has {count} GPU(s); "
+            "use 'cpu'/'disk' there, or plan with max_memory for the GPUs present"
+        )
 
 
 _current: list[Devices] = [Devices()]

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from notebook_accel.big_model.devices import DeviceKey, current_devices, normalize_device
+from notebook_accel.big_model.devices import (
+    DeviceKey,
+    check_gpus,
+    current_devices,
+    normalize_device,
+)
 from notebook_accel.big_model.hooks import ModuleHook, WeightSource, bring_all
 from notebook_accel.big_model.loading import OFFLOADED, resident_device
 from notebook_accel.big_model.model_tensors import (
@@ -35,16 +40,6 @@ class _Dispatch:
     sources: dict[str, WeightSource]  # offloaded tensor name -> where its values are
     ties: dict[str, list[str]]  # offloaded tensor name -> every name sharing its placeholder
     main: torch.device
-
-
-def _check_devices(device_map: Mapping[str, DeviceKey]) -> None:
-    count = current_devices().gpu_count()
-    missing = sorted({d for d in device_map.values() if isinstance(d, int) and d >= count})
-    if missing:
-        raise ValueError(
-            f"device_map uses GPU(s) {missing} but this machine has {count} GPU(s); "
-            "use 'cpu'/'disk' there, or plan with max_memory for the GPUs present"
-        )
 
 
 def _meta_error(name: str) -> ValueError:
@@ -91,7 +86,7 @@ def dispatch_model(
     if DISPATCHED in model.__dict__:
         raise ValueError("this model is already dispatched; undispatch_model(model) first")
     device_map = {name: normalize_device(device) for name, device in device_map.items()}
-    _check_devices(device_map)
+    check_gpus(device_map)
     devices = current_devices()
     entries = entries_of_tensors(model, device_map)
     main = normalize_device(main_device) if main_device is not None else first_main_device(device_map.values())

@@ -10,7 +10,12 @@ import torch
 from torch import nn
 
 from notebook_accel.big_model.checkpoint_files import checkpoint_files, open_weights
-from notebook_accel.big_model.devices import DeviceKey, current_devices, normalize_device
+from notebook_accel.big_model.devices import (
+    DeviceKey,
+    check_gpus,
+    current_devices,
+    normalize_device,
+)
 from notebook_accel.big_model.hooks import WeightSource
 from notebook_accel.big_model.memory import as_dtype
 from notebook_accel.big_model.model_tensors import (
@@ -86,6 +91,7 @@ def load_checkpoint_in_model(
             without ``offload_folder``.
     """
     device_map = {"": "cpu"} if device_map is None else {k: normalize_device(v) for k, v in device_map.items()}
+    check_gpus(device_map)
     dtype = as_dtype(dtype)
     devices = current_devices()
     entries = entries_of_tensors(model, device_map)
