@@ -200,7 +200,7 @@ def _hook(model, device_map, entries, sources, main, tiers, skip_keys) -> list[M
         ))
     streamed = [h for h in hooks if any(isinstance(s.value, StoredTensor) for s in h.sources.values())]
     for hook, following in zip(streamed, streamed[1:], strict=False):
-        hook.prefetch_next = [s.value for s in following.sources.values() if isinstance(s.value, StoredTensor)]
+        hook.next_streamed = following
     return hooks
 
 
