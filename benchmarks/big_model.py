@@ -8,7 +8,8 @@ peer's), rounds alternating. Run::
     .venv/bin/python benchmarks/big_model.py [--width 2048] [--blocks 24] [--budget 1GiB] [--rounds 1]
 
 Prints, per loader: load time, warm forward time (batch 16; best of the 2nd..4th forward) and its
-ratio to eager, peak anonymous RSS and peak total (anonymous + file-backed) RSS above the baseline,
+ratio to eager, then the forward times again with all three models in one process run in turn
+(robust to the machine's load shifting), peak anonymous RSS and peak total (anonymous + file-backed) RSS above the baseline,
 bytes written to the offload folder, and whether the output is bitwise equal to eager. The page
 cache is warmed before each measurement. Needs ``accelerate`` (the ``bench`` extra). The checkpoint
 is deleted at the end unless ``--keep``.
@@ -61,7 +62,9 @@ def main() -> None:
                 result["bitwise_equal"] = torch.equal(torch.load(out / f"output-{kind}.pt"), reference)
                 runs[kind].append(result)
                 shutil.rmtree(out / f"offload-{kind}", ignore_errors=True)
-        report(runs, size)
+        turns = probe("alternate:" + ",".join(KINDS), checkpoint, args.width, args.blocks, budget, work / "turns")
+        shutil.rmtree(work / "turns", ignore_errors=True)
+        report(runs, size, turns)
     finally:
         if args.keep:
             print(f"checkpoint kept in {checkpoint}")
@@ -69,7 +72,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def report(runs: dict[str, list[dict]], size: int) -> None:
+def report(runs: dict[str, list[dict]], size: int, turns: dict[str, dict]) -> None:
     def median(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[kind])
 
@@ -82,6 +85,11 @@ def report(runs: dict[str, list[dict]], size: int) -> None:
               f"{median(kind, 'warm_forward_s') / eager_forward:8.2f} {median(kind, 'peak_anon_delta') / MiB:14.0f} "
               f"{total / MiB:15.0f} {total / size:8.2f} {median(kind, 'offload_bytes') / MiB:12.0f} "
               f"{str(all(r['bitwise_equal'] for r in runs[kind])):>8}")
+    print("\nforwards in turn, all three models in one process (best / median of 6):")
+    for kind in KINDS:
+        best, med = turns[kind]["best_s"], turns[kind]["median_s"]
+        print(f"{kind:6} {best:6.2f} s / {med:6.2f} s   x eager {best / turns['eager']['best_s']:.2f} / "
+              f"{med / turns['eager']['median_s']:.2f}")
     print(f"\nours vs peer: load {median('peer', 'load_s') / median('ours', 'load_s'):.1f}x faster, "
           f"forward {median('peer', 'warm_forward_s') / median('ours', 'warm_forward_s'):.2f}x faster, "
           f"peak total RSS {median('ours', 'peak_total_delta') / median('peer', 'peak_total_delta'):.2f}x, "

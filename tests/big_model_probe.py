@@ -4,7 +4,8 @@
 
 ``ours`` / ``peer``: ``load_checkpoint_and_dispatch`` with ``device_map="auto"`` and a CPU budget of
 BUDGET bytes; ``eager``: the ordinary ``load_state_dict``; ``disk_offload``: an eagerly loaded model
-handed to our ``disk_offload``. Three forwards follow; the output is saved to OUT_DIR.
+handed to our ``disk_offload``. Four forwards follow; the output is saved to OUT_DIR.
+``alternate:eager,ours[,peer]``: those models in one process, forwards timed in turn.
 
 Memory comes from /proc/self/status, sampled every millisecond from a thread: ``RssAnon``
 (anonymous memory: what the process really holds) and ``RssFile`` (mapped file pages, which count
@@ -110,9 +111,35 @@ def load(kind: str, checkpoint: Path, width: int, blocks: int, budget: int, offl
     )
 
 
+def alternate(kinds: list[str], checkpoint: Path, width: int, blocks: int, budget: int, out_dir: Path) -> dict:
+    """Forward times of several loaders' models held in this one process, run in turn, so that
+    machine load shifts hit them alike: best and median of 6 warm forwards each."""
+    import statistics
+
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(16, width)
+    models = {kind: load(kind, checkpoint, width, blocks, budget, out_dir / f"offload-{kind}") for kind in kinds}
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    with torch.no_grad():
+        for model in models.values():
+            model(x)  # first forwards are not warm
+        for _ in range(6):
+            for kind, model in models.items():
+                start = time.perf_counter()
+                model(x)
+                times[kind].append(time.perf_counter() - start)
+    return {kind: {"best_s": min(t), "median_s": statistics.median(t)} for kind, t in times.items()}
+
+
 def main() -> None:
     kind, checkpoint, width, blocks, budget, out_dir = sys.argv[1:7]
     checkpoint, width, blocks, out_dir = Path(checkpoint), int(width), int(blocks), Path(out_dir)
+    if kind.startswith("alternate:"):
+        warm(checkpoint)
+        print(json.dumps(alternate(kind.split(":")[1].split(","), checkpoint, width, blocks, int(budget), out_dir)))
+        return
     import gc
 
     import torch

@@ -61,7 +61,10 @@ def test_3gib_model_on_a_1gib_cpu_budget(big_checkpoint, tmp_path):
     assert ours["peak_anon_delta"] <= (GiB + layer) * 1.1, ours
     assert ours["peak_total_delta"] <= 0.45 * size, ours
     assert ours["load_s"] <= 1.5, ours
-    assert ours["warm_forward_s"] <= 1.5 * eager["warm_forward_s"], (ours, eager)
+    # forward speed: both models in one process, forwards in turn (machine load hits both alike)
+    turns = probe("alternate:eager,ours", big_checkpoint, width, blocks, GiB, tmp_path)
+    print("alternating forwards", turns)
+    assert turns["ours"]["best_s"] <= 1.5 * turns["eager"]["best_s"], turns
 
 
 @pytest.mark.slow
