@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -63,11 +64,20 @@ def make_checkpoint(kind: str, state, root: Path) -> Path:
         return write_sharded(state, root / "sharded", 3)
     if kind == "index":
         return write_sharded(state, root / "sharded", 3) / "model.safetensors.index.json"
+    if kind == "bin-sharded":
+        names = list(state)
+        halves = {"pytorch_model-00001-of-00002.bin": names[: len(names) // 2],
+                  "pytorch_model-00002-of-00002.bin": names[len(names) // 2:]}
+        for file, part in halves.items():
+            torch.save({n: state[n] for n in part}, root / file)
+        weight_map = {n: file for file, part in halves.items() for n in part}
+        (root / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        return root
     torch.save(state, root / "pytorch_model.bin")
     return root / "pytorch_model.bin" if kind == "bin" else root
 
 
-@pytest.mark.parametrize("kind", ["file", "sharded", "index", "bin", "bin-folder"])
+@pytest.mark.parametrize("kind", ["file", "sharded", "index", "bin", "bin-folder", "bin-sharded"])
 def test_every_checkpoint_layout_runs_bitwise_equal(kind, state, reference, tmp_path):
     checkpoint = make_checkpoint(kind, state, tmp_path)
     offload = tmp_path / "offload"
@@ -165,6 +175,19 @@ def test_cpu_offload_and_disk_offload_bitwise_equal(state, reference, tmp_path):
     assert all(p.is_meta for p in model.parameters())  # weights are let go after each module
 
 
+def test_cpu_offload_to_a_gpu_through_the_device_seam(state, reference):
+    """Weights stay in CPU memory and are copied to the (pretend) GPU module by module."""
+    x, expected = reference
+    with use_devices(FakeGPUs(1)):
+        model = cpu_offload(eager(Net, state, width=WIDTH, blocks=BLOCKS), execution_device=0)
+        assert all(p.is_meta for p in model.parameters())
+        with torch.no_grad():
+            assert torch.equal(model(x), expected)
+        assert all(p.is_meta for p in model.parameters())
+        model.to("cpu")
+    assert not any(p.is_meta for p in model.parameters())
+
+
 def test_gpu_placement_through_the_device_seam(state, reference, tmp_path):
     """cuda:N placement, exercised with pretend GPUs whose memory is the CPU's."""
     checkpoint = make_checkpoint("sharded", state, tmp_path)
@@ -186,6 +209,7 @@ def test_gpu_placement_through_the_device_seam(state, reference, tmp_path):
         dispatch_model(empty(), {"": torch.cuda.device_count()})
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_real_gpu_placement(state, reference, tmp_path):
     checkpoint = make_checkpoint("sharded", state, tmp_path)
@@ -227,3 +251,15 @@ def test_device_map_must_cover_every_tensor():
 def test_engine_imports_no_ipython():
     code = "import notebook_accel.big_model, sys; assert 'IPython' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("offload_buffers", [False, True])
+def test_buffers_stay_on_the_main_device_unless_offloaded(offload_buffers, state, reference, tmp_path):
+    checkpoint = make_checkpoint("file", state, tmp_path)
+    model = load_checkpoint_and_dispatch(empty(), checkpoint, device_map={"": "disk"},
+                                         offload_buffers=offload_buffers)
+    assert model.inp.weight.is_meta
+    assert model.scale.is_meta is offload_buffers
+    x, expected = reference
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)

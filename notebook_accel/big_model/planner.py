@@ -47,11 +47,11 @@ class _Plan:
 
     def __init__(self, model, budgets, no_split, dtype, special_dtypes, offload_buffers, reserve):
         self.model, self.no_split, self.offload_buffers = model, no_split, offload_buffers
-        self.devices = [*budgets, "disk"] if "disk" not in budgets else list(budgets)
+        # a device with no budget takes nothing (and must not make pieces split trying it)
+        self.devices = [d for d in budgets if d != "disk" and budgets[d] > 0] + ["disk"]
         self.budgets = {**budgets, "disk": float("inf")}
-        usable = [d for d in self.devices if self.budgets[d] > 0]
-        self.main = main_device(usable)
-        self.offloaded = offload_tiers(usable)
+        self.main = main_device(self.devices)
+        self.offloaded = offload_tiers(self.devices)
         self.reserve = reserve
         self.used = dict.fromkeys(self.devices, 0)
         self.assigned: dict[str, DeviceKey] = {}
