@@ -95,7 +95,7 @@ def dispatch_model(
     buffers = buffer_names(model)
 
     sources: dict[str, WeightSource] = {}
-    moved: dict[int, torch.Tensor] = {}
+    moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     to_write: dict[int, list[str]] = {}
     for name, entry in entries.items():
         placed = device_map[entry]
@@ -127,21 +127,19 @@ def dispatch_model(
 
 
 def _make_resident(model, name, tensor, record, device, moved) -> None:
-    """Put one resident tensor on ``device``, once per tensor object, so tied names stay tied."""
+    """Put one resident tensor on ``device``, once per tensor object, so tied names stay tied.
+    ``moved`` maps ``id(original)`` to ``(original, placed)``; holding the original keeps its id
+    from being reused while the loop runs."""
     if id(tensor) in moved:
-        set_tensor(model, name, moved[id(tensor)])
+        set_tensor(model, name, moved[id(tensor)][1])
         return
     if tensor.is_meta:
         if name not in record:
             raise _meta_error(name)
-        value = record[name].bring(device)
+        set_tensor(model, name, record[name].bring(device))
     elif tensor.device != device:
-        value = tensor.detach().to(device)
-    else:
-        moved[id(tensor)] = tensor
-        return
-    set_tensor(model, name, value)
-    moved[id(tensor)] = get_tensor(model, name)
+        set_tensor(model, name, tensor.detach().to(device))
+    moved[id(tensor)] = (tensor, get_tensor(model, name))
 
 
 def _write_offloaded(model, to_write, offload_dir) -> dict[str, WeightSource]:

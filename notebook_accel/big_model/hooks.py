@@ -74,7 +74,7 @@ def _first_tensor_device(args, kwargs) -> torch.device | None:
     return None
 
 
-@dataclass
+@dataclass(eq=False)
 class ModuleHook:
     """The hooks of one module of a dispatched model.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -156,9 +157,17 @@ def load_checkpoint_in_model(
 
     missing = [name for name in placed if name not in found]
     if strict and (missing or unexpected):
-        raise ValueError(f"checkpoint {checkpoint}: missing {missing}, unexpected {unexpected}")
+        raise ValueError(f"checkpoint {checkpoint}: missing {_few(missing)}, unexpected {_few(unexpected)}")
+    if unexpected:
+        warnings.warn(f"checkpoint {checkpoint} holds tensors the model lacks (ignored): {_few(unexpected)}",
+                      stacklevel=2)
     _place_missing(model, missing, home, placed, record, devices)
     setattr(model, OFFLOADED, record)
+
+
+def _few(names: list[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return (", ".join(names[:shown]) or "none") + more
 
 
 def _place_missing(model, missing, home, placed, record, devices) -> None:
@@ -166,9 +175,8 @@ def _place_missing(model, missing, home, placed, record, devices) -> None:
     set) move to their place; meta ones that nothing will fill are an error now, not at run time."""
     empty = [name for name in missing if get_tensor(model, name).is_meta and name not in record]
     if empty:
-        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         raise ValueError(
-            f"{shown} are in neither the checkpoint nor memory (still on the meta device); "
+            f"{_few(empty)} are in neither the checkpoint nor memory (still on the meta device); "
             "build buffers outside init_empty_weights(include_buffers=True), or add them to the checkpoint"
         )
     for name in missing:
