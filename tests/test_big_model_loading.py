@@ -263,3 +263,22 @@ def test_buffers_stay_on_the_main_device_unless_offloaded(offload_buffers, state
     x, expected = reference
     with torch.no_grad():
         assert torch.equal(model(x), expected)
+
+
+def _infer_in_worker(checkpoint: str, budget: int, state: dict, x: torch.Tensor) -> tuple[int, bool, bool]:
+    from notebook_accel import PartialState
+
+    model = load_checkpoint_and_dispatch(empty(), checkpoint, device_map="auto", max_memory={"cpu": budget},
+                                         no_split_module_classes=["Block"])
+    with torch.no_grad():  # compared in the worker: its thread count sets the sums' order
+        same = torch.equal(model(x), eager(Net, state, width=WIDTH, blocks=BLOCKS)(x))
+    return PartialState().process_index, "disk" in model.hf_device_map.values(), same
+
+
+def test_works_inside_launched_workers(state, reference, tmp_path):
+    from notebook_accel import notebook_launcher
+
+    checkpoint = make_checkpoint("sharded", state, tmp_path)
+    results = notebook_launcher(_infer_in_worker, args=(str(checkpoint), third(empty()), state, reference[0]),
+                                num_processes=2, return_all=True)
+    assert results == [(0, True, True), (1, True, True)]
