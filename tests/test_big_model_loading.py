@@ -282,3 +282,9 @@ def test_works_inside_launched_workers(state, reference, tmp_path):
     results = notebook_launcher(_infer_in_worker, args=(str(checkpoint), third(empty()), state, reference[0]),
                                 num_processes=2, return_all=True)
     assert results == [(0, True, True), (1, True, True)]
+
+
+def test_dispatching_unloaded_weights_names_them():
+    """Peer #3617: a one-device map ran model.to() over meta tensors ('Cannot copy out of meta')."""
+    with pytest.raises(ValueError, match=r"inp\.weight is still on the meta device"):
+        dispatch_model(empty(), {"": "cpu"})
