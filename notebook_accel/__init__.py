@@ -43,6 +43,18 @@ _EXPORTS = {
     "prepare_data_loader": "notebook_accel.data_loader",
     "skip_first_batches": "notebook_accel.data",
     "debug_launcher": "notebook_accel.launch.debug",
+    "init_empty_weights": "notebook_accel.big_model",
+    "init_on_device": "notebook_accel.big_model",
+    "compute_module_sizes": "notebook_accel.big_model",
+    "get_max_memory": "notebook_accel.big_model",
+    "get_balanced_memory": "notebook_accel.big_model",
+    "infer_auto_device_map": "notebook_accel.big_model",
+    "load_checkpoint_in_model": "notebook_accel.big_model",
+    "dispatch_model": "notebook_accel.big_model",
+    "undispatch_model": "notebook_accel.big_model",
+    "load_checkpoint_and_dispatch": "notebook_accel.big_model",
+    "cpu_offload": "notebook_accel.big_model",
+    "disk_offload": "notebook_accel.big_model",
 }
 
 __all__ = sorted(_EXPORTS)

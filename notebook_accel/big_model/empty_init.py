@@ -1,0 +1,83 @@
+"""Build models without allocating their weights: ``init_empty_weights`` / ``init_on_device``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+_TENSOR_CONSTRUCTORS = ("empty", "zeros", "ones", "full", "rand", "randn", "arange", "tensor")
+
+
+@contextlib.contextmanager
+def init_on_device(device: torch.device | str, include_buffers: bool = False) -> Iterator[None]:
+    """Create every parameter (and, with ``include_buffers``, every buffer) of modules built inside
+    the block directly on ``device``.
+
+    Args:
+        device: where new parameters go (``"meta"`` allocates nothing).
+        include_buffers: also place registered buffers, and tensors built by torch's constructors
+            (``torch.empty``, ``torch.zeros``, ...) inside the block, on ``device``.
+
+    Example::
+
+        with init_on_device("meta"):
+            model = MyModel()          # every parameter is a meta tensor
+    """
+    device = torch.device(device)
+    register_parameter = nn.Module.register_parameter
+    register_buffer = nn.Module.register_buffer
+
+    def place_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register_parameter(module, name, param)
+        if param is not None and param.device != device:
+            moved = type(param)(param.to(device), requires_grad=param.requires_grad)
+            moved.__dict__.update(param.__dict__)
+            module._parameters[name] = moved
+
+    def place_buffer(module: nn.Module, name: str, buffer, persistent: bool = True) -> None:
+        register_buffer(module, name, buffer, persistent=persistent)
+        if buffer is not None:
+            module._buffers[name] = module._buffers[name].to(device)
+
+    def on_device(constructor):
+        def build(*args, **kwargs):
+            kwargs["device"] = device
+            return constructor(*args, **kwargs)
+
+        return build
+
+    patched = {}
+    if include_buffers:
+        patched = {name: getattr(torch, name) for name in _TENSOR_CONSTRUCTORS}
+    try:
+        nn.Module.register_parameter = place_parameter
+        if include_buffers:
+            nn.Module.register_buffer = place_buffer
+            for name, constructor in patched.items():
+                setattr(torch, name, on_device(constructor))
+        yield
+    finally:
+        nn.Module.register_parameter = register_parameter
+        nn.Module.register_buffer = register_buffer
+        for name, constructor in patched.items():
+            setattr(torch, name, constructor)
+
+
+@contextlib.contextmanager
+def init_empty_weights(include_buffers: bool = False) -> Iterator[None]:
+    """Build modules with their parameters on the meta device: no memory, any size.
+
+    Buffers stay real (they are small and often not in the checkpoint) unless
+    ``include_buffers=True``. Load real weights afterwards with ``load_checkpoint_and_dispatch``.
+
+    Example::
+
+        with init_empty_weights():
+            model = MyModel()
+        model = load_checkpoint_and_dispatch(model, "ckpt/", device_map="auto")
+    """
+    with init_on_device("meta", include_buffers=include_buffers):
+        yield
