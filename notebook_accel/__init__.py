@@ -27,6 +27,8 @@ _EXPORTS = {
     "LaunchConfig": "notebook_accel.config",
     "load_config": "notebook_accel.config",
     "save_config": "notebook_accel.config",
+    "FullyShardedDataParallelPlugin": "notebook_accel.fsdp.plugin",
+    "merge_fsdp_weights": "notebook_accel.fsdp.state_dict",
 }
 
 __all__ = sorted(_EXPORTS)

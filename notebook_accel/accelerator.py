@@ -39,6 +39,7 @@ from notebook_accel.data import (
     prepare_data_loader,
     skip_first_batches,
 )
+from notebook_accel.fsdp.plugin import resolve_plugin
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
 from notebook_accel.state import DistributedType, PartialState
@@ -79,6 +80,9 @@ class Accelerator:
         scaler_kwargs: extra ``GradScaler`` arguments.
         kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` / ``GradScalerKwargs``
             objects are understood too.
+        fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
+            models with FSDP2 instead of DDP; default: one from the environment when
+            ``ACCELERATE_USE_FSDP`` is true (the launcher sets it for ``distributed_type: FSDP``).
 
     Raises:
         ValueError: an invalid mixed precision, or fp16 where no scaler exists.
@@ -101,6 +105,7 @@ class Accelerator:
         ddp_kwargs: dict[str, Any] | None = None,
         scaler_kwargs: dict[str, Any] | None = None,
         kwargs_handlers: list[Any] | None = None,
+        fsdp_plugin: Any = None,
     ) -> None:
         self.state = PartialState(cpu=cpu)
         self.mixed_precision = precision.resolve_mixed_precision(mixed_precision)
@@ -129,6 +134,12 @@ class Accelerator:
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
         self._moved_parameters: dict[int, torch.nn.Parameter] = {}  # XLA: id(old) -> moved parameter
+        self.fsdp_plugin = resolve_plugin(fsdp_plugin)
+        self._fsdp = None  # an fsdp.runtime.FsdpRuntime when sharding (FSDP plugin, several processes)
+        if self.fsdp_plugin is not None and self.use_distributed:
+            from notebook_accel.fsdp.runtime import FsdpRuntime
+
+            self._fsdp = FsdpRuntime(self.fsdp_plugin, self.mixed_precision, self.device)
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
@@ -164,7 +175,7 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
+        return DistributedType.FSDP if self._fsdp is not None else self.state.distributed_type
 
     @property
     def use_distributed(self) -> bool:
@@ -245,6 +256,9 @@ class Accelerator:
                     xla.rebind_parameters(opt.optimizer, self._moved_parameters)
             else:
                 model = model.to(self.device)
+        if self._fsdp is not None and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+            self._models.append(self._fsdp.prepare_model(model, self._optimizers))  # mixed precision: its policy
+            return model
         precision.wrap_forward(model, self.mixed_precision, self.device)
         trainable = any(p.requires_grad for p in model.parameters())
         wrap = self.use_distributed and self.distributed_type != DistributedType.XLA  # XLA: optimizer reduces
@@ -257,6 +271,8 @@ class Accelerator:
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
         before = after = None
+        if self._fsdp is not None:
+            self._fsdp.rebind(optimizer)  # models prepared first got new (sharded) parameters
         if self.distributed_type == DistributedType.XLA:
             from notebook_accel.xla import runtime as xla
 
@@ -320,6 +336,8 @@ class Accelerator:
         """Skip DDP's gradient all-reduce inside the block (a null context when not distributed)."""
         if self.use_distributed and isinstance(model, DistributedDataParallel):
             return model.no_sync()
+        if self._fsdp is not None and self._fsdp.owns(model):
+            return self._fsdp.no_sync(model)
         return contextlib.nullcontext()
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
@@ -352,6 +370,8 @@ class Accelerator:
         """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm."""
         self.unscale_gradients()
         self._reduce_xla_gradients()
+        if self._fsdp is not None:  # the global norm over every rank's shards
+            return self._fsdp.clip_grad_norm_(parameters, max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
@@ -458,7 +478,13 @@ class Accelerator:
 
     # ---- models and checkpoints ---------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        """The user's module inside DDP / ``torch.compile``; optionally without the autocast forward."""
+        """The user's module inside DDP / ``torch.compile``; optionally without the autocast forward.
+
+        A model sharded by FSDP comes back as a full, plain copy (every process must call it):
+        that is what a worker can return to the notebook.
+        """
+        if self._fsdp is not None and self._fsdp.owns(model):
+            return self._fsdp.unwrap(model)
         if isinstance(model, DistributedDataParallel):
             model = model.module
         model = getattr(model, "_orig_mod", model)
@@ -467,7 +493,13 @@ class Accelerator:
         return model
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The model's state dict (of the unwrapped model by default), on the CPU-visible device."""
+        """The model's state dict (of the unwrapped model by default), on the CPU-visible device.
+
+        Under FSDP: the full weights, gathered on the main process's CPU (``{}`` on the others);
+        every process must call it.
+        """
+        if self._fsdp is not None and self._fsdp.owns(model):
+            return self._fsdp.state_dict(model)
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def _to_cpu(self, obj: Any) -> Any:
@@ -493,7 +525,7 @@ class Accelerator:
         ``model.safetensors`` (tied weights stored once) or, with ``safe_serialization=False``,
         ``pytorch_model.bin``; written to a temporary name, then renamed.
         """
-        state = self._to_cpu(self.unwrap_model(model).state_dict())
+        state = self._to_cpu(self.get_state_dict(model))
         if not self.is_main_process:
             return None
         return checkpoint.save_weights(state, Path(save_directory), safe_serialization)
@@ -509,6 +541,7 @@ class Accelerator:
         return checkpoint.CheckpointItems(
             self._models, self._optimizers, self._schedulers, self._dataloaders,
             self._custom_objects, self.scaler, _AcceleratorCounters(self),
+            self._fsdp.checkpointer(self._models, self._optimizers) if self._fsdp is not None else None,
         )
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -3,6 +3,7 @@
 A checkpoint is a directory::
 
     model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process)
+    pytorch_model_fsdp_0/, optimizer_0/  instead, under FSDP: one shard file per rank (see fsdp.checkpointing)
     optimizer.pt, scheduler.pt, ...    likewise, one per prepared object
     dataloader.pt, ...                 shuffling generator and position in the epoch
     scaler.pt                          the fp16 GradScaler, when there is one
@@ -48,6 +49,7 @@ class CheckpointItems:
     custom: list[Any] = field(default_factory=list)
     scaler: Any = None
     accelerator: Any = None  # an object with state_dict / load_state_dict
+    sharded: Any = None  # writes/reads models and optimizers itself (FSDP: fsdp.checkpointing), on every rank
 
 
 def _name(prefix: str, index: int) -> str:
@@ -125,10 +127,12 @@ def save_state(output_dir: str | os.PathLike[str], items: CheckpointItems, state
 
         model_states = [xla.to_cpu(_unwrap(m).state_dict()) for m in items.models]
         optimizer_states = [xla.to_cpu(o.state_dict()) for o in items.optimizers]
+    if items.sharded is not None:
+        items.sharded.save(tmp, state.is_main_process, _write)
     if state.is_main_process:
-        for i, model in enumerate(items.models):
+        for i, model in enumerate(items.models if items.sharded is None else ()):
             _write(model_states[i] if on_xla else _unwrap(model).state_dict(), tmp / _name("model", i))
-        for i, opt in enumerate(items.optimizers):
+        for i, opt in enumerate(items.optimizers if items.sharded is None else ()):
             _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / _name("optimizer", i))
         for prefix, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
             for i, obj in enumerate(objs):
@@ -232,10 +236,13 @@ def load_state(
             )
         return _read(file, weights_only)
 
-    for i, model in enumerate(items.models):
+    if items.sharded is not None:
+        items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
+    for i, model in enumerate(items.models if items.sharded is None else ()):
         _unwrap(model).load_state_dict(read(_name("model", i)))
     for prefix, objs in (
-        ("optimizer", items.optimizers), ("scheduler", items.schedulers), ("dataloader", items.dataloaders),
+        ("optimizer", items.optimizers if items.sharded is None else []), ("scheduler", items.schedulers),
+        ("dataloader", items.dataloaders),
     ):
         for i, obj in enumerate(objs):
             obj.load_state_dict(read(_name(prefix, i)))

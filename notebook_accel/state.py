@@ -38,6 +38,7 @@ class DistributedType(str, Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     XLA = "XLA"
+    FSDP = "FSDP"  # the Accelerator's, when it shards models with FSDP2 (a PartialState never says it)
 
 
 def _env_int(name: str, default: int) -> int:
