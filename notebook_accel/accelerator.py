@@ -246,8 +246,13 @@ class Accelerator:
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
-        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed."""
-        if device_placement if device_placement is not None else self.device_placement:
+        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed
+        (or shard it with FSDP2 when there is an FSDP plugin; mixed precision is then its policy)."""
+        place = device_placement if device_placement is not None else self.device_placement
+        if self._fsdp is not None and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+            self._models.append(self._fsdp.prepare_model(model, self._optimizers, place))
+            return model
+        if place:
             if self.device.type == "xla":
                 from notebook_accel.xla import runtime as xla
 
@@ -256,9 +261,6 @@ class Accelerator:
                     xla.rebind_parameters(opt.optimizer, self._moved_parameters)
             else:
                 model = model.to(self.device)
-        if self._fsdp is not None and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
-            self._models.append(self._fsdp.prepare_model(model, self._optimizers))  # mixed precision: its policy
-            return model
         precision.wrap_forward(model, self.mixed_precision, self.device)
         trainable = any(p.requires_grad for p in model.parameters())
         wrap = self.use_distributed and self.distributed_type != DistributedType.XLA  # XLA: optimizer reduces

@@ -42,8 +42,11 @@ class FsdpRuntime:
         """Whether ``model`` was sharded by this runtime."""
         return isinstance(model, FSDPModule) and id(model) in self.skeletons
 
-    def prepare_model(self, model: torch.nn.Module, optimizers: Iterable[Any]) -> torch.nn.Module:
-        """Shard ``model`` (in place) and point already-prepared ``optimizers`` at its new parameters."""
+    def prepare_model(self, model: torch.nn.Module, optimizers: Iterable[Any], place: bool = True) -> torch.nn.Module:
+        """Move ``model`` to the device (``place``; not from the meta device: ``cpu_ram_efficient_loading``
+        fills it), shard it in place and point already-prepared ``optimizers`` at its new parameters."""
+        if place and not any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+            model.to(self.device)
         skeleton = meta_skeleton(model)
         self.new_params.update(shard_model(model, self.plugin, self.mixed_precision, self.device))
         self.skeletons[id(model)] = skeleton

@@ -12,6 +12,7 @@ group, so it survives sharding.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from torch.distributed.fsdp import (
 )
 
 from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin
+from notebook_accel.fsdp.state_dict import clean_name as _clean
 
 _LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -134,12 +136,14 @@ def shard_model(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, 
         "reshard_after_forward": plugin.reshard_after_forward, "mp_policy": policy,
         "offload_policy": _offload_policy(plugin, device), "ignored_params": ignored or None,
     }
+    # Only the root returns output_dtype: inner layers hand low-precision activations to the next one.
+    inner = {**options, "mp_policy": dataclasses.replace(policy, output_dtype=None)}
     for layer in layers:
-        fully_shard(_checkpointed(model, layer), **options)
+        fully_shard(_checkpointed(model, layer), **inner)
     fully_shard(model, **options)
     if plugin.cpu_ram_efficient_loading:
         _receive_rank0_weights(model, rank0_weights, device)
-    after = dict(model.named_parameters(remove_duplicate=False))
+    after = {_clean(name): p for name, p in model.named_parameters(remove_duplicate=False)}
     return {id(old): after[name] for name, old in before.items() if name in after}
 
 

@@ -37,11 +37,12 @@ def tie_groups(model: torch.nn.Module) -> list[list[str]]:
     """Names under which one parameter is registered more than once, one list per parameter."""
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(_clean(name))
+        names.setdefault(id(param), []).append(clean_name(name))
     return [group for group in names.values() if len(group) > 1]
 
 
-def _clean(name: str) -> str:
+def clean_name(name: str) -> str:
+    """A parameter name without the activation-checkpoint wrapper's component."""
     return name.replace("_checkpoint_wrapped_module.", "")
 
 
@@ -65,7 +66,7 @@ def plain_module(skeleton: torch.nn.Module, model: torch.nn.Module, device: torc
     Every rank calls it (the weights are gathered) and gets its own copy.
     """
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    buffers = {_clean(name): b for name, b in model.named_buffers()}
+    buffers = {clean_name(name): b for name, b in model.named_buffers()}
     plain = copy.deepcopy(skeleton)
     made: dict[int, torch.nn.Parameter] = {}
     for name, param in plain.named_parameters(remove_duplicate=False):
