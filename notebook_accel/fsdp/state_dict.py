@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor, Shard
 
 MODEL_DIR = "pytorch_model_fsdp"  # the peer's name for a sharded model checkpoint
 OPTIMIZER_DIR = "optimizer"
@@ -48,16 +50,57 @@ def clean_name(name: str) -> str:
 
 def full_state_dict(model: torch.nn.Module, rank0_only: bool = True) -> dict[str, Any]:
     """Every rank calls it; the gathered weights on the CPU (only on rank 0 when ``rank0_only``,
-    other ranks get ``{}``). Tied names share one tensor."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
-    state = get_model_state_dict(model, options=options)
+    other ranks get ``{}``). Tied names share one tensor.
+
+    ``rank0_only`` sends one parameter at a time straight into rank 0's result, so rank 0
+    needs about one model of extra memory and the others none (an all-gather would
+    materialise every full parameter on every rank).
+    """
     if not rank0_only:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         state = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    else:
+        done: dict[int, Any] = {}
+        state = {}
+        for name, value in model.state_dict().items():
+            if id(value) not in done:
+                done[id(value)] = _to_rank0(value)
+            state[name] = done[id(value)]
+        if dist.get_rank() != 0:
+            return {}
     for group in tie_groups(model):
-        if state and group[0] in state:
+        if group[0] in state:
             for name in group[1:]:
                 state[name] = state[group[0]]
     return state
+
+
+def _to_rank0(value: Any) -> Any:
+    """A DTensor's full value on rank 0's CPU (``None`` elsewhere); other values as they are."""
+    if not isinstance(value, DTensor):
+        return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+    if value.device_mesh.ndim != 1 or value.placements != (Shard(0),):
+        full = value.full_tensor()  # another layout: let DTensor gather it
+        return full.cpu() if dist.get_rank() == 0 else None
+    group = value.device_mesh.get_group()
+    world, rows = dist.get_world_size(group), value.shape[0]
+    chunk = -(-rows // world)  # FSDP2's dim-0 shards: torch.chunk sizes, the last ones shorter
+    local = value.to_local().detach()
+    if local.shape[0] < chunk:
+        local = torch.cat([local, local.new_zeros((chunk - local.shape[0], *local.shape[1:]))])
+    root = dist.get_global_rank(group, 0)
+    if dist.get_rank() != root:
+        dist.send(local.contiguous(), dst=root, group=group)
+        return None
+    # Point to point, each shard received in place (gloo's gather would stage a flat copy).
+    full = torch.empty((chunk * world, *value.shape[1:]), dtype=local.dtype, device=local.device)
+    for index, part in enumerate(full.chunk(world)):
+        if index == 0:
+            part.copy_(local)
+        else:
+            dist.recv(part, src=dist.get_global_rank(group, index), group=group)
+    full = full[:rows] if chunk * world == rows else full[:rows].clone()
+    return full.cpu()
 
 
 def plain_module(skeleton: torch.nn.Module, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
