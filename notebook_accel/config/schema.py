@@ -14,9 +14,10 @@ START_METHODS = ("auto", "fork", "forkserver", "spawn")
 DEVICE_TYPES = ("cpu", "cuda", "xla")
 _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect)
     "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "TPU": "xla",
+    "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
 }
 # The peer's other values load (the file stays usable by the peer) but are reported.
-UNSUPPORTED_DISTRIBUTED_TYPES = ("DEEPSPEED", "FSDP", "MEGATRON_LM", "MULTI_NPU", "MULTI_MLU",
+UNSUPPORTED_DISTRIBUTED_TYPES = ("DEEPSPEED", "MEGATRON_LM", "MULTI_NPU", "MULTI_MLU",
                                  "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU",
                                  "MULTI_NEURON")
 DISTRIBUTED_TYPES = (*_DEVICE_OF, *UNSUPPORTED_DISTRIBUTED_TYPES)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from notebook_accel.config import load_config, resolve_launch_options
+from notebook_accel.config import LaunchConfig, load_config, resolve_launch_options
 
 DEFAULTS = {
     "mixed_precision": "no",
@@ -24,13 +24,14 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
     """Return ``explicit`` with its None values filled from the layers below it.
 
     ``explicit`` holds ``num_processes``, ``mixed_precision``, ``start_method``,
-    ``use_port``, ``master_addr``, ``num_nodes``, ``node_rank`` and ``device``.
+    ``use_port``, ``master_addr``, ``num_nodes``, ``node_rank`` and ``device``; the result also
+    has ``worker_env``, the file's strategy variables (see ``worker_strategy_environment``).
     Explicit values pass through untouched (the plan validates them); values that
     come from the config file are checked there, with the file's name in the error.
     """
     config = load_config(config_file)
     layered = resolve_launch_options({}, config)
-    filled = {}
+    filled: dict[str, Any] = {"worker_env": worker_strategy_environment(config)}
     for key, value in explicit.items():
         if value is None:
             value = layered.get(key)
@@ -38,3 +39,20 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
             value = DEFAULTS.get(key)
         filled[key] = value
     return filled
+
+
+def worker_strategy_environment(config: LaunchConfig) -> dict[str, str]:
+    """The workers' variables for the file's training strategy (``distributed_type: FSDP`` plus
+    ``fsdp_config``); validated here, so a bad value fails before any worker starts.
+
+    Raises:
+        ValueError: a bad ``fsdp_config`` key or value, naming the file.
+    """
+    if config.distributed_type != "FSDP":
+        return {}
+    from notebook_accel.fsdp.config import strategy_environment
+
+    try:
+        return strategy_environment(config.distributed_type, config.extra.get("fsdp_config"))
+    except ValueError as err:
+        raise ValueError(f"{config.source or 'launch config'}: fsdp_config: {err}") from None
