@@ -122,3 +122,20 @@ def test_the_peers_plugin_object_is_accepted():
     ours = resolve_plugin(peer)
     assert (ours.auto_wrap_policy, ours.transformer_cls_names_to_wrap, ours.reshard_after_forward,
             ours.state_dict_type) == ("TRANSFORMER_BASED_WRAP", ["Block"], False, "FULL_STATE_DICT")
+
+
+def test_launcher_argument_overrides_the_file():
+    from notebook_accel.fsdp.config import launch_environment
+
+    from_file = {"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true", "OTHER": "1"}
+    assert launch_environment(None, from_file) == from_file
+    assert launch_environment(False, from_file) == {"OTHER": "1"}
+    assert launch_environment(True, from_file) == from_file
+    assert launch_environment(True, {})["FSDP_AUTO_WRAP_POLICY"] == "NO_WRAP"
+    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=10)
+    env = launch_environment(plugin, from_file)
+    assert env["FSDP_OFFLOAD_PARAMS"] == "false" and env["FSDP_MIN_NUM_PARAMS"] == "10" and env["OTHER"] == "1"
+    with pytest.raises(ValueError, match=r"\['auto_wrap_policy'\] cannot be sent.*Accelerator\(fsdp_plugin=...\)"):
+        launch_environment(FullyShardedDataParallelPlugin(auto_wrap_policy=lambda m: True), {})
+    with pytest.raises(TypeError, match="pass True, False, None or a FullyShardedDataParallelPlugin"):
+        launch_environment("yes", {})

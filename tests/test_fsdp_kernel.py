@@ -42,7 +42,7 @@ def train(give_back="plain"):
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(accelerator.process_index))
     accelerator.backward(model(x).pow(2).mean())
     opt.step()
-    local = sum(p.to_local().numel() for p in model.parameters())
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
     print("type", accelerator.distributed_type.value, "holds", local, "of", sum(p.numel() for p in model.parameters()))
     return accelerator.unwrap_model(model) if give_back == "plain" else model
 """
@@ -53,6 +53,19 @@ def config(tmp_path_factory):
     path = tmp_path_factory.mktemp("fsdp_kernel") / "fsdp.yaml"
     path.write_text(FSDP_YAML)
     return path
+
+
+@pytest.fixture(scope="module")
+def ddp_config(config):
+    path = config.with_name("ddp.yaml")
+    path.write_text("distributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 2\n")
+    return path
+
+
+def test_only_the_config_file_changes_between_ddp_and_fsdp(kernel, ddp_config):
+    kernel.ok(DEFINITIONS)
+    result = kernel.ok(f"trained = notebook_launcher(train, config_file={str(ddp_config)!r})", timeout=180)
+    assert "[rank 0] type MULTI_CPU holds 212 of 212" in result.stdout
 
 
 def test_launcher_with_fsdp_config_returns_a_plain_full_module(kernel, config):
@@ -74,10 +87,10 @@ def test_returning_the_sharded_module_says_what_to_return(kernel, config):
     assert "return accelerator.unwrap_model(model)" in result.traceback
 
 
-def test_same_function_under_the_cell_magic(kernel, config):
+def test_same_function_under_the_cell_magic_with_fsdp_flag(kernel, ddp_config):
     kernel.ok(DEFINITIONS + "\nget_ipython().run_line_magic('load_ext', 'notebook_accel')")
     cell = textwrap.dedent(f"""\
-        %%accelerate --config {config} --pull plain,sharded
+        %%accelerate --config {ddp_config} --fsdp --pull plain,sharded
         plain = train()
         sharded = train("raw")
         """)

@@ -80,3 +80,38 @@ def strategy_environment(distributed_type: str, fsdp_config: Mapping[str, Any] |
     if distributed_type != "FSDP":
         return {}
     return plugin_environment(plugin_from_config(fsdp_config))
+
+
+def launch_environment(fsdp: Any, from_file: Mapping[str, str]) -> dict[str, str]:
+    """``notebook_launcher(fsdp=...)`` over the config file's variables ``from_file``.
+
+    ``None``: the file decides; ``False``: no FSDP; ``True``: FSDP with the file's
+    ``fsdp_config`` if it has one, else the defaults; a plugin (ours or the peer's): exactly it.
+
+    Raises:
+        ValueError: a plugin setting that cannot travel as a variable (a callable wrap policy,
+            module objects in ``ignored_modules``, a ``MixedPrecisionPolicy``): give such a
+            plugin to ``Accelerator(fsdp_plugin=...)`` inside the function instead.
+        TypeError: ``fsdp`` of another type.
+    """
+    others = {k: v for k, v in from_file.items() if k != USE_FSDP and not k.startswith("FSDP_")}
+    if fsdp is None:
+        return dict(from_file)
+    if fsdp is False:
+        return others
+    if fsdp is True:
+        return dict(from_file) if USE_FSDP in from_file else {**others, **plugin_environment(
+            FullyShardedDataParallelPlugin())}
+    if type(fsdp).__name__ != "FullyShardedDataParallelPlugin":
+        raise TypeError(f"fsdp={fsdp!r}: pass True, False, None or a FullyShardedDataParallelPlugin")
+    from notebook_accel.fsdp.plugin import resolve_plugin
+
+    plugin = resolve_plugin(fsdp)
+    local = [name for name, bad in (
+        ("auto_wrap_policy", callable(plugin.auto_wrap_policy)),
+        ("ignored_modules", plugin.ignored_modules is not None and not isinstance(plugin.ignored_modules, str)),
+        ("mixed_precision_policy", plugin.mixed_precision_policy is not None)) if bad]
+    if local:
+        raise ValueError(f"the plugin's {local} cannot be sent to the workers; create the plugin inside the "
+                         "function and pass it to Accelerator(fsdp_plugin=...), or use a config file's fsdp_config")
+    return {**others, **plugin_environment(plugin)}

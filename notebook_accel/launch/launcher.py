@@ -43,6 +43,7 @@ def notebook_launcher(
     output: str = "all",
     device: str | None = None,
     config_file: str | os.PathLike | None = None,
+    fsdp: Any = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
 
@@ -71,6 +72,10 @@ def notebook_launcher(
             default: CUDA when a GPU is visible, else XLA on a TPU, else the CPU.
         config_file: a YAML launch config (ours or Accelerate's format); default:
             ``$NOTEBOOK_ACCEL_CONFIG_FILE``, else the default config file if any.
+        fsdp: shard models with FSDP2 in ``Accelerator()``: ``True`` (the config file's
+            ``fsdp_config``, else the defaults), a ``FullyShardedDataParallelPlugin``, or
+            ``False`` (not even when the config file says ``distributed_type: FSDP``);
+            default: the config file decides.
 
     Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
     then the config file, then the defaults (``mixed_precision="no"``,
@@ -110,6 +115,10 @@ def notebook_launcher(
          "num_nodes": num_nodes, "start_method": start_method, "device": device},
         config_file,
     )
+    if fsdp is not None:
+        from notebook_accel.fsdp.config import launch_environment
+
+        options["worker_env"] = launch_environment(fsdp, options["worker_env"])
     plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
                      max_restarts=max_restarts)
     payload = serialise_payload(function, tuple(args), dict(kwargs or {}))
