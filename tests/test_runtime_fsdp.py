@@ -50,6 +50,12 @@ def test_bf16_computes_low_precision_on_fp32_master_shards(runs):
         assert rank["bf16"]["shard_dtypes"] == ["torch.float32"]  # loaded in bf16, upcast before sharding
 
 
+def test_fp16_scaler_skips_on_every_rank_when_one_shard_overflows(runs):
+    for rank in runs["train"]:
+        assert rank["fp16"]["loss_rel"] <= 2e-2, rank["fp16"]
+        assert rank["fp16"]["skipped"] and rank["fp16"]["unchanged"], rank["fp16"]
+
+
 def test_accumulation_skips_reduction_and_clipping_uses_the_global_norm(runs):
     for rank in runs["train"]:
         case = rank["accumulate_clip"]

@@ -188,6 +188,23 @@ def block_plugin(**kwargs) -> FullyShardedDataParallelPlugin:
                                           transformer_cls_names_to_wrap=["Block"], **kwargs)
 
 
+def check_fp16() -> None:
+    """fp16 with the GradScaler: trains like fp32; an inf on one rank's shard skips the step on every rank."""
+    ref_losses, _, _ = reference(batch=8, steps=10)
+    acc = Accelerator(mixed_precision="fp16", fsdp_plugin=block_plugin())
+    run = sharded_run(acc, per_rank=4, steps=10)
+    model, opt = run["model"], acc._optimizers[0]
+    x, y = data()[:4]
+    acc.backward(lm_loss(model, x, y))
+    if acc.process_index == 1:
+        model.embed.weight.grad.to_local()[0, 0] = float("inf")
+    before = model.embed.weight.to_local().clone()
+    opt.step()
+    results["fp16"] = {"loss_rel": max(abs(a - b) / abs(b) for a, b in zip(run["losses"], ref_losses, strict=True)),
+                       "skipped": acc.optimizer_step_was_skipped,
+                       "unchanged": bool(torch.equal(before, model.embed.weight.to_local()))}
+
+
 def check_rank0_loading() -> None:
     """cpu_ram_efficient_loading: rank 1 builds on the meta device and receives rank 0's weights."""
     acc = Accelerator(fsdp_plugin=block_plugin(cpu_ram_efficient_loading=True))
@@ -302,6 +319,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if PHASE == "train":
         check_equivalence()
+        check_fp16()
         check_rank0_loading()
         check_full_weights()
         check_checkpoint_memory()
