@@ -117,11 +117,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=14)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--skip-peer", action="store_true", help="only our two strategies")
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="keep glibc's adaptive mmap threshold (peaks then include heap fragmentation)")
+    parser.add_argument("--mmap-threshold", type=int, default=4 << 20, metavar="BYTES",
+                        help="glibc's MALLOC_MMAP_THRESHOLD_ in the workers; 0: glibc's adaptive default")
     args = parser.parse_args()
-    if not args.default_malloc:  # read by each spawned worker's C library at start-up
-        os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+    if args.mmap_threshold:  # read by each spawned worker's C library at start-up
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
     runs = [("ours", "ddp"), ("peer", "ddp"), ("ours", "fsdp"), ("peer", "fsdp")]  # interleaved: load drifts
     if args.skip_peer:
         runs = [run for run in runs if run[0] == "ours"]

@@ -50,6 +50,15 @@ def test_bf16_computes_low_precision_on_fp32_master_shards(runs):
         assert rank["bf16"]["shard_dtypes"] == ["torch.float32"]  # loaded in bf16, upcast before sharding
 
 
+def test_mixed_parameter_dtypes_are_accepted(runs):
+    for rank in runs["train"]:
+        case = rank["mixed_dtypes"]
+        assert case["loss_rel"] <= 1e-2, case
+        assert case["dtypes"] == {"a.weight": "torch.float32", "a.bias": "torch.float32",
+                                  "b.weight": "torch.bfloat16", "b.bias": "torch.bfloat16"}
+        assert case["bf16_dtypes"] == ["torch.float32"]  # master weights
+
+
 def test_fp16_scaler_skips_on_every_rank_when_one_shard_overflows(runs):
     for rank in runs["train"]:
         assert rank["fp16"]["loss_rel"] <= 2e-2, rank["fp16"]

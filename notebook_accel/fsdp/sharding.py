@@ -70,22 +70,52 @@ def _wrap_predicate(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Modu
 
 
 def _layers_to_wrap(model: torch.nn.Module, wants: Callable[[torch.nn.Module], bool]) -> list[torch.nn.Module]:
-    """Modules below the root the policy picks, innermost first, skipping those whose parameters
-    are shared with a module outside them."""
+    """Modules below the root to shard as their own groups, innermost first: those the policy
+    picks, plus those needed so each group's parameters have one dtype (FSDP2 requires it).
+    A module whose parameters are shared with a module outside it is never picked.
+
+    Raises:
+        ValueError: one module's own parameters mix dtypes (no split can separate them).
+    """
     owners: dict[int, set[str]] = {}
     for name, module in model.named_modules(remove_duplicate=False):
         for param in module.parameters(recurse=False):
             owners.setdefault(id(param), set()).add(name)
-    chosen: list[torch.nn.Module] = []
-    for name, module in reversed(list(model.named_modules())):
-        if not name or not wants(module):
-            continue
-        inside = (name, name + ".")
-        shared = any(not (o == inside[0] or o.startswith(inside[1]))
-                     for p in module.parameters() for o in owners[id(p)])
-        if not shared:
-            chosen.append(module)
-    return chosen
+    names = {id(m): name for name, m in model.named_modules()}
+
+    def movable(module: torch.nn.Module) -> bool:
+        name = names[id(module)]
+        return bool(name) and all(o == name or o.startswith(name + ".")
+                                  for p in module.parameters() for o in owners[id(p)])
+
+    chosen = {id(m) for m in model.modules() if movable(m) and wants(m)}
+
+    def dtypes(group: torch.nn.Module) -> set[torch.dtype]:
+        found, stack = set(), [group]
+        while stack:
+            module = stack.pop()
+            found |= {p.dtype for p in module.parameters(recurse=False)}
+            stack.extend(c for c in module.children() if id(c) not in chosen)
+        return found
+
+    def split(group: torch.nn.Module) -> None:
+        if len(dtypes(group)) <= 1:
+            return
+        for child in group.children():
+            if id(child) in chosen:
+                continue
+            if len(dtypes(child)) == 1 and movable(child):
+                chosen.add(id(child))
+            else:
+                split(child)
+
+    for group in [m for m in model.modules() if id(m) in chosen] + [model]:
+        split(group)
+        if len(dtypes(group)) > 1:
+            raise ValueError(f"module {names[id(group)] or type(group).__name__!r} holds parameters of dtypes "
+                             f"{sorted(map(str, dtypes(group)))} that FSDP2 cannot shard together; use one dtype, "
+                             "or mixed_precision='bf16'/'fp16' (fp32 master weights)")
+    return [m for _, m in reversed(list(model.named_modules())) if id(m) in chosen]
 
 
 def _upcast(model: torch.nn.Module) -> None:

@@ -205,6 +205,50 @@ def check_fp16() -> None:
                        "unchanged": bool(torch.equal(before, model.embed.weight.to_local()))}
 
 
+class MixedNet(torch.nn.Module):
+    """An fp32 layer feeding a bf16 one: runs as is in one process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)).to(self.b.weight.dtype)).float()
+
+
+def mixed_losses(model: torch.nn.Module, acc: Accelerator | None) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if acc is not None:
+        model, opt = acc.prepare(model, opt)
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(8, 8, generator=g) for _ in range(3)]
+    losses = []
+    for x in xs:
+        part = x if acc is None else x[4 * acc.process_index: 4 * acc.process_index + 4]
+        loss = model(part).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss) if acc is None else float(acc.reduce(loss.detach(), "mean")))
+    return losses
+
+
+def check_mixed_dtypes() -> None:
+    """Parameters of two dtypes in one group: kept as they are without mixed precision, fp32 with it."""
+    ref = mixed_losses(MixedNet(), None)
+    plain = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    losses = mixed_losses(model := MixedNet(), plain)
+    results["mixed_dtypes"] = {
+        "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True)),
+        "dtypes": {n: str(p.dtype) for n, p in model.named_parameters()},
+    }
+    upcast = MixedNet()
+    mixed_losses(upcast, Accelerator(mixed_precision="bf16", fsdp_plugin=FullyShardedDataParallelPlugin()))
+    results["mixed_dtypes"]["bf16_dtypes"] = sorted({str(p.dtype) for p in upcast.parameters()})
+
+
 def check_rank0_loading() -> None:
     """cpu_ram_efficient_loading: rank 1 builds on the meta device and receives rank 0's weights."""
     acc = Accelerator(fsdp_plugin=block_plugin(cpu_ram_efficient_loading=True))
@@ -320,6 +364,7 @@ def main() -> None:
     if PHASE == "train":
         check_equivalence()
         check_fp16()
+        check_mixed_dtypes()
         check_rank0_loading()
         check_full_weights()
         check_checkpoint_memory()
