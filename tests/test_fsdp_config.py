@@ -121,7 +121,10 @@ def test_the_peers_plugin_object_is_accepted():
         reshard_after_forward=False, state_dict_type="FULL_STATE_DICT")
     ours = resolve_plugin(peer)
     assert (ours.auto_wrap_policy, ours.transformer_cls_names_to_wrap, ours.reshard_after_forward,
-            ours.state_dict_type) == ("TRANSFORMER_BASED_WRAP", ["Block"], False, "FULL_STATE_DICT")
+            ours.state_dict_type, ours.cpu_offload) == ("TRANSFORMER_BASED_WRAP", ["Block"], False,
+                                                        "FULL_STATE_DICT", False)
+    offloading = accelerate.FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=True)
+    assert resolve_plugin(offloading).cpu_offload is True
 
 
 def test_launcher_argument_overrides_the_file():
@@ -139,3 +142,12 @@ def test_launcher_argument_overrides_the_file():
         launch_environment(FullyShardedDataParallelPlugin(auto_wrap_policy=lambda m: True), {})
     with pytest.raises(TypeError, match="pass True, False, None or a FullyShardedDataParallelPlugin"):
         launch_environment("yes", {})
+
+
+def test_changing_the_device_keeps_the_fsdp_strategy():
+    from notebook_accel.config import LaunchConfig
+
+    cfg = LaunchConfig(distributed_type="FSDP", num_processes=2, extra={"fsdp_config": {"fsdp_version": 2}})
+    on_cpu = cfg.with_device("cpu")
+    assert (on_cpu.distributed_type, on_cpu.use_cpu, on_cpu.device_type) == ("FSDP", True, "cpu")
+    assert on_cpu.with_device(None).distributed_type == "FSDP" and on_cpu.extra == cfg.extra

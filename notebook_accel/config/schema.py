@@ -131,6 +131,8 @@ class LaunchConfig:
             device = choice("device", device, DEVICE_TYPES, str.lower)
         many = (self.num_processes or 1) > 1 or self.num_machines > 1
         kind = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU"}.get(device or "", "NO") if many else "NO"
+        if self.distributed_type == "FSDP" and device != "xla":  # the strategy stays; use_cpu says the device
+            kind = "FSDP"
         return dataclasses.replace(self, distributed_type="XLA" if device == "xla" else kind,
                                    use_cpu=device == "cpu", extra=dict(self.extra))
 

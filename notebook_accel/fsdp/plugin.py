@@ -235,12 +235,15 @@ def _from_peer(plugin: Any) -> FullyShardedDataParallelPlugin:
         policy = ("TRANSFORMER_BASED_WRAP" if "transformer" in name else
                   "SIZE_BASED_WRAP" if "size" in name else policy)
     sdt = getattr(plugin, "state_dict_type", None)
+    offload = getattr(plugin, "cpu_offload", False)  # a bool, or torch's (CPU)OffloadPolicy / CPUOffload
+    if not isinstance(offload, bool):
+        offload = type(offload).__name__ == "CPUOffloadPolicy" or bool(getattr(offload, "offload_params", False))
     return FullyShardedDataParallelPlugin(
         reshard_after_forward=getattr(plugin, "reshard_after_forward", None) if isinstance(
             getattr(plugin, "reshard_after_forward", None), bool) else None,
         mixed_precision_policy=getattr(plugin, "mixed_precision_policy", None),
         auto_wrap_policy=policy,
-        cpu_offload=bool(getattr(plugin, "cpu_offload", False)),
+        cpu_offload=offload,
         ignored_modules=getattr(plugin, "ignored_modules", None),
         state_dict_type=getattr(sdt, "name", sdt),
         activation_checkpointing=bool(getattr(plugin, "activation_checkpointing", False)),
