@@ -540,10 +540,14 @@ class Accelerator:
         self._custom_objects.extend(objects)
 
     def _checkpoint_items(self) -> checkpoint.CheckpointItems:
+        sharded = None
+        if self.fsdp_plugin is not None:  # the FSDP layout, on any number of processes
+            from notebook_accel.fsdp.checkpointing import FsdpCheckpointer
+
+            sharded = FsdpCheckpointer(self._models, self._optimizers, str(self.fsdp_plugin.state_dict_type))
         return checkpoint.CheckpointItems(
             self._models, self._optimizers, self._schedulers, self._dataloaders,
-            self._custom_objects, self.scaler, _AcceleratorCounters(self),
-            self._fsdp.checkpointer(self._models, self._optimizers) if self._fsdp is not None else None,
+            self._custom_objects, self.scaler, _AcceleratorCounters(self), sharded,
         )
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -27,7 +27,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("fsdp")
     train = torchrun(SCRIPT, out, "train")
     resume = torchrun(SCRIPT, out, "resume")  # fresh processes
-    return {"train": train, "resume": resume, "out": out}
+    one = torchrun(SCRIPT, out, "one_process", nproc=1)
+    return {"train": train, "resume": resume, "one": one[0], "out": out}
 
 
 def test_fsdp_matches_one_process_and_really_shards(runs):
@@ -111,6 +112,14 @@ def test_sharded_resume_in_a_fresh_launch_is_bit_exact(runs):
     for train, resume in zip(runs["train"], runs["resume"], strict=True):
         assert resume["resumed"]["losses"] == train["uninterrupted"]["losses"][5:]
         assert resume["resumed"]["params"] == train["uninterrupted"]["params"]
+
+
+def test_a_two_rank_sharded_checkpoint_resumes_on_one_process(runs):
+    one = runs["one"]["one_process"]
+    assert (one["world"], one["type"]) == (1, "NO")  # nothing to shard: plain model, same layout
+    assert one["param_diff"] == 0.0 and one["optimizer_steps"] == [5.0] and one["moments"] == 9
+    assert one["lr"] == pytest.approx(0.01 * 0.5**3)  # StepLR(3, 0.5): 10 steps (2 per optimizer step on 2 ranks)
+    assert one["files"] == [".metadata", "__0_0.distcp"]
 
 
 def test_sharded_checkpoint_loads_and_merges_without_a_process_group(runs, tmp_path):

@@ -8,6 +8,11 @@ holds more than its shards, and a different world size can load the folder.
 writes ``model.pt`` / ``optimizer.pt`` like an unsharded job; loading broadcasts
 them from rank 0. Everything else in the checkpoint (schedulers, loaders, RNGs) is
 written by ``notebook_accel.checkpoint`` as usual.
+
+The sharded layout does not depend on the world size: an Accelerator with an FSDP plugin
+writes it even on one process (nothing to shard, one file), and a job of any size
+(one process included) loads a checkpoint written by any other, each process reading
+the pieces it holds.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class FsdpCheckpointer:
     def _owner(self, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
         mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for model in self.models:
-            if isinstance(model, FSDPModule) and any(id(p) in mine for p in model.parameters()):
+            if any(id(p) in mine for p in model.parameters()):
                 return model
         return None
 
@@ -66,13 +71,10 @@ class FsdpCheckpointer:
         ``write(obj, path)`` writes one file (rank 0 only)."""
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)
         for i, model in enumerate(self.models):
-            if not isinstance(model, FSDPModule):
-                if is_main:
-                    write(model.state_dict(), directory / _file("model", i))
-            elif self.sharded:
+            if self.sharded:
                 dcp.save({MODEL_KEY: get_model_state_dict(model)}, checkpoint_id=directory / f"{MODEL_DIR}_{i}")
             else:
-                state = full_state_dict(model, rank0_only=True)
+                state = full_state_dict(model, rank0_only=True) if isinstance(model, FSDPModule) else model.state_dict()
                 if is_main:
                     write(state, directory / _file("model", i))
         for i, opt in enumerate(self.optimizers):
@@ -95,17 +97,16 @@ class FsdpCheckpointer:
             FileNotFoundError: a model or optimizer has no entry (saved with other objects,
                 or with the other ``state_dict_type``).
         """
-        broadcast = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         for i, model in enumerate(self.models):
-            if not isinstance(model, FSDPModule):
-                model.load_state_dict(self._read(directory, _file("model", i), read))
-            elif self.sharded:
+            if self.sharded:
                 state = {MODEL_KEY: get_model_state_dict(model)}
                 dcp.load(state, checkpoint_id=self._folder(directory, f"{MODEL_DIR}_{i}"))
                 set_model_state_dict(model, state[MODEL_KEY])
-            else:
+            elif isinstance(model, FSDPModule):
                 state = self._read(directory, _file("model", i), read) if is_main else {}
-                set_model_state_dict(model, state, options=broadcast)
+                set_model_state_dict(model, state, options=_broadcast())
+            else:
+                model.load_state_dict(self._read(directory, _file("model", i), read))
         for i, opt in enumerate(self.optimizers):
             owner = self._owner(opt.optimizer)
             if owner is None:
@@ -114,9 +115,12 @@ class FsdpCheckpointer:
                 state = {OPTIMIZER_KEY: get_optimizer_state_dict(owner, opt.optimizer)}
                 dcp.load(state, checkpoint_id=self._folder(directory, f"{OPTIMIZER_DIR}_{i}"))
                 set_optimizer_state_dict(owner, opt.optimizer, state[OPTIMIZER_KEY])
-            else:
+            elif isinstance(owner, FSDPModule):
                 state = self._read(directory, _file("optimizer", i), read) if is_main else {}
-                set_optimizer_state_dict(owner, opt.optimizer, state, options=broadcast)
+                set_optimizer_state_dict(owner, opt.optimizer, state, options=_broadcast())
+            else:
+                state = self._read(directory, _file("optimizer", i), read)
+                set_optimizer_state_dict(owner, opt.optimizer, state, options=StateDictOptions(full_state_dict=True))
 
     @staticmethod
     def _folder(directory: Path, name: str) -> Path:
@@ -131,3 +135,7 @@ class FsdpCheckpointer:
             raise FileNotFoundError(f"checkpoint {directory} has no {name}; was it saved with the same "
                                     "prepared objects and this state_dict_type?")
         return read(directory / name)
+
+
+def _broadcast() -> StateDictOptions:
+    return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

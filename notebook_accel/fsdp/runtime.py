@@ -2,7 +2,7 @@
 
 The Accelerator keeps one of these when it has an FSDP plugin and more than one
 process, and hands it the FSDP-specific parts of ``prepare``, ``no_sync``,
-``clip_grad_norm_``, ``unwrap_model``, ``get_state_dict`` and checkpoints.
+``clip_grad_norm_``, ``unwrap_model`` and ``get_state_dict`` (checkpoints: ``fsdp.checkpointing``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from notebook_accel.fsdp.checkpointing import FsdpCheckpointer
 from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin
 from notebook_accel.fsdp.sharding import shard_model
 from notebook_accel.fsdp.state_dict import full_state_dict, meta_skeleton, plain_module
@@ -100,7 +99,3 @@ class FsdpRuntime:
     def state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
         """The full weights on rank 0's CPU (``{}`` elsewhere); every rank calls it."""
         return full_state_dict(model, rank0_only=True)
-
-    def checkpointer(self, models: list[torch.nn.Module], optimizers: list[Any]) -> FsdpCheckpointer:
-        """The writer/reader of ``models`` and ``optimizers`` for ``save_state`` / ``load_state``."""
-        return FsdpCheckpointer(models, optimizers, str(self.plugin.state_dict_type))

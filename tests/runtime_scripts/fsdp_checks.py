@@ -359,6 +359,25 @@ def resume_run(acc: Accelerator, steps: int, save_at: int | None, start: int = 0
     return {"losses": losses, "params": flat(acc.unwrap_model(model)).tolist()}
 
 
+def check_one_process_load() -> None:
+    """The 2-rank sharded checkpoint in a 1-process job (nothing sharded): weights and optimizer state."""
+    acc = Accelerator(fsdp_plugin=block_plugin())
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    model, opt, loader, sched = acc.prepare(model, opt, DataLoader(data(), batch_size=4, shuffle=True), sched)
+    acc.load_state(OUT / "sharded_ckpt")
+    expected = torch.load(OUT / "at_save_rank0.pt")
+    results["one_process"] = {
+        "world": acc.num_processes, "type": acc.distributed_type.value,
+        "param_diff": max(float((model.state_dict()[k] - v).abs().max()) for k, v in expected.items()),
+        "optimizer_steps": sorted({float(s["step"]) for s in opt.state.values()}),
+        "moments": len(opt.state), "lr": sched.get_last_lr()[0],
+    }
+    acc.save_state(OUT / "one_process_ckpt")
+    results["one_process"]["files"] = sorted(p.name for p in (OUT / "one_process_ckpt" / "pytorch_model_fsdp_0").iterdir())
+
+
 def main() -> None:
     torch.set_num_threads(1)
     if PHASE == "train":
@@ -369,8 +388,10 @@ def main() -> None:
         check_full_weights()
         check_checkpoint_memory()
         results["uninterrupted"] = resume_run(Accelerator(fsdp_plugin=block_plugin()), steps=10, save_at=5)
-    else:
+    elif PHASE == "resume":
         results["resumed"] = resume_run(Accelerator(fsdp_plugin=block_plugin()), steps=10, save_at=None, start=5)
+    else:  # one process loads what two wrote
+        check_one_process_load()
     rank = int(os.environ["RANK"])
     (OUT / f"{PHASE}_rank{rank}.json").write_text(json.dumps(results))
 
