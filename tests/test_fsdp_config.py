@@ -151,3 +151,12 @@ def test_changing_the_device_keeps_the_fsdp_strategy():
     on_cpu = cfg.with_device("cpu")
     assert (on_cpu.distributed_type, on_cpu.use_cpu, on_cpu.device_type) == ("FSDP", True, "cpu")
     assert on_cpu.with_device(None).distributed_type == "FSDP" and on_cpu.extra == cfg.extra
+
+
+def test_xla_is_refused_naming_the_alternatives():
+    import torch
+
+    from notebook_accel.fsdp.runtime import FsdpRuntime
+
+    with pytest.raises(ValueError, match="does not run on XLA devices.*'cuda' or 'cpu'"):
+        FsdpRuntime(FullyShardedDataParallelPlugin(), "no", torch.device("xla"))

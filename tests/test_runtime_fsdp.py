@@ -91,6 +91,7 @@ def test_full_weights_on_rank0_and_full_state_dict_checkpoint(runs):
     assert "head.weight" in rank0["state_dict_keys"] and rank1["state_dict_keys"] == []
     assert "head.weight" not in rank0["safetensors_keys"]  # tied: stored once
     assert rank0["safetensors_diff"] == 0.0
+    assert max(r["clipped_value"] for r in runs["train"]) == pytest.approx(1e-3)  # clip_grad_value_ on shards
     assert rank0["full_ckpt_files"] == ["accelerator.pt", "model.pt", "optimizer.pt",
                                         "random_states_0.pt", "random_states_1.pt"]
     for rank in (rank0, rank1):

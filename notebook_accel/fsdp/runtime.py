@@ -28,9 +28,15 @@ class FsdpRuntime:
         plugin: the validated plugin.
         mixed_precision: the Accelerator's choice (``"no"``, ``"bf16"``, ``"fp16"``).
         device: the Accelerator's device.
+
+    Raises:
+        ValueError: on an XLA device.
     """
 
     def __init__(self, plugin: FullyShardedDataParallelPlugin, mixed_precision: str, device: torch.device) -> None:
+        if device.type == "xla":
+            raise ValueError("FSDP (fully_shard) does not run on XLA devices; on TPU use the default data "
+                             "parallelism (no fsdp_plugin), or run on device 'cuda' or 'cpu'")
         self.plugin = plugin
         self.mixed_precision = mixed_precision
         self.device = device

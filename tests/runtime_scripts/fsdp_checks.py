@@ -269,6 +269,8 @@ def check_full_weights() -> None:
     model, opt = acc.prepare(model, opt)
     x, y = data()[:8]
     acc.backward(lm_loss(model, x, y))
+    acc.clip_grad_value_(model.parameters(), 1e-3)
+    results["clipped_value"] = max(float(p.grad.to_local().abs().max()) for p in model.parameters())
     opt.step()
     state = acc.get_state_dict(model)
     results["state_dict_keys"] = sorted(state)
