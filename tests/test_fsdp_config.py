@@ -160,3 +160,34 @@ def test_xla_is_refused_naming_the_alternatives():
 
     with pytest.raises(ValueError, match="does not run on XLA devices.*'cuda' or 'cpu'"):
         FsdpRuntime(FullyShardedDataParallelPlugin(), "no", torch.device("xla"))
+
+
+def test_config_panel_strategy_choice_round_trips_the_file(tmp_path):
+    import yaml
+
+    from magics.config_panel import config_panel
+    from notebook_accel.hardware import Hardware
+
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(FSDP_YAML)
+    panel = config_panel(path, hardware=Hardware(cpu_count=2))
+    fields = panel.strategy
+    assert (fields.strategy.value, fields.wrap.value, fields.classes.value, fields.reshard.value,
+            fields.state_dict_type.value, fields.offload.value) == (
+        "FSDP", "TRANSFORMER_BASED_WRAP", "Block,Layer", False, "FULL_STATE_DICT", True)
+    assert fields.options.layout.display == "" and fields.min_num_params.layout.display == "none"
+    fields.classes.value = ""
+    assert "name the layer classes to wrap" in panel.messages.value and panel.save_button.disabled
+    fields.wrap.value = "SIZE_BASED_WRAP"
+    fields.min_num_params.value = 5000
+    panel._show_code()
+    assert "fsdp=True" in panel.code.value and "--fsdp" in panel.code.value
+    saved = yaml.safe_load(panel.save().read_text())
+    assert (saved["distributed_type"], saved["use_cpu"]) == ("FSDP", True)
+    assert saved["fsdp_config"]["fsdp_auto_wrap_policy"] == "SIZE_BASED_WRAP"
+    assert saved["fsdp_config"]["fsdp_min_num_params"] == 5000
+    assert saved["fsdp_config"]["fsdp_activation_checkpointing"] is True  # a key the panel does not show: kept
+    fields.strategy.value = "DDP"
+    assert fields.options.layout.display == "none"
+    saved = yaml.safe_load(panel.save().read_text())
+    assert saved["distributed_type"] == "MULTI_CPU"
