@@ -86,6 +86,13 @@ def test_cpu_ram_efficient_loading_sends_rank0_weights_to_a_meta_model(runs):
     assert [r["rank0_loading_diff"] for r in runs["train"]] == [0.0, 0.0]
 
 
+def test_ignored_modules_stay_unsharded(runs):
+    case = runs["train"][0]["ignored"]
+    assert {n for n, kind in case["kinds"].items() if kind != "DTensor"} == {
+        "blocks.0.up.weight", "blocks.0.up.bias", "blocks.0.down.weight", "blocks.0.down.bias"}
+    assert case["norm_finite"] and case["plain"] == "TinyLM"
+
+
 def test_full_weights_on_rank0_and_full_state_dict_checkpoint(runs):
     rank0, rank1 = runs["train"]
     assert "head.weight" in rank0["state_dict_keys"] and rank1["state_dict_keys"] == []

@@ -79,23 +79,27 @@ class FsdpRuntime:
 
     @staticmethod
     def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip to the global norm over every rank's shards; returns that norm (a plain tensor)."""
+        """Clip to the global norm over every rank's shards; returns that norm (a plain tensor).
+
+        Unsharded parameters (``ignored_modules``) count with their local gradients.
+        """
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        grads = [p.grad for p in params if p.grad is not None]
-        sharded = [g for g in grads if isinstance(g, DTensor)]
-        local = [g for g in grads if not isinstance(g, DTensor)]
+        sharded = [p for p in params if isinstance(p.grad, DTensor)]
+        local = [p for p in params if p.grad is not None and not isinstance(p.grad, DTensor)]
         norms = []
         if sharded:
-            norm = torch.nn.utils.get_total_norm(sharded, norm_type)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in sharded], norm_type)
             norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         if local:
-            norm = torch.nn.utils.get_total_norm(local, norm_type)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in local], norm_type)
             norms.append(norm.to(norms[0].device) if norms else norm)
         if not norms:
             return torch.tensor(0.0)
         stacked = torch.stack(norms)
         total = stacked.max() if math.isinf(norm_type) else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        for group in (sharded, local):  # torch's foreach kernels do not mix DTensors and tensors
+            if group:
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -105,3 +109,4 @@ class FsdpRuntime:
     def state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
         """The full weights on rank 0's CPU (``{}`` elsewhere); every rank calls it."""
         return full_state_dict(model, rank0_only=True)
+

@@ -249,6 +249,22 @@ def check_mixed_dtypes() -> None:
     results["mixed_dtypes"]["bf16_dtypes"] = sorted({str(p.dtype) for p in upcast.parameters()})
 
 
+def check_ignored_modules() -> None:
+    """ignored_modules (a regex): those parameters stay plain tensors, the rest is sharded."""
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(ignored_modules=r"blocks\.0\..*"))
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    x, y = data()[:4]
+    acc.backward(lm_loss(model, x, y))
+    norm = acc.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    results["ignored"] = {
+        "kinds": {n: type(p.data).__name__ for n, p in model.named_parameters()},
+        "norm_finite": bool(torch.isfinite(norm)), "plain": type(acc.unwrap_model(model)).__name__,
+    }
+
+
 def check_rank0_loading() -> None:
     """cpu_ram_efficient_loading: rank 1 builds on the meta device and receives rank 0's weights."""
     acc = Accelerator(fsdp_plugin=block_plugin(cpu_ram_efficient_loading=True))
@@ -387,6 +403,7 @@ def main() -> None:
         check_fp16()
         check_mixed_dtypes()
         check_rank0_loading()
+        check_ignored_modules()
         check_full_weights()
         check_checkpoint_memory()
         results["uninterrupted"] = resume_run(Accelerator(fsdp_plugin=block_plugin()), steps=10, save_at=5)
