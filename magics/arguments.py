@@ -52,6 +52,10 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                  help="stop the job after this many seconds"),
         argument("--config", default=None, metavar="FILE",
                  help="config file to read instead of the default one"),
+        argument("--fsdp", dest="fsdp", action="store_const", const=True, default=None,
+                 help="shard models with FSDP2 (the config file's fsdp_config, else its defaults)"),
+        argument("--no-fsdp", dest="fsdp", action="store_const", const=False,
+                 help="do not shard, even when the config file says distributed_type: FSDP"),
         argument_group("output"),
         argument("--output", choices=OUTPUT_CHOICES, default=None,
                  help="whose output to show: all ranks (default), the main process, none"),
@@ -78,5 +82,6 @@ def launch_options(args: argparse.Namespace) -> dict[str, Any]:
         "use_port": args.port,
         "timeout": args.timeout,
         "config_file": args.config,
+        "fsdp": args.fsdp,
         "output": args.output or "all",
     }

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from magics.panel_fsdp import FsdpForm, apply_form, form_from_config, fsdp_messages
 from magics.panel_rules import (
     default_processes,
     effective_device,
@@ -36,6 +37,7 @@ class FormState:
     machine_rank: int = 0
     main_process_ip: str = ""
     main_process_port: int = 0
+    fsdp: FsdpForm = field(default_factory=FsdpForm)  # the strategy: DDP, or FSDP and its options
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
         machine_rank=cfg.machine_rank,
         main_process_ip=cfg.main_process_ip or "",
         main_process_port=cfg.main_process_port or 0,
+        fsdp=form_from_config(cfg),
     )
 
 
@@ -79,7 +82,7 @@ def config_from_state(state: FormState, base: LaunchConfig) -> LaunchConfig:
         main_process_port=state.main_process_port or None,
         extra=dict(base.extra),
     )
-    return cfg.with_device(None if state.device == "auto" else state.device)
+    return apply_form(cfg, state.fsdp).with_device(None if state.device == "auto" else state.device)
 
 
 def _process_messages(state: FormState, hw: Hardware) -> list[Message]:
@@ -138,6 +141,8 @@ def validate(state: FormState, hw: Hardware) -> list[Message]:
         out.append(Message("note", "fork fails once CUDA is initialised in this kernel; "
                                    "auto switches to forkserver then"))
     out += _node_messages(state)
+    out += [Message(level, text) for level, text in fsdp_messages(
+        state.fsdp, state.num_processes * state.num_machines, dev)]
     return sorted(out, key=lambda m: m.level != "error")
 
 
@@ -154,6 +159,8 @@ def _launch_kwargs(state: FormState) -> list[tuple[str, object]]:
                    ("master_addr", state.main_process_ip.strip())]
     if state.main_process_port:
         kwargs.append(("use_port", state.main_process_port))
+    if state.fsdp.strategy == "FSDP":
+        kwargs.append(("fsdp", True))  # its options: the saved file's fsdp_config
     return kwargs
 
 
@@ -176,6 +183,8 @@ def magic_line(state: FormState, config_file: Path | None = None) -> str:
         parts += ["--device", state.device]
     if state.main_process_port and state.num_machines == 1:
         parts += ["--port", str(state.main_process_port)]
+    if state.fsdp.strategy == "FSDP":
+        parts.append("--fsdp")
     if state.num_machines > 1 or state.device == "xla":
         path = config_file or default_config_path()
         if path != default_config_path():

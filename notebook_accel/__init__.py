@@ -55,6 +55,8 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "notebook_accel.big_model",
     "cpu_offload": "notebook_accel.big_model",
     "disk_offload": "notebook_accel.big_model",
+    "FullyShardedDataParallelPlugin": "notebook_accel.fsdp.plugin",
+    "merge_fsdp_weights": "notebook_accel.fsdp.state_dict",
 }
 
 __all__ = sorted(_EXPORTS)

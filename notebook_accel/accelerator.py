@@ -43,6 +43,7 @@ from notebook_accel.data import (
     prepare_data_loader,
     skip_first_batches,
 )
+from notebook_accel.fsdp.plugin import resolve_plugin
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
 from notebook_accel.state import DistributedType
@@ -83,6 +84,9 @@ class Accelerator:
         scaler_kwargs: extra ``GradScaler`` arguments.
         kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` / ``GradScalerKwargs``
             objects are understood too.
+        fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
+            models with FSDP2 instead of DDP; default: one from the environment when
+            ``ACCELERATE_USE_FSDP`` is true (the launcher sets it for ``distributed_type: FSDP``).
 
     Raises:
         ValueError: an invalid mixed precision, or fp16 where no scaler exists.
@@ -105,6 +109,7 @@ class Accelerator:
         ddp_kwargs: dict[str, Any] | None = None,
         scaler_kwargs: dict[str, Any] | None = None,
         kwargs_handlers: list[Any] | None = None,
+        fsdp_plugin: Any = None,
     ) -> None:
         self.state = AcceleratorState(mixed_precision, cpu=cpu)
         self.mixed_precision = self.state.mixed_precision
@@ -136,6 +141,12 @@ class Accelerator:
         # OrderedDict: RemovableHandle keeps a weak reference to it
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self.fsdp_plugin = resolve_plugin(fsdp_plugin)
+        self._fsdp = None  # an fsdp.runtime.FsdpRuntime when sharding (FSDP plugin, several processes)
+        if self.fsdp_plugin is not None and self.use_distributed:
+            from notebook_accel.fsdp.runtime import FsdpRuntime
+
+            self._fsdp = FsdpRuntime(self.fsdp_plugin, self.mixed_precision, self.device)
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
@@ -171,7 +182,7 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
+        return DistributedType.FSDP if self._fsdp is not None else self.state.distributed_type
 
     @property
     def use_distributed(self) -> bool:
@@ -243,14 +254,19 @@ class Accelerator:
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
-        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed.
+        """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed
+        (or shard it with FSDP2 when there is an FSDP plugin; mixed precision is then its policy).
 
         A model prepared before (or the module inside one) is returned as prepared then.
         """
         for prepared in self._models:
             if model is prepared or model is getattr(prepared, "module", None):
                 return prepared
-        if device_placement if device_placement is not None else self.device_placement:
+        place = device_placement if device_placement is not None else self.device_placement
+        if self._fsdp is not None and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+            self._models.append(self._fsdp.prepare_model(model, self._optimizers, place))
+            return model
+        if place:
             if self.device.type == "xla":
                 from notebook_accel.xla import runtime as xla
 
@@ -271,6 +287,8 @@ class Accelerator:
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
         before = after = None
+        if self._fsdp is not None:
+            self._fsdp.rebind(optimizer)  # models prepared first got new (sharded) parameters
         if self.distributed_type == DistributedType.XLA:
             from notebook_accel.xla import runtime as xla
 
@@ -335,6 +353,8 @@ class Accelerator:
         """Skip DDP's gradient all-reduce inside the block (a null context when not distributed)."""
         if self.use_distributed and isinstance(model, DistributedDataParallel):
             return model.no_sync()
+        if self._fsdp is not None and self._fsdp.owns(model):
+            return self._fsdp.no_sync(model)
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
@@ -385,6 +405,8 @@ class Accelerator:
         """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm."""
         self.unscale_gradients()
         self._reduce_xla_gradients()
+        if self._fsdp is not None:  # the global norm over every rank's shards
+            return self._fsdp.clip_grad_norm_(parameters, max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
@@ -503,13 +525,25 @@ class Accelerator:
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = False) -> torch.nn.Module:
         """The user's module inside DDP (and ``torch.compile`` unless ``keep_torch_compile``);
-        optionally without the autocast forward."""
+        optionally without the autocast forward.
+
+        A model sharded by FSDP comes back as a full, plain copy (every process must call it):
+        that is what a worker can return to the notebook.
+        """
+        if self._fsdp is not None and self._fsdp.owns(model):
+            return self._fsdp.unwrap(model)
         from notebook_accel.helpers import extract_model_from_parallel
 
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The model's state dict (of the unwrapped model by default), on the CPU-visible device."""
+        """The model's state dict (of the unwrapped model by default), on the CPU-visible device.
+
+        Under FSDP: the full weights, gathered on the main process's CPU (``{}`` on the others);
+        every process must call it.
+        """
+        if self._fsdp is not None and self._fsdp.owns(model):
+            return self._fsdp.state_dict(model)
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def _to_cpu(self, obj: Any) -> Any:
@@ -537,7 +571,7 @@ class Accelerator:
         ``max_shard_size`` (bytes, or ``"10GB"``, ``"500MB"``...) the weights are split into
         ``model-00001-of-0000N.safetensors``... and the returned index file maps each weight to its shard.
         """
-        state = self._to_cpu(self.unwrap_model(model).state_dict())
+        state = self._to_cpu(self.get_state_dict(model))
         if not self.is_main_process:
             return None
         return checkpoint.save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
@@ -557,9 +591,14 @@ class Accelerator:
         self._custom_objects.extend(objects)
 
     def _checkpoint_items(self) -> checkpoint.CheckpointItems:
+        sharded = None
+        if self.fsdp_plugin is not None:  # the FSDP layout, on any number of processes
+            from notebook_accel.fsdp.checkpointing import FsdpCheckpointer
+
+            sharded = FsdpCheckpointer(self._models, self._optimizers, str(self.fsdp_plugin.state_dict_type))
         return checkpoint.CheckpointItems(
             self._models, self._optimizers, self._schedulers, self._dataloaders,
-            self._custom_objects, self.scaler, _AcceleratorCounters(self),
+            self._custom_objects, self.scaler, _AcceleratorCounters(self), sharded=sharded,
         )
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:

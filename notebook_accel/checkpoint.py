@@ -4,6 +4,7 @@ A checkpoint is a directory::
 
     model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process;
                                        model.safetensors, ... with safe_serialization)
+    pytorch_model_fsdp_0/, optimizer_0/  instead, under FSDP: one shard file per rank (see fsdp.checkpointing)
     optimizer.pt, scheduler.pt, ...    likewise, one per prepared object
     dataloader.pt, ...                 shuffling generator and position in the epoch
     scaler.pt                          the fp16 GradScaler, when there is one
@@ -55,6 +56,7 @@ class CheckpointItems:
     scaler: Any = None
     accelerator: Any = None  # an object with state_dict / load_state_dict
     model_states: list[dict[str, Any]] | None = None  # what save-state hooks left to write (else: the models')
+    sharded: Any = None  # writes/reads models and optimizers itself (FSDP: fsdp.checkpointing), on every rank
 
 
 def _name(prefix: str, index: int) -> str:
@@ -175,17 +177,21 @@ def save_state(
 
         model_states = [xla.to_cpu(s) for s in items.model_states or [_unwrap(m).state_dict() for m in items.models]]
         optimizer_states = [xla.to_cpu(o.state_dict()) for o in items.optimizers]
+    elif items.sharded is not None:
+        model_states = []  # the sharded writer saves the models and optimizers itself
     elif items.model_states is not None:
         model_states = items.model_states
     else:
         model_states = [_unwrap(m).state_dict() for m in items.models]
+    if items.sharded is not None:
+        items.sharded.save(tmp, state.is_main_process, _write)
     if owner:
         for i, weights in enumerate(model_states):
             if safe_serialization:
                 save_weights_file(weights, tmp / _model_file(i, True))
             else:
                 _write(weights, tmp / _model_file(i, False))
-        for i, opt in enumerate(items.optimizers):
+        for i, opt in enumerate(items.optimizers if items.sharded is None else ()):
             _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / _name("optimizer", i))
         for prefix, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
             for i, obj in enumerate(objs):
@@ -303,7 +309,9 @@ def load_state(
             )
         return _read(file, weights_only)
 
-    for i, model in enumerate(items.models):
+    if items.sharded is not None:
+        items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
+    for i, model in enumerate(items.models if items.sharded is None else ()):
         safe = path / _model_file(i, True)
         if safe.is_file():
             from safetensors.torch import load_file
@@ -312,7 +320,8 @@ def load_state(
         else:
             _unwrap(model).load_state_dict(read(_model_file(i, False)))
     for prefix, objs in (
-        ("optimizer", items.optimizers), ("scheduler", items.schedulers), ("dataloader", items.dataloaders),
+        ("optimizer", items.optimizers if items.sharded is None else []), ("scheduler", items.schedulers),
+        ("dataloader", items.dataloaders),
     ):
         for i, obj in enumerate(objs):
             obj.load_state_dict(read(_name(prefix, i)))

@@ -52,12 +52,12 @@ class DistributedType(str, Enum):
     MULTI_HPU = "MULTI_HPU"
     MULTI_NEURON = "MULTI_NEURON"
     DEEPSPEED = "DEEPSPEED"
-    FSDP = "FSDP"
+    FSDP = "FSDP"  # the Accelerator's, when it shards models with FSDP2 (a PartialState never says it)
     MEGATRON_LM = "MEGATRON_LM"
 
     def check_supported(self) -> None:
         """Raise ``NotImplementedError`` naming this member when notebook_accel cannot run it."""
-        supported = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA")
+        supported = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA", "FSDP")
         if self.value not in supported:
             raise NotImplementedError(
                 f"distributed_type {self.value} is not supported by notebook_accel (yet); "

@@ -119,11 +119,11 @@ def test_unknown_keys_reported_once_and_kept(tmp_path):
 
 
 def test_unsupported_distributed_type_loads_with_a_warning(tmp_path):
-    path = _write(tmp_path / "c.yaml", PEER_YAML.replace("MULTI_GPU", "FSDP"))
-    with pytest.warns(UserWarning, match="'FSDP' is not supported"):
+    path = _write(tmp_path / "c.yaml", PEER_YAML.replace("MULTI_GPU", "MEGATRON_LM"))
+    with pytest.warns(UserWarning, match="'MEGATRON_LM' is not supported"):
         cfg = load_config(path)
     assert cfg.device_type is None
-    assert yaml.safe_load(save_config(cfg, tmp_path / "o.yaml").read_text())["distributed_type"] == "FSDP"
+    assert yaml.safe_load(save_config(cfg, tmp_path / "o.yaml").read_text())["distributed_type"] == "MEGATRON_LM"
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path):

@@ -118,7 +118,9 @@ def test_flags_are_tri_state():
     unset = launch_options(parse_argstring(magic, ""))
     assert unset == {"num_processes": None, "mixed_precision": None, "start_method": None,
                      "device": None, "use_port": None, "timeout": None, "config_file": None,
-                     "output": "all"}
+                     "fsdp": None, "output": "all"}
+    assert launch_options(parse_argstring(magic, "--fsdp"))["fsdp"] is True
+    assert launch_options(parse_argstring(magic, "--no-fsdp"))["fsdp"] is False
     args = parse_argstring(magic, "-n 3 --mixed-precision bf16 --main-only --pull a,b --config f")
     assert launch_options(args)["num_processes"] == 3 and args.output == "main"
     assert args.pull == ("a", "b") and launch_options(args)["config_file"] == "f"

@@ -47,6 +47,7 @@ def notebook_launcher(
     device: str | None = None,
     config_file: str | os.PathLike | None = None,
     monitor_interval: float = 0.1,
+    fsdp: Any = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
 
@@ -78,6 +79,10 @@ def notebook_launcher(
         monitor_interval: the peer's polling period (seconds) for failed workers. Ours
             waits on process sentinels and reacts at once, so any positive value
             behaves the same; it is checked, and otherwise unused.
+        fsdp: shard models with FSDP2 in ``Accelerator()``: ``True`` (the config file's
+            ``fsdp_config``, else the defaults), a ``FullyShardedDataParallelPlugin``, or
+            ``False`` (not even when the config file says ``distributed_type: FSDP``);
+            default: the config file decides.
 
     Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
     then the config file, then the defaults (``mixed_precision="no"``,
@@ -105,7 +110,7 @@ def notebook_launcher(
             return _launch(function, args, num_processes, mixed_precision, use_port,
                            master_addr, node_rank, num_nodes, rdzv_backend, rdzv_endpoint,
                            max_restarts, kwargs, start_method, timeout, return_all, output,
-                           device, config_file, monitor_interval)
+                           device, config_file, monitor_interval, fsdp)
         except (TypeError, ValueError) as error:  # bad input: IPython shows no frame of ours
             hide_our_frames(error)
             raise
@@ -113,7 +118,7 @@ def notebook_launcher(
 
 def _launch(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
             num_nodes, rdzv_backend, rdzv_endpoint, max_restarts, kwargs, start_method, timeout,
-            return_all, output, device, config_file, monitor_interval) -> Any:
+            return_all, output, device, config_file, monitor_interval, fsdp) -> Any:
     if not callable(function):
         raise TypeError(f"function={function!r} is not callable; pass the function to run")
     if not isinstance(args, (tuple, list)):
@@ -134,6 +139,10 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
          "num_nodes": num_nodes, "start_method": start_method, "device": device},
         config_file, notes,
     )
+    if fsdp is not None:
+        from notebook_accel.fsdp.config import launch_environment
+
+        options["worker_env"] = launch_environment(fsdp, options["worker_env"])
     plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
                      max_restarts=max_restarts)
     inherit = plan.start.method == "fork" and plan.device_type != "xla"  # multiprocessing queues, locks

@@ -25,7 +25,8 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
     """Return ``explicit`` with its None values filled from the layers below it.
 
     ``explicit`` holds ``num_processes``, ``mixed_precision``, ``start_method``,
-    ``use_port``, ``master_addr``, ``num_nodes``, ``node_rank`` and ``device``.
+    ``use_port``, ``master_addr``, ``num_nodes``, ``node_rank`` and ``device``; the result also
+    has ``worker_env``, the file's strategy variables (see ``worker_strategy_environment``).
     Explicit values pass through untouched (the plan validates them); values that
     come from the config file are checked there, with the file's name in the error.
 
@@ -36,7 +37,8 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
     config = load_config(config_file)
     layered = resolve_launch_options({}, config)
     blank = resolve_launch_options({}, LaunchConfig())  # what a file that sets nothing gives
-    filled, from_file = {}, {}
+    filled: dict[str, Any] = {"worker_env": worker_strategy_environment(config)}
+    from_file: dict[str, Any] = {}
     for key, value in explicit.items():
         if value is None:
             value = layered.get(key)
@@ -49,3 +51,20 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
         settings = ", ".join(f"{key}={value!r}" for key, value in from_file.items())
         notes.append(f"config file {config.source}: {settings}")
     return filled
+
+
+def worker_strategy_environment(config: LaunchConfig) -> dict[str, str]:
+    """The workers' variables for the file's training strategy (``distributed_type: FSDP`` plus
+    ``fsdp_config``); validated here, so a bad value fails before any worker starts.
+
+    Raises:
+        ValueError: a bad ``fsdp_config`` key or value, naming the file.
+    """
+    if config.distributed_type != "FSDP":
+        return {}
+    from notebook_accel.fsdp.config import strategy_environment
+
+    try:
+        return strategy_environment(config.distributed_type, config.extra.get("fsdp_config"))
+    except ValueError as err:
+        raise ValueError(f"{config.source or 'launch config'}: fsdp_config: {err}") from None

@@ -180,7 +180,7 @@ def _locate_failure(function: Any, args: tuple, kwargs: dict) -> tuple[str, Exce
 
 
 class _ResultPickler(_PayloadPickler):
-    """Moves tensors to the CPU and unwraps DDP models on the way out of a worker."""
+    """Moves tensors to the CPU and unwraps DDP models on the way out of a worker (FSDP ones are refused)."""
 
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
@@ -190,6 +190,11 @@ class _ResultPickler(_PayloadPickler):
             ddp = torch.nn.parallel.DistributedDataParallel
             if isinstance(obj, ddp):
                 return _identity, (obj.module,)
+            fsdp = sys.modules.get("torch.distributed.fsdp")
+            if fsdp is not None and isinstance(obj, fsdp.FSDPModule):
+                raise TypeError(f"a {type(obj).__name__} sharded by FSDP cannot leave its worker (its weights "
+                                "are spread over the processes); return accelerator.unwrap_model(model), a "
+                                "full plain copy, or accelerator.get_state_dict(model) instead")
         return super().reducer_override(obj)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from notebook_accel import hardware
 from notebook_accel.launch.environment import MIXED_PRECISION_CHOICES
@@ -40,6 +40,7 @@ class LaunchPlan:
     return_all: bool
     max_restarts: int
     xla: XlaJob | None = None  # device "xla": how torch_xla runs the cores (one host worker)
+    worker_env: dict[str, str] = field(default_factory=dict)  # strategy settings (FSDP_*), from the config file
 
     @property
     def world_size(self) -> int:
@@ -108,6 +109,7 @@ def make_plan(
     return_all: bool,
     max_restarts: object,
     device: str | None,
+    worker_env: dict[str, str] | None = None,
 ) -> LaunchPlan:
     """Validate the options of :func:`notebook_launcher` and build the plan.
 
@@ -154,5 +156,5 @@ def make_plan(
         num_processes=count, num_nodes=num_nodes, node_rank=node_rank, device_type=device_type,
         mixed_precision=mixed_precision, start=start, master_addr=master_addr, port=port,
         timeout=timeout, output=output, return_all=bool(return_all), max_restarts=max_restarts,
-        xla=xla,
+        xla=xla, worker_env=dict(worker_env or {}),
     )

@@ -105,6 +105,7 @@ def start_workers(
                 mixed_precision=plan.mixed_precision, device_type=plan.device_type,
             )
             env.update(network_environment(plan))
+            env.update(plan.worker_env)
             spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
                               send_result=plan.return_all or local_rank == 0, close_fds=close_fds,
                               rich_output=rich)
