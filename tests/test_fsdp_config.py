@@ -73,6 +73,7 @@ def test_fsdp1_settings_warn_and_map():
     ({"sharding_strategy": "NO_SHARD"}, "no FSDP2 equivalent.*DDP"),
     ({"min_num_params": "many"}, "an integer >= 0"),
     ({"fsdp_version": 3}, "valid values: 1, 2"),
+    ({"activation_checkpointing": True}, "activation_checkpointing needs auto_wrap_policy.*got NO_WRAP"),
 ])
 def test_refused_values_name_the_choices(fields, message):
     with pytest.raises(ValueError, match=message):

@@ -130,6 +130,9 @@ class FullyShardedDataParallelPlugin:
         self.cpu_ram_efficient_loading = self._bool("cpu_ram_efficient_loading", "CPU_RAM_EFFICIENT_LOADING")
         self._check_state_dict_type()
         self._check_wrap_policy()
+        if self.activation_checkpointing and self.auto_wrap_policy == "NO_WRAP":
+            raise ValueError("activation_checkpointing needs auto_wrap_policy TRANSFORMER_BASED_WRAP or "
+                             "SIZE_BASED_WRAP (or a callable), to choose which layers to recompute; got NO_WRAP")
         if self.ignored_modules is None:
             self.ignored_modules = _env("IGNORED_MODULES")
         if v1_notes:
