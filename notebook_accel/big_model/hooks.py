@@ -26,6 +26,14 @@ class WeightSource:
         dtype = self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype
         return tensor.to(device=device, dtype=dtype)  # no copy when already in place
 
+    def materialize(self, device: torch.device) -> torch.Tensor:
+        """The tensor on ``device`` in memory of its own (never a view of the file)."""
+        if not isinstance(self.value, StoredTensor):
+            return self.bring(device)
+        view = map_tensors({"": self.value})[""]
+        out = self.bring(device, view)
+        return out.clone() if out.numel() and out.data_ptr() == view.data_ptr() else out
+
 
 def stored_parts(sources: Mapping[str, WeightSource]) -> dict[str, StoredTensor]:
     return {name: s.value for name, s in sources.items() if isinstance(s.value, StoredTensor)}
