@@ -85,11 +85,11 @@ def report(runs: dict[str, list[dict]], size: int, turns: dict[str, dict]) -> No
               f"{median(kind, 'warm_forward_s') / eager_forward:8.2f} {median(kind, 'peak_anon_delta') / MiB:14.0f} "
               f"{total / MiB:15.0f} {total / size:8.2f} {median(kind, 'offload_bytes') / MiB:12.0f} "
               f"{str(all(r['bitwise_equal'] for r in runs[kind])):>8}")
-    print("\nforwards in turn, all three models in one process (best / median of 6):")
+    print("\nforwards in turn, all three models in one process (6 rounds):")
+    print(f"{'':6} {'best s':>7} {'median s':>9} {'x eager (median of per-round ratios)':>38}")
     for kind in KINDS:
-        best, med = turns[kind]["best_s"], turns[kind]["median_s"]
-        print(f"{kind:6} {best:6.2f} s / {med:6.2f} s   x eager {best / turns['eager']['best_s']:.2f} / "
-              f"{med / turns['eager']['median_s']:.2f}")
+        print(f"{kind:6} {turns[kind]['best_s']:7.2f} {turns[kind]['median_s']:9.2f} "
+              f"{turns[kind]['median_ratio']:38.2f}")
     print(f"\nours vs peer: load {median('peer', 'load_s') / median('ours', 'load_s'):.1f}x faster, "
           f"forward {median('peer', 'warm_forward_s') / median('ours', 'warm_forward_s'):.2f}x faster, "
           f"peak total RSS {median('ours', 'peak_total_delta') / median('peer', 'peak_total_delta'):.2f}x, "

@@ -113,7 +113,8 @@ def load(kind: str, checkpoint: Path, width: int, blocks: int, budget: int, offl
 
 def alternate(kinds: list[str], checkpoint: Path, width: int, blocks: int, budget: int, out_dir: Path) -> dict:
     """Forward times of several loaders' models held in this one process, run in turn, so that
-    machine load shifts hit them alike: best and median of 6 warm forwards each."""
+    machine load shifts hit them alike: best and median of 6 warm forwards each, and the median
+    of the per-round ratios to the first kind."""
     import statistics
 
     import torch
@@ -130,7 +131,11 @@ def alternate(kinds: list[str], checkpoint: Path, width: int, blocks: int, budge
                 start = time.perf_counter()
                 model(x)
                 times[kind].append(time.perf_counter() - start)
-    return {kind: {"best_s": min(t), "median_s": statistics.median(t)} for kind, t in times.items()}
+    base = times[kinds[0]]
+    return {kind: {"best_s": min(t), "median_s": statistics.median(t),
+                   # each round's time over the first kind's in the same round: drift cancels out
+                   "median_ratio": statistics.median(a / b for a, b in zip(t, base, strict=True))}
+            for kind, t in times.items()}
 
 
 def main() -> None:

@@ -288,3 +288,16 @@ def test_dispatching_unloaded_weights_names_them():
     """Peer #3617: a one-device map ran model.to() over meta tensors ('Cannot copy out of meta')."""
     with pytest.raises(ValueError, match=r"inp\.weight is still on the meta device"):
         dispatch_model(empty(), {"": "cpu"})
+
+
+def test_dispatch_with_another_map_than_loading(state, reference, tmp_path):
+    """Weights the loader left on disk become resident when dispatch places them on the CPU."""
+    checkpoint = make_checkpoint("file", state, tmp_path)
+    model = empty()
+    load_checkpoint_in_model(model, checkpoint, device_map={"": "cpu", "blocks": "disk"})
+    assert model.blocks[0].fc1.weight.is_meta
+    dispatch_model(model, {"": "cpu", "blocks.0": "disk"})
+    assert not model.blocks[1].fc1.weight.is_meta and model.blocks[0].fc1.weight.is_meta
+    x, expected = reference
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)

@@ -72,7 +72,7 @@ def test_3gib_model_on_a_1gib_cpu_budget(big_checkpoint, big_eager, tmp_path):
     # forward speed: both models in one process, forwards in turn (machine load hits both alike)
     turns = probe("alternate:eager,ours", big_checkpoint, width, blocks, GiB, tmp_path)
     print("alternating forwards", turns)
-    assert turns["ours"]["best_s"] <= 1.5 * turns["eager"]["best_s"], turns
+    assert turns["ours"]["median_ratio"] <= 1.5, turns
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from notebook_accel.big_model.devices import (
     current_devices,
     normalize_device,
 )
-from notebook_accel.big_model.hooks import ModuleHook, WeightSource, bring_all
+from notebook_accel.big_model.hooks import ModuleHook, WeightSource
 from notebook_accel.big_model.loading import OFFLOADED, resident_device
 from notebook_accel.big_model.model_tensors import (
     buffer_names,
@@ -136,7 +136,7 @@ def _make_resident(model, name, tensor, record, device, moved) -> None:
     if tensor.is_meta:
         if name not in record:
             raise _meta_error(name)
-        set_tensor(model, name, record[name].bring(device))
+        set_tensor(model, name, record[name].materialize(device))
     elif tensor.device != device:
         set_tensor(model, name, tensor.detach().to(device))
     moved[id(tensor)] = (tensor, get_tensor(model, name))
@@ -246,9 +246,7 @@ def undispatch_model(model: nn.Module, device: DeviceKey | torch.device | None =
     for name, source in state.sources.items():
         if name in done:
             continue
-        value = bring_all({name: source}, target)[name]
-        if isinstance(source.value, StoredTensor) and target.type == "cpu" and value.dtype == source.value.dtype:
-            value = value.clone()  # own memory, not a view of the file
+        value = source.materialize(target)
         for other in state.ties[name]:
             set_tensor(model, other, value)
             value = get_tensor(model, other)

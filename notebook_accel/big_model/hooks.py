@@ -3,7 +3,6 @@ just before it runs and drop them right after."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -12,7 +11,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from notebook_accel.big_model.model_tensors import set_tensor
-from notebook_accel.big_model.safetensors_io import StoredTensor, map_tensors
+from notebook_accel.big_model.safetensors_io import StoredTensor, map_tensors, prefetch
 
 
 @dataclass(frozen=True)
@@ -27,36 +26,24 @@ class WeightSource:
         dtype = self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype
         return tensor.to(device=device, dtype=dtype)  # no copy when already in place
 
+    def materialize(self, device: torch.device) -> torch.Tensor:
+        """The tensor on ``device`` in memory of its own (never a view of the file)."""
+        if not isinstance(self.value, StoredTensor):
+            return self.bring(device)
+        view = map_tensors({"": self.value})[""]
+        out = self.bring(device, view)
+        return out.clone() if out.numel() and out.data_ptr() == view.data_ptr() else out
+
 
 def stored_parts(sources: Mapping[str, WeightSource]) -> dict[str, StoredTensor]:
     return {name: s.value for name, s in sources.items() if isinstance(s.value, StoredTensor)}
 
 
-def bring_all(sources: Mapping[str, WeightSource], device: torch.device,
-              mapped: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The tensors of ``sources`` on ``device``; file-backed ones are zero-copy views on the CPU
-    (``mapped``: views made ahead of time)."""
-    if mapped is None:
-        stored = stored_parts(sources)
-        mapped = map_tensors(stored) if stored else {}
+def bring_all(sources: Mapping[str, WeightSource], device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors of ``sources`` on ``device``; file-backed ones are zero-copy views on the CPU."""
+    stored = stored_parts(sources)
+    mapped = map_tensors(stored) if stored else {}
     return {name: source.bring(device, mapped.get(name)) for name, source in sources.items()}
-
-
-class _MapAhead(threading.Thread):
-    """Map (and page in) the file-backed weights of the next streamed module while this one runs."""
-
-    def __init__(self, stored: dict[str, StoredTensor]) -> None:
-        super().__init__(daemon=True, name="notebook_accel-map-ahead")
-        self.stored, self.views = stored, None
-        self.start()
-
-    def run(self) -> None:
-        self.views = map_tensors(self.stored)
-
-    def take(self) -> dict[str, torch.Tensor] | None:
-        """The views, or ``None`` when mapping failed there (the caller maps, and raises, itself)."""
-        self.join()
-        return self.views
 
 
 def move_to(value, device: torch.device, skip_keys: Iterable[str] = ()):
@@ -99,7 +86,6 @@ class ModuleHook:
             held = owner._parameters if attr in owner._parameters else owner._buffers
             self.placeholders[name] = held[attr]
         self._input_device: list[torch.device | None] = []
-        self._ahead: _MapAhead | None = None
         self.handles = [
             self.module.register_forward_pre_hook(self._before, with_kwargs=True),
             self.module.register_forward_hook(self._after, with_kwargs=True, always_call=True),
@@ -109,13 +95,10 @@ class ModuleHook:
         if self.restore_output:
             self._input_device.append(_first_tensor_device(args, kwargs))
         if self.sources:
-            ahead, self._ahead = self._ahead, None
-            mapped = ahead.take() if ahead is not None else None
-            following = self.next_streamed
-            if following is not None and following._ahead is None:
-                following._ahead = _MapAhead(stored_parts(following.sources))
-            for name, tensor in bring_all(self.sources, self.device, mapped).items():
+            for name, tensor in bring_all(self.sources, self.device).items():
                 set_tensor(self.module, name, tensor)
+            if self.next_streamed is not None:
+                prefetch(stored_parts(self.next_streamed.sources).values())
         if self.move_inputs:
             return move_to(args, self.device), move_to(kwargs, self.device)
         return None
@@ -136,6 +119,3 @@ class ModuleHook:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
-        if self._ahead is not None:
-            self._ahead.join()
-            self._ahead = None
