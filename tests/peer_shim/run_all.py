@@ -78,7 +78,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tupl
     return proc.returncode, output
 
 
-def run_script(script: str, work: Path, mode: str = "torchrun", timeout: float = 400, nproc: int = 2) -> dict:
+def run_script(script: str, work: Path, mode: str = "torchrun", timeout: float = 240, nproc: int = 2) -> dict:
     """Run one script in ``work/<mode>`` (``torchrun`` on ``nproc``, ``launcher`` or ``notebook``); returns its reports.
 
     Returns ``{"returncode", "output", "ranks": [report of rank 0, rank 1]}``.
