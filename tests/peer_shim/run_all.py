@@ -67,6 +67,12 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tupl
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # torchrun starts its workers in sessions of their own: kill every descendant, or they
+        # keep the output pipe open and the wait below never ends
+        import psutil
+
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         return -9, output + f"\n[timed out after {timeout} s]"
