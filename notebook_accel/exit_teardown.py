@@ -52,6 +52,9 @@ def register(backend: str) -> None:
 
 
 def _tear_down() -> None:
+    # idle first: destroying the group can leave DDP's reducers holding the last reference,
+    # and freeing one joins gloo's threads with the GIL held (a deadlock if one still needs it)
+    settle_comm_threads()
     if dist.is_available() and dist.is_initialized() and _safe_to_destroy():
         try:
             dist.destroy_process_group()

@@ -227,8 +227,14 @@ class PartialState:
         """Tear down the process group (``group``, default: the default group) if one exists.
 
         ``Accelerator.end_training`` calls it; a later ``PartialState()`` creates a new one.
+        Waits first (GIL released) until torch's communication threads are idle: once the
+        group is gone, freeing a DDP model frees the group and joins those threads with the
+        GIL held, which deadlocks if one is still releasing a collective (torch's race, see
+        docs/torch_gloo_exit_abort.md).
         """
         if self.backend is not None and dist.is_available() and dist.is_initialized():
+            if self.backend != "xla":
+                exit_teardown.settle_comm_threads()
             dist.destroy_process_group(group)
 
     def wait_for_everyone(self) -> None:
