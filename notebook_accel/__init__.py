@@ -57,6 +57,7 @@ _EXPORTS = {
     "disk_offload": "notebook_accel.big_model",
     "FullyShardedDataParallelPlugin": "notebook_accel.fsdp.plugin",
     "merge_fsdp_weights": "notebook_accel.fsdp.state_dict",
+    "DeepSpeedPlugin": "notebook_accel.deepspeed_zero.plugin",
 }
 
 __all__ = sorted(_EXPORTS)

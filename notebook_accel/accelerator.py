@@ -43,6 +43,7 @@ from notebook_accel.data import (
     prepare_data_loader,
     skip_first_batches,
 )
+from notebook_accel.deepspeed_zero.plugin import resolve_plugin as resolve_deepspeed_plugin
 from notebook_accel.fsdp.plugin import resolve_plugin
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
@@ -87,6 +88,9 @@ class Accelerator:
         fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
             models with FSDP2 instead of DDP; default: one from the environment when
             ``ACCELERATE_USE_FSDP`` is true (the launcher sets it for ``distributed_type: FSDP``).
+        deepspeed_plugin: a ``DeepSpeedPlugin`` (ours or the peer's): ``prepare`` gives the model and
+            its optimizer to a DeepSpeed ZeRO engine; default: one from the environment when
+            ``ACCELERATE_USE_DEEPSPEED`` is true (``distributed_type: DEEPSPEED``). Needs ``deepspeed``.
 
     Raises:
         ValueError: an invalid mixed precision, or fp16 where no scaler exists.
@@ -110,6 +114,7 @@ class Accelerator:
         scaler_kwargs: dict[str, Any] | None = None,
         kwargs_handlers: list[Any] | None = None,
         fsdp_plugin: Any = None,
+        deepspeed_plugin: Any = None,
     ) -> None:
         self.state = AcceleratorState(mixed_precision, cpu=cpu)
         self.mixed_precision = self.state.mixed_precision
@@ -147,6 +152,24 @@ class Accelerator:
             from notebook_accel.fsdp.runtime import FsdpRuntime
 
             self._fsdp = FsdpRuntime(self.fsdp_plugin, self.mixed_precision, self.device)
+        self.deepspeed_plugin = resolve_deepspeed_plugin(deepspeed_plugin)
+        self._deepspeed = None  # a deepspeed_zero.runtime.DeepSpeedRuntime (DeepSpeed plugin, several processes)
+        if self.deepspeed_plugin is not None:
+            self._start_deepspeed()
+
+    def _start_deepspeed(self) -> None:
+        if self.fsdp_plugin is not None:
+            raise ValueError("both an FSDP and a DeepSpeed plugin were given (or ACCELERATE_USE_FSDP and "
+                             "ACCELERATE_USE_DEEPSPEED are both set); choose one strategy")
+        if not self.use_distributed:
+            warnings.warn("DeepSpeed needs several processes: this one-process job trains without it "
+                          "(launch it on several processes to shard with ZeRO)", stacklevel=3)
+            return
+        from notebook_accel.deepspeed_zero.runtime import DeepSpeedRuntime
+
+        self.scaler = None  # DeepSpeed scales fp16 losses itself
+        self._deepspeed = DeepSpeedRuntime(self.deepspeed_plugin, self.mixed_precision, self.gradient_state,
+                                           self.num_processes, self.print)
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
@@ -182,6 +205,8 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
+        if self._deepspeed is not None:
+            return DistributedType.DEEPSPEED
         return DistributedType.FSDP if self._fsdp is not None else self.state.distributed_type
 
     @property
@@ -235,13 +260,44 @@ class Accelerator:
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
         out = list(args)
+        if self._deepspeed is not None:
+            self._prepare_deepspeed(out, placement)
         for i, obj in enumerate(args):
             if not isinstance(obj, _SCHEDULER_TYPES):
-                out[i] = self._prepare_one(obj, placement[i])
+                out[i] = self._prepare_one(out[i], placement[i])
         for i, obj in enumerate(args):
             if isinstance(obj, _SCHEDULER_TYPES):
                 out[i] = self.prepare_scheduler(obj)
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _prepare_deepspeed(self, out: list[Any], placement: list[bool]) -> None:
+        """Give the call's model and optimizer to one DeepSpeed engine (in ``out``, in place).
+
+        Loaders are prepared first: their per-process batch is the engine's micro batch.
+        Models without an optimizer (frozen, evaluation) are placed, not wrapped.
+        """
+        for i, obj in enumerate(out):
+            if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
+                out[i] = self.prepare_data_loader(obj, device_placement=placement[i])
+        models = [i for i, obj in enumerate(out) if isinstance(obj, torch.nn.Module) and not self._deepspeed.owns(obj)
+                  and any(p.requires_grad for p in obj.parameters())]
+        optimizers = [i for i, obj in enumerate(out)
+                      if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)]
+        if not optimizers:
+            for i in models:
+                out[i] = self.prepare_model(out[i], device_placement=placement[i], evaluation_mode=True)
+            return
+        if len(models) != 1 or len(optimizers) != 1:
+            raise ValueError(f"under DeepSpeed, pass one trainable model and its optimizer to the same prepare() "
+                             f"call (got {len(models)} trainable models and {len(optimizers)} optimizers)")
+        shard = self._dataloaders[0] if self._dataloaders else None
+        micro = shard.total_batch_size // self.num_processes if shard and shard.total_batch_size else None
+        model, optimizer = out[models[0]], out[optimizers[0]]
+        engine, wrapped = self._deepspeed.initialize(
+            model, optimizer, micro, lambda m: precision.wrap_forward(m, self.mixed_precision, self.device))
+        self._models.append(engine)
+        self._optimizers.append(wrapped)
+        out[models[0]], out[optimizers[0]] = engine, wrapped
 
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
         if isinstance(obj, torch.nn.Module):
@@ -262,6 +318,9 @@ class Accelerator:
         for prepared in self._models:
             if model is prepared or model is getattr(prepared, "module", None):
                 return prepared
+        if self._deepspeed is not None and not evaluation_mode:
+            raise ValueError("under DeepSpeed a model is prepared together with its optimizer: "
+                             "accelerator.prepare(model, optimizer, ...)")
         place = device_placement if device_placement is not None else self.device_placement
         if self._fsdp is not None and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
             self._models.append(self._fsdp.prepare_model(model, self._optimizers, place))
@@ -331,7 +390,13 @@ class Accelerator:
 
     # ---- training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by the accumulation steps and scaled under fp16."""
+        """``loss.backward()``, divided by the accumulation steps and scaled under fp16.
+
+        Under DeepSpeed: the engine's backward and step (an optimizer step at accumulation boundaries).
+        """
+        if self._deepspeed is not None and self._deepspeed.engine is not None:
+            self._deepspeed.backward(loss, **kwargs)
+            return
         if self.gradient_state.num_steps > 1:
             loss = loss / self.gradient_state.num_steps
         if self.scaler is not None:
@@ -355,7 +420,7 @@ class Accelerator:
             return model.no_sync()
         if self._fsdp is not None and self._fsdp.owns(model):
             return self._fsdp.no_sync(model)
-        return contextlib.nullcontext()
+        return contextlib.nullcontext()  # DeepSpeed: the engine's accumulation boundary decides
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
@@ -402,7 +467,13 @@ class Accelerator:
                     opt.before_step.reduce_now(opt.optimizer)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm."""
+        """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm.
+
+        Under DeepSpeed the engine clips inside its step (config ``gradient_clipping``): this
+        returns the norm it measured (see ``DeepSpeedRuntime.clip_grad_norm_``).
+        """
+        if self._deepspeed is not None and self._deepspeed.engine is not None:
+            return self._deepspeed.clip_grad_norm_(max_norm)
         self.unscale_gradients()
         self._reduce_xla_gradients()
         if self._fsdp is not None:  # the global norm over every rank's shards
@@ -410,7 +481,14 @@ class Accelerator:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_``."""
+        """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_``.
+
+        Raises:
+            ValueError: under DeepSpeed (its engine clips by norm only).
+        """
+        if self._deepspeed is not None:
+            raise ValueError("DeepSpeed clips gradients by norm only: use clip_grad_norm_ or the "
+                             "DeepSpeed config's gradient_clipping")
         self.unscale_gradients()
         self._reduce_xla_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
@@ -532,6 +610,8 @@ class Accelerator:
         """
         if self._fsdp is not None and self._fsdp.owns(model):
             return self._fsdp.unwrap(model)
+        if self._deepspeed is not None and self._deepspeed.owns(model):
+            return self._deepspeed.unwrap()
         from notebook_accel.helpers import extract_model_from_parallel
 
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
@@ -544,6 +624,8 @@ class Accelerator:
         """
         if self._fsdp is not None and self._fsdp.owns(model):
             return self._fsdp.state_dict(model)
+        if self._deepspeed is not None and self._deepspeed.owns(model):
+            return self._deepspeed.state_dict()
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def _to_cpu(self, obj: Any) -> Any:
@@ -596,6 +678,10 @@ class Accelerator:
             from notebook_accel.fsdp.checkpointing import FsdpCheckpointer
 
             sharded = FsdpCheckpointer(self._models, self._optimizers, str(self.fsdp_plugin.state_dict_type))
+        elif self._deepspeed is not None:
+            from notebook_accel.deepspeed_zero.checkpointing import DeepSpeedCheckpointer
+
+            sharded = DeepSpeedCheckpointer(self._deepspeed, self._models, self._optimizers)
         return checkpoint.CheckpointItems(
             self._models, self._optimizers, self._schedulers, self._dataloaders,
             self._custom_objects, self.scaler, _AcceleratorCounters(self), sharded=sharded,
@@ -667,6 +753,8 @@ class Accelerator:
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget prepared objects, collect garbage, empty the CUDA cache; returns ``None`` for each object."""
+        if self._deepspeed is not None:
+            self._deepspeed.release()
         self._models.clear()
         self._optimizers.clear()
         self._schedulers.clear()

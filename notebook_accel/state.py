@@ -57,7 +57,7 @@ class DistributedType(str, Enum):
 
     def check_supported(self) -> None:
         """Raise ``NotImplementedError`` naming this member when notebook_accel cannot run it."""
-        supported = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA", "FSDP")
+        supported = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA", "FSDP", "DEEPSPEED")
         if self.value not in supported:
             raise NotImplementedError(
                 f"distributed_type {self.value} is not supported by notebook_accel (yet); "

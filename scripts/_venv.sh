@@ -8,4 +8,5 @@ fi
 # torch first and pinned: an unpinned torch can pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,notebook,browser,bench]"
+# DS_BUILD_OPS=0: DeepSpeed builds without CUDA, compiling its few CPU ops on first use.
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q -e ".[dev,notebook,browser,bench,deepspeed]"

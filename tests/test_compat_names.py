@@ -47,8 +47,8 @@ def test_kwargs_handler_gives_only_changed_fields_and_the_plugin_drives_accumula
 def test_unsupported_distributed_types_exist_and_say_so_when_chosen():
     assert {"FSDP", "DEEPSPEED", "MEGATRON_LM", "MULTI_XPU", "MULTI_NPU", "MULTI_HPU"} <= set(DistributedType.__members__)
     acc = Accelerator()
-    acc.state.distributed_type = DistributedType.DEEPSPEED
-    with pytest.raises(NotImplementedError, match="DEEPSPEED is not supported.*MULTI_GPU"):
+    acc.state.distributed_type = DistributedType.MEGATRON_LM
+    with pytest.raises(NotImplementedError, match="MEGATRON_LM is not supported.*DEEPSPEED"):
         acc.prepare(torch.nn.Linear(1, 1))
 
 

@@ -110,6 +110,12 @@ def plain_module(skeleton: torch.nn.Module, model: torch.nn.Module, device: torc
     """
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     buffers = {clean_name(name): b for name, b in model.named_buffers()}
+    return module_from_weights(skeleton, weights, buffers, device)
+
+
+def module_from_weights(skeleton: torch.nn.Module, weights: dict[str, Any], buffers: dict[str, Any],
+                        device: torch.device) -> torch.nn.Module:
+    """A copy of meta ``skeleton`` holding ``weights`` (by parameter name; ties kept) and ``buffers``."""
     plain = copy.deepcopy(skeleton)
     made: dict[int, torch.nn.Parameter] = {}
     for name, param in plain.named_parameters(remove_duplicate=False):

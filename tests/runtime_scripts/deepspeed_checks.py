@@ -1,0 +1,253 @@
+"""DeepSpeed ZeRO checks for ``torchrun --nproc-per-node 2`` (gloo, CPU); one launch covers many checks.
+
+Usage: ``deepspeed_checks.py OUT_DIR PHASE`` where PHASE is ``train`` (ZeRO 1/2/3 against a
+1-process reference in fp32 and bf16, accumulation + clipping, the plugin from the
+environment, full weights, and an uninterrupted ZeRO-3 run that checkpoints half way) or
+``resume`` (fresh processes that load that checkpoint and finish the run). Each rank writes
+``OUT_DIR/<phase>_rank<r>.json``; the pytest side asserts on them.
+"""
+
+from __future__ import annotations
+
+import copy
+import faulthandler
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from notebook_accel import Accelerator, DeepSpeedPlugin
+
+faulthandler.dump_traceback_later(float(os.environ.get("DDP_CHECKS_TIMEOUT", "200")), exit=True)
+
+OUT = Path(sys.argv[1])
+PHASE = sys.argv[2]
+VOCAB, DIM, SEQ, STEPS, PER_RANK = 32, 16, 8, 8, 4
+results: dict = {}
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(DIM, 2 * DIM)
+        self.down = torch.nn.Linear(2 * DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding, two blocks, a head tied to the embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, DIM)
+        self.blocks = torch.nn.Sequential(Block(), Block())
+        self.head = torch.nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(tokens)))
+
+
+def make_model() -> TinyLM:
+    torch.manual_seed(7)
+    return TinyLM()
+
+
+def data(n: int = 160) -> TensorDataset:
+    g = torch.Generator().manual_seed(123)
+    return TensorDataset(torch.randint(0, VOCAB, (n, SEQ), generator=g), torch.randint(0, VOCAB, (n, SEQ), generator=g))
+
+
+def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(x).reshape(-1, VOCAB).float(), y.reshape(-1))
+
+
+def flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+def reference(accumulation: int = 1, clip: float | None = None, bf16: bool = False) -> dict:
+    """One process, no Accelerator: the same global batches (micro-batches of 2 x PER_RANK).
+
+    ``bf16``: DeepSpeed's arithmetic: bf16 weights compute, fp32 master weights step.
+    """
+    model = make_model()
+    work = copy.deepcopy(model).bfloat16() if bf16 else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses, micro = [], []
+    loader = DataLoader(data(), batch_size=2 * PER_RANK)
+    for i, (x, y) in enumerate(loader):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = lm_loss(work, x, y)
+        (loss / accumulation).backward()
+        micro.append(float(loss.detach()))
+        if (i + 1) % accumulation == 0:
+            if bf16:
+                for master, low in zip(model.parameters(), work.parameters(), strict=True):
+                    master.grad = low.grad.float()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad()
+            if bf16:
+                work.zero_grad()
+                with torch.no_grad():
+                    for master, low in zip(model.parameters(), work.parameters(), strict=True):
+                        low.copy_(master)
+            losses.append(sum(micro) / len(micro))
+            micro = []
+            if len(losses) == STEPS:
+                break
+    return {"losses": losses, "params": flat(model)}
+
+
+def zero_run(acc: Accelerator, clip: float | None = None) -> dict:
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt, loader = acc.prepare(model, opt, DataLoader(data(), batch_size=PER_RANK))
+    info: dict = {"type": acc.distributed_type.value, "engine": type(model).__name__,
+                  "accumulation": acc.gradient_accumulation_steps, "losses": [], "norms": []}
+    local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+    total = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+    info["param_fraction"] = local / total
+    micro = []
+    for x, y in loader:
+        with acc.accumulate(model):
+            loss = lm_loss(model, x, y)
+            acc.backward(loss)
+            micro.append(acc.reduce(loss.detach(), "mean"))
+            if acc.sync_gradients and clip is not None:
+                info["norms"].append(float(acc.clip_grad_norm_(model.parameters(), clip)))
+            opt.step()
+            opt.zero_grad()
+        if acc.sync_gradients:
+            info["losses"].append(float(torch.stack(micro).mean()))
+            micro = []
+            if len(info["losses"]) == STEPS:
+                break
+    plain = acc.unwrap_model(model)
+    info["params"] = flat(plain)
+    info["plain_type"] = type(plain).__name__
+    info["plain_tied"] = plain.head.weight is plain.embed.weight
+    info["model"] = model
+    return info
+
+
+def compare(run: dict, ref: dict) -> dict:
+    losses, ref_losses = torch.tensor(run["losses"]), torch.tensor(ref["losses"])
+    out = {k: v for k, v in run.items() if k not in ("model", "params")}
+    out["loss_rel"] = float(((losses - ref_losses).abs() / ref_losses.abs()).max())
+    out["param_diff"] = float((run["params"] - ref["params"]).abs().max())
+    return out
+
+
+def check_stages() -> None:
+    # bf16 first: a ZeRO-3 engine leaves deepspeed's own F.linear patched into torch for the
+    # rest of the process, which changes bf16 rounding in later runs (a fresh launch has none)
+    ref = reference()
+    ref16 = reference(bf16=True)
+    for stage in (2, 3):
+        acc = Accelerator(mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))
+        run = zero_run(acc)
+        run["param_dtypes"] = sorted({str(p.dtype) for p in run["model"].parameters()})
+        run["master_dtypes"] = sorted({str(t.dtype) for g in run["model"].optimizer.optimizer.param_groups
+                                       for t in g["params"]})
+        results[f"bf16_zero{stage}"] = {**compare(run, ref16), "fp32_loss_rel": compare(run, ref)["loss_rel"]}
+        acc.free_memory()
+    for stage in (1, 2, 3):
+        acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))
+        results[f"zero{stage}"] = compare(zero_run(acc), ref)
+        acc.free_memory()
+
+
+def check_accumulation_and_clipping() -> None:
+    ref = reference(accumulation=2, clip=0.5)
+    acc = Accelerator(gradient_accumulation_steps=2,
+                      deepspeed_plugin=DeepSpeedPlugin(zero_stage=2, gradient_clipping=0.5))
+    results["accumulate_clip"] = compare(zero_run(acc, clip=0.5), ref)
+    acc.free_memory()
+
+
+def check_plugin_from_environment() -> None:
+    """What the launcher sets for ``distributed_type: DEEPSPEED``: no plugin in the code."""
+    os.environ.update(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_ZERO_STAGE="3",
+                      ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL="true")
+    try:
+        acc = Accelerator()
+        run = zero_run(acc)
+        full = acc.get_state_dict(run["model"])
+        plain = acc.unwrap_model(run["model"]).state_dict()
+        results["from_env"] = {
+            **compare(run, reference()),
+            "stage": acc.deepspeed_plugin.zero_stage,
+            "full_keys": sorted(full) if acc.is_main_process else [],
+            "full_diff": max((float((full[k] - plain[k]).abs().max()) for k in full), default=0.0),
+        }
+        path = acc.save_model(run["model"], OUT / "zero3_model")
+        results["from_env"]["saved"] = None if path is None else Path(path).name
+        acc.free_memory()
+    finally:
+        for name in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+                     "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"):
+            os.environ.pop(name)
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    run = zero_run(acc)
+    try:
+        acc.get_state_dict(run["model"])
+        results["no_16bit_message"] = None
+    except ValueError as err:
+        results["no_16bit_message"] = str(err)
+    acc.free_memory()
+
+
+def resume_run(acc: Accelerator, save_at: int | None, start: int = 0, steps: int = 10) -> dict:
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    model, opt, loader, sched = acc.prepare(model, opt, DataLoader(data(), batch_size=4, shuffle=True), sched)
+    if start:
+        acc.load_state(OUT / "zero_ckpt")
+        loader = acc.skip_first_batches(loader, start)
+    losses = []
+    for step, (x, y) in enumerate(loader, start=start):
+        if step == save_at:
+            acc.save_state(OUT / "zero_ckpt")
+        if step == steps:
+            break
+        loss = lm_loss(model, x, y)
+        acc.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(float(acc.reduce(loss.detach(), "mean")))
+    return {"losses": losses, "params": flat(acc.unwrap_model(model)).tolist(), "lr": sched.get_last_lr()[0]}
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore", FutureWarning)
+    plugin = DeepSpeedPlugin(zero_stage=3)
+    if PHASE == "train":
+        check_stages()
+        check_accumulation_and_clipping()
+        check_plugin_from_environment()
+        results["uninterrupted"] = resume_run(Accelerator(deepspeed_plugin=plugin), save_at=5)
+        results["files"] = sorted(str(p.relative_to(OUT / "zero_ckpt")) for p in (OUT / "zero_ckpt").rglob("*")
+                                  if p.is_file())
+    else:
+        results["resumed"] = resume_run(Accelerator(deepspeed_plugin=plugin), save_at=None, start=5)
+    rank = int(os.environ["RANK"])
+    for value in results.values():
+        if isinstance(value, dict):
+            value.pop("model", None)
+    (OUT / f"{PHASE}_rank{rank}.json").write_text(json.dumps(results, default=str))
+
+
+if __name__ == "__main__":
+    main()
