@@ -32,8 +32,9 @@ def no_worker_left_behind():
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
 
 
-def run_torchrun(args: list[str], nproc: int = 2, timeout: float = 150) -> tuple[int | None, str]:
-    """Run ``torchrun --nproc-per-node NPROC ARGS...`` in a clean environment.
+def run_torchrun(args: list[str], nproc: int = 2, timeout: float = 150,
+                 extra_env: dict[str, str] | None = None) -> tuple[int | None, str]:
+    """Run ``torchrun --nproc-per-node NPROC ARGS...`` in a clean environment (plus ``extra_env``).
 
     Returns ``(returncode, output)``; ``returncode`` is ``None`` when it ran past
     ``timeout`` (then the whole session was killed). Leaves no process behind.
@@ -42,6 +43,7 @@ def run_torchrun(args: list[str], nproc: int = 2, timeout: float = 150) -> tuple
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     env["OMP_NUM_THREADS"] = "1"
+    env.update(extra_env or {})
     env["DDP_CHECKS_TIMEOUT"] = str(int(timeout) - 20)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),

@@ -33,6 +33,9 @@ OPS_NOTE = ("DeepSpeed is compiling its C++ ops for this machine ({ops}); the fi
 def import_deepspeed() -> Any:
     """``deepspeed``, or an ImportError saying how to install it."""
     os.environ.setdefault("DS_BUILD_OPS", "0")  # never compile every op at import
+    xpu = getattr(torch, "xpu", None)
+    if not torch.cuda.is_available() and not (xpu is not None and xpu.is_available()):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # what it would detect, without its warning per rank
     try:
         import deepspeed
     except ImportError as err:

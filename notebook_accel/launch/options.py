@@ -55,16 +55,20 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
 
 def worker_strategy_environment(config: LaunchConfig) -> dict[str, str]:
     """The workers' variables for the file's training strategy (``distributed_type: FSDP`` plus
-    ``fsdp_config``); validated here, so a bad value fails before any worker starts.
+    ``fsdp_config``, or ``DEEPSPEED`` plus ``deepspeed_config``); validated here, so a bad value
+    fails before any worker starts.
 
     Raises:
-        ValueError: a bad ``fsdp_config`` key or value, naming the file.
+        ValueError: a bad ``fsdp_config`` / ``deepspeed_config`` key or value, naming the file.
     """
-    if config.distributed_type != "FSDP":
+    if config.distributed_type == "FSDP":
+        from notebook_accel.fsdp.config import strategy_environment
+    elif config.distributed_type == "DEEPSPEED":
+        from notebook_accel.deepspeed_zero.config import strategy_environment
+    else:
         return {}
-    from notebook_accel.fsdp.config import strategy_environment
-
+    key = "fsdp_config" if config.distributed_type == "FSDP" else "deepspeed_config"
     try:
-        return strategy_environment(config.distributed_type, config.extra.get("fsdp_config"))
+        return strategy_environment(config.distributed_type, config.extra.get(key))
     except ValueError as err:
-        raise ValueError(f"{config.source or 'launch config'}: fsdp_config: {err}") from None
+        raise ValueError(f"{config.source or 'launch config'}: {key}: {err}") from None
