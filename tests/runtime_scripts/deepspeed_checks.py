@@ -143,7 +143,7 @@ def compare(run: dict, ref: dict) -> dict:
     losses, ref_losses = torch.tensor(run["losses"]), torch.tensor(ref["losses"])
     out = {k: v for k, v in run.items() if k not in ("model", "params")}
     out["loss_rel"] = float(((losses - ref_losses).abs() / ref_losses.abs()).max())
-    out["param_diff"] = float((run["params"] - ref["params"]).abs().max())
+    out["param_diff"] = float((run["params"].cpu() - ref["params"]).abs().max())
     return out
 
 
@@ -226,7 +226,7 @@ def resume_run(acc: Accelerator, save_at: int | None, start: int = 0, steps: int
         sched.step()
         opt.zero_grad()
         losses.append(float(acc.reduce(loss.detach(), "mean")))
-    return {"losses": losses, "params": flat(acc.unwrap_model(model)).tolist(), "lr": sched.get_last_lr()[0]}
+    return {"losses": losses, "params": flat(acc.unwrap_model(model)).cpu().tolist(), "lr": sched.get_last_lr()[0]}
 
 
 def main() -> None:
