@@ -210,6 +210,13 @@ class Accelerator:
         return DistributedType.FSDP if self._fsdp is not None else self.state.distributed_type
 
     @property
+    def deepspeed_config(self) -> dict[str, Any] | None:
+        """The DeepSpeed config (``"auto"`` values filled once a model is prepared), or ``None``."""
+        if self._deepspeed is not None and self._deepspeed.config is not None:
+            return self._deepspeed.config
+        return None if self.deepspeed_plugin is None else self.deepspeed_plugin.deepspeed_config
+
+    @property
     def use_distributed(self) -> bool:
         return self.state.use_distributed
 

@@ -37,6 +37,8 @@ def test_zero_stages_match_one_process(runs, stage):
     for rank in runs["train"]:
         case = rank[f"zero{stage}"]
         assert case["type"] == "DEEPSPEED" and case["engine"] == "DeepSpeedEngine", case
+        # "auto" filled from the loader; no clipping unless asked (DeepSpeed's own default clips at 1.0)
+        assert case["micro_batch"] == 4 and case["clipping"] == 0.0, case
         assert case["loss_rel"] <= 1e-4 and case["param_diff"] <= 1e-5, case
         # ZeRO-3 partitions the parameters: each rank holds half; stages 1-2 keep full weights
         assert case["param_fraction"] == (0.5 if stage == 3 else 1.0), case

@@ -112,6 +112,8 @@ def zero_run(acc: Accelerator, clip: float | None = None) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, opt, loader = acc.prepare(model, opt, DataLoader(data(), batch_size=PER_RANK))
     info: dict = {"type": acc.distributed_type.value, "engine": type(model).__name__,
+                  "micro_batch": acc.deepspeed_config["train_micro_batch_size_per_gpu"],
+                  "clipping": acc.deepspeed_config["gradient_clipping"],
                   "accumulation": acc.gradient_accumulation_steps, "losses": [], "norms": []}
     local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
     total = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
