@@ -15,6 +15,7 @@ from pathlib import Path
 
 import ipywidgets as widgets
 
+from magics.panel_deepspeed import DeepSpeedFields
 from magics.panel_fsdp import FsdpFields
 from magics.panel_rules import (
     START_METHOD_TIPS,
@@ -79,7 +80,8 @@ class ConfigPanel(widgets.VBox):
     Attributes for scripted use (and tests): ``device``, ``num_processes``,
     ``precision_buttons`` (value -> ToggleButton), ``start_method``, ``num_machines``,
     ``machine_rank``, ``main_process_ip``, ``main_process_port``, ``strategy`` (a
-    ``panel_fsdp.FsdpFields``), ``save_button``,
+    ``panel_fsdp.FsdpFields``: the strategy selector and FSDP's options), ``deepspeed`` (a
+    ``panel_deepspeed.DeepSpeedFields``), ``save_button``,
     ``code_button``, ``test_button``, ``messages``, ``status``, ``code``, ``test_output``.
     """
 
@@ -138,6 +140,7 @@ class ConfigPanel(widgets.VBox):
         self.multi_node = widgets.VBox([self.machine_rank, self.main_process_ip,
                                         self.main_process_port])
         self.strategy = FsdpFields(state.fsdp, self._on_change)
+        self.deepspeed = DeepSpeedFields(state.deepspeed, self._on_change)
         for w in (self.device, self.num_processes, self.start_method, self.num_machines,
                   self.machine_rank, self.main_process_ip, self.main_process_port,
                   *self.precision_buttons.values()):
@@ -166,7 +169,7 @@ class ConfigPanel(widgets.VBox):
         buttons = widgets.HBox([self.save_button, self.code_button, self.test_button])
         return [self.device, self.num_processes, self.clamp_note, precision, self.precision_note,
                 self.start_method, self.num_machines, self.multi_node, self.strategy.box,
-                self.messages, buttons, self.saved, self.status, self.code, self.test_output]
+                self.deepspeed.box, self.messages, buttons, self.saved, self.status, self.code, self.test_output]
 
     def __repr__(self) -> str:  # the text/plain of a saved notebook, instead of every child
         return f"ConfigPanel(config_file={str(self.path)!r})"
@@ -184,7 +187,8 @@ class ConfigPanel(widgets.VBox):
             mixed_precision=self.mixed_precision, start_method=self.start_method.value,
             num_machines=self.num_machines.value, machine_rank=self.machine_rank.value,
             main_process_ip=self.main_process_ip.value,
-            main_process_port=self.main_process_port.value, fsdp=self.strategy.form())
+            main_process_port=self.main_process_port.value, fsdp=self.strategy.form(),
+            deepspeed=self.deepspeed.form())
 
     def _on_change(self, change: dict) -> None:
         owner = change["owner"]
@@ -213,6 +217,7 @@ class ConfigPanel(widgets.VBox):
         self.precision_note.value = "<small>" + "<br>".join(html.escape(t) for t in tips) + "</small>"
         self.multi_node.layout.display = "" if state.num_machines > 1 else "none"
         self.strategy.refresh()
+        self.deepspeed.refresh(state.strategy)
         messages = validate(self.state(), hw)
         colour = {"error": "#c62828", "note": "#8a6d00"}
         label = {"error": "Error:", "note": "Note:"}  # words: icon glyphs may be missing
@@ -258,7 +263,7 @@ class ConfigPanel(widgets.VBox):
 
     def _show_code(self) -> None:
         state = self.state()
-        text = f"{launcher_call(state)}\n\n{magic_line(state, self.path)}"
+        text = f"{launcher_call(state, self.path)}\n\n{magic_line(state, self.path)}"
         self.code.value = ("<div>Equivalent code (select and copy):</div>"
                            f"<pre style='user-select:text'>{html.escape(text)}</pre>")
         self.code.layout.display = ""

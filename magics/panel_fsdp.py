@@ -1,8 +1,10 @@
-"""The config panel's strategy choice: DDP, or FSDP2 with its main ``fsdp_config`` options.
+"""The config panel's strategy choice: DDP, FSDP2 with its main ``fsdp_config`` options, or
+DeepSpeed ZeRO (its options: :mod:`magics.panel_deepspeed`).
 
 ``FsdpForm`` is plain data (loaded from and written to a config file's
 ``distributed_type`` / ``fsdp_config``, checked by ``fsdp_messages``); ``FsdpFields``
-mirrors it into widgets for :mod:`magics.config_panel`.
+mirrors it into widgets for :mod:`magics.config_panel` (its ``strategy`` toggle is the
+panel's strategy selector).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from notebook_accel.config import LaunchConfig
 from notebook_accel.fsdp.config import plugin_from_config
 from notebook_accel.fsdp.plugin import AUTO_WRAP_POLICIES, STATE_DICT_TYPES
 
-STRATEGIES = ("DDP", "FSDP")
+STRATEGIES = ("DDP", "FSDP", "DEEPSPEED")
+_STRATEGY_LABELS = {"DDP": "DDP", "FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}
 
 
 @dataclass
 class FsdpForm:
-    """The strategy and the FSDP options the panel shows (``classes``: comma-separated names)."""
+    """The strategy (one of ``STRATEGIES``) and the FSDP options the panel shows (``classes``:
+    comma-separated names)."""
 
     strategy: str = "DDP"
     wrap: str = "TRANSFORMER_BASED_WRAP"
@@ -47,6 +51,8 @@ class FsdpForm:
 
 def form_from_config(cfg: LaunchConfig) -> FsdpForm:
     """The strategy part of the form showing ``cfg`` (unreadable FSDP values show the defaults)."""
+    if cfg.distributed_type == "DEEPSPEED":
+        return FsdpForm(strategy="DEEPSPEED")
     if cfg.distributed_type != "FSDP":
         return FsdpForm()
     with warnings.catch_warnings():
@@ -63,12 +69,15 @@ def form_from_config(cfg: LaunchConfig) -> FsdpForm:
 
 
 def apply_form(cfg: LaunchConfig, form: FsdpForm) -> LaunchConfig:
-    """``cfg`` with ``distributed_type``/``fsdp_config`` from ``form`` (other fsdp_config keys kept);
-    call it before ``with_device``, which keeps ``FSDP`` and otherwise picks the DDP type."""
+    """``cfg`` with ``distributed_type``/``fsdp_config`` from ``form`` (other fsdp_config keys kept),
+    or, for another strategy, without ``fsdp_config`` (the saved file has only the chosen strategy's
+    section, as the peer writes it); call it before ``with_device``, which keeps ``FSDP`` and
+    otherwise picks the DDP type."""
     extra = dict(cfg.extra)
     if form.strategy == "FSDP":
         extra["fsdp_config"] = {**(extra.get("fsdp_config") or {}), **form.fsdp_config()}
         return dataclasses.replace(cfg, distributed_type="FSDP", extra=extra)
+    extra.pop("fsdp_config", None)
     return dataclasses.replace(cfg, distributed_type="NO" if cfg.distributed_type == "FSDP" else
                                cfg.distributed_type, extra=extra)
 
@@ -100,11 +109,13 @@ class FsdpFields:
         import ipywidgets as widgets
 
         label = {"description_width": "150px"}
-        self.strategy = widgets.ToggleButtons(options=list(STRATEGIES), value=form.strategy,
-                                              description="Strategy", style=label,
+        self.strategy = widgets.ToggleButtons(options=[(_STRATEGY_LABELS[s], s) for s in STRATEGIES],
+                                              value=form.strategy, description="Strategy", style=label,
                                               tooltips=["a full copy per process (DistributedDataParallel)",
                                                         "shard parameters, gradients and optimizer state "
-                                                        "(torch FSDP2)"])
+                                                        "(torch FSDP2)",
+                                                        "DeepSpeed ZeRO: shard optimizer state (stage 1), "
+                                                        "+ gradients (2), + parameters (3)"])
         self.wrap = widgets.Dropdown(options=list(AUTO_WRAP_POLICIES), value=form.wrap, description="Wrap policy",
                                      style=label)
         self.classes = widgets.Text(value=form.classes, description="Layer classes", style=label,

@@ -11,6 +11,12 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from magics.panel_deepspeed import (
+    DeepSpeedForm,
+    apply_deepspeed_form,
+    deepspeed_form_from_config,
+    deepspeed_messages,
+)
 from magics.panel_fsdp import FsdpForm, apply_form, form_from_config, fsdp_messages
 from magics.panel_rules import (
     default_processes,
@@ -37,7 +43,13 @@ class FormState:
     machine_rank: int = 0
     main_process_ip: str = ""
     main_process_port: int = 0
-    fsdp: FsdpForm = field(default_factory=FsdpForm)  # the strategy: DDP, or FSDP and its options
+    fsdp: FsdpForm = field(default_factory=FsdpForm)  # the strategy (DDP, FSDP, DEEPSPEED); FSDP's options
+    deepspeed: DeepSpeedForm = field(default_factory=DeepSpeedForm)  # DeepSpeed's options
+
+    @property
+    def strategy(self) -> str:
+        """``"DDP"``, ``"FSDP"`` or ``"DEEPSPEED"``."""
+        return self.fsdp.strategy
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
         main_process_ip=cfg.main_process_ip or "",
         main_process_port=cfg.main_process_port or 0,
         fsdp=form_from_config(cfg),
+        deepspeed=deepspeed_form_from_config(cfg),
     )
 
 
@@ -82,7 +95,8 @@ def config_from_state(state: FormState, base: LaunchConfig) -> LaunchConfig:
         main_process_port=state.main_process_port or None,
         extra=dict(base.extra),
     )
-    return apply_form(cfg, state.fsdp).with_device(None if state.device == "auto" else state.device)
+    cfg = apply_deepspeed_form(apply_form(cfg, state.fsdp), state.deepspeed, state.strategy)
+    return cfg.with_device(None if state.device == "auto" else state.device)
 
 
 def _process_messages(state: FormState, hw: Hardware) -> list[Message]:
@@ -141,12 +155,14 @@ def validate(state: FormState, hw: Hardware) -> list[Message]:
         out.append(Message("note", "fork fails once CUDA is initialised in this kernel; "
                                    "auto switches to forkserver then"))
     out += _node_messages(state)
-    out += [Message(level, text) for level, text in fsdp_messages(
-        state.fsdp, state.num_processes * state.num_machines, dev)]
+    processes = state.num_processes * state.num_machines
+    out += [Message(level, text) for level, text in fsdp_messages(state.fsdp, processes, dev)]
+    out += [Message(level, text) for level, text in deepspeed_messages(
+        state.deepspeed, state.strategy, processes, dev)]
     return sorted(out, key=lambda m: m.level != "error")
 
 
-def _launch_kwargs(state: FormState) -> list[tuple[str, object]]:
+def _launch_kwargs(state: FormState, config_file: Path | None) -> list[tuple[str, object]]:
     kwargs: list[tuple[str, object]] = [("num_processes", state.num_processes)]
     if state.mixed_precision != "no":
         kwargs.append(("mixed_precision", state.mixed_precision))
@@ -161,14 +177,20 @@ def _launch_kwargs(state: FormState) -> list[tuple[str, object]]:
         kwargs.append(("use_port", state.main_process_port))
     if state.fsdp.strategy == "FSDP":
         kwargs.append(("fsdp", True))  # its options: the saved file's fsdp_config
+    if state.strategy == "DEEPSPEED" and config_file and config_file != default_config_path():
+        kwargs.append(("config_file", str(config_file)))  # DeepSpeed: only the file says it
     return kwargs
 
 
-def launcher_call(state: FormState) -> str:
-    """The equivalent Python, e.g. ``notebook_launcher(train, num_processes=2, mixed_precision='bf16')``."""
-    args = ", ".join(f"{k}={v!r}" for k, v in _launch_kwargs(state))
+def launcher_call(state: FormState, config_file: Path | None = None) -> str:
+    """The equivalent Python, e.g. ``notebook_launcher(train, num_processes=2, mixed_precision='bf16')``.
+    DeepSpeed has no launcher argument: the saved file (``config_file``) says it."""
+    args = ", ".join(f"{k}={v!r}" for k, v in _launch_kwargs(state, config_file))
+    note = "train: your training function"
+    if state.strategy == "DEEPSPEED":
+        note += f"; DeepSpeed ZeRO-{state.deepspeed.zero_stage} from the saved file's deepspeed_config"
     return ("from notebook_accel import notebook_launcher\n\n"
-            f"notebook_launcher(train, args=(), {args})  # train: your training function")
+            f"notebook_launcher(train, args=(), {args})  # {note}")
 
 
 def magic_line(state: FormState, config_file: Path | None = None) -> str:
@@ -185,9 +207,10 @@ def magic_line(state: FormState, config_file: Path | None = None) -> str:
         parts += ["--port", str(state.main_process_port)]
     if state.fsdp.strategy == "FSDP":
         parts.append("--fsdp")
-    if state.num_machines > 1 or state.device == "xla":
+    if state.num_machines > 1 or state.device == "xla" or state.strategy == "DEEPSPEED":
         path = config_file or default_config_path()
         if path != default_config_path():
             parts += ["--config", shlex.quote(str(path))]
-        return " ".join(parts) + "\n# multi-machine/TPU settings are read from the saved file"
+        what = "DeepSpeed" if state.strategy == "DEEPSPEED" else "multi-machine/TPU"
+        return " ".join(parts) + f"\n# {what} settings are read from the saved file"
     return " ".join(parts)

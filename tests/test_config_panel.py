@@ -311,3 +311,130 @@ def test_panel_says_what_it_changed_and_what_was_saved(cfg_path):
     assert f"Saved to <code>{cfg_path}</code>" in panel.saved.value  # and does not replace
     assert panel.code_button.description == "Show as code"
     assert "ⓘ" not in panel.messages.value and "✗" not in panel.messages.value
+
+
+DEEPSPEED_YAML = ("distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\ndeepspeed_config:\n"
+                  "  zero_stage: 3\n  offload_optimizer_device: cpu\n  offload_param_device: cpu\n"
+                  "  gradient_clipping: 0.5\n  zero3_save_16bit_model: true\n  zero3_init_flag: true\n")
+
+
+def _deepspeed_values(panel) -> tuple:
+    ds = panel.deepspeed
+    return (panel.strategy.strategy.value, ds.zero_stage.value, ds.offload_optimizer.value,
+            ds.offload_param.value, ds.clipping.value, ds.save16.value)
+
+
+def test_panel_round_trips_a_deepspeed_file(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text(DEEPSPEED_YAML)
+    panel = config_panel(hardware=CPU2)
+    assert _deepspeed_values(panel) == ("DEEPSPEED", 3, "cpu", "cpu", "0.5", True)
+    assert panel.deepspeed.box.layout.display == "" and panel.strategy.options.layout.display == "none"
+    assert not panel.deepspeed.offload_param.disabled and not panel.deepspeed.save16.disabled
+    assert "not used by notebook_accel" not in panel.notes.value
+    assert not errors(panel) and not panel.save_button.disabled
+    panel.deepspeed.clipping.value = "1.5"
+    panel.code_button.click()
+    assert "DeepSpeed ZeRO-3 from the saved file" in panel.code.value
+    assert "# DeepSpeed settings are read from the saved file" in panel.code.value
+    assert panel.save() == cfg_path
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["distributed_type"], data["use_cpu"], data["num_processes"]) == ("DEEPSPEED", True, 2)
+    assert data["deepspeed_config"] == {
+        "zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu",
+        "gradient_clipping": 1.5, "zero3_save_16bit_model": True,
+        "zero3_init_flag": True}  # a key the panel does not show: kept
+    assert "fsdp_config" not in data
+    assert _deepspeed_values(config_panel(hardware=CPU2)) == ("DEEPSPEED", 3, "cpu", "cpu", "1.5", True)
+
+    from notebook_accel.config import load_config
+    from notebook_accel.launch.options import worker_strategy_environment
+
+    env = worker_strategy_environment(load_config(cfg_path))  # what the launcher makes of it
+    assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3" and env["ACCELERATE_GRADIENT_CLIPPING"] == "1.5"
+
+
+def test_panel_flags_a_bad_deepspeed_combination_and_does_not_save(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    text = DEEPSPEED_YAML.replace("zero_stage: 3", "zero_stage: 2")
+    cfg_path.write_text(text)
+    panel = config_panel(hardware=CPU2)
+    assert _deepspeed_values(panel)[:4] == ("DEEPSPEED", 2, "cpu", "cpu")  # the file's values, as they are
+    assert errors(panel) and panel.save_button.disabled
+    assert "offload_param_device &#x27;cpu&#x27; needs zero_stage 3, not 2" in panel.messages.value
+    assert not panel.deepspeed.offload_param.disabled  # enabled, so the bad value can be undone
+    assert panel.save() is None and "Not saved" in panel.saved.value
+    assert cfg_path.read_text() == text
+    panel.deepspeed.offload_param.value = "none"
+    assert not errors(panel) and panel.deepspeed.offload_param.disabled  # stage 3 only
+    panel.deepspeed.clipping.value = "big"
+    assert "gradient clipping &#x27;big&#x27; is not a number" in panel.messages.value
+    panel.deepspeed.clipping.value = ""
+    panel.deepspeed.offload_optimizer.value = "nvme"
+    assert panel.deepspeed.optimizer_nvme_path.layout.display == ""
+    assert "offload_optimizer_device &#x27;nvme&#x27; needs offload_optimizer_nvme_path" in panel.messages.value
+    panel.deepspeed.optimizer_nvme_path.value = "/local_nvme"
+    assert not errors(panel)
+    panel.deepspeed.zero_stage.value = 0
+    assert "needs zero_stage 1-3" in panel.messages.value and panel.save_button.disabled
+    panel.deepspeed.zero_stage.value = 1
+    data = yaml.safe_load(panel.save().read_text())["deepspeed_config"]
+    assert (data["zero_stage"], data["offload_optimizer_device"], data["offload_optimizer_nvme_path"]) == (
+        1, "nvme", "/local_nvme")
+    assert "gradient_clipping" not in data  # cleared in the form
+
+
+def test_panel_switching_strategies_drops_the_other_section(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\nfsdp_config:\n"
+                        "  fsdp_version: 2\n  fsdp_transformer_layer_cls_to_wrap: Block\n")
+    panel = config_panel(hardware=CPU2)
+    assert panel.strategy.strategy.value == "FSDP" and panel.deepspeed.box.layout.display == "none"
+    assert panel.strategy.strategy.options[2] == ("DeepSpeed", "DEEPSPEED")
+    panel.strategy.strategy.value = "DEEPSPEED"
+    assert panel.deepspeed.box.layout.display == "" and panel.strategy.options.layout.display == "none"
+    assert panel.deepspeed.zero_stage.value == 2 and panel.deepspeed.offload_param.disabled  # the defaults
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["distributed_type"] == "DEEPSPEED" and "fsdp_config" not in data
+    assert data["deepspeed_config"] == {"zero_stage": 2, "offload_optimizer_device": "none",
+                                        "offload_param_device": "none", "zero3_save_16bit_model": False}
+    panel.strategy.strategy.value = "FSDP"
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["distributed_type"] == "FSDP" and "deepspeed_config" not in data
+    assert data["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "Block"
+    panel.strategy.strategy.value = "DDP"
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["distributed_type"] == "MULTI_CPU"
+    assert "fsdp_config" not in data and "deepspeed_config" not in data
+
+
+def test_panel_shows_a_deepspeed_json_read_only(cfg_path, tmp_path):
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text('{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, '
+                       '"gradient_clipping": 2.0}')
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text(f"distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+                        f"  deepspeed_config_file: {ds_json}\n  zero3_init_flag: true\n")
+    panel = config_panel(hardware=CPU2)
+    assert _deepspeed_values(panel)[:5] == ("DEEPSPEED", 3, "none", "cpu", "2.0")  # the JSON's
+    assert all(w.disabled for w in panel.deepspeed.fields)
+    assert f"deepspeed_config_file {ds_json}" in panel.messages.value and not errors(panel)
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["deepspeed_config"] == {"deepspeed_config_file": str(ds_json), "zero3_init_flag": True}
+    ds_json.unlink()
+    panel.num_processes.value = 1
+    assert "no such file" in panel.messages.value and panel.save_button.disabled
+
+
+def test_deepspeed_rules_as_functions():
+    from magics.panel_deepspeed import DeepSpeedForm
+    from magics.panel_fsdp import FsdpForm
+
+    state = FormState(num_processes=1, fsdp=FsdpForm(strategy="DEEPSPEED"), deepspeed=DeepSpeedForm())
+    assert [m.text for m in validate(state, CPU2)][0].startswith("DeepSpeed with 1 process")
+    [err] = validate(FormState(device="xla", fsdp=FsdpForm(strategy="DEEPSPEED")), Hardware(cpu_count=2, tpu=True))[:1]
+    assert err.level == "error" and "DeepSpeed does not run on TPU" in err.text
+    assert validate(FormState(num_processes=2, deepspeed=DeepSpeedForm(zero_stage=0,
+                                                                      offload_param_device="cpu")), CPU2) == []
+    assert magic_line(FormState(num_processes=2, fsdp=FsdpForm(strategy="DEEPSPEED"))) == (
+        "%%accelerate -n 2\n# DeepSpeed settings are read from the saved file")

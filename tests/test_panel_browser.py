@@ -1,4 +1,5 @@
-"""The config panel in a real browser: JupyterLab + headless Chromium driven by Playwright.
+"""The config panel in a real browser: JupyterLab + headless Chromium driven by Playwright
+(the form, Save, Show as code, Test, then DeepSpeed chosen and saved, and a bad combination refused).
 
 Needs ``apt-get install chromium`` (``/usr/bin/chromium``) and ``pip install jupyterlab
 ipywidgets playwright`` (never ``playwright install``). The screenshot
@@ -102,6 +103,23 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
             expect(panel).to_contain_text(f"Saved to {config}")  # not replaced by the Test
             expect(panel.locator(".jp-OutputArea-output", has_text="PASS").first).to_be_visible()
             assert "ⓘ" not in panel.inner_text()  # no glyph that may be missing
+
+            panel.get_by_role("button", name="DeepSpeed", exact=True).click()  # the third strategy
+            stage = panel.locator(".widget-inline-hbox", has_text="ZeRO stage").locator("select")
+            expect(stage).to_be_visible(timeout=20_000)
+            stage.select_option(label="3: + parameters")
+            panel.locator(".widget-inline-hbox", has_text="Offload parameters").locator(
+                "select").select_option("cpu")  # enabled once the stage is 3
+            panel.get_by_role("button", name="Save").click()
+            deadline = time.monotonic() + 20
+            while (_read_yaml(config).get("deepspeed_config") or {}).get("offload_param_device") != "cpu":
+                assert time.monotonic() < deadline, config.read_text()
+                time.sleep(0.2)
+            data = _read_yaml(config)
+            assert (data["distributed_type"], data["deepspeed_config"]["zero_stage"]) == ("DEEPSPEED", 3), data
+            stage.select_option(label="2: + gradients")  # parameters offloaded at stage 2: refused
+            expect(panel).to_contain_text("needs zero_stage 3, not 2", timeout=20_000)
+            expect(panel.get_by_role("button", name="Save")).to_be_disabled()
         finally:
             page.screenshot(path=str(artifacts / "config_panel.png"), full_page=True)
     assert (artifacts / "config_panel.png").stat().st_size > 1000
