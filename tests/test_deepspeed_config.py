@@ -48,6 +48,7 @@ def test_generated_config_leaves_job_values_auto_and_turns_off_deepspeeds_silent
     ({"zero_stage": 4}, r"invalid zero_stage 4; valid values: \[0, 1, 2, 3\]"),
     ({"offload_optimizer_device": "gpu"}, r"invalid offload_optimizer_device 'gpu'; valid values"),
     ({"zero_stage": 2, "offload_param_device": "cpu"}, "offload_param_device 'cpu' needs zero_stage 3"),
+    ({"zero_stage": 0, "offload_optimizer_device": "cpu"}, "offload_optimizer_device 'cpu' needs zero_stage 1, 2"),
     ({"offload_param_device": "nvme", "zero_stage": 3}, "needs offload_param_nvme_path"),
     ({"gradient_clipping": "lots"}, "invalid value 'lots' for gradient_clipping"),
     ({"hf_ds_config": "/no/such.json"}, "no such file"),

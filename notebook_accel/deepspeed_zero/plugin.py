@@ -235,6 +235,9 @@ class DeepSpeedPlugin:
             if device == "nvme" and not get_value(config, f"zero_optimization.offload_{kind}.nvme_path"):
                 raise ValueError(f"offload_{kind}_device 'nvme' needs offload_{kind}_nvme_path")
             setattr(self, f"offload_{kind}_device", device)
+        if self.offload_optimizer_device != "none" and stage == 0:
+            raise ValueError(f"offload_optimizer_device {self.offload_optimizer_device!r} needs zero_stage 1, 2 "
+                             "or 3 (stage 0 has no partitioned optimizer to offload)")
         if self.offload_param_device != "none" and stage != 3:
             raise ValueError(f"offload_param_device {self.offload_param_device!r} needs zero_stage 3, "
                              f"not {stage}; offload_optimizer_device works with stages 1-3")

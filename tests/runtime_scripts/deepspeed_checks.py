@@ -17,8 +17,10 @@ import sys
 import warnings
 from pathlib import Path
 
+import tiny_lm
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from tiny_lm import data, flat, make_model
+from torch.utils.data import DataLoader
 
 from notebook_accel import Accelerator, DeepSpeedPlugin
 
@@ -26,50 +28,12 @@ faulthandler.dump_traceback_later(float(os.environ.get("DDP_CHECKS_TIMEOUT", "20
 
 OUT = Path(sys.argv[1])
 PHASE = sys.argv[2]
-VOCAB, DIM, SEQ, STEPS, PER_RANK = 32, 16, 8, 8, 4
+STEPS, PER_RANK = 8, 4
 results: dict = {}
 
 
-class Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = torch.nn.Linear(DIM, 2 * DIM)
-        self.down = torch.nn.Linear(2 * DIM, DIM)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.tanh(self.up(x)))
-
-
-class TinyLM(torch.nn.Module):
-    """Embedding, two blocks, a head tied to the embedding."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, DIM)
-        self.blocks = torch.nn.Sequential(Block(), Block())
-        self.head = torch.nn.Linear(DIM, VOCAB, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.embed(tokens)))
-
-
-def make_model() -> TinyLM:
-    torch.manual_seed(7)
-    return TinyLM()
-
-
-def data(n: int = 160) -> TensorDataset:
-    g = torch.Generator().manual_seed(123)
-    return TensorDataset(torch.randint(0, VOCAB, (n, SEQ), generator=g), torch.randint(0, VOCAB, (n, SEQ), generator=g))
-
-
 def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(model(x).reshape(-1, VOCAB).float(), y.reshape(-1))
-
-
-def flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    return tiny_lm.lm_loss(model, x, y, float_logits=True)
 
 
 def reference(accumulation: int = 1, clip: float | None = None, bf16: bool = False) -> dict:
