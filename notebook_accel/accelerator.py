@@ -161,15 +161,14 @@ class Accelerator:
         if self.fsdp_plugin is not None:
             raise ValueError("both an FSDP and a DeepSpeed plugin were given (or ACCELERATE_USE_FSDP and "
                              "ACCELERATE_USE_DEEPSPEED are both set); choose one strategy")
-        if not self.use_distributed:
-            warnings.warn("DeepSpeed needs several processes: this one-process job trains without it "
-                          "(launch it on several processes to shard with ZeRO)", stacklevel=3)
-            return
+        if self.device.type == "xla":
+            raise ValueError("DeepSpeed does not run on XLA devices; on TPU use the default data parallelism")
         from notebook_accel.deepspeed_zero.runtime import DeepSpeedRuntime
 
         self.scaler = None  # DeepSpeed scales fp16 losses itself
         self._deepspeed = DeepSpeedRuntime(self.deepspeed_plugin, self.mixed_precision, self.gradient_state,
-                                           self.num_processes, self.print)
+                                           self.num_processes, self.print, self.device)
+        self.state.deepspeed_plugin = self.deepspeed_plugin
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
@@ -286,13 +285,14 @@ class Accelerator:
         for i, obj in enumerate(out):
             if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
                 out[i] = self.prepare_data_loader(obj, device_placement=placement[i])
-        models = [i for i, obj in enumerate(out) if isinstance(obj, torch.nn.Module) and not self._deepspeed.owns(obj)
-                  and any(p.requires_grad for p in obj.parameters())]
+        modules = [i for i, obj in enumerate(out) if isinstance(obj, torch.nn.Module) and not self._deepspeed.owns(obj)]
+        models = [i for i in modules if any(p.requires_grad for p in out[i].parameters())]
         optimizers = [i for i, obj in enumerate(out)
                       if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)]
-        if not optimizers:
-            for i in models:
+        for i in modules:  # frozen models (a teacher...), or all of them when there is no optimizer
+            if not optimizers or i not in models:
                 out[i] = self.prepare_model(out[i], device_placement=placement[i], evaluation_mode=True)
+        if not optimizers:
             return
         if len(models) != 1 or len(optimizers) != 1:
             raise ValueError(f"under DeepSpeed, pass one trainable model and its optimizer to the same prepare() "
@@ -618,7 +618,7 @@ class Accelerator:
         if self._fsdp is not None and self._fsdp.owns(model):
             return self._fsdp.unwrap(model)
         if self._deepspeed is not None and self._deepspeed.owns(model):
-            return self._deepspeed.unwrap()
+            return self._deepspeed.unwrap(keep_fp32_wrapper)
         from notebook_accel.helpers import extract_model_from_parallel
 
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)

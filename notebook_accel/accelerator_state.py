@@ -8,6 +8,7 @@ independent view of the environment, so ``_reset_state`` has nothing to reset.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from notebook_accel import precision
 from notebook_accel.state import PartialState
@@ -27,6 +28,7 @@ class AcceleratorState(PartialState):
                  timeout: timedelta | None = None) -> None:
         super().__init__(cpu=cpu, timeout=timeout)
         self.mixed_precision = precision.resolve_mixed_precision(mixed_precision)
+        self.deepspeed_plugin: Any = None  # the Accelerator's, when it trains through DeepSpeed (the peer's name)
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1].replace("PartialState(", "AcceleratorState(", 1) + (

@@ -87,3 +87,13 @@ def test_checkpoint_resumes_bit_for_bit(runs):
         full, resumed = before["uninterrupted"], after["resumed"]
         assert resumed["losses"] == full["losses"][5:]
         assert resumed["params"] == full["params"] and resumed["lr"] == full["lr"]
+
+
+def test_zero3_init_builds_in_the_mixed_precision_and_the_checkpoint_merges_offline(runs):
+    for rank in runs["train"]:
+        case = rank["zero3_init"]
+        assert case["built_dtypes"] == ["torch.bfloat16"], case  # zero.Init saw mixed_precision
+        # DeepSpeed swaps torch's F.linear for its own under ZeRO-3; free_memory puts torch's back
+        assert "deepspeed" in case["linear_while_engine"] and case["linear_after_free"] == "torch._C._nn", case
+    merged = runs["train"][0]["zero3_init"]["merged_keys"]
+    assert "blocks.0.up.weight" in merged and "embed.weight" in merged  # zero_to_fp32 found 'latest'

@@ -47,7 +47,8 @@ class DeepSpeedCheckpointer:
         """Write every model and optimizer into ``directory`` (which exists on every rank);
         ``write(obj, path)`` writes one file (rank 0 only)."""
         if self.runtime.engine is not None:
-            self.runtime.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=False)
+            # save_latest: the 'latest' file lets DeepSpeed's zero_to_fp32.py find the tag by itself
+            self.runtime.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=True)
         models, optimizers = self._others()
         if is_main:
             for i, model in models:

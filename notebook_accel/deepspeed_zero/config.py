@@ -56,18 +56,13 @@ def plugin_from_config(deepspeed_config: Mapping[str, Any] | None) -> DeepSpeedP
     return DeepSpeedPlugin(**fields)
 
 
-def plugin_environment(plugin: DeepSpeedPlugin, config_file: str | None = None) -> dict[str, str]:
-    """The variables from which a worker's ``Accelerator()`` rebuilds ``plugin``.
-
-    ``config_file``: the DeepSpeed JSON the plugin was read from (sent as its path).
-    """
-    env = {USE_DEEPSPEED: "true"}
-    if config_file is not None:
-        env[ENV["hf_ds_config"]] = config_file
-        return env
-    env[ENV["zero_stage"]] = str(plugin.zero_stage)
-    env[ENV["offload_optimizer_device"]] = plugin.offload_optimizer_device
-    env[ENV["offload_param_device"]] = plugin.offload_param_device
+def plugin_environment(plugin: DeepSpeedPlugin) -> dict[str, str]:
+    """The variables from which a worker's ``Accelerator()`` rebuilds ``plugin`` (one without a JSON file)."""
+    env = {USE_DEEPSPEED: "true", ENV["zero_stage"]: str(plugin.zero_stage),
+           ENV["offload_optimizer_device"]: plugin.offload_optimizer_device,
+           ENV["offload_param_device"]: plugin.offload_param_device,
+           ENV["zero3_init_flag"]: str(plugin.zero3_init_flag).lower(),
+           ENV["zero3_save_16bit_model"]: str(plugin.zero3_save_16bit_model).lower()}
     for kind in ("optimizer", "param"):
         path = getattr(plugin, f"offload_{kind}_nvme_path")
         if getattr(plugin, f"offload_{kind}_device") == "nvme" and path:
@@ -76,8 +71,6 @@ def plugin_environment(plugin: DeepSpeedPlugin, config_file: str | None = None) 
         value = plugin.deepspeed_config.get(name, "auto")
         if value != "auto":
             env[ENV[name]] = str(value)
-    env[ENV["zero3_init_flag"]] = str(plugin.zero3_init_flag).lower()
-    env[ENV["zero3_save_16bit_model"]] = str(plugin.zero3_save_16bit_model).lower()
     return env
 
 
@@ -90,5 +83,12 @@ def strategy_environment(distributed_type: str, deepspeed_config: Mapping[str, A
     if distributed_type != "DEEPSPEED":
         return {}
     plugin = plugin_from_config(deepspeed_config)
-    config_file = (deepspeed_config or {}).get("deepspeed_config_file")
-    return plugin_environment(plugin, plugin.hf_ds_config if isinstance(config_file, str) else None)
+    if not isinstance((deepspeed_config or {}).get("deepspeed_config_file"), str):
+        return plugin_environment(plugin)
+    # A JSON file: send it and every key set beside it (they fill its "auto" values), as the peer does
+    env = {USE_DEEPSPEED: "true", ENV["hf_ds_config"]: plugin.hf_ds_config}
+    for key, value in (deepspeed_config or {}).items():
+        field = CONFIG_KEYS.get(key)
+        if field is not None and field != "hf_ds_config" and value is not None:
+            env[ENV[field]] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env

@@ -139,8 +139,8 @@ class DeepSpeedPlugin:
         self.deepspeed_config["steps_per_print"] = float("inf")  # no engine logging in the cell
         self.deepspeed_config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer
         self.zero3_init_flag = to_bool("zero3_init_flag", self.zero3_init_flag or False)
-        self.zero3_save_16bit_model = bool(get_value(
-            self.deepspeed_config, CONFIG_PATHS["zero3_save_16bit_model"], False))
+        self.zero3_save_16bit_model = get_value(
+            self.deepspeed_config, CONFIG_PATHS["zero3_save_16bit_model"], False) is True  # "auto": off
 
     # ---- building the config ---------------------------------------------------------
     @staticmethod
@@ -176,8 +176,9 @@ class DeepSpeedPlugin:
             current = get_value(self.deepspeed_config, dotted)
             if current is not None and current != "auto":
                 setattr(self, name, current)
-        if self.zero_stage is None:
-            self.zero_stage = 0
+        if is_auto(self.deepspeed_config, "zero_optimization.stage"):  # the peer's default
+            set_value(self.deepspeed_config, "zero_optimization.stage", 2)
+            self.zero_stage = 2
 
     def _generated_config(self) -> dict[str, Any]:
         stage = self._typed("zero_stage", self.zero_stage if self.zero_stage is not None else 2)

@@ -93,6 +93,9 @@ def fill_auto(config: dict[str, Any], *, micro_batch: int | None, accumulation: 
                 set_value(config, dotted, size(hidden))
             else:  # DeepSpeed's default
                 del config["zero_optimization"][key]
+    gather = "zero_optimization.stage3_gather_16bit_weights_on_model_save"
+    if is_auto(config, gather):
+        set_value(config, gather, False)
     for kind in ("optimizer", "param"):  # pinned memory needs an accelerator
         entry = get_value(config, f"zero_optimization.offload_{kind}")
         if isinstance(entry, dict) and entry.get("device") not in (None, "none") and not torch.cuda.is_available():
@@ -115,6 +118,30 @@ def _fill_precision(config: dict[str, Any], mixed_precision: str) -> None:
                              f"{mixed_precision!r}; set mixed_precision={kind!r} or {kind}.enabled to 'auto'")
     if mixed_precision in ("fp16", "bf16"):
         config.setdefault(mixed_precision, {})["enabled"] = True
+
+
+def single_process_group(device: torch.device) -> None:
+    """A one-process default group on a free loopback port, unless one exists."""
+    import torch.distributed as dist
+
+    from notebook_accel import exit_teardown
+    from notebook_accel.launch.ports import free_port
+
+    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine insists on it
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    exit_teardown.register(backend)
+
+
+def _restore_linear() -> None:
+    """Undo the ``F.linear`` replacement a ZeRO-3 engine leaves in torch for the rest of the process."""
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
+
+    original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
+    if original is not None:
+        torch.nn.functional.linear = original
 
 
 def announce_op_builds(deepspeed: Any, say: Callable[[str], None]) -> None:
@@ -175,14 +202,18 @@ class DeepSpeedRuntime:
     """
 
     def __init__(self, plugin: DeepSpeedPlugin, mixed_precision: str, gradient_state: GradientState,
-                 num_processes: int, say: Callable[[str], None]) -> None:
+                 num_processes: int, say: Callable[[str], None], device: torch.device) -> None:
         self.deepspeed = import_deepspeed()
         from deepspeed.accelerator import get_accelerator
+
+        if num_processes == 1:
+            single_process_group(device)  # DeepSpeed needs a group even alone (ZeRO-Offload on one GPU)
 
         if mixed_precision == "fp16" and not get_accelerator().is_fp16_supported():
             raise ValueError(f"mixed_precision 'fp16' is not supported by DeepSpeed on "
                              f"{get_accelerator().device_name()!r}; use 'bf16' or 'no'")
         self.plugin = plugin
+        _fill_precision(plugin.deepspeed_config, mixed_precision)  # zero.Init builds in this dtype
         self.mixed_precision = mixed_precision
         self.gradient_state = gradient_state
         self.num_processes = num_processes
@@ -231,6 +262,7 @@ class DeepSpeedRuntime:
         if self.engine is not None:
             self.engine.destroy()
         self.engine = self.optimizer = self.skeleton = self.config = None
+        _restore_linear()
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The engine's backward (it divides by the accumulation steps) and step."""
@@ -238,8 +270,9 @@ class DeepSpeedRuntime:
         self.engine.backward(loss, **kwargs)
         self.engine.step()
 
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """The global gradient norm the engine measured in the step ``backward`` just ran.
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor | None:
+        """The global gradient norm the engine measured in the step ``backward`` just ran (``None``
+        where the engine does not measure it: stage 0 with a torch optimizer, as in the peer).
 
         DeepSpeed clips inside its step, which has run by the time the loop calls this: the
         config's ``gradient_clipping`` is what clips. Without one, ``max_norm`` becomes the
@@ -255,7 +288,7 @@ class DeepSpeedRuntime:
                 self._warned_clip = True
             self._set_clipping(float(max_norm))
         norm = self.engine.get_global_grad_norm()
-        return torch.tensor(float("nan") if norm is None else float(norm))
+        return None if norm is None else torch.tensor(float(norm))  # stage 0 with a torch optimizer: unknown
 
     def _set_clipping(self, max_norm: float) -> None:
         self.config["gradient_clipping"] = max_norm
@@ -264,21 +297,26 @@ class DeepSpeedRuntime:
             self.engine.optimizer.clip_grad = max_norm
 
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """Every parameter and buffer, full, on the CPU of every rank (every rank calls it)."""
-        module = self.engine.module
-        if not self.plugin.is_zero3():
-            return {k: v.detach().cpu() for k, v in module.state_dict().items()}
-        params = list(module.parameters())
-        with self.deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        """ZeRO-3: every parameter, full, on the CPU of every rank (every rank calls it), gathered
+        one parameter at a time, so the device never holds more than one extra parameter."""
+        weights: dict[str, torch.Tensor] = {}
+        done: dict[int, torch.Tensor] = {}
+        for name, param in self.engine.module.named_parameters(remove_duplicate=False):
+            if id(param) not in done:
+                with self.deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                    done[id(param)] = param.detach().cpu().clone()
+            weights[name] = done[id(param)]
+        return weights
 
-    def unwrap(self) -> torch.nn.Module:
-        """The user's module; under ZeRO-3 (its parameters partitioned) a full, plain copy instead."""
+    def unwrap(self, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+        """The user's module; under ZeRO-3 (its parameters partitioned) a full, plain copy on the CPU
+        instead (a collective: every process must call it)."""
         if not self.plugin.is_zero3():
-            return self.engine.module
-        weights = self.full_weights()
+            from notebook_accel.helpers import extract_model_from_parallel
+
+            return extract_model_from_parallel(self.engine.module, keep_fp32_wrapper)
         buffers = dict(self.engine.module.named_buffers())
-        return module_from_weights(self.skeleton, weights, buffers, torch.device("cpu"))
+        return module_from_weights(self.skeleton, self.full_weights(), buffers, torch.device("cpu"))
 
     def state_dict(self) -> dict[str, Any]:
         """The full weights: under ZeRO-3 gathered to rank 0 (``{}`` elsewhere) when

@@ -114,8 +114,8 @@ def compare(run: dict, ref: dict) -> dict:
 
 
 def check_stages() -> None:
-    # bf16 first: a ZeRO-3 engine leaves deepspeed's own F.linear patched into torch for the
-    # rest of the process, which changes bf16 rounding in later runs (a fresh launch has none)
+    # Each run frees its engine: a ZeRO-3 engine swaps torch's F.linear for DeepSpeed's (other bf16
+    # rounding in later runs) and free_memory puts torch's back (checked in check_zero3_init...)
     ref = reference()
     ref16 = reference(bf16=True)
     for stage in (2, 3):
@@ -172,6 +172,27 @@ def check_plugin_from_environment() -> None:
     acc.free_memory()
 
 
+def check_zero3_init_and_offline_merge() -> None:
+    """zero.Init builds straight into bf16 partitions; DeepSpeed's own offline merge reads our checkpoint."""
+    acc = Accelerator(mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True))
+    with acc.deepspeed_plugin.zero3_init_context_manager():
+        model = make_model()
+    built = sorted({str(p.ds_tensor.dtype) for p in model.parameters()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    acc.save_state(OUT / "init_ckpt")
+    acc.wait_for_everyone()
+    merged = None
+    if acc.is_main_process:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        merged = sorted(get_fp32_state_dict_from_zero_checkpoint(str(OUT / "init_ckpt")))
+    results["zero3_init"] = {"built_dtypes": built, "merged_keys": merged,
+                             "linear_while_engine": torch.nn.functional.linear.__module__}
+    acc.free_memory()
+    results["zero3_init"]["linear_after_free"] = torch.nn.functional.linear.__module__
+
+
 def resume_run(acc: Accelerator, save_at: int | None, start: int = 0, steps: int = 10) -> dict:
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -203,6 +224,7 @@ def main() -> None:
         check_stages()
         check_accumulation_and_clipping()
         check_plugin_from_environment()
+        check_zero3_init_and_offline_merge()
         results["uninterrupted"] = resume_run(Accelerator(deepspeed_plugin=plugin), save_at=5)
         results["files"] = sorted(str(p.relative_to(OUT / "zero_ckpt")) for p in (OUT / "zero_ckpt").rglob("*")
                                   if p.is_file())
