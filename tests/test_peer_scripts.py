@@ -52,9 +52,23 @@ def check(result: dict, script: str, ranks: int = 2, skipped: set[str] | None = 
     print(f"{script}: {run_all.counts(result)}")
 
 
+# torch's DataLoader (4 workers per rank, forked beside gloo's threads) now and then loses one
+# worker's batch and waits for it forever: seen in ~1.5% of runs of test_distributed_data_loop.py,
+# with the real accelerate as with ours (docs/reliability.md, "Known upstream problems"). A run that
+# times out is run once more; a hang of ours would time out twice.
+FLAKY_UPSTREAM = {"test_distributed_data_loop.py": 120.0}
+
+
 @pytest.mark.parametrize("script", run_all.TORCHRUN_SCRIPTS)
 def test_peer_script_under_torchrun(work, script):
-    check(run_all.run_script(script, work), script)
+    if script not in FLAKY_UPSTREAM:
+        check(run_all.run_script(script, work), script)
+        return
+    result = run_all.run_script(script, work, timeout=FLAKY_UPSTREAM[script])
+    if result["returncode"] == -9:  # timed out
+        print(f"{script} timed out once (the upstream DataLoader hang); running it again")
+        result = run_all.run_script(script, work, timeout=FLAKY_UPSTREAM[script])
+    check(result, script)
 
 
 def test_peer_test_script_through_our_notebook_launcher(work):
