@@ -53,7 +53,7 @@ def check(result: dict, script: str, ranks: int = 2, skipped: set[str] | None = 
 
 
 # torch's DataLoader (4 workers per rank, forked beside gloo's threads) now and then loses one
-# worker's batch and waits for it forever: seen in ~1.5% of runs of test_distributed_data_loop.py,
+# worker's batch and waits for it forever: seen in ~1% of runs of test_distributed_data_loop.py,
 # with the real accelerate as with ours (docs/reliability.md, "Known upstream problems"). A run that
 # times out is run once more; a hang of ours would time out twice.
 FLAKY_UPSTREAM = {"test_distributed_data_loop.py": 120.0}

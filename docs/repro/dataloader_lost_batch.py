@@ -9,7 +9,7 @@ copy), adds a watchdog that prints every DataLoader iterator's bookkeeping after
     python docs/repro/dataloader_lost_batch.py --who peer --runs 150   # the real accelerate
     python docs/repro/dataloader_lost_batch.py --who ours --runs 150   # notebook_accel (tests/peer_shim)
 
-Measured on a 2-core machine: peer 1 hang in 47 runs, ours 3 in about 220. A hung run looks
+Measured on a 2-core machine: peer 2 hangs in 200 runs, ours 3 in 350. A hung run looks
 the same with either: each rank's iterator has sent 3 tasks and received all but one
 (``outstanding 1``); the worker that got the missing task is alive, idle, and has already
 pickled its result (its resource-sharer thread is up). See docs/reliability.md.
