@@ -23,7 +23,10 @@ our DDP. A run that fails (the peer's DeepSpeed path on CPU without ``transforme
 one) prints its row with the exception's first line instead of figures.
 
     python benchmarks/sharding_memory.py [--steps 5] [--layers 14] [--width 512] [--skip-peer]
-                                         [--strategies ddp,fsdp,zero2,zero3]
+                                         [--strategies ddp,fsdp,zero2,zero3] [--zero-config JSON]
+
+``--zero-config benchmarks/zero3_lean.json`` gives our ZeRO runs DeepSpeed settings that trade
+speed for memory (gather each parameter when used, free it right after, small buckets).
 
 Step times on a shared CPU machine are noisy; memory is the figure sharding is about. The
 workers run with ``MALLOC_MMAP_THRESHOLD_=4194304`` (``--mmap-threshold``; 0: glibc's
@@ -60,17 +63,17 @@ def held_bytes(parameters) -> int:
     return total
 
 
-def train(strategy: str, peer: bool, steps: int, layers: int, width: int) -> dict:
+def train(strategy: str, peer: bool, steps: int, layers: int, width: int, zero_config: str | None = None) -> dict:
     """One rank's run; returns its figures, or ``{"error": first line, "traceback": ...}``."""
     try:
-        return _train(strategy, peer, steps, layers, width)
+        return _train(strategy, peer, steps, layers, width, zero_config)
     except Exception as err:  # noqa: BLE001 - the row reports it
         first = (str(err).strip().splitlines() or [""])[0]
         return {"rank": int(os.environ.get("RANK", -1)), "error": f"{type(err).__name__}: {first}",
                 "traceback": traceback.format_exc()}
 
 
-def _train(strategy: str, peer: bool, steps: int, layers: int, width: int) -> dict:
+def _train(strategy: str, peer: bool, steps: int, layers: int, width: int, zero_config: str | None) -> dict:
     import resource
     import time
 
@@ -134,7 +137,7 @@ def _train(strategy: str, peer: bool, steps: int, layers: int, width: int) -> di
             fsdp_plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP",
                                                          transformer_cls_names_to_wrap=["Block"])
         elif zero:
-            deepspeed_plugin = DeepSpeedPlugin(zero_stage=int(strategy[-1]))
+            deepspeed_plugin = DeepSpeedPlugin(zero_stage=int(strategy[-1]), hf_ds_config=zero_config)
         accelerator = Accelerator(cpu=not zero, fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin)
     accelerator.wait_for_everyone()
     start_rss = psutil.Process().memory_info().rss
@@ -203,6 +206,8 @@ def main() -> None:
                         help=f"comma list of {','.join(STRATEGIES)} (default: all)")
     parser.add_argument("--mmap-threshold", type=int, default=4 << 20, metavar="BYTES",
                         help="glibc's MALLOC_MMAP_THRESHOLD_ in the workers; 0: glibc's adaptive default")
+    parser.add_argument("--zero-config", metavar="JSON", help="our ZeRO runs start from this DeepSpeed "
+                        "config (e.g. benchmarks/zero3_lean.json); the stage still comes from --strategies")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per launch before it is stopped")
     args = parser.parse_args()
     strategies = [s.strip().lower() for s in args.strategies.split(",") if s.strip()]
@@ -219,7 +224,8 @@ def main() -> None:
           f"{'peak +MB':>9}")
     for who, strategy in runs:
         try:
-            results = notebook_launcher(train, (strategy, who == "peer", args.steps, args.layers, args.width),
+            results = notebook_launcher(train, (strategy, who == "peer", args.steps, args.layers, args.width,
+                                                args.zero_config),
                                         num_processes=2, device="cpu", start_method="spawn", return_all=True,
                                         output="none", timeout=args.timeout)
         except Exception as err:  # noqa: BLE001 - a failed launch is a row too

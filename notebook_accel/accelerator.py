@@ -153,7 +153,7 @@ class Accelerator:
 
             self._fsdp = FsdpRuntime(self.fsdp_plugin, self.mixed_precision, self.device)
         self.deepspeed_plugin = resolve_deepspeed_plugin(deepspeed_plugin)
-        self._deepspeed = None  # a deepspeed_zero.runtime.DeepSpeedRuntime (DeepSpeed plugin, several processes)
+        self._deepspeed = None  # a deepspeed_zero.runtime.DeepSpeedRuntime when there is a DeepSpeed plugin
         if self.deepspeed_plugin is not None:
             self._start_deepspeed()
 

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from notebook_accel.config.schema import (
+    STRATEGY_SECTIONS,
     UNSUPPORTED_DISTRIBUTED_TYPES,
     KeyValueError,
     LaunchConfig,
@@ -74,8 +75,7 @@ def _report_unused(cfg: LaunchConfig, path: Path) -> None:
     unknown = sorted(str(k) for k in cfg.extra if k not in known)
     ignored = sorted(k for k, v in cfg.extra.items() if k in _PEER_INERT
                      and v not in (None, {}, [], "") and v not in _PEER_INERT[k]
-                     and not (k == "fsdp_config" and cfg.distributed_type == "FSDP")
-                     and not (k == "deepspeed_config" and cfg.distributed_type == "DEEPSPEED"))
+                     and k != STRATEGY_SECTIONS.get(cfg.distributed_type))
     notes = [f"unknown key {k!r}" + "".join(
         f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, known, 1)) for k in unknown]
     notes += [f"{k!r} is not used by notebook_accel" for k in ignored]

@@ -17,7 +17,8 @@ _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-det
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
     "DEEPSPEED": None,  # ZeRO (deepspeed_config: the workers' ACCELERATE_DEEPSPEED_* variables)
 }
-SHARDED_DISTRIBUTED_TYPES = ("FSDP", "DEEPSPEED")  # training strategies; the device is separate
+# The training strategies (the device is separate), each with its section of the file.
+STRATEGY_SECTIONS = {"FSDP": "fsdp_config", "DEEPSPEED": "deepspeed_config"}
 # The peer's other values load (the file stays usable by the peer) but are reported.
 UNSUPPORTED_DISTRIBUTED_TYPES = ("MEGATRON_LM", "MULTI_NPU", "MULTI_MLU",
                                  "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU",
@@ -133,7 +134,7 @@ class LaunchConfig:
             device = choice("device", device, DEVICE_TYPES, str.lower)
         many = (self.num_processes or 1) > 1 or self.num_machines > 1
         kind = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU"}.get(device or "", "NO") if many else "NO"
-        if self.distributed_type in SHARDED_DISTRIBUTED_TYPES and device != "xla":  # the strategy stays
+        if self.distributed_type in STRATEGY_SECTIONS and device != "xla":  # the strategy stays
             kind = self.distributed_type  # use_cpu says the device
         return dataclasses.replace(self, distributed_type="XLA" if device == "xla" else kind,
                                    use_cpu=device == "cpu", extra=dict(self.extra))

@@ -56,39 +56,20 @@ def plugin_from_config(deepspeed_config: Mapping[str, Any] | None) -> DeepSpeedP
     return DeepSpeedPlugin(**fields)
 
 
-def plugin_environment(plugin: DeepSpeedPlugin) -> dict[str, str]:
-    """The variables from which a worker's ``Accelerator()`` rebuilds ``plugin`` (one without a JSON file)."""
-    env = {USE_DEEPSPEED: "true", ENV["zero_stage"]: str(plugin.zero_stage),
-           ENV["offload_optimizer_device"]: plugin.offload_optimizer_device,
-           ENV["offload_param_device"]: plugin.offload_param_device,
-           ENV["zero3_init_flag"]: str(plugin.zero3_init_flag).lower(),
-           ENV["zero3_save_16bit_model"]: str(plugin.zero3_save_16bit_model).lower()}
-    for kind in ("optimizer", "param"):
-        path = getattr(plugin, f"offload_{kind}_nvme_path")
-        if getattr(plugin, f"offload_{kind}_device") == "nvme" and path:
-            env[ENV[f"offload_{kind}_nvme_path"]] = str(path)
-    for name in ("gradient_accumulation_steps", "gradient_clipping"):
-        value = plugin.deepspeed_config.get(name, "auto")
-        if value != "auto":
-            env[ENV[name]] = str(value)
-    return env
-
-
 def strategy_environment(distributed_type: str, deepspeed_config: Mapping[str, Any] | None) -> dict[str, str]:
-    """The workers' extra variables for ``distributed_type: DEEPSPEED`` (``{}`` otherwise).
+    """The workers' extra variables for ``distributed_type: DEEPSPEED`` (``{}`` otherwise): one per
+    key the file sets (a ``deepspeed_config_file`` as an absolute path), as the peer's launcher sends them.
 
     Raises:
         ValueError: see :func:`plugin_from_config`.
     """
     if distributed_type != "DEEPSPEED":
         return {}
-    plugin = plugin_from_config(deepspeed_config)
-    if not isinstance((deepspeed_config or {}).get("deepspeed_config_file"), str):
-        return plugin_environment(plugin)
-    # A JSON file: send it and every key set beside it (they fill its "auto" values), as the peer does
-    env = {USE_DEEPSPEED: "true", ENV["hf_ds_config"]: plugin.hf_ds_config}
+    plugin = plugin_from_config(deepspeed_config)  # validates
+    env = {USE_DEEPSPEED: "true"}
     for key, value in (deepspeed_config or {}).items():
         field = CONFIG_KEYS.get(key)
-        if field is not None and field != "hf_ds_config" and value is not None:
+        if field is not None and value is not None:
+            value = plugin.hf_ds_config if field == "hf_ds_config" else value
             env[ENV[field]] = str(value).lower() if isinstance(value, bool) else str(value)
     return env

@@ -3,8 +3,8 @@
 Fields and environment variables have the peer's names (``ACCELERATE_USE_DEEPSPEED=true``
 turns DeepSpeed on; ``ACCELERATE_DEEPSPEED_ZERO_STAGE``, ...), so a config file,
 ``accelerate launch`` or a plain ``torchrun`` with those variables all reach the same
-plugin. A field left ``None`` is read from its variable. ``hf_ds_config`` (a dict or a
-JSON file) replaces the generated config; fields then fill only its ``"auto"`` values.
+plugin. A field left ``None`` is read from its variable. The fields fill the ``"auto"`` (or
+missing) values of a config: ``hf_ds_config`` (a dict or a JSON file), else an all-``"auto"`` one.
 Values the job decides (micro batch, accumulation, clipping, precision) stay ``"auto"``
 here and are filled by ``runtime.fill_auto`` at ``prepare``. Nothing here imports deepspeed.
 """
@@ -130,11 +130,10 @@ class DeepSpeedPlugin:
                 setattr(self, name, _from_env(name))
         if self.enable_msamp:
             raise ValueError("enable_msamp=True: MS-AMP (fp8) is not supported; use mixed_precision 'bf16'")
-        if self.hf_ds_config is not None:
-            self.deepspeed_config = self._read_config(self.hf_ds_config)
-            self._fill_from_fields()
-        else:
-            self.deepspeed_config = self._generated_config()
+        self.deepspeed_config = (self._read_config(self.hf_ds_config) if self.hf_ds_config is not None else
+                                 {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                                  "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": "auto"}})
+        self._fill_from_fields()
         self._check_values()
         self.deepspeed_config["steps_per_print"] = float("inf")  # no engine logging in the cell
         self.deepspeed_config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer
@@ -166,7 +165,7 @@ class DeepSpeedPlugin:
         return config
 
     def _fill_from_fields(self) -> None:
-        """Fields given (or from the environment) fill the file's ``"auto"`` or missing values."""
+        """Fields given (or from the environment) fill the config's ``"auto"`` or missing values."""
         for name, dotted in CONFIG_PATHS.items():
             value = getattr(self, name)
             current = get_value(self.deepspeed_config, dotted)
@@ -179,31 +178,6 @@ class DeepSpeedPlugin:
         if is_auto(self.deepspeed_config, "zero_optimization.stage"):  # the peer's default
             set_value(self.deepspeed_config, "zero_optimization.stage", 2)
             self.zero_stage = 2
-
-    def _generated_config(self) -> dict[str, Any]:
-        stage = self._typed("zero_stage", self.zero_stage if self.zero_stage is not None else 2)
-        zero: dict[str, Any] = {"stage": stage}
-        for kind in ("optimizer", "param"):
-            device = str(getattr(self, f"offload_{kind}_device") or "none").lower()
-            entry: dict[str, Any] = {"device": device}
-            if device == "nvme":
-                entry["nvme_path"] = getattr(self, f"offload_{kind}_nvme_path")
-            if device != "none":
-                zero[f"offload_{kind}"] = entry
-        zero["stage3_gather_16bit_weights_on_model_save"] = to_bool(
-            "zero3_save_16bit_model", self.zero3_save_16bit_model or False)
-        config: dict[str, Any] = {
-            "train_batch_size": "auto",
-            "train_micro_batch_size_per_gpu": "auto",
-            "gradient_accumulation_steps": self._typed("gradient_accumulation_steps",
-                                                       self.gradient_accumulation_steps or "auto"),
-            "zero_optimization": zero,
-        }
-        clipping = self._typed("gradient_clipping", self.gradient_clipping or "auto")
-        if clipping != "auto":
-            config["gradient_clipping"] = clipping
-        self.zero_stage = stage
-        return config
 
     @staticmethod
     def _typed(name: str, value: Any) -> Any:
@@ -220,6 +194,8 @@ class DeepSpeedPlugin:
                              "valid values: a number or 'auto'") from None
         if name == "zero3_save_16bit_model":
             return to_bool(name, value)
+        if name.endswith("_device"):
+            return value.lower()
         return value
 
     def _check_values(self) -> None:

@@ -1,7 +1,7 @@
 """``DeepSpeedRuntime``: what an ``Accelerator`` does differently when it trains through DeepSpeed.
 
-The Accelerator keeps one of these when it has a DeepSpeed plugin and more than one
-process. ``prepare`` hands it the model and optimizer of the call (they go into
+The Accelerator keeps one of these when it has a DeepSpeed plugin (one process gets a
+one-process group: DeepSpeed needs one). ``prepare`` hands it the model and optimizer of the call (they go into
 ``deepspeed.initialize`` together); the user gets the engine (an ``nn.Module``: call it,
 ``.train()``, ``.parameters()``) and a ``DeepSpeedOptimizerWrapper``. The loop stays as it
 is: ``accelerator.backward(loss)`` runs the engine's backward *and* its step (an
@@ -13,6 +13,7 @@ are filled from the job (``fill_auto``) just before the engine is made.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Callable
@@ -59,8 +60,6 @@ def fill_auto(config: dict[str, Any], *, micro_batch: int | None, accumulation: 
     Raises:
         ValueError: a config value that contradicts the job (naming both).
     """
-    import copy
-
     config = copy.deepcopy(config)
     if config.get("gradient_accumulation_steps", "auto") == "auto":
         config["gradient_accumulation_steps"] = accumulation

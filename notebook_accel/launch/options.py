@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from notebook_accel.config import LaunchConfig, load_config, resolve_launch_options
+from notebook_accel.config.schema import STRATEGY_SECTIONS
 
 DEFAULTS = {
     "mixed_precision": "no",
@@ -67,7 +68,7 @@ def worker_strategy_environment(config: LaunchConfig) -> dict[str, str]:
         from notebook_accel.deepspeed_zero.config import strategy_environment
     else:
         return {}
-    key = "fsdp_config" if config.distributed_type == "FSDP" else "deepspeed_config"
+    key = STRATEGY_SECTIONS[config.distributed_type]
     try:
         return strategy_environment(config.distributed_type, config.extra.get(key))
     except ValueError as err:

@@ -195,7 +195,8 @@ class _ResultPickler(_PayloadPickler):
                 raise TypeError(f"a {type(obj).__name__} sharded by FSDP cannot leave its worker (its weights "
                                 "are spread over the processes); return accelerator.unwrap_model(model), a "
                                 "full plain copy, or accelerator.get_state_dict(model) instead")
-            if type(obj).__name__ == "DeepSpeedEngine":
+            engine = sys.modules.get("deepspeed.runtime.engine")
+            if engine is not None and isinstance(obj, engine.DeepSpeedEngine):
                 raise TypeError("a DeepSpeed engine cannot leave its worker (it holds the process group and, "
                                 "under ZeRO, only this process's shards); return accelerator.unwrap_model(model) "
                                 "or accelerator.get_state_dict(model) instead")
