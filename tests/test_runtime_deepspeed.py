@@ -42,6 +42,9 @@ def test_zero_stages_match_one_process(runs, stage):
         assert case["loss_rel"] <= 1e-4 and case["param_diff"] <= 1e-5, case
         # ZeRO-3 partitions the parameters: each rank holds half; stages 1-2 keep full weights
         assert case["param_fraction"] == (0.5 if stage == 3 else 1.0), case
+    case = runs["train"][0][f"zero{stage}"]
+    print(f"ZeRO-{stage} fp32: loss rel {case['loss_rel']:.2e}, params {case['param_diff']:.2e}, "
+          f"holds {case['param_fraction']:.2f} of the parameters")
 
 
 def test_zero3_unwrap_gives_a_plain_full_module_with_its_tie(runs):
@@ -59,6 +62,7 @@ def test_bf16_trains_on_fp32_master_weights(runs, stage):
         assert case["param_dtypes"] == ["torch.bfloat16"], case
         if stage == 2:
             assert case["master_dtypes"] == ["torch.float32"], case
+    print(f"ZeRO-{stage} bf16: loss rel {runs['train'][0][f'bf16_zero{stage}']['loss_rel']:.2e}")
 
 
 def test_accumulation_and_clipping_match_one_process(runs):
@@ -67,6 +71,8 @@ def test_accumulation_and_clipping_match_one_process(runs):
         assert case["accumulation"] == 2
         assert case["loss_rel"] <= 1e-4 and case["param_diff"] <= 1e-5, case
         assert min(case["norms"]) > 0.5, case  # the norms exceeded the threshold: clipping was active
+    case = runs["train"][0]["accumulate_clip"]
+    print(f"ZeRO-2 accumulation 2 + clipping 0.5: loss rel {case['loss_rel']:.2e}, params {case['param_diff']:.2e}")
 
 
 def test_plugin_from_the_launchers_variables_and_zero3_consolidation(runs):
