@@ -147,10 +147,16 @@ class Accelerator:
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self.fsdp_plugin = resolve_plugin(fsdp_plugin)
-        self._fsdp = None  # an fsdp.runtime.FsdpRuntime when sharding (FSDP plugin, several processes)
-        if self.fsdp_plugin is not None and self.use_distributed:
+        # an fsdp.runtime.FsdpRuntime when sharding: several processes, or one GPU (as the peer under a
+        # launcher: a group of one, for CPU offload of a model the GPU cannot hold); one CPU process has
+        # nothing to gain and keeps the plain model
+        self._fsdp = None
+        if self.fsdp_plugin is not None and (self.use_distributed or self.device.type == "cuda"):
             from notebook_accel.fsdp.runtime import FsdpRuntime
+            from notebook_accel.state import ensure_one_process_group
 
+            if not self.use_distributed:
+                ensure_one_process_group(self.device)
             self._fsdp = FsdpRuntime(self.fsdp_plugin, self.mixed_precision, self.device)
         self.deepspeed_plugin = resolve_deepspeed_plugin(deepspeed_plugin)
         self._deepspeed = None  # a deepspeed_zero.runtime.DeepSpeedRuntime when there is a DeepSpeed plugin

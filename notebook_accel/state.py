@@ -126,6 +126,25 @@ def ensure_process_group(
         dist.barrier()
 
 
+def ensure_one_process_group(device: torch.device) -> None:
+    """A default group of this process alone, unless one exists (FSDP or DeepSpeed in one process).
+
+    Its store lives in memory, so no port is taken (and none can collide); nccl on a GPU, else gloo.
+    """
+    import torch.distributed as dist
+
+    from notebook_accel import exit_teardown
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if dist.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"backend": backend, "store": dist.HashStore(), "rank": 0, "world_size": 1}
+    if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)
+    exit_teardown.register(backend)
+
+
 class PartialState:
     """The distributed environment of this process, usable without an ``Accelerator``.
 

@@ -26,6 +26,7 @@ from notebook_accel.deepspeed_zero.plugin import DeepSpeedPlugin, get_value, is_
 from notebook_accel.fsdp.state_dict import meta_skeleton, module_from_weights
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer
+from notebook_accel.state import ensure_one_process_group
 
 OPS_NOTE = ("DeepSpeed is compiling its C++ ops for this machine ({ops}); the first time this takes "
             "30-60 s, later runs reuse the build")
@@ -119,21 +120,6 @@ def _fill_precision(config: dict[str, Any], mixed_precision: str) -> None:
         config.setdefault(mixed_precision, {})["enabled"] = True
 
 
-def single_process_group(device: torch.device) -> None:
-    """A one-process default group on a free loopback port, unless one exists."""
-    import torch.distributed as dist
-
-    from notebook_accel import exit_teardown
-    from notebook_accel.launch.ports import free_port
-
-    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine insists on it
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    exit_teardown.register(backend)
-
-
 def _restore_linear() -> None:
     """Undo the ``F.linear`` replacement a ZeRO-3 engine leaves in torch for the rest of the process."""
     from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
@@ -206,7 +192,8 @@ class DeepSpeedRuntime:
         from deepspeed.accelerator import get_accelerator
 
         if num_processes == 1:
-            single_process_group(device)  # DeepSpeed needs a group even alone (ZeRO-Offload on one GPU)
+            os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine insists on it
+            ensure_one_process_group(device)  # DeepSpeed needs a group even alone (ZeRO-Offload on one GPU)
 
         if mixed_precision == "fp16" and not get_accelerator().is_fp16_supported():
             raise ValueError(f"mixed_precision 'fp16' is not supported by DeepSpeed on "

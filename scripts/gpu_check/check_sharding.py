@@ -1,0 +1,163 @@
+"""Item 4: FSDP2 and DeepSpeed ZeRO-3 on the GPU.
+
+One GPU, so one rank: FSDP2 shards over a group of one (the single-GPU case that matters: CPU
+offload of what the GPU cannot hold) and ZeRO-3 runs with its optimizer offloaded to the CPU. The
+optimizer is DeepSpeed's CPU Adam, so its op is compiled on the spot (timed), and so is the CUDA
+FusedAdam op with the machine's nvcc (timed). Without a GPU the same jobs run on two CPU
+processes (gloo), with torch's AdamW, and the items say "N/A".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from common import GPU, Report
+
+from notebook_accel import notebook_launcher
+
+LAUNCH = {"num_processes": 1} if GPU else {"num_processes": 2, "device": "cpu"}
+
+
+def fsdp_job(offload: bool) -> dict:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from notebook_accel import Accelerator
+    from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                   torch.nn.Tanh(), torch.nn.Linear(64, 8))
+
+    g = torch.Generator().manual_seed(1)
+    xs, ys = torch.randn(80, 32, generator=g), torch.randn(80, 8, generator=g)
+    ref, ref_losses = make(), []
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for i in range(5):
+        loss = torch.nn.functional.mse_loss(ref(xs[16 * i:16 * i + 16]), ys[16 * i:16 * i + 16])
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(loss.item())
+    acc = Accelerator(mixed_precision="bf16", fsdp_plugin=FullyShardedDataParallelPlugin(cpu_offload=offload))
+    model = make()
+    seen: list = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append((o.dtype, str(o.device))))
+    loader = DataLoader(TensorDataset(xs, ys), batch_size=16 // acc.num_processes)
+    model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    losses = []
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(acc.reduce(loss.detach(), "mean").item())
+    shards = [p.to_local() for p in model.parameters()]
+    return {"type": acc.distributed_type.value, "world": acc.num_processes, "device": str(acc.device),
+            "compute": [str(seen[0][0]), seen[0][1]], "shard_devices": sorted({str(s.device) for s in shards}),
+            "pinned": all(s.is_pinned() for s in shards), "shard_dtypes": sorted({str(s.dtype) for s in shards}),
+            "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True)),
+            "peak_gpu_mb": torch.cuda.max_memory_allocated() >> 20 if torch.cuda.is_available() else 0}
+
+
+def zero3_job(cpu_adam: bool) -> dict:
+    import time
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from notebook_accel import Accelerator, DeepSpeedPlugin
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+
+    g = torch.Generator().manual_seed(1)
+    xs, ys = torch.randn(80, 32, generator=g), torch.randn(80, 8, generator=g)
+    ref, ref_losses = make(), []
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for i in range(5):
+        loss = torch.nn.functional.mse_loss(ref(xs[16 * i:16 * i + 16]), ys[16 * i:16 * i + 16])
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(loss.item())
+    acc = Accelerator(mixed_precision="bf16",
+                      deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="cpu"))
+    model = make()
+    start = time.perf_counter()
+    if cpu_adam:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        opt = DeepSpeedCPUAdam(model.parameters(), lr=1e-2)  # builds (compiles) the cpu_adam op
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer_s = time.perf_counter() - start
+    loader = DataLoader(TensorDataset(xs, ys), batch_size=16 // acc.num_processes)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    losses = []
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(acc.reduce(loss.detach(), "mean").item())
+    import torch.distributed as dist
+
+    return {"type": acc.distributed_type.value, "backend": dist.get_backend(), "device": str(acc.device),
+            "optimizer": type(opt.optimizer if hasattr(opt, "optimizer") else opt).__name__,
+            "optimizer_build_s": round(optimizer_s, 2),
+            "param_devices": sorted({str(p.ds_tensor.device) for p in model.parameters()}),
+            "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+            "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True)),
+            "losses": [round(v, 5) for v in losses]}
+
+
+def fsdp(offload: bool) -> tuple[bool, dict, str]:
+    r = notebook_launcher(fsdp_job, args=(offload,), **LAUNCH)
+    want_device = "cuda" if GPU else "cpu"
+    passed = (r["type"] == "FSDP" and r["shard_dtypes"] == ["torch.float32"] and r["loss_rel"] < 3e-2
+              and r["compute"][0] == "torch.bfloat16" and r["compute"][1].startswith(want_device))
+    if offload:
+        passed = passed and r["shard_devices"] == ["cpu"] and (r["pinned"] or not GPU)
+    else:
+        passed = passed and all(d.startswith(want_device) for d in r["shard_devices"])
+    return passed, r, ""
+
+
+def zero3() -> tuple[bool, dict, str]:
+    r = notebook_launcher(zero3_job, args=(GPU,), **LAUNCH)
+    passed = (r["type"] == "DEEPSPEED" and r["backend"] == ("nccl" if GPU else "gloo")
+              and r["param_dtypes"] == ["torch.bfloat16"] and r["loss_rel"] < 5e-2)
+    return passed, r, ""
+
+
+def fused_adam_build() -> tuple[bool, dict, str]:
+    from deepspeed.ops.op_builder import FusedAdamBuilder
+
+    start = time.perf_counter()
+    FusedAdamBuilder().load()
+    return True, {"nvcc_build_s": round(time.perf_counter() - start, 1)}, ""
+
+
+def main() -> None:
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # DeepSpeed's JIT builds: this GPU's arch only
+    report = Report()
+    report.run("4a", "FSDP2 bf16 mixed precision, fp32 master weights (shards on the GPU)", lambda: fsdp(False))
+    report.run("4b", "FSDP2 bf16 with CPU offload in pinned memory", lambda: fsdp(True))
+    report.run("4c", "DeepSpeed ZeRO-3 bf16, optimizer offloaded (CPU Adam compiled on the spot)", zero3)
+    if GPU:
+        report.run("4d", "DeepSpeed FusedAdam compiled with the machine's nvcc", fused_adam_build)
+    else:
+        report.skip("4d", "DeepSpeed FusedAdam compiled with the machine's nvcc", "nvcc builds need CUDA")
+    report.emit()
+
+
+if __name__ == "__main__":
+    main()
