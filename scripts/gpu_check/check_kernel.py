@@ -82,9 +82,13 @@ def magic(kernel: Kernel) -> tuple[bool, dict, str]:
 
 
 def peer(kernel: Kernel) -> tuple[bool, dict, str]:
-    out = kernel.ok(PEER, timeout=120).stdout
+    cell = kernel.ok(PEER, timeout=120)
+    out = cell.stdout + cell.stderr
     line = next((x for x in out.splitlines() if x.startswith(("PEER_ERROR", "PEER_LAUNCHED"))), out[-300:])
-    return line.startswith("PEER_ERROR"), {"peer_launched": line.startswith("PEER_LAUNCHED")}, line
+    cause = next((x.strip() for x in out.splitlines() if "Cannot re-initialize CUDA" in x), "")
+    figures = {"peer_launched": line.startswith("PEER_LAUNCHED"), "peer_error": line.removeprefix("PEER_ERROR "),
+               "root_cause_in_its_output": cause[:300], "seconds_to_fail": round(cell.elapsed, 2)}
+    return line.startswith("PEER_ERROR"), figures, "\n".join(out.splitlines()[-12:])[-1500:]
 
 
 def main() -> None:

@@ -139,15 +139,25 @@ def zero3() -> tuple[bool, dict, str]:
 
 
 def fused_adam_build() -> tuple[bool, dict, str]:
+    import torch
     from deepspeed.ops.op_builder import FusedAdamBuilder
 
+    # DeepSpeed 0.19 cannot parse an arch with a suffix ("9.0a") in TORCH_CUDA_ARCH_LIST: build for
+    # this GPU's plain compute capability, and say what the machine had set
+    had = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "{}.{}".format(*torch.cuda.get_device_capability(0))
     start = time.perf_counter()
-    FusedAdamBuilder().load()
-    return True, {"nvcc_build_s": round(time.perf_counter() - start, 1)}, ""
+    try:
+        FusedAdamBuilder().load()
+    finally:
+        if had is None:
+            del os.environ["TORCH_CUDA_ARCH_LIST"]
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = had
+    return True, {"nvcc_build_s": round(time.perf_counter() - start, 1), "machine_arch_list": had}, ""
 
 
 def main() -> None:
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # DeepSpeed's JIT builds: this GPU's arch only
     report = Report()
     report.run("4a", "FSDP2 bf16 mixed precision, fp32 master weights (shards on the GPU)", lambda: fsdp(False))
     report.run("4b", "FSDP2 bf16 with CPU offload in pinned memory", lambda: fsdp(True))
