@@ -34,10 +34,10 @@ def gloo_on_gpu() -> dict:
     flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
     gathered = [torch.zeros_like(flat) for _ in range(2)]
     dist.all_gather(gathered, flat)
-    out = {"sum": t.tolist(), "tensor_device": str(t.device), "param_device": str(flat.device),
-           "ranks_agree": torch.equal(gathered[0], gathered[1])}
-    dist.destroy_process_group()
-    return out
+    # no destroy_process_group() here: with the DDP model still alive that can deadlock in torch's
+    # gloo teardown (docs/torch_gloo_exit_abort.md); the launcher's workers leave without it
+    return {"sum": t.tolist(), "tensor_device": str(t.device), "param_device": str(flat.device),
+            "ranks_agree": torch.equal(gathered[0], gathered[1])}
 
 
 def nccl_one_rank() -> dict:
