@@ -19,87 +19,44 @@ from notebook_accel import notebook_launcher
 LAUNCH = {"num_processes": 1} if GPU else {"num_processes": 2, "device": "cpu"}
 
 
-def fsdp_job(offload: bool) -> dict:
+def make(layers: int):
+    """A small MLP (the same weights every time); defined here, it travels to the workers by value."""
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
 
-    from notebook_accel import Accelerator
-    from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin
+    torch.manual_seed(0)
+    widths = [32] + [64] * (layers - 1)
+    body = [m for a, b in zip(widths, widths[1:], strict=False) for m in (torch.nn.Linear(a, b), torch.nn.Tanh())]
+    return torch.nn.Sequential(*body, torch.nn.Linear(widths[-1], 8))
 
-    torch.backends.cuda.matmul.allow_tf32 = False
 
-    def make() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
-                                   torch.nn.Tanh(), torch.nn.Linear(64, 8))
+def data():
+    import torch
 
     g = torch.Generator().manual_seed(1)
-    xs, ys = torch.randn(80, 32, generator=g), torch.randn(80, 8, generator=g)
-    ref, ref_losses = make(), []
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    return torch.randn(80, 32, generator=g), torch.randn(80, 8, generator=g)
+
+
+def reference_losses(layers: int, optimizer, lr: float) -> list[float]:
+    """One process, fp32, no Accelerator: the global batches of 16."""
+    import torch
+
+    (xs, ys), model = data(), make(layers)
+    opt, losses = optimizer(model.parameters(), lr=lr), []
     for i in range(5):
-        loss = torch.nn.functional.mse_loss(ref(xs[16 * i:16 * i + 16]), ys[16 * i:16 * i + 16])
+        loss = torch.nn.functional.mse_loss(model(xs[16 * i:16 * i + 16]), ys[16 * i:16 * i + 16])
         loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(loss.item())
-    acc = Accelerator(mixed_precision="bf16", fsdp_plugin=FullyShardedDataParallelPlugin(cpu_offload=offload))
-    model = make()
-    seen: list = []
-    model[0].register_forward_hook(lambda m, i, o: seen.append((o.dtype, str(o.device))))
-    loader = DataLoader(TensorDataset(xs, ys), batch_size=16 // acc.num_processes)
-    model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
-    losses = []
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x).float(), y)
-        acc.backward(loss)
         opt.step()
         opt.zero_grad()
-        losses.append(acc.reduce(loss.detach(), "mean").item())
-    shards = [p.to_local() for p in model.parameters()]
-    return {"type": acc.distributed_type.value, "world": acc.num_processes, "device": str(acc.device),
-            "compute": [str(seen[0][0]), seen[0][1]], "shard_devices": sorted({str(s.device) for s in shards}),
-            "pinned": all(s.is_pinned() for s in shards), "shard_dtypes": sorted({str(s.dtype) for s in shards}),
-            "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True)),
-            "peak_gpu_mb": torch.cuda.max_memory_allocated() >> 20 if torch.cuda.is_available() else 0}
+        losses.append(loss.item())
+    return losses
 
 
-def zero3_job(cpu_adam: bool) -> dict:
-    import time
-
+def prepared_run(acc, model, opt) -> tuple:
+    """Prepare, train on this rank's share of the same batches; the losses averaged over ranks."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from notebook_accel import Accelerator, DeepSpeedPlugin
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-
-    def make() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-
-    g = torch.Generator().manual_seed(1)
-    xs, ys = torch.randn(80, 32, generator=g), torch.randn(80, 8, generator=g)
-    ref, ref_losses = make(), []
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    for i in range(5):
-        loss = torch.nn.functional.mse_loss(ref(xs[16 * i:16 * i + 16]), ys[16 * i:16 * i + 16])
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(loss.item())
-    acc = Accelerator(mixed_precision="bf16",
-                      deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="cpu"))
-    model = make()
-    start = time.perf_counter()
-    if cpu_adam:
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        opt = DeepSpeedCPUAdam(model.parameters(), lr=1e-2)  # builds (compiles) the cpu_adam op
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    optimizer_s = time.perf_counter() - start
-    loader = DataLoader(TensorDataset(xs, ys), batch_size=16 // acc.num_processes)
+    loader = DataLoader(TensorDataset(*data()), batch_size=16 // acc.num_processes)
     model, opt, loader = acc.prepare(model, opt, loader)
     losses = []
     for x, y in loader:
@@ -108,15 +65,62 @@ def zero3_job(cpu_adam: bool) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(acc.reduce(loss.detach(), "mean").item())
+    return model, opt, losses
+
+
+def rel(losses: list[float], ref: list[float]) -> float:
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
+
+
+def fsdp_job(offload: bool) -> dict:
+    import torch
+
+    from notebook_accel import Accelerator
+    from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = reference_losses(3, torch.optim.SGD, 0.1)
+    acc = Accelerator(mixed_precision="bf16", fsdp_plugin=FullyShardedDataParallelPlugin(cpu_offload=offload))
+    model = make(3)
+    seen: list = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append((o.dtype, str(o.device))))
+    model, _, losses = prepared_run(acc, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    shards = [p.to_local() for p in model.parameters()]
+    return {"type": acc.distributed_type.value, "world": acc.num_processes, "device": str(acc.device),
+            "compute": [str(seen[0][0]), seen[0][1]], "shard_devices": sorted({str(s.device) for s in shards}),
+            "pinned": all(s.is_pinned() for s in shards), "shard_dtypes": sorted({str(s.dtype) for s in shards}),
+            "loss_rel": rel(losses, ref),
+            "peak_gpu_mb": torch.cuda.max_memory_allocated() >> 20 if torch.cuda.is_available() else 0}
+
+
+def zero3_job(cpu_adam: bool) -> dict:
+    import time
+
+    import torch
     import torch.distributed as dist
 
+    from notebook_accel import Accelerator, DeepSpeedPlugin
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = reference_losses(2, torch.optim.AdamW, 1e-2)
+    acc = Accelerator(mixed_precision="bf16",
+                      deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="cpu"))
+    model = make(2)
+    start = time.perf_counter()
+    if cpu_adam:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        opt = DeepSpeedCPUAdam(model.parameters(), lr=1e-2)  # builds (compiles) the cpu_adam op
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer_s = time.perf_counter() - start
+    model, opt, losses = prepared_run(acc, model, opt)
     return {"type": acc.distributed_type.value, "backend": dist.get_backend(), "device": str(acc.device),
             "optimizer": type(opt.optimizer if hasattr(opt, "optimizer") else opt).__name__,
             "optimizer_build_s": round(optimizer_s, 2),
             "param_devices": sorted({str(p.ds_tensor.device) for p in model.parameters()}),
             "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
-            "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True)),
-            "losses": [round(v, 5) for v in losses]}
+            "loss_rel": rel(losses, ref), "losses": [round(v, 5) for v in losses]}
 
 
 def fsdp(offload: bool) -> tuple[bool, dict, str]:
