@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
@@ -126,7 +125,7 @@ class Accelerator:
             getattr(plugin, "sync_with_dataloader", True),
         )
         self.sync_each_batch = bool(getattr(plugin, "sync_each_batch", False))  # all-reduce every micro-step
-        self.ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
+        ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
         scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
         self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)
         self.log_with = log_with
@@ -144,7 +143,7 @@ class Accelerator:
         # OrderedDict: RemovableHandle keeps a weak reference to it
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.print, self.ddp_kwargs)
+        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.print, ddp_kwargs)
         # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
         self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
         self.fsdp_plugin = plugins["fsdp"]
@@ -186,6 +185,15 @@ class Accelerator:
     @property
     def distributed_type(self) -> DistributedType:
         return self.strategy.distributed_type
+
+    @property
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """Extra ``DistributedDataParallel`` arguments (the strategy reads them when it wraps a model)."""
+        return self.strategy.context.ddp_kwargs
+
+    @ddp_kwargs.setter
+    def ddp_kwargs(self, value: dict[str, Any]) -> None:
+        self.strategy.context.ddp_kwargs = value
 
     @property
     def deepspeed_config(self) -> dict[str, Any] | None:
@@ -367,23 +375,13 @@ class Accelerator:
         """
         return self.strategy.no_sync(model)
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Make the next backward all-reduce DDP gradients even though the forward ran under ``no_sync``.
 
         For several forwards under ``no_sync`` followed by several backwards: wrap the last backward.
         A null context when ``model`` is not DDP-wrapped.
         """
-        if not isinstance(model, DistributedDataParallel):
-            yield
-            return
-        saved = model.require_backward_grad_sync, model.require_forward_param_sync
-        model.require_backward_grad_sync = model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+        return self.strategy.trigger_sync_in_backward(model)
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
         """Autocast for this accelerator's mixed precision and device.

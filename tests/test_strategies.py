@@ -47,7 +47,8 @@ def test_every_strategy_implements_the_one_interface_with_its_signatures(name):
     cls = strategy_class(name)
     assert issubclass(cls, Strategy) and cls.name == name and not inspect.isabstract(cls)
     for method in ("setup_model", "setup_optimizer", "setup_model_and_optimizer", "backward", "no_sync",
-                   "clip_grad_norm_", "clip_grad_value_", "unwrap", "model_state_dict", "checkpointer"):
+                   "clip_grad_norm_", "clip_grad_value_", "unwrap", "model_state_dict", "checkpointer",
+                   "trigger_sync_in_backward", "join_uneven_inputs", "to_cpu", "release"):
         assert _parameters(getattr(cls, method)) == _parameters(getattr(Strategy, method)), method
 
 

@@ -173,6 +173,21 @@ class Strategy(ABC):
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """A context whose backward synchronises ``model``'s gradients although its forward ran under
+        ``no_sync`` (a DDP-wrapped model; elsewhere a null context)."""
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any]) -> Iterator[None]:
         """Let processes train on inputs of different lengths (DDP's ``Join``); elsewhere a
         null context, with a warning where the job is distributed."""
