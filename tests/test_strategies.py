@@ -115,3 +115,18 @@ def test_adding_a_strategy_is_one_registry_line(monkeypatch):
     optimizer.step()
     assert _CountingStrategy.backwards == 1
     assert accelerator.clip_grad_norm_(model.parameters(), 1.0) is not None
+
+
+def test_on_xla_fsdp_alone_runs_as_xla_and_sharding_or_deepspeed_are_refused():
+    from notebook_accel.deepspeed_zero.plugin import DeepSpeedPlugin
+    from notebook_accel.strategies import StrategyContext
+
+    plugin = FullyShardedDataParallelPlugin()
+    alone = StrategyContext.on_device(torch.device("xla", 0))
+    strategy, plugins = registry.select(alone, {"fsdp": plugin})
+    assert strategy.name == "xla" and plugins["fsdp"] is plugin
+    several = StrategyContext.on_device(torch.device("xla", 0), num_processes=2)
+    with pytest.raises(ValueError, match="does not run on XLA devices.*'cuda' or 'cpu'"):
+        registry.select(several, {"fsdp": plugin})
+    with pytest.raises(ValueError, match="DeepSpeed does not run on XLA"):
+        registry.select(alone, {"deepspeed": DeepSpeedPlugin()})

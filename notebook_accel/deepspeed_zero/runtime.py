@@ -1,8 +1,8 @@
 """DeepSpeed helpers of the strategy (``notebook_accel.strategies.deepspeed``).
 
 ``import_deepspeed`` (with an install hint), ``fill_auto`` (the config's ``"auto"`` values
-from the job), the one-process group DeepSpeed needs, the notice when it compiles its ops,
-and ``DeepSpeedOptimizerWrapper`` (what ``prepare`` returns for the optimizer).
+from the job), the notice when DeepSpeed compiles its ops, and ``DeepSpeedOptimizerWrapper``
+(what ``prepare`` returns for the optimizer).
 ``DeepSpeedRuntime`` (the former class) still builds the strategy.
 """
 
@@ -110,15 +110,6 @@ def fill_precision(config: dict[str, Any], mixed_precision: str) -> None:
                              f"{mixed_precision!r}; set mixed_precision={kind!r} or {kind}.enabled to 'auto'")
     if mixed_precision in ("fp16", "bf16"):
         config.setdefault(mixed_precision, {})["enabled"] = True
-
-
-def single_process_group(device: torch.device) -> None:
-    """A one-process default group, unless one exists (DeepSpeed needs one even alone); it is
-    created where every group is (``state.ensure_process_group``), on an in-process store: no port."""
-    from notebook_accel.state import collective_backend, ensure_process_group
-
-    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine insists on it
-    ensure_process_group(collective_backend(device.type), 0, 1, None, device, alone=True)
 
 
 def restore_linear() -> None:

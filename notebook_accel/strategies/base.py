@@ -191,12 +191,15 @@ class Strategy(ABC):
     def join_uneven_inputs(self, joinables: list[Any]) -> Iterator[None]:
         """Let processes train on inputs of different lengths (DDP's ``Join``); elsewhere a
         null context, with a warning where the job is distributed."""
-        if self.distributed_type is not DistributedType.NO:
-            warnings.warn(
-                f"join_uneven_inputs is only supported for multi-GPU/multi-CPU DDP training, not "
-                f"{self.distributed_type.value}; it has no effect here", UserWarning, stacklevel=5,
-            )
+        self._warn_join_unsupported()
         yield
+
+    def _warn_join_unsupported(self) -> None:
+        if self.distributed_type is not DistributedType.NO:
+            warnings.warn(  # stacklevel: the user's `with accelerator.join_uneven_inputs(...)` line
+                f"join_uneven_inputs is only supported for multi-GPU/multi-CPU DDP training, not "
+                f"{self.distributed_type.value}; it has no effect here", UserWarning, stacklevel=6,
+            )
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the (unscaled) gradients to ``max_norm``; returns their total norm."""

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from notebook_accel.state import DistributedType
 from notebook_accel.strategies.base import Strategy, StrategyContext
 
 
@@ -38,8 +39,10 @@ class DdpStrategy(Strategy):
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any]) -> Iterator[None]:
-        """``torch.distributed.algorithms.Join`` over ``joinables`` (several processes)."""
-        if self.num_processes == 1:
+        """``torch.distributed.algorithms.Join`` over ``joinables`` (several processes; the process
+        state's type decides, as in the peer, whose scripts change it to see the warning)."""
+        if self.distributed_type not in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
+            self._warn_join_unsupported()
             yield
             return
         from torch.distributed.algorithms.join import Join

@@ -8,12 +8,14 @@ optimizer step only at an accumulation boundary, clipping inside it, as in the p
 ``optimizer.step()`` / ``zero_grad()`` are then no-ops, and schedulers keep the
 Accelerator's semantics (they are not given to the engine). ``"auto"`` config values
 are filled from the job (``fill_auto``) just before the engine is made. One process gets a
-one-process group (DeepSpeed needs one). The helpers live in ``notebook_accel.deepspeed_zero``;
+one-process group (DeepSpeed needs one), made where every group is made (``state.ensure_process_group``).
+The helpers live in ``notebook_accel.deepspeed_zero``;
 ``deepspeed`` itself is imported when the strategy is built.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -22,7 +24,7 @@ import torch
 
 from notebook_accel.deepspeed_zero.plugin import get_value, resolve_plugin
 from notebook_accel.optim import AcceleratedOptimizer
-from notebook_accel.state import DistributedType
+from notebook_accel.state import DistributedType, ensure_process_group
 from notebook_accel.strategies.base import Strategy, StrategyContext
 
 
@@ -43,17 +45,14 @@ class DeepSpeedStrategy(Strategy):
         if context.state.device.type == "xla":
             raise ValueError("DeepSpeed does not run on XLA devices; on TPU use the default data parallelism")
         super().__init__(context, plugin)
-        from notebook_accel.deepspeed_zero.runtime import (
-            fill_precision,
-            import_deepspeed,
-            single_process_group,
-        )
+        from notebook_accel.deepspeed_zero.runtime import fill_precision, import_deepspeed
 
         self.deepspeed = import_deepspeed()
         from deepspeed.accelerator import get_accelerator
 
-        if self.num_processes == 1:
-            single_process_group(self.device)  # DeepSpeed needs a group even alone (ZeRO-Offload on one GPU)
+        if self.num_processes == 1:  # DeepSpeed needs a group even alone (ZeRO-Offload on one GPU)
+            os.environ.setdefault("LOCAL_RANK", "0")  # its engine insists on it
+            ensure_process_group(self.collective_backend, 0, 1, None, self.device, alone=True)
         if self.mixed_precision == "fp16" and not get_accelerator().is_fp16_supported():
             raise ValueError(f"mixed_precision 'fp16' is not supported by DeepSpeed on "
                              f"{get_accelerator().device_name()!r}; use 'bf16' or 'no'")

@@ -32,7 +32,7 @@ class FsdpStrategy(Strategy):
     """Fully sharded data parallelism (``DistributedType.FSDP`` when sharding).
 
     Raises:
-        ValueError: on an XLA device.
+        ValueError: on an XLA device (the former ``FsdpRuntime``'s refusal).
     """
 
     name: ClassVar[str] = "fsdp"
@@ -52,7 +52,10 @@ class FsdpStrategy(Strategy):
 
     @classmethod
     def wanted(cls, context: StrategyContext, plugin: Any) -> bool:
-        return plugin is not None
+        """With a plugin; not for one XLA process, which shards nothing and runs as XLA (sharding
+        over several XLA processes is refused when the strategy is built)."""
+        alone_on_xla = context.state.device.type == "xla" and context.state.num_processes == 1
+        return plugin is not None and not alone_on_xla
 
     @classmethod
     def worker_environment(cls, section: Mapping[str, Any] | None) -> dict[str, str]:
