@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
@@ -43,11 +42,10 @@ from notebook_accel.data import (
     prepare_data_loader,
     skip_first_batches,
 )
-from notebook_accel.deepspeed_zero.plugin import resolve_plugin as resolve_deepspeed_plugin
-from notebook_accel.fsdp.plugin import resolve_plugin
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
 from notebook_accel.state import DistributedType
+from notebook_accel.strategies import StrategyContext, select
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
 if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
@@ -127,7 +125,7 @@ class Accelerator:
             getattr(plugin, "sync_with_dataloader", True),
         )
         self.sync_each_batch = bool(getattr(plugin, "sync_each_batch", False))  # all-reduce every micro-step
-        self.ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
+        ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
         scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
         self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)
         self.log_with = log_with
@@ -142,39 +140,15 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
-        self._moved_parameters: dict[int, torch.nn.Parameter] = {}  # XLA: id(old) -> moved parameter
         # OrderedDict: RemovableHandle keeps a weak reference to it
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self.fsdp_plugin = resolve_plugin(fsdp_plugin)
-        # an fsdp.runtime.FsdpRuntime when sharding: several processes, or one GPU (as the peer under a
-        # launcher: a group of one, for CPU offload of a model the GPU cannot hold); one CPU process has
-        # nothing to gain and keeps the plain model
-        self._fsdp = None
-        if self.fsdp_plugin is not None and (self.use_distributed or self.device.type == "cuda"):
-            from notebook_accel.fsdp.runtime import FsdpRuntime
-            from notebook_accel.state import ensure_one_process_group
-
-            if not self.use_distributed:
-                ensure_one_process_group(self.device)
-            self._fsdp = FsdpRuntime(self.fsdp_plugin, self.mixed_precision, self.device)
-        self.deepspeed_plugin = resolve_deepspeed_plugin(deepspeed_plugin)
-        self._deepspeed = None  # a deepspeed_zero.runtime.DeepSpeedRuntime when there is a DeepSpeed plugin
-        if self.deepspeed_plugin is not None:
-            self._start_deepspeed()
-
-    def _start_deepspeed(self) -> None:
-        if self.fsdp_plugin is not None:
-            raise ValueError("both an FSDP and a DeepSpeed plugin were given (or ACCELERATE_USE_FSDP and "
-                             "ACCELERATE_USE_DEEPSPEED are both set); choose one strategy")
-        if self.device.type == "xla":
-            raise ValueError("DeepSpeed does not run on XLA devices; on TPU use the default data parallelism")
-        from notebook_accel.deepspeed_zero.runtime import DeepSpeedRuntime
-
-        self.scaler = None  # DeepSpeed scales fp16 losses itself
-        self._deepspeed = DeepSpeedRuntime(self.deepspeed_plugin, self.mixed_precision, self.gradient_state,
-                                           self.num_processes, self.print, self.device)
-        self.state.deepspeed_plugin = self.deepspeed_plugin
+        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.print, ddp_kwargs)
+        # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
+        self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
+        self.fsdp_plugin = plugins["fsdp"]
+        self.deepspeed_plugin = self.state.deepspeed_plugin = plugins["deepspeed"]
+        self.scaler = self.strategy.loss_scaler(self.scaler)
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"
@@ -210,15 +184,23 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        if self._deepspeed is not None:
-            return DistributedType.DEEPSPEED
-        return DistributedType.FSDP if self._fsdp is not None else self.state.distributed_type
+        return self.strategy.distributed_type
+
+    @property
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """Extra ``DistributedDataParallel`` arguments (the strategy reads them when it wraps a model)."""
+        return self.strategy.context.ddp_kwargs
+
+    @ddp_kwargs.setter
+    def ddp_kwargs(self, value: dict[str, Any]) -> None:
+        self.strategy.context.ddp_kwargs = value
 
     @property
     def deepspeed_config(self) -> dict[str, Any] | None:
         """The DeepSpeed config (``"auto"`` values filled once a model is prepared), or ``None``."""
-        if self._deepspeed is not None and self._deepspeed.config is not None:
-            return self._deepspeed.config
+        resolved = self.strategy.resolved_config()
+        if resolved is not None:
+            return resolved
         return None if self.deepspeed_plugin is None else self.deepspeed_plugin.deepspeed_config
 
     @property
@@ -272,8 +254,8 @@ class Accelerator:
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
         out = list(args)
-        if self._deepspeed is not None:
-            self._prepare_deepspeed(out, placement)
+        if self.strategy.joint_setup:
+            self._prepare_jointly(out, placement)
         for i, obj in enumerate(args):
             if not isinstance(obj, _SCHEDULER_TYPES):
                 out[i] = self._prepare_one(out[i], placement[i])
@@ -282,16 +264,17 @@ class Accelerator:
                 out[i] = self.prepare_scheduler(obj)
         return out[0] if len(out) == 1 else tuple(out)
 
-    def _prepare_deepspeed(self, out: list[Any], placement: list[bool]) -> None:
-        """Give the call's model and optimizer to one DeepSpeed engine (in ``out``, in place).
+    def _prepare_jointly(self, out: list[Any], placement: list[bool]) -> None:
+        """Set the call's trainable model up together with its optimizer (a ``joint_setup`` strategy:
+        DeepSpeed's engine), in ``out``, in place.
 
-        Loaders are prepared first: their per-process batch is the engine's micro batch.
+        Loaders are prepared first: their per-process batch is the strategy's micro batch.
         Models without an optimizer (frozen, evaluation) are placed, not wrapped.
         """
         for i, obj in enumerate(out):
             if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
                 out[i] = self.prepare_data_loader(obj, device_placement=placement[i])
-        modules = [i for i, obj in enumerate(out) if isinstance(obj, torch.nn.Module) and not self._deepspeed.owns(obj)]
+        modules = [i for i, obj in enumerate(out) if isinstance(obj, torch.nn.Module) and not self.strategy.owns(obj)]
         models = [i for i in modules if any(p.requires_grad for p in out[i].parameters())]
         optimizers = [i for i, obj in enumerate(out)
                       if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)]
@@ -300,17 +283,13 @@ class Accelerator:
                 out[i] = self.prepare_model(out[i], device_placement=placement[i], evaluation_mode=True)
         if not optimizers:
             return
-        if len(models) != 1 or len(optimizers) != 1:
-            raise ValueError(f"under DeepSpeed, pass one trainable model and its optimizer to the same prepare() "
-                             f"call (got {len(models)} trainable models and {len(optimizers)} optimizers)")
         shard = self._dataloaders[0] if self._dataloaders else None
         micro = shard.total_batch_size // self.num_processes if shard and shard.total_batch_size else None
-        model, optimizer = out[models[0]], out[optimizers[0]]
-        engine, wrapped = self._deepspeed.initialize(
-            model, optimizer, micro, lambda m: precision.wrap_forward(m, self.mixed_precision, self.device))
-        self._models.append(engine)
+        model, wrapped = self.strategy.setup_model_and_optimizer(
+            [out[i] for i in models], [out[i] for i in optimizers], micro)
+        self._models.append(model)
         self._optimizers.append(wrapped)
-        out[models[0]], out[optimizers[0]] = engine, wrapped
+        out[models[0]], out[optimizers[0]] = model, wrapped
 
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
         if isinstance(obj, torch.nn.Module):
@@ -331,44 +310,14 @@ class Accelerator:
         for prepared in self._models:
             if model is prepared or model is getattr(prepared, "module", None):
                 return prepared
-        if self._deepspeed is not None and not evaluation_mode:
-            raise ValueError("under DeepSpeed a model is prepared together with its optimizer: "
-                             "accelerator.prepare(model, optimizer, ...)")
         place = device_placement if device_placement is not None else self.device_placement
-        if self._fsdp is not None and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
-            self._models.append(self._fsdp.prepare_model(model, self._optimizers, place))
-            return model
-        if place:
-            if self.device.type == "xla":
-                from notebook_accel.xla import runtime as xla
-
-                self._moved_parameters.update(xla.move_model(model, self.device))
-                for opt in self._optimizers:
-                    xla.rebind_parameters(opt.optimizer, self._moved_parameters)
-            else:
-                model = model.to(self.device)
-        precision.wrap_forward(model, self.mixed_precision, self.device)
-        trainable = any(p.requires_grad for p in model.parameters())
-        wrap = self.use_distributed and self.distributed_type != DistributedType.XLA  # XLA: optimizer reduces
-        if wrap and trainable and not evaluation_mode and not isinstance(model, DistributedDataParallel):
-            device_ids = [self.local_process_index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        model = self.strategy.setup_model(model, place, evaluation_mode, [opt.optimizer for opt in self._optimizers])
         self._models.append(model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
-        before = after = None
-        if self._fsdp is not None:
-            self._fsdp.rebind(optimizer)  # models prepared first got new (sharded) parameters
-        if self.distributed_type == DistributedType.XLA:
-            from notebook_accel.xla import runtime as xla
-
-            xla.rebind_parameters(optimizer, self._moved_parameters)  # models moved to XLA get new Parameters
-            if self.use_distributed:
-                before = xla.GradientReducer()  # once per step; clipping may do it first
-            after = xla.sync
-        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler, before, after)
+        wrapped = self.strategy.setup_optimizer(optimizer, self.scaler)
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -407,15 +356,7 @@ class Accelerator:
 
         Under DeepSpeed: the engine's backward and step (an optimizer step at accumulation boundaries).
         """
-        if self._deepspeed is not None and self._deepspeed.engine is not None:
-            self._deepspeed.backward(loss, **kwargs)
-            return
-        if self.gradient_state.num_steps > 1:
-            loss = loss / self.gradient_state.num_steps
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward(**kwargs)
-        else:
-            loss.backward(**kwargs)
+        self.strategy.backward(loss, self.scaler, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -428,30 +369,19 @@ class Accelerator:
             yield
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Skip DDP's gradient all-reduce inside the block (a null context when not distributed)."""
-        if self.use_distributed and isinstance(model, DistributedDataParallel):
-            return model.no_sync()
-        if self._fsdp is not None and self._fsdp.owns(model):
-            return self._fsdp.no_sync(model)
-        return contextlib.nullcontext()  # DeepSpeed: the engine's accumulation boundary decides
+        """Skip DDP's gradient all-reduce inside the block (a null context when not distributed).
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        Under FSDP2 its gradient-sync switch; under DeepSpeed the engine's accumulation boundary decides.
+        """
+        return self.strategy.no_sync(model)
+
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Make the next backward all-reduce DDP gradients even though the forward ran under ``no_sync``.
 
         For several forwards under ``no_sync`` followed by several backwards: wrap the last backward.
         A null context when ``model`` is not DDP-wrapped.
         """
-        if not isinstance(model, DistributedDataParallel):
-            yield
-            return
-        saved = model.require_backward_grad_sync, model.require_forward_param_sync
-        model.require_backward_grad_sync = model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+        return self.strategy.trigger_sync_in_backward(model)
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
         """Autocast for this accelerator's mixed precision and device.
@@ -472,8 +402,10 @@ class Accelerator:
                 if "already been called" not in str(exc):
                     raise
 
-    def _reduce_xla_gradients(self) -> None:
-        """Several XLA cores: average the gradients before clipping (the step then skips it)."""
+    def _settle_gradients(self) -> None:
+        """Make the gradients final before they are inspected: unscaled (fp16), and reduced now by the
+        optimizers that reduce them before their step (several XLA cores; the step then skips it)."""
+        self.unscale_gradients()
         if self.sync_gradients:
             for opt in self._optimizers:
                 if hasattr(opt.before_step, "reduce_now"):
@@ -482,16 +414,12 @@ class Accelerator:
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm.
 
-        Under DeepSpeed the engine clips inside its step (config ``gradient_clipping``): this
-        returns the norm it measured (see ``DeepSpeedRuntime.clip_grad_norm_``).
+        Under FSDP2: the global norm over every rank's shards. Under DeepSpeed the engine clips
+        inside its step (config ``gradient_clipping``): this returns the norm it measured (see
+        ``strategies.deepspeed.DeepSpeedStrategy.clip_grad_norm_``).
         """
-        if self._deepspeed is not None and self._deepspeed.engine is not None:
-            return self._deepspeed.clip_grad_norm_(max_norm)
-        self.unscale_gradients()
-        self._reduce_xla_gradients()
-        if self._fsdp is not None:  # the global norm over every rank's shards
-            return self._fsdp.clip_grad_norm_(parameters, max_norm, norm_type)
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        self._settle_gradients()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_``.
@@ -499,12 +427,8 @@ class Accelerator:
         Raises:
             ValueError: under DeepSpeed (its engine clips by norm only).
         """
-        if self._deepspeed is not None:
-            raise ValueError("DeepSpeed clips gradients by norm only: use clip_grad_norm_ or the "
-                             "DeepSpeed config's gradient_clipping")
-        self.unscale_gradients()
-        self._reduce_xla_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        self._settle_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value)
 
     # ---- collectives and process control ------------------------------------------------
     def gather(self, tensor: Any) -> Any:
@@ -585,17 +509,7 @@ class Accelerator:
                     "loaders over an IterableDataset keep their setting", UserWarning, stacklevel=3,
                 )
         try:
-            if self.distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
-                from torch.distributed.algorithms.join import Join
-
-                with Join(joinables):
-                    yield
-            else:
-                if self.distributed_type != DistributedType.NO:
-                    warnings.warn(
-                        f"join_uneven_inputs is only supported for multi-GPU/multi-CPU DDP training, not "
-                        f"{self.distributed_type.value}; it has no effect here", UserWarning, stacklevel=3,
-                    )
+            with self.strategy.join_uneven_inputs(joinables):
                 yield
         finally:
             for sampler, value in saved:
@@ -621,13 +535,7 @@ class Accelerator:
         A model sharded by FSDP comes back as a full, plain copy (every process must call it):
         that is what a worker can return to the notebook.
         """
-        if self._fsdp is not None and self._fsdp.owns(model):
-            return self._fsdp.unwrap(model)
-        if self._deepspeed is not None and self._deepspeed.owns(model):
-            return self._deepspeed.unwrap(keep_fp32_wrapper)
-        from notebook_accel.helpers import extract_model_from_parallel
-
-        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
+        return self.strategy.unwrap(model, keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's state dict (of the unwrapped model by default), on the CPU-visible device.
@@ -635,25 +543,14 @@ class Accelerator:
         Under FSDP: the full weights, gathered on the main process's CPU (``{}`` on the others);
         every process must call it.
         """
-        if self._fsdp is not None and self._fsdp.owns(model):
-            return self._fsdp.state_dict(model)
-        if self._deepspeed is not None and self._deepspeed.owns(model):
-            return self._deepspeed.state_dict()
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
-
-    def _to_cpu(self, obj: Any) -> Any:
-        if self.device.type != "xla":
-            return obj
-        from notebook_accel.xla import runtime as xla
-
-        return xla.to_cpu(obj)  # on every process: the copy runs the pending XLA graph
+        return self.strategy.model_state_dict(model, unwrap)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict).
 
         XLA tensors are copied to the CPU first, so the file loads without torch_xla.
         """
-        obj = self._to_cpu(obj)
+        obj = self.strategy.to_cpu(obj)
         if self.is_main_process:
             checkpoint.save_object(obj, Path(f), safe_serialization)
 
@@ -666,7 +563,7 @@ class Accelerator:
         ``max_shard_size`` (bytes, or ``"10GB"``, ``"500MB"``...) the weights are split into
         ``model-00001-of-0000N.safetensors``... and the returned index file maps each weight to its shard.
         """
-        state = self._to_cpu(self.get_state_dict(model))
+        state = self.strategy.to_cpu(self.get_state_dict(model))
         if not self.is_main_process:
             return None
         return checkpoint.save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
@@ -686,15 +583,7 @@ class Accelerator:
         self._custom_objects.extend(objects)
 
     def _checkpoint_items(self) -> checkpoint.CheckpointItems:
-        sharded = None
-        if self.fsdp_plugin is not None:  # the FSDP layout, on any number of processes
-            from notebook_accel.fsdp.checkpointing import FsdpCheckpointer
-
-            sharded = FsdpCheckpointer(self._models, self._optimizers, str(self.fsdp_plugin.state_dict_type))
-        elif self._deepspeed is not None:
-            from notebook_accel.deepspeed_zero.checkpointing import DeepSpeedCheckpointer
-
-            sharded = DeepSpeedCheckpointer(self._deepspeed, self._models, self._optimizers)
+        sharded = self.strategy.checkpointer(self._models, self._optimizers)
         return checkpoint.CheckpointItems(
             self._models, self._optimizers, self._schedulers, self._dataloaders,
             self._custom_objects, self.scaler, _AcceleratorCounters(self), sharded=sharded,
@@ -766,8 +655,7 @@ class Accelerator:
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget prepared objects, collect garbage, empty the CUDA cache; returns ``None`` for each object."""
-        if self._deepspeed is not None:
-            self._deepspeed.release()
+        self.strategy.release()
         self._models.clear()
         self._optimizers.clear()
         self._schedulers.clear()

@@ -88,10 +88,24 @@ def _device_type(cpu: bool) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+BACKENDS = {"xla": "xla", "cuda": "nccl"}  # device type -> collective backend; any other device: gloo
+
+
+def collective_backend(device_type: str) -> str:
+    """The ``torch.distributed`` backend for processes on ``device_type`` devices (the one place that chooses).
+
+    Example:
+        >>> collective_backend("cuda"), collective_backend("cpu")
+        ('nccl', 'gloo')
+    """
+    return BACKENDS.get(device_type, "gloo")
+
+
 def ensure_process_group(
-    backend: str, rank: int, world_size: int, timeout: timedelta | None, device: torch.device | None = None
+    backend: str, rank: int, world_size: int, timeout: timedelta | None, device: torch.device | None = None,
+    *, alone: bool = False,
 ) -> None:
-    """Create the default process group once per process; later calls reuse it.
+    """Create the default process group once per process; later calls reuse it (the one place that creates it).
 
     Also arranges for the group to be torn down cleanly when the interpreter exits
     (see ``notebook_accel.exit_teardown``).
@@ -99,11 +113,13 @@ def ensure_process_group(
     Args:
         backend: ``"gloo"``, ``"nccl"`` or ``"xla"``.
         rank: this process's global rank.
-        world_size: number of processes; nothing is created when it is 1.
+        world_size: number of processes; nothing is created when it is 1, unless ``alone``.
         timeout: collective timeout, or ``None`` for torch's default.
         device: for nccl, this process's GPU, bound to the group where torch supports it.
+        alone: with ``world_size`` 1, create a one-process group anyway (a strategy that needs
+            one, DeepSpeed); it meets nobody, so it uses an in-process store: no port, no race.
     """
-    if world_size <= 1:
+    if world_size <= 1 and not alone:
         return
     exit_teardown.register(backend)
     if dist.is_initialized():
@@ -111,7 +127,9 @@ def ensure_process_group(
     kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size}
     if timeout is not None:
         kwargs["timeout"] = timeout
-    if backend == "xla":
+    if world_size <= 1:
+        kwargs["store"] = dist.HashStore()
+    elif backend == "xla":
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the backend)
 
         kwargs["init_method"] = "xla://"
@@ -120,29 +138,10 @@ def ensure_process_group(
     if backend == "nccl" and device is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
-    if backend == "gloo":
+    if backend == "gloo" and world_size > 1:
         # gloo connects its full mesh lazily; a rank that finished right after init could
         # otherwise close its sockets while a peer is still connecting to it.
         dist.barrier()
-
-
-def ensure_one_process_group(device: torch.device) -> None:
-    """A default group of this process alone, unless one exists (FSDP or DeepSpeed in one process).
-
-    Its store lives in memory, so no port is taken (and none can collide); nccl on a GPU, else gloo.
-    """
-    import torch.distributed as dist
-
-    from notebook_accel import exit_teardown
-
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if dist.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"backend": backend, "store": dist.HashStore(), "rank": 0, "world_size": 1}
-    if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
-        kwargs["device_id"] = device
-    dist.init_process_group(**kwargs)
-    exit_teardown.register(backend)
 
 
 class PartialState:
@@ -166,7 +165,7 @@ class PartialState:
             self.process_index, self.num_processes, self.local_process_index = xla.ranks()
             self.device = xla.device()
             self.distributed_type = DistributedType.XLA
-            self.backend: str | None = "xla" if self.num_processes > 1 else None
+            self.backend: str | None = collective_backend(self.device_type) if self.num_processes > 1 else None
         else:
             self.process_index = _env_int(env.RANK, 0)
             self.num_processes = _env_int(env.WORLD_SIZE, 1)
@@ -185,7 +184,7 @@ class PartialState:
                 self.distributed_type = (
                     DistributedType.MULTI_GPU if self.device_type == "cuda" else DistributedType.MULTI_CPU
                 )
-                self.backend = "nccl" if self.device_type == "cuda" else "gloo"
+                self.backend = collective_backend(self.device_type)
             else:
                 self.distributed_type = DistributedType.NO
                 self.backend = None

@@ -28,7 +28,7 @@ class DeepSpeedCheckpointer:
     """Writes and reads the models and optimizers of one Accelerator (all ranks call both).
 
     Args:
-        runtime: the Accelerator's ``DeepSpeedRuntime``.
+        runtime: the Accelerator's DeepSpeed strategy (``strategies.deepspeed.DeepSpeedStrategy``).
         models: the prepared models (the engine and any others).
         optimizers: the prepared optimizers (the engine's wrapper and any others).
     """

@@ -185,7 +185,9 @@ def collective_backend(device_type: str, world_size: int) -> str | None:
     """The ``torch.distributed`` backend for a job, or ``None`` for a single process."""
     if world_size <= 1:
         return None
-    return {"xla": "xla", "cuda": "nccl"}.get(device_type, "gloo")
+    from notebook_accel.state import collective_backend as backend_for  # the one place that chooses
+
+    return backend_for(device_type)
 
 
 def bf16_environment(mixed_precision: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
