@@ -34,7 +34,7 @@ def caught(kernel, body: str, timeout: float = 120) -> str:
         print("RANK", e.rank, "EXIT", e.exitcode)
         print("MESSAGE", e.args[0])
         print("TRACEBACK", e.remote_traceback)
-        print("OTHERS", e.other_failures)
+        print("OTHERS", [str(failure) for failure in e.other_failures])
     """)
     if "LAUNCH =" not in code:
         code = "LAUNCH = {}\n" + code
