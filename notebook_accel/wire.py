@@ -224,11 +224,6 @@ def _body(message: Message) -> bytes:
                         protocol=_PROTOCOL)
 
 
-def _frame(kind: str, timestamp: float, values: tuple) -> bytes:
-    body = pickle.dumps((kind, timestamp, values), protocol=_PROTOCOL)
-    return HEADER.pack(len(body)) + body
-
-
 def encode(message: Message) -> bytes:
     """One framed message; stamped with ``time.time()`` now unless it has a timestamp."""
     body = _body(message)
@@ -242,11 +237,19 @@ def encode_data(kind: Kind | str, data: dict[str, Any]) -> bytes:
     Raises:
         ValueError: ``kind`` is not a kind of event (an unknown or a control kind).
     """
-    cls = _TYPES.get(kind.value if isinstance(kind, Kind) else kind)
-    if cls is None or cls.kind.reliable:
+    try:
+        value, fields_of = _EVENT_FIELDS[kind._value_ if type(kind) is Kind else kind]
+    except (KeyError, TypeError):
         raise ValueError(f"{kind!r} is not a kind of event; choose from "
-                         f"{[k.value for k in Kind if not k.reliable]}")
-    return _frame(cls.kind.value, time.time(), cls.fields_of(data))
+                         f"{[k.value for k in Kind if not k.reliable]}") from None
+    body = pickle.dumps((value, time.time(), fields_of(data)), protocol=_PROTOCOL)
+    return HEADER.pack(len(body)) + body
+
+
+_EVENT_FIELDS = {  # the value of a kind of event -> (that value, its fields from a plain dict)
+    cls.kind.value: (cls.kind.value, cls.fields_of)
+    for cls in _TYPES.values() if not cls.kind.reliable
+}
 
 
 def _decode(body: bytes | memoryview) -> Message | None:

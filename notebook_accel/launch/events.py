@@ -54,25 +54,22 @@ class EventChannel:
         """
         message = encode_data(kind, data)
         with self._lock:
-            return self._emit(kind, message, key)
-
-    def _emit(self, kind: Kind | str, message: bytes, key: Any) -> bool:
-        if len(message) > MAX_EVENT_BYTES:
-            self.dropped += 1
-            return False
-        if self.queue:
-            self._flush()
-        if not self.queue and self._write(message):
+            if len(message) > MAX_EVENT_BYTES:
+                self.dropped += 1
+                return False
+            if self.queue:
+                self._flush()
+            if not self.queue and self._write(message):
+                return True
+            slot = (kind, key) if key is not None else next(self._unkeyed)
+            if slot in self.queue:
+                self.queue[slot] = message  # coalesce: only the latest state matters
+                return True
+            if len(self.queue) >= MAX_QUEUED:
+                self.dropped += 1
+                return False
+            self.queue[slot] = message
             return True
-        slot = (kind, key) if key is not None else next(self._unkeyed)
-        if slot in self.queue:
-            self.queue[slot] = message  # coalesce: only the latest state matters
-            return True
-        if len(self.queue) >= MAX_QUEUED:
-            self.dropped += 1
-            return False
-        self.queue[slot] = message
-        return True
 
     def _write(self, message: bytes) -> bool:
         try:
