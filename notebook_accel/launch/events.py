@@ -2,8 +2,9 @@
 
 Workers call :func:`emit` (progress, metrics...) from the training loop. Each event
 is one small message of the wire protocol (:mod:`notebook_accel.wire`: its kinds,
-framing and clock) written without blocking to a pipe only this launch holds; writes of at most ``PIPE_BUF`` bytes are atomic, so a full pipe never
-leaves half a message. When the pipe is full, events wait in a bounded queue
+framing and clock) written without blocking to a pipe only this launch holds;
+writes of at most ``PIPE_BUF`` bytes are atomic, so a full pipe never leaves half a
+message. When the pipe is full, events wait in a bounded queue
 (events with the same ``key`` replace each other: a progress bar only needs its
 latest state) and beyond that are dropped and counted: training never blocks.
 Outside a launched worker, :func:`emit` does nothing.
