@@ -242,8 +242,11 @@ def encode_data(kind: Kind | str, data: dict[str, Any]) -> bytes:
     except (KeyError, TypeError):
         raise ValueError(f"{kind!r} is not a kind of event; choose from "
                          f"{[k.value for k in Kind if not k.reliable]}") from None
-    body = pickle.dumps((value, time.time(), fields_of(data)), protocol=_PROTOCOL)
-    return HEADER.pack(len(body)) + body
+    body = _dumps((value, _now(), fields_of(data)), _PROTOCOL)
+    return _pack(len(body)) + body
+
+
+_dumps, _now, _pack = pickle.dumps, time.time, HEADER.pack  # bound once: the hot path
 
 
 _EVENT_FIELDS = {  # the value of a kind of event -> (that value, its fields from a plain dict)
