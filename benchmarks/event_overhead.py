@@ -74,8 +74,8 @@ def train(rounds: int, steps: int, width: int, warmup: int = 200) -> dict:
     accelerator.wait_for_everyone()
     emits = 5000
     start = time.perf_counter()
-    for i in range(emits):  # a kind the record ignores: only the channel's cost
-        events.emit("bench", {"step": i, "values": {"loss": 0.5}})
+    for i in range(emits):  # after the timed blocks: only the channel's cost
+        events.emit("metrics", {"step": i, "values": {"loss": 0.5}})
     emit_cost = (time.perf_counter() - start) / emits
     return {"times": times, "emit_cost": emit_cost}
 
@@ -97,13 +97,14 @@ def kernel_cost(count: int = 20_000) -> float:
     """Seconds the kernel spends per metrics event: read, unpickle, fold into the record."""
     import os
 
-    from notebook_accel.launch.events import EventChannel, EventReader, enlarge_pipe
+    from notebook_accel.launch.events import EventChannel, enlarge_pipe
     from notebook_accel.launch.record import LaunchRecord, RankStatus
+    from notebook_accel.wire import FrameReader
 
     read_fd, write_fd = os.pipe()
     enlarge_pipe(write_fd)
     os.set_blocking(read_fd, False)
-    channel, reader = EventChannel(write_fd), EventReader(read_fd)
+    channel, reader = EventChannel(write_fd), FrameReader(read_fd)
     record = LaunchRecord(world_size=2, num_processes=2, device_type="cpu",
                           start_method="fork", mixed_precision="no")
     record.ranks[0] = RankStatus(rank=0)
@@ -113,8 +114,8 @@ def kernel_cost(count: int = 20_000) -> float:
             channel.emit("metrics", {"step": step, "values": {"loss": 0.5}})
         start = time.perf_counter()
         got, _ = reader.read()
-        for kind, when, data in got:
-            record.apply(0, kind, when, data)
+        for message in got:
+            record.apply(0, message)
         spent += time.perf_counter() - start
     os.close(read_fd)
     os.close(write_fd)

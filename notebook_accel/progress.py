@@ -2,7 +2,7 @@
 
 Inside a worker started by ``notebook_launcher``, a bar does not draw itself (eight
 forked bars writing carriage returns into one cell is what users of the peer get);
-it sends its state as throttled ``"progress"`` events and the kernel draws one bar
+it sends its state as throttled ``Kind.PROGRESS`` events and the kernel draws one bar
 for the job. Anywhere else it is an ordinary ``tqdm.auto`` bar.
 
 The kernel side, :func:`job_progress`, picks the bar that stands for the job.
@@ -17,6 +17,7 @@ from typing import Any
 from tqdm.std import tqdm as _std_tqdm
 
 from notebook_accel.launch import events
+from notebook_accel.wire import Kind
 
 _TEXT_LIMIT = 200  # characters of desc / postfix sent (an event must stay small)
 _bar_ids = itertools.count()
@@ -51,7 +52,7 @@ class EventTqdm(_std_tqdm):
             _open_bars.append(self)
 
     def state(self, closed: bool = False) -> dict[str, Any]:
-        """The bar as plain data: what the ``"progress"`` event carries."""
+        """The bar as plain data: what the ``Kind.PROGRESS`` event carries (``Progress.state``)."""
         info = self.format_dict
         elapsed = info.get("elapsed") or 0.0
         rate = info.get("rate")
@@ -83,7 +84,7 @@ class EventTqdm(_std_tqdm):
         inner bar reports, carrying this one's position in ``outer``.
         """
         if not self.disable and (not _open_bars or _open_bars[-1] is self):
-            events.emit("progress", self.state(closed=False), key=self.bar_id)
+            events.emit(Kind.PROGRESS, self.state(closed=False), key=self.bar_id)
         return True
 
     def clear(self, nolock: bool = False) -> None:
@@ -98,7 +99,7 @@ class EventTqdm(_std_tqdm):
         super().close()
         if self in _open_bars:
             _open_bars.remove(self)
-        events.emit("progress", final, key=self.bar_id)
+        events.emit(Kind.PROGRESS, final, key=self.bar_id)
 
 
 def _is_local_main_process() -> bool:
@@ -148,7 +149,7 @@ def job_progress(record: Any) -> dict[str, Any] | None:
 
     Rank 0's bar when it is the only one; when several ranks report (bars with
     ``main_process_only=False``), the slowest (the lowest completed fraction). The
-    result is the rank's latest ``"progress"`` event plus ``rank`` and ``eta``
+    result is the rank's latest ``Progress.state`` plus ``rank`` and ``eta``
     (seconds, None when unknown).
 
     Args:

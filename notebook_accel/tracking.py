@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from notebook_accel.launch import events
+from notebook_accel.wire import Kind
 
 TRACKERS = ("jsonl", "tensorboard")
 
@@ -30,7 +31,7 @@ def stream_to_kernel(values: dict[str, Any], step: int | None) -> None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             numbers[str(name)] = float(value)
     if numbers:
-        events.emit("metrics", {"step": step, "values": numbers})
+        events.emit(Kind.METRICS, {"step": step, "values": numbers})
 
 
 class GeneralTracker:

@@ -26,6 +26,7 @@ def caught(kernel, body: str, timeout: float = 120) -> str:
     code = textwrap.dedent(body) + textwrap.dedent("""
     import time as _time
     _start = _time.monotonic()
+    from notebook_accel import last_launch as _last
     try:
         notebook_launcher(job, num_processes=2, **LAUNCH)
         print("NO ERROR")
@@ -34,7 +35,11 @@ def caught(kernel, body: str, timeout: float = 120) -> str:
         print("RANK", e.rank, "EXIT", e.exitcode)
         print("MESSAGE", e.args[0])
         print("TRACEBACK", e.remote_traceback)
-        print("OTHERS", e.other_failures)
+        print("OTHERS", [str(failure) for failure in e.other_failures])
+        f = e.failure  # the root cause's record
+        print("FAILURE", f.rank, f.exc_type, f.signal_name, f.pid == _last().ranks[f.rank].pid,
+              f.exitcode)
+        print("LATER", all(o.timestamp >= f.timestamp for o in e.other_failures))
     """)
     if "LAUNCH =" not in code:
         code = "LAUNCH = {}\n" + code
@@ -54,6 +59,7 @@ def test_rank_raising_while_its_peer_waits_in_init_process_group(kernel):
         dist.init_process_group("gloo")   # rank 0 waits here for rank 1, forever
     """)
     assert "RANK 1 EXIT 1" in out and "KeyError: 'no process group yet'" in out
+    assert "FAILURE 1 KeyError None True 1" in out
     assert elapsed(out) < 5
 
 
@@ -68,6 +74,7 @@ def test_segfault_shows_the_c_level_crash_and_python_stack(kernel):
         time.sleep(30)
     """)
     assert "RANK 1 EXIT -11" in out and "was killed by SIGSEGV" in out
+    assert "FAILURE 1 None SIGSEGV True -11" in out
     assert "Segmentation fault" in out and "crash_here" in out  # faulthandler's dump
 
 
@@ -107,6 +114,8 @@ def test_all_ranks_failing_at_once_one_root_cause_the_others_summarised(kernel):
     other = "1" if rank == "0" else "0"
     assert f"MESSAGE rank {rank} failed: RuntimeError: rank {rank} gave up" in out
     assert f"OTHERS ['rank {other}: RuntimeError: rank {other} gave up']" in out
+    assert f"FAILURE {rank} RuntimeError None True 1" in out
+    assert "LATER True" in out  # the root cause is the earliest failure, on one clock
 
 
 def test_a_200_mb_return_value_comes_back(kernel):

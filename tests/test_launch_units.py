@@ -6,6 +6,7 @@ import io
 import pickle
 import socket
 import threading
+import time
 
 import pytest
 
@@ -114,14 +115,72 @@ def test_payload_round_trip_and_results_move_off_device():
 
 
 def test_worker_error_pickles_and_renders_for_ipython():
+    from notebook_accel.wire import FailureRecord
+
+    stopped = FailureRecord(rank=0, pid=11, exitcode=-15, exc_type=None, headline="stopped",
+                            timestamp=1.0)
+    cause = FailureRecord(rank=1, pid=12, exitcode=1, exc_type="ValueError",
+                          headline="ValueError: x", traceback="Traceback...\nValueError: x",
+                          timestamp=0.5)
     error = WorkerError("rank 1 failed: ValueError: x", rank=1, exitcode=1,
                         remote_traceback="Traceback...\nValueError: x",
-                        other_failures=["rank 0: stopped"])
+                        other_failures=[stopped], failure=cause)
     back = pickle.loads(pickle.dumps(error))
-    assert (back.rank, back.exitcode, back.other_failures) == (1, 1, ["rank 0: stopped"])
+    assert (back.rank, back.exitcode, back.other_failures) == (1, 1, [stopped])
+    assert back.failure == cause and back.failure.exc_type == "ValueError"
+    assert [str(f) for f in back.other_failures] == ["rank 0: stopped"]
+    assert back.other_failures[0].signal_name == "SIGTERM" and cause.signal is None
     rendered = "\n".join(back._render_traceback_())
     assert "[rank 1]" in rendered and "ValueError: x" in rendered and "rank 0: stopped" in rendered
-    assert "ValueError: x" in str(back)
+    assert "ValueError: x" in str(back) and "rank 0: stopped" in str(back)
+    plain = WorkerError("rank 2 was killed by SIGKILL", rank=2, exitcode=-9)
+    assert (plain.failure.rank, plain.failure.exitcode, plain.failure.signal_name) == (
+        2, -9, "SIGKILL")
+
+
+def test_wire_round_trips_every_message_kind_in_one_framing():
+    import os
+
+    from notebook_accel import wire
+
+    messages = [
+        wire.Progress({"n": 3, "total": 10}, timestamp=1.5),
+        wire.Metrics(7, {"loss": 0.25}, timestamp=2.0),
+        wire.Memory(1 << 30, timestamp=2.5),
+        wire.Dropped(4, timestamp=3.0),
+        wire.Display({"text/plain": "hi"}, {}, {"display_id": "d"}, True, timestamp=3.5),
+        wire.Result(b"x" * 200_000, timestamp=4.0),
+        wire.FailureRecord(rank=1, pid=9, exitcode=1, exc_type="KeyError", headline="KeyError: 'a'",
+                           traceback="Traceback ...", secondary=True, timestamp=4.5),
+    ]
+    assert {type(m).kind for m in messages} == set(wire.Kind)  # every kind has its message
+    assert {k for k in wire.Kind if k.reliable} == {wire.Kind.DISPLAY, wire.Kind.RESULT,
+                                                   wire.Kind.ERROR}
+    assert [wire.decode(wire.encode(m)) for m in messages] == messages
+    read_fd, write_fd = os.pipe()
+    try:
+        os.set_blocking(read_fd, False)
+        reader = wire.FrameReader(read_fd)
+        frames = b"".join(wire.encode(m) for m in messages[:4])
+        os.write(write_fd, frames[:5])  # a partial header: nothing yet
+        assert reader.read() == ([], True)
+        os.write(write_fd, frames[5:])
+        got, still_open = reader.read()
+        assert got == messages[:4] and still_open
+        os.close(write_fd)
+        write_fd = -1
+        assert reader.read() == ([], False)
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+    stamped = wire.decode(wire.encode_data(wire.Kind.METRICS, {"step": 1, "values": {"a": 1.0}}))
+    assert stamped == wire.Metrics(1, {"a": 1.0}, timestamp=stamped.timestamp)
+    assert abs(stamped.timestamp - time.time()) < 60  # the sender's wall clock
+    with pytest.raises(ValueError, match="not a kind of event"):
+        wire.encode_data("result", {})
+    with pytest.raises(ValueError, match="not a kind of event"):
+        wire.encode_data("bench", {})
 
 
 def test_visible_devices_filter_and_summary():
@@ -152,12 +211,13 @@ def test_relay_limits_a_flood_and_says_how_much_was_skipped(monkeypatch):
 def test_event_channel_is_bounded_coalesces_and_never_blocks():
     import os
 
-    from notebook_accel.launch.events import EventChannel, EventReader
+    from notebook_accel.launch.events import EventChannel
+    from notebook_accel.wire import FrameReader, Kind
 
     read_fd, write_fd = os.pipe()
     try:
         channel = EventChannel(write_fd)
-        reader = EventReader(read_fd)
+        reader = FrameReader(read_fd)
         os.set_blocking(read_fd, False)
         for i in range(200_000):  # nobody reads: the pipe fills, then the queue
             channel.emit("progress", {"n": i}, key="bar")
@@ -166,9 +226,10 @@ def test_event_channel_is_bounded_coalesces_and_never_blocks():
         assert channel.dropped > 0
         events, still_open = reader.read()
         assert still_open and events
-        steps = [data["step"] for kind, _, data in events if kind == "metrics"]
+        steps = [message.step for message in events if message.kind is Kind.METRICS]
         assert steps == sorted(steps) and steps[0] == 0  # in order, from the start
-        assert channel.emit("big", "x" * 10_000) is False  # larger than an atomic write
+        big = {"desc": "x" * 10_000}
+        assert channel.emit(Kind.PROGRESS, big) is False  # larger than an atomic write
     finally:
         os.close(read_fd)
         os.close(write_fd)

@@ -11,9 +11,9 @@ from notebook_accel.launch.record import LaunchRecord
 _seen_events = []
 if not hasattr(LaunchRecord, "_unspied_apply"):
     LaunchRecord._unspied_apply = LaunchRecord.apply
-    def _spy_apply(self, rank, kind, when, data):
-        _seen_events.append((rank, kind, dict(data)))
-        return LaunchRecord._unspied_apply(self, rank, kind, when, data)
+    def _spy_apply(self, rank, message):
+        _seen_events.append((rank, message.kind, dict(getattr(message, "state", {}))))
+        return LaunchRecord._unspied_apply(self, rank, message)
     LaunchRecord.apply = _spy_apply
 """
 

@@ -210,17 +210,46 @@ def test_core_environment_is_torchrun_style():
     }
 
 
+def _core_failure(rank: int, headline: str, timestamp: float, traceback: str = "Traceback..."):
+    from notebook_accel.wire import FailureRecord
+
+    return FailureRecord(rank=rank, pid=100 + rank, exitcode=None, exc_type=headline.split(":")[0],
+                         headline=f"XLA core {rank} failed: {headline}", traceback=traceback,
+                         timestamp=timestamp)
+
+
 def test_root_cause_is_the_earliest_core_failure(tmp_path):
-    (tmp_path / "error_3.txt").write_text("2.0\nXLA core 3 failed: RuntimeError: peer gone\nTraceback...")
-    (tmp_path / "error_1.txt").write_text("1.0\nXLA core 1 failed: ValueError: bad lr\nTraceback...")
+    from notebook_accel.wire import encode
+
+    (tmp_path / "error_3.msg").write_bytes(encode(_core_failure(3, "RuntimeError: peer gone", 2.0)))
+    (tmp_path / "error_1.msg").write_bytes(encode(_core_failure(1, "ValueError: bad lr", 1.0)))
     failures = xla_launch._failures(tmp_path)
+    assert [(f.rank, f.exc_type, f.timestamp) for f in failures] == [
+        (1, "ValueError", 1.0), (3, "RuntimeError", 2.0)]
     error = xla_launch._user_facing(RuntimeError("peer gone"), failures)
     assert str(error) == "XLA core 1 failed: ValueError: bad lr (1 other core(s) failed after it)"
 
 
+def test_a_failing_core_leaves_its_failure_record(monkeypatch, tmp_path):
+    from notebook_accel.launch.payload import serialise_payload
+
+    def train():
+        raise ValueError("bad lr")
+
+    monkeypatch.setattr(runtime, "ranks", lambda: (3, 4, 3))
+    monkeypatch.setattr(runtime, "devices_per_process", lambda: 2)  # leaves the environment alone
+    with pytest.raises(ValueError, match="bad lr"):
+        xla_launch._core_main(3, serialise_payload(train, (), {}), str(tmp_path), False)
+    (failure,) = xla_launch._failures(tmp_path)
+    assert (failure.rank, failure.exc_type, failure.exitcode) == (3, "ValueError", None)
+    assert failure.headline == "XLA core 3 failed: ValueError: bad lr"
+    assert "in train" in failure.traceback and failure.timestamp > 0
+
+
 def test_single_core_failure_keeps_its_type_and_shows_the_core_traceback():
-    text = "0.5\nXLA core 2 failed: ValueError: bad lr\nTraceback (most recent call last):\n  cell 3\n"
-    error = xla_launch._user_facing(ValueError("bad lr"), [text.split("\n", 1)[1]])
+    failure = _core_failure(2, "ValueError: bad lr", 0.5,
+                            "Traceback (most recent call last):\n  cell 3\n")
+    error = xla_launch._user_facing(ValueError("bad lr"), [failure])
     assert isinstance(error, ValueError)
     assert isinstance(error.__cause__, xla_launch.CoreTraceback)
     assert "cell 3" in str(error.__cause__)

@@ -1,9 +1,10 @@
 """A fast, bounded, private event channel from each worker to the kernel.
 
 Workers call :func:`emit` (progress, metrics...) from the training loop. Each event
-is one small framed message written without blocking to a pipe only this launch
-holds; writes of at most ``PIPE_BUF`` bytes are atomic, so a full pipe never
-leaves half a message. When the pipe is full, events wait in a bounded queue
+is one small message of the wire protocol (:mod:`notebook_accel.wire`: its kinds,
+framing and clock) written without blocking to a pipe only this launch holds;
+writes of at most ``PIPE_BUF`` bytes are atomic, so a full pipe never leaves half a
+message. When the pipe is full, events wait in a bounded queue
 (events with the same ``key`` replace each other: a progress bar only needs its
 latest state) and beyond that are dropped and counted: training never blocks.
 Outside a launched worker, :func:`emit` does nothing.
@@ -16,14 +17,13 @@ import contextlib
 import fcntl
 import itertools
 import os
-import pickle
 import select
-import struct
 import threading
 import time
 from typing import Any
 
-_HEADER = struct.Struct("<I")
+from notebook_accel.wire import Dropped, Kind, encode, encode_data
+
 MAX_EVENT_BYTES = select.PIPE_BUF  # atomic pipe writes
 MAX_QUEUED = 10_000
 _PIPE_BYTES = 1 << 20
@@ -47,30 +47,30 @@ class EventChannel:
         self._unkeyed = itertools.count()
         self._lock = threading.Lock()  # the GPU-memory reporter thread emits too
 
-    def emit(self, kind: str, data: Any, key: Any = None) -> bool:
-        """Send ``(kind, time, data)``; returns False when it was dropped."""
-        with self._lock:
-            return self._emit(kind, data, key)
+    def emit(self, kind: Kind | str, data: dict[str, Any], key: Any = None) -> bool:
+        """Send an event of ``kind`` (stamped now); returns False when it was dropped.
 
-    def _emit(self, kind: str, data: Any, key: Any) -> bool:
-        body = pickle.dumps((kind, time.time(), data), protocol=pickle.HIGHEST_PROTOCOL)
-        message = _HEADER.pack(len(body)) + body
-        if len(message) > MAX_EVENT_BYTES:
-            self.dropped += 1
-            return False
-        if self.queue:
-            self._flush()
-        if not self.queue and self._write(message):
+        Raises:
+            ValueError: ``kind`` is not a kind of event.
+        """
+        message = encode_data(kind, data)
+        with self._lock:
+            if len(message) > MAX_EVENT_BYTES:
+                self.dropped += 1
+                return False
+            if self.queue:
+                self._flush()
+            if not self.queue and self._write(message):
+                return True
+            slot = (kind, key) if key is not None else next(self._unkeyed)
+            if slot in self.queue:
+                self.queue[slot] = message  # coalesce: only the latest state matters
+                return True
+            if len(self.queue) >= MAX_QUEUED:
+                self.dropped += 1
+                return False
+            self.queue[slot] = message
             return True
-        slot = (kind, key) if key is not None else next(self._unkeyed)
-        if slot in self.queue:
-            self.queue[slot] = message  # coalesce: only the latest state matters
-            return True
-        if len(self.queue) >= MAX_QUEUED:
-            self.dropped += 1
-            return False
-        self.queue[slot] = message
-        return True
 
     def _write(self, message: bytes) -> bool:
         try:
@@ -98,12 +98,7 @@ class EventChannel:
         self.dropped += len(self.queue)
         self.queue.clear()
         if self.dropped:
-            self._write(_frame(("dropped", time.time(), {"count": self.dropped})))
-
-
-def _frame(event: tuple) -> bytes:
-    body = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
+            self._write(encode(Dropped(self.dropped)))
 
 
 _channel: EventChannel | None = None
@@ -126,46 +121,17 @@ def active() -> bool:
     return _channel is not None
 
 
-def emit(kind: str, data: Any, key: Any = None) -> bool:
+def emit(kind: Kind | str, data: dict[str, Any], key: Any = None) -> bool:
     """Send an event to the kernel watching this worker (no-op elsewhere).
 
     Args:
-        kind: e.g. ``"progress"`` or ``"metrics"``.
+        kind: a kind of event, e.g. ``Kind.PROGRESS`` or ``"metrics"`` (see
+            :class:`~notebook_accel.wire.Kind`; ``data`` is the message's fields).
         data: small plain data (at most a few KB pickled; bigger events are dropped).
         key: events of one ``kind`` with the same key coalesce when the pipe is full.
     Returns:
         False when the event was dropped (or there is no launcher).
+    Raises:
+        ValueError: in a worker, ``kind`` is not a kind of event.
     """
     return _channel.emit(kind, data, key) if _channel is not None else False
-
-
-class EventReader:
-    """The kernel's end: reassembles framed events from non-blocking reads."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buffer = bytearray()
-
-    def read(self) -> tuple[list[tuple[str, float, Any]], bool]:
-        """Returns (events read now, still open)."""
-        open_ = True
-        while True:
-            try:
-                chunk = os.read(self.fd, 1 << 20)
-            except BlockingIOError:
-                break
-            except OSError:
-                chunk = b""
-            if not chunk:
-                open_ = False
-                break
-            self.buffer += chunk
-        events = []
-        while len(self.buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self.buffer)
-            if len(self.buffer) < _HEADER.size + size:
-                break
-            body = bytes(self.buffer[_HEADER.size:_HEADER.size + size])
-            del self.buffer[:_HEADER.size + size]
-            events.append(pickle.loads(body))
-        return events, open_

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from notebook_accel.launch.rich_output import show_display
+from notebook_accel.wire import Display, Kind
 
 OUTPUT_CHOICES = ("all", "main", "none")
 _TAIL_LINES = 200
@@ -94,12 +95,12 @@ class OutputRelay:
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
         snapshot_every: float = 5.0,
-        publish: Callable[[dict[str, Any]], None] = show_display,
+        publish: Callable[[Display], None] = show_display,
     ) -> None:
         self.show = show
         self._targets = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
         self._streams: dict[tuple[int, str], _Stream] = {}
-        self._pending: list[tuple[str, Any]] = []  # ("stdout"|"stderr", line) or ("display", msg)
+        self._pending: list[tuple[str, Any]] = []  # ("stdout"|"stderr", line), (Kind.DISPLAY, msg)
         self._publish = publish
         self._budgets: dict[int, _Budget] = {}
         self._last: dict[int, str] = {}
@@ -174,9 +175,9 @@ class OutputRelay:
             if _latest(rest):
                 self._emit(rank, name, _latest(rest))
 
-    def display(self, message: dict[str, Any]) -> None:
+    def display(self, message: Display) -> None:
         """Queue a rich display of the main worker, in order with the text around it."""
-        self._pending.append(("display", message))
+        self._pending.append((Kind.DISPLAY, message))
 
     def flush(self) -> None:
         """Write what was gathered since the last flush to the cell, in arrival order."""
@@ -184,7 +185,7 @@ class OutputRelay:
         index = 0
         while index < len(pending):
             name, item = pending[index]
-            if name == "display":
+            if name is Kind.DISPLAY:
                 self._publish(item)
                 index += 1
                 continue

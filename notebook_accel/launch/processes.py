@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
@@ -20,25 +20,31 @@ from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.start_method import get_context
 from notebook_accel.launch.views import in_kernel
 from notebook_accel.launch.worker import WorkerPipes, WorkerSpec, worker_main
+from notebook_accel.wire import FailureRecord, FrameReader
 
 
 @dataclass
 class Worker:
-    """The kernel's view of one worker process."""
+    """The kernel's view of one worker process and its channels (:mod:`notebook_accel.wire`)."""
 
     rank: int
     process: BaseProcess
     stdout_fd: int
     stderr_fd: int
-    control: Connection
-    events_fd: int
+    control_fd: int  # reliable messages: result, failure, displays
+    events_fd: int  # lossy messages: progress, metrics, memory, dropped
     result: bytes | None = None
-    returned: bool = False  # it sent its outcome "ok"
-    error: dict | None = None
-    error_time: float | None = None
+    returned: bool = False  # it sent its Result
+    error: FailureRecord | None = None  # the failure it reported
     exited: bool = False
-    exit_time: float | None = None
+    exit_time: float | None = None  # time.time() when the kernel saw it exit
     stopped: bool = False  # we stopped it (after another rank failed, a timeout, an interrupt)
+    control: FrameReader = field(init=False)
+    events: FrameReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.control = FrameReader(self.control_fd)
+        self.events = FrameReader(self.events_fd)
 
     @property
     def exitcode(self) -> int | None:
@@ -117,10 +123,10 @@ def start_workers(
                                       name=f"notebook-accel-rank{rank}", daemon=False)
             with main_module_hidden(plan.start.method != "fork"):
                 process.start()
-            for fd in (out[0], err[0], ev[0]):
+            for fd in (out[0], err[0], ctl[0], ev[0]):
                 os.set_blocking(fd, False)
             workers.append(Worker(rank=rank, process=process, stdout_fd=out[0], stderr_fd=err[0],
-                                  control=Connection(ctl[0], writable=False), events_fd=ev[0]))
+                                  control_fd=ctl[0], events_fd=ev[0]))
     except BaseException:
         _close(alive_w)
         kill_workers(workers)
@@ -193,5 +199,5 @@ def close_worker_fds(workers: list[Worker]) -> None:
     for worker in workers:
         _close(worker.stdout_fd)
         _close(worker.stderr_fd)
+        _close(worker.control_fd)
         _close(worker.events_fd)
-        worker.control.close()

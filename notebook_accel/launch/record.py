@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from notebook_accel.wire import Dropped, Memory, Message, Metrics, Progress
+
 STATES = ("starting", "running", "finished", "failed", "stopped")
 
 
@@ -66,19 +68,19 @@ class LaunchRecord:
     def elapsed(self) -> float:
         return (self.ended or time.time()) - self.started
 
-    def apply(self, rank: int, kind: str, when: float, data: Any) -> None:
-        """Fold one worker event into the record."""
+    def apply(self, rank: int, message: Message) -> None:
+        """Fold one event message of ``rank`` into the record."""
         self.events += 1
-        if kind == "metrics" and rank == min(self.ranks, default=0):
-            step = data.get("step")
-            for name, value in data.get("values", {}).items():
-                self.history.setdefault(name, []).append((step, value))
-        elif kind == "progress":
-            self.progress[rank] = dict(data, time=when)
-        elif kind == "memory":
-            self.ranks[rank].gpu_memory = data.get("gpu")
-        elif kind == "dropped":
-            self.dropped[rank] = self.dropped.get(rank, 0) + int(data.get("count", 0))
+        if type(message) is Metrics:
+            if rank == min(self.ranks, default=0):
+                for name, value in message.values.items():
+                    self.history.setdefault(name, []).append((message.step, value))
+        elif type(message) is Progress:
+            self.progress[rank] = dict(message.state, time=message.timestamp)
+        elif type(message) is Memory:
+            self.ranks[rank].gpu_memory = message.gpu
+        elif type(message) is Dropped:
+            self.dropped[rank] = self.dropped.get(rank, 0) + message.count
 
     def finish(self, outcome: str, ended: float | None = None) -> None:
         """Set the outcome; ``ended`` (a ``time.time()``) defaults to now."""

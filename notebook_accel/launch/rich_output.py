@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+
+from notebook_accel.wire import Display
 
 
-def show_display(message: dict[str, Any]) -> None:
+def show_display(message: Display) -> None:
     """Publish one display message sent by the main worker (data, metadata, transient, update).
 
     In a kernel it goes out through the shell's own display publisher (so display
@@ -15,9 +16,9 @@ def show_display(message: dict[str, Any]) -> None:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is None:
-        text = message["data"].get("text/plain")
+        text = message.data.get("text/plain")
         if text:
             print(text, flush=True)
         return
-    shell.display_pub.publish(data=message["data"], metadata=message["metadata"],
-                              transient=message["transient"], update=message["update"])
+    shell.display_pub.publish(data=message.data, metadata=message.metadata,
+                              transient=message.transient, update=message.update)

@@ -9,17 +9,15 @@ peers whose collectives broke because of it are listed, not headlined.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import pickle
 import selectors
 import signal
-import textwrap
 import time
 
 import psutil
 
 from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.events import EventReader
 from notebook_accel.launch.interrupts import LaunchInterrupted, check_interrupt
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.processes import Worker, stop_workers
@@ -27,13 +25,13 @@ from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.text_view import format_duration
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
+from notebook_accel.wire import Display, FailureRecord, Result
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
 _STACK_DUMP_WAIT = 0.5
 
 
-def _describe_exit(worker: Worker) -> str:
-    code = worker.exitcode
+def _describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
@@ -61,7 +59,6 @@ class Supervisor:
         self.timeout = timeout
         self.record = record
         self.view = view
-        self.readers = {w.rank: EventReader(w.events_fd) for w in workers}
         self._next_sample = 0.0
         for w in workers:
             record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.process.pid)
@@ -76,7 +73,7 @@ class Supervisor:
         for w in self.workers:
             self.selector.register(w.stdout_fd, selectors.EVENT_READ, (w.rank, "stdout"))
             self.selector.register(w.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
-            self.selector.register(w.control.fileno(), selectors.EVENT_READ, (w.rank, "control"))
+            self.selector.register(w.control_fd, selectors.EVENT_READ, (w.rank, "control"))
             self.selector.register(w.process.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
 
     def _unregister(self, fd: int) -> None:
@@ -98,26 +95,25 @@ class Supervisor:
             self.relay.feed(worker.rank, name, data)
 
     def _read_events(self, worker: Worker) -> None:
-        for kind, when, data in self.readers[worker.rank].read()[0]:
-            self.record.apply(worker.rank, kind, when, data)
+        for message in worker.events.read()[0]:
+            self.record.apply(worker.rank, message)
 
     def _read_control(self, worker: Worker) -> None:
-        try:
-            while worker.control.poll(0):
-                kind, when, body = pickle.loads(worker.control.recv_bytes())
-                if kind == "ok":
-                    worker.returned, worker.result = True, body
-                elif kind == "error":
-                    worker.error, worker.error_time = body, when
-                    self._failed()
-                elif kind == "display":
-                    self.relay.display(body)
-        except (EOFError, OSError):
-            self._unregister(worker.control.fileno())
+        messages, still_open = worker.control.read()
+        for message in messages:
+            if type(message) is Result:
+                worker.returned, worker.result = True, message.value
+            elif type(message) is FailureRecord:
+                worker.error = message
+                self._failed()
+            elif type(message) is Display:
+                self.relay.display(message)
+        if not still_open:
+            self._unregister(worker.control_fd)
 
     def _on_exit(self, worker: Worker) -> None:
         worker.process.join(timeout=1)
-        worker.exited, worker.exit_time = True, time.monotonic()
+        worker.exited, worker.exit_time = True, time.time()
         self._unregister(worker.process.sentinel)
         self._read_control(worker)
         self._read_events(worker)
@@ -266,22 +262,23 @@ class Supervisor:
             stack = main_thread_stack(self.relay.tail(w.rank, since=marks[w.rank]))
             stacks.setdefault(stack, []).append(w.rank)
         ranks = ", ".join(str(w.rank) for w in running)
-        return WorkerError(
-            f"timed out after {format_duration(elapsed)} (timeout={self.timeout:g} s): "
-            f"rank{'s' if len(running) > 1 else ''} {ranks} stopped while still running",
-            rank=first.rank,
-            remote_traceback="\n\n".join(
-                f"{_ranks_label(group)} {'was' if len(group) == 1 else 'were'} here when stopped:\n"
-                f"{stack}"
-                for stack, group in stacks.items()),
-        )
+        message = (f"timed out after {format_duration(elapsed)} (timeout={self.timeout:g} s): "
+                   f"rank{'s' if len(running) > 1 else ''} {ranks} stopped while still running")
+        where = "\n\n".join(
+            f"{_ranks_label(group)} {'was' if len(group) == 1 else 'were'} here when stopped:\n"
+            f"{stack}"
+            for stack, group in stacks.items())
+        failure = FailureRecord(rank=first.rank, pid=first.process.pid, exitcode=None,
+                                exc_type=None, headline=message, traceback=where,
+                                timestamp=self.timed_out_at)
+        return WorkerError(message, rank=first.rank, remote_traceback=where, failure=failure)
 
     def _root_cause(self) -> WorkerError:
         candidates = []
         for w in self.workers:
             if w.error is not None:
-                tier = 2 if w.error["secondary"] else 0
-                candidates.append((tier, w.error_time, w))
+                tier = 2 if w.error.secondary else 0
+                candidates.append((tier, w.error.timestamp, w))
             elif w.exited and not w.stopped and not (w.returned and w.exitcode == 0):
                 candidates.append((1, w.exit_time, w))
         if not candidates:  # pragma: no cover - run() only calls this after a failure
@@ -289,27 +286,29 @@ class Supervisor:
         candidates.sort(key=lambda c: (c[0], c[1] or 0.0, c[2].rank))
         cause = candidates[0][2]
         self.record.root_cause = cause.rank
-        others = [self._summary(w) for _, _, w in candidates[1:]]
-        others += [f"rank {w.rank}: stopped" for w in self.workers
+        failure = self._failure(cause)
+        others = [self._failure(w) for _, _, w in candidates[1:]]
+        others += [self._failure(w, headline="stopped") for w in self.workers
                    if w.stopped and w.error is None and w is not cause]
-        if cause.error is not None:
-            return WorkerError(
-                f"rank {cause.rank} failed: {cause.error['headline']}",
-                rank=cause.rank, exitcode=cause.exitcode,
-                remote_traceback=cause.error["traceback"], other_failures=others,
-            )
+        headline = f"failed: {failure.headline}" if cause.error is not None else failure.headline
         return WorkerError(
-            f"rank {cause.rank} {_describe_exit(cause)}",
-            rank=cause.rank, exitcode=cause.exitcode,
-            remote_traceback=self.relay.tail(cause.rank), other_failures=others,
+            f"rank {cause.rank} {headline}", rank=cause.rank, exitcode=cause.exitcode,
+            remote_traceback=failure.traceback, other_failures=others, failure=failure,
         )
 
-    @staticmethod
-    def _summary(worker: Worker) -> str:
+    def _failure(self, worker: Worker, headline: str | None = None) -> FailureRecord:
+        """How ``worker`` failed: the record it sent (with the exit code seen here), else one
+        made here from its exit (its traceback: the last lines of its stderr)."""
         if worker.error is not None:
-            headline = worker.error["headline"].splitlines()[0]
-            return f"rank {worker.rank}: {textwrap.shorten(headline, 300, placeholder=' …')}"
-        return f"rank {worker.rank}: {_describe_exit(worker)}"
+            if worker.exitcode is None:
+                return worker.error
+            return dataclasses.replace(worker.error, exitcode=worker.exitcode)
+        return FailureRecord(
+            rank=worker.rank, pid=worker.process.pid, exitcode=worker.exitcode, exc_type=None,
+            headline=headline or _describe_exit(worker.exitcode),
+            traceback="" if headline else self.relay.tail(worker.rank),
+            timestamp=worker.exit_time or time.time(),
+        )
 
 
 def _ranks_label(ranks: list[int]) -> str:

@@ -2,7 +2,8 @@
 
 Runs first thing in every worker, whatever the start method. Output goes to the
 pipes the kernel reads (file descriptors 1 and 2, so C-level output is caught);
-the outcome goes over a private control pipe; a watchdog thread ends the worker
+the outcome and rank 0's displays go over a private control pipe, as messages of
+the wire protocol (:mod:`notebook_accel.wire`); a watchdog thread ends the worker
 (and everything it started) when the kernel goes away.
 """
 
@@ -13,7 +14,6 @@ import ctypes
 import faulthandler
 import io
 import os
-import pickle
 import re
 import signal
 import sys
@@ -23,9 +23,11 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
+from notebook_accel import wire
 from notebook_accel.launch import events, worker_display
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import Payload, dumps_result, load_payload
+from notebook_accel.wire import FailureRecord, Kind, Message, Result
 
 _SECONDARY = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|"
@@ -100,7 +102,7 @@ def _report_gpu_memory(device: int, every: float = 1.0) -> None:
             time.sleep(every)
             torch = torch or sys.modules.get("torch")
             if torch is not None and torch.cuda.is_initialized():
-                events.emit("memory", {"gpu": torch.cuda.memory_reserved(device)}, key="gpu")
+                events.emit(Kind.MEMORY, {"gpu": torch.cuda.memory_reserved(device)}, key="gpu")
 
     threading.Thread(target=report, name="notebook-accel-gpu-memory", daemon=True).start()
 
@@ -142,7 +144,7 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _redirect_output(pipes.stdout.fileno(), pipes.stderr.fileno())
     _watch_kernel(pipes.alive.fileno())
     events.install(pipes.events.fileno())
-    worker_display.install(lambda message: _send(pipes, "display", time.monotonic(), message),
+    worker_display.install(lambda display: _send(pipes, display),
                            main=spec.rank == 0, rich=spec.rich_output)
     if spec.env.get(DEVICE_TYPE) == "cuda":
         _report_gpu_memory(int(spec.env[LOCAL_RANK]))
@@ -166,24 +168,25 @@ def _format_exception(exc: BaseException) -> str:
     return "".join(summary.format())
 
 
-def _error(exc: BaseException, exitcode: int, headline: str | None = None) -> dict:
+def _failure(spec: WorkerSpec, exc: BaseException, exitcode: int,
+             headline: str | None = None) -> FailureRecord:
+    """This rank's failure record (stamped now); the kernel sets the exit code it sees."""
     message = str(exc)
-    return {
-        "type": type(exc).__name__,
-        "headline": headline or f"{type(exc).__name__}: {message}".rstrip(": "),
-        "traceback": _format_exception(exc),
-        "secondary": bool(_SECONDARY.search(message)),
-        "exitcode": exitcode,
-    }
+    return FailureRecord(
+        rank=spec.rank, pid=os.getpid(), exitcode=exitcode, exc_type=type(exc).__name__,
+        headline=headline or f"{type(exc).__name__}: {message}".rstrip(": "),
+        traceback=_format_exception(exc), secondary=bool(_SECONDARY.search(message)),
+        timestamp=time.time(),
+    )
 
 
 _send_lock = threading.Lock()  # displays may come from any thread
 
 
-def _send(pipes: WorkerPipes, *message) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+def _send(pipes: WorkerPipes, message: Message) -> None:
+    """Send one message on the control channel (blocks until the kernel has room)."""
     with _send_lock:
-        pipes.control.send_bytes(data)
+        wire.send(pipes.control.fileno(), message)
 
 
 def _run(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> int:
@@ -196,22 +199,21 @@ def _run(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> int:
         if code == 0:
             value = None
         else:
-            _send(pipes, "error", time.monotonic(),
-                  _error(exc, code, f"called sys.exit({exc.code!r})"))
+            _send(pipes, _failure(spec, exc, code, f"called sys.exit({exc.code!r})"))
             return code
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the kernel
         events.close()
-        _send(pipes, "error", time.monotonic(), _error(exc, 1))
+        _send(pipes, _failure(spec, exc, 1))
         return 1
     events.close()
     try:
         data = dumps_result(value) if spec.send_result else None
     except Exception as exc:
         headline = f"its return value could not be pickled: {type(exc).__name__}: {exc}"
-        _send(pipes, "error", time.monotonic(), _error(exc, 1, headline))
+        _send(pipes, _failure(spec, exc, 1, headline))
         return 1
     _flush_output()
-    _send(pipes, "ok", time.monotonic(), data)
+    _send(pipes, Result(data))
     return 0
 
 

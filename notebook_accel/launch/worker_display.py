@@ -26,17 +26,19 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from notebook_accel.wire import Display
+
 _WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 MAX_DISPLAY_BYTES = 16 << 20  # larger displays are sent as their text/plain only
 
-Send = Callable[[dict[str, Any]], None]
+Send = Callable[[Display], None]
 
 
 def install(send: Send, main: bool, rich: bool) -> None:
     """Route this worker's displays and progress bars; cut it off from the kernel's sockets.
 
     Args:
-        send: sends one display message to the kernel.
+        send: sends one display message to the kernel (on the control channel).
         main: this is the job's main process (rank 0): its displays are shown rich.
         rich: the launching process is a notebook kernel that shows rich output.
     """
@@ -95,8 +97,7 @@ def _publisher_factory(send: Send, rich: bool) -> Callable[[Any], Any]:
                     data = {"text/plain": data.get("text/plain", "(a display too large to show)")}
                     metadata = {}
                 sys.stdout.flush()  # what was printed before the display shows before it
-                send({"data": data, "metadata": metadata or {}, "transient": transient or {},
-                      "update": bool(update)})
+                send(Display(data, metadata or {}, transient or {}, bool(update)))
 
             def clear_output(self, wait: bool = False) -> None:
                 """Ignored: it would wipe the whole cell (other ranks' output, the live view)."""

@@ -20,13 +20,12 @@ import os
 import pickle
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from notebook_accel import hardware
+from notebook_accel import hardware, wire
 from notebook_accel.launch import environment as env
 from notebook_accel.launch.payload import dumps_result, load_payload, serialise_payload
 from notebook_accel.xla.detect import (
@@ -158,7 +157,7 @@ class CoreTraceback(Exception):
         return f"\n{self.text}"
 
 
-def _user_facing(exc: BaseException, failures: list[str]) -> BaseException:
+def _user_facing(exc: BaseException, failures: list[wire.FailureRecord]) -> BaseException:
     """The error to report: the failing core's own, without torch_xla's launcher frames.
 
     Ran in this process (``num_processes=1``): the same exception, its traceback cut
@@ -174,20 +173,17 @@ def _user_facing(exc: BaseException, failures: list[str]) -> BaseException:
     if not failures:  # a core died without a Python exception (a signal), or an internal error
         return exc
     if len(failures) > 1:
-        first = failures[0].splitlines()[0]
+        first = failures[0].headline.splitlines()[0]
         return RuntimeError(f"{first} ({len(failures) - 1} other core(s) failed after it)")
     error = exc.with_traceback(None)
-    error.__cause__ = CoreTraceback(failures[0].split("\n", 1)[1])
+    error.__cause__ = CoreTraceback(failures[0].traceback)
     return error
 
 
-def _failures(results: Path) -> list[str]:
-    """The core failures recorded in ``results`` (``error_<rank>.txt``), earliest first."""
-    errors = []
-    for path in results.glob("error_*.txt"):
-        stamp, _, text = path.read_text().partition("\n")
-        errors.append((float(stamp), text))
-    return [text for _, text in sorted(errors)]
+def _failures(results: Path) -> list[wire.FailureRecord]:
+    """The failure records the cores left in ``results`` (``error_<rank>.msg``), earliest first."""
+    records = [wire.decode(path.read_bytes()) for path in results.glob("error_*.msg")]
+    return sorted(records, key=lambda record: (record.timestamp, record.rank))
 
 
 # ---- each core ----------------------------------------------------------------------------
@@ -259,9 +255,12 @@ def _core_main(index: int, payload: bytes, results: str, return_all: bool,
         value = function(*args, **kwargs)
     except BaseException as exc:
         user_tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        text = "".join(traceback.format_exception(type(exc), exc, user_tb))
-        Path(results, f"error_{ordinal}.txt").write_text(
-            f"{time.time()}\nXLA core {ordinal} failed: {_describe(exc)}\n{text}")
+        record = wire.FailureRecord(
+            rank=ordinal, pid=os.getpid(), exitcode=None, exc_type=type(exc).__name__,
+            headline=f"XLA core {ordinal} failed: {_describe(exc)}",
+            traceback="".join(traceback.format_exception(type(exc), exc, user_tb)),
+        )
+        Path(results, f"error_{ordinal}.msg").write_bytes(wire.encode(record))  # stamped now
         if world > 1 and hasattr(exc, "add_note"):
             exc.add_note(f"(raised on XLA core {ordinal} of {world})")
         raise

@@ -1,0 +1,328 @@
+"""The one wire protocol between a worker and the kernel that launched it.
+
+Besides its stdout and stderr (relayed as text), a worker sends *messages*, each of
+one :class:`Kind`, over two private channels:
+
+- the **control** channel (reliable, blocking): the outcome (:class:`Result` or
+  :class:`FailureRecord`) and rank 0's rich displays (:class:`Display`); never
+  dropped, delivered in order;
+- the **events** channel (lossy, never blocks training): :class:`Progress`,
+  :class:`Metrics`, :class:`Memory` and :class:`Dropped`; small (one atomic pipe
+  write each), coalesced or dropped and counted when the kernel lags.
+
+One framing for both (:func:`encode` and :func:`send` write it, :class:`FrameReader`
+reads it): an 8-byte little-endian length, then a pickle of ``(kind value, timestamp,
+field values)``. One clock:
+every timestamp is ``time.time()`` of the process that made it (the sender for a
+message, the kernel for an exit it observed), so ranks' times compare and a record
+reads as a date; durations and deadlines use ``time.monotonic()`` locally and never
+travel.
+
+Adding a message kind: a member of :class:`Kind` (and, if reliable, of ``_RELIABLE``)
+and a dataclass with ``kind`` set to it, registered with ``@_message`` (an event kind
+also has ``fields_of``, from the plain dict ``events.emit`` takes); then its sender
+(``events.emit(Kind.X, {...})`` or the worker's ``_send(pipes, X(...))``) and its one
+consumer in the kernel (``LaunchRecord.apply`` for events, ``Supervisor._read_control``
+for control messages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import pickle
+import signal
+import struct
+import textwrap
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+HEADER = struct.Struct("<Q")
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_BIG = 1 << 16  # frames at least this long are decoded in place, not copied first
+
+
+class Kind(str, enum.Enum):
+    """Every kind of message a worker sends (a ``str``: ``Kind.METRICS == "metrics"``)."""
+
+    PROGRESS = "progress"  # a progress bar's state (notebook_accel.tqdm)
+    METRICS = "metrics"  # numeric values logged at a step (Accelerator.log)
+    MEMORY = "memory"  # the worker's reserved GPU memory
+    DROPPED = "dropped"  # how many events the worker dropped because the kernel lagged
+    DISPLAY = "display"  # a rich display of rank 0 (display(), plt.show())
+    RESULT = "result"  # the function returned; its pickled value
+    ERROR = "error"  # the function raised (or could not send its value): a FailureRecord
+
+    @property
+    def reliable(self) -> bool:
+        """True: sent on the control channel (never dropped); False: on the events channel."""
+        return self in _RELIABLE
+
+
+_RELIABLE = frozenset({Kind.DISPLAY, Kind.RESULT, Kind.ERROR})
+
+_TYPES: dict[str, type] = {}  # Kind value -> message class
+_FIELDS: dict[type, tuple[str, ...]] = {}  # message class -> its fields in wire order
+
+
+def _message(cls: type) -> type:
+    """Register a message class under its ``kind``."""
+    _TYPES[cls.kind.value] = cls
+    _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.name != "timestamp")
+    return cls
+
+
+# ---- the messages ---------------------------------------------------------------------------
+
+@_message
+@dataclass(slots=True)
+class Progress:
+    """A progress bar's state (see ``EventTqdm.state``): id, n, total, desc, rate, closed..."""
+
+    kind: ClassVar[Kind] = Kind.PROGRESS
+    state: dict[str, Any]
+    timestamp: float = field(default=0.0, kw_only=True)
+
+    @staticmethod
+    def fields_of(data: dict[str, Any]) -> tuple:
+        return (data,)
+
+
+@_message
+@dataclass(slots=True)
+class Metrics:
+    """Numeric values logged at ``step`` (None: no step given)."""
+
+    kind: ClassVar[Kind] = Kind.METRICS
+    step: int | None
+    values: dict[str, float]
+    timestamp: float = field(default=0.0, kw_only=True)
+
+    @staticmethod
+    def fields_of(data: dict[str, Any]) -> tuple:
+        return (data.get("step"), data.get("values") or {})
+
+
+@_message
+@dataclass(slots=True)
+class Memory:
+    """The worker's reserved GPU memory, in bytes."""
+
+    kind: ClassVar[Kind] = Kind.MEMORY
+    gpu: int | None
+    timestamp: float = field(default=0.0, kw_only=True)
+
+    @staticmethod
+    def fields_of(data: dict[str, Any]) -> tuple:
+        return (data.get("gpu"),)
+
+
+@_message
+@dataclass(slots=True)
+class Dropped:
+    """``count`` events were dropped in the worker (sent once, when its function returns)."""
+
+    kind: ClassVar[Kind] = Kind.DROPPED
+    count: int
+    timestamp: float = field(default=0.0, kw_only=True)
+
+    @staticmethod
+    def fields_of(data: dict[str, Any]) -> tuple:
+        return (int(data.get("count", 0)),)
+
+
+@_message
+@dataclass(slots=True)
+class Display:
+    """One display of rank 0, as IPython's ``DisplayPublisher.publish`` takes it."""
+
+    kind: ClassVar[Kind] = Kind.DISPLAY
+    data: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    transient: dict[str, Any] = field(default_factory=dict)
+    update: bool = False
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(slots=True)
+class Result:
+    """The function returned: its value pickled (None when the kernel does not want it)."""
+
+    kind: ClassVar[Kind] = Kind.RESULT
+    value: bytes | None
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class FailureRecord:
+    """How one rank failed (as torch elastic's ``ProcessFailure``).
+
+    A worker that raises sends one (``exitcode`` the code it exits with); the kernel
+    makes one for a rank that died without reporting (a signal, ``os._exit``) and sets
+    the exit code it observed. ``WorkerError`` carries the root cause's and the others'.
+
+    Attributes:
+        rank: the global rank.
+        pid: its process id (None if it never started).
+        exitcode: its exit status; negative: killed by that signal (see :attr:`signal`);
+            None: it was still running (a timeout).
+        exc_type: the exception's class name (``"ValueError"``), None when it died
+            without a Python exception.
+        headline: one line: ``"ValueError: bad shape"``, ``"was killed by SIGKILL"``.
+        traceback: the worker's own traceback (or the last lines of its stderr).
+        timestamp: ``time.time()`` when it failed (the worker's clock for a raised
+            exception, the kernel's for an exit it observed).
+        secondary: the error looks like a consequence of another rank's failure
+            (a broken collective); such failures are not the root cause.
+    """
+
+    kind: ClassVar[Kind] = Kind.ERROR
+    rank: int
+    pid: int | None
+    exitcode: int | None
+    exc_type: str | None
+    headline: str
+    traceback: str = ""
+    secondary: bool = False
+    timestamp: float = field(default=0.0, kw_only=True)
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that killed the rank, if one did."""
+        return -self.exitcode if self.exitcode is not None and self.exitcode < 0 else None
+
+    @property
+    def signal_name(self) -> str | None:
+        """``"SIGKILL"`` and the like (None when no signal killed it)."""
+        number = self.signal
+        if number is None:
+            return None
+        try:
+            return signal.Signals(number).name
+        except ValueError:
+            return f"signal {number}"
+
+    def __str__(self) -> str:
+        """One line: ``rank 1: RuntimeError: rank 1 gave up``."""
+        first = self.headline.splitlines()[0] if self.headline else "failed"
+        return f"rank {self.rank}: {textwrap.shorten(first, 300, placeholder=' …')}"
+
+
+Message = Progress | Metrics | Memory | Dropped | Display | Result | FailureRecord
+"""Any message a worker sends."""
+
+
+# ---- the framing -------------------------------------------------------------------------------
+
+def _body(message: Message) -> bytes:
+    values = tuple(getattr(message, name) for name in _FIELDS[type(message)])
+    return pickle.dumps((message.kind.value, message.timestamp or time.time(), values),
+                        protocol=_PROTOCOL)
+
+
+def encode(message: Message) -> bytes:
+    """One framed message; stamped with ``time.time()`` now unless it has a timestamp."""
+    body = _body(message)
+    return HEADER.pack(len(body)) + body
+
+
+def encode_data(kind: Kind | str, data: dict[str, Any]) -> bytes:
+    """One framed event message of ``kind`` from its plain-dict form (``events.emit``'s),
+    without building the message object (the worker's hot path); stamped now.
+
+    Raises:
+        ValueError: ``kind`` is not a kind of event (an unknown or a control kind).
+    """
+    try:
+        value, fields_of = _EVENT_FIELDS[kind._value_ if type(kind) is Kind else kind]
+    except (KeyError, TypeError):
+        raise ValueError(f"{kind!r} is not a kind of event; choose from "
+                         f"{[k.value for k in Kind if not k.reliable]}") from None
+    body = _dumps((value, _now(), fields_of(data)), _PROTOCOL)
+    return _pack(len(body)) + body
+
+
+_dumps, _now, _pack = pickle.dumps, time.time, HEADER.pack  # bound once: the hot path
+
+
+_EVENT_FIELDS = {  # the value of a kind of event -> (that value, its fields from a plain dict)
+    cls.kind.value: (cls.kind.value, cls.fields_of)
+    for cls in _TYPES.values() if not cls.kind.reliable
+}
+
+
+def _decode(body: bytes | memoryview) -> Message | None:
+    kind, timestamp, values = pickle.loads(body)
+    cls = _TYPES.get(kind)
+    return None if cls is None else cls(*values, timestamp=timestamp)
+
+
+def decode(frame: bytes) -> Message:
+    """The message in one frame (as made by :func:`encode`)."""
+    (size,) = HEADER.unpack_from(frame)
+    message = _decode(frame[HEADER.size:HEADER.size + size])
+    if message is None:
+        raise ValueError("a frame of an unknown message kind")
+    return message
+
+
+class FrameReader:
+    """The kernel's end of a channel: reassembles messages from non-blocking reads.
+
+    Frames of kinds this version does not know are skipped.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = bytearray()
+        self.open = True
+
+    def read(self) -> tuple[list[Message], bool]:
+        """Returns (the messages complete now, the channel is still open)."""
+        while self.open:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.open = False
+                break
+            self.buffer += chunk
+        messages = []
+        buffer, start, end = self.buffer, 0, len(self.buffer)
+        while end - start >= HEADER.size:
+            (size,) = HEADER.unpack_from(buffer, start)
+            stop = start + HEADER.size + size
+            if stop > end:
+                break
+            if size < _BIG:
+                message = _decode(buffer[start + HEADER.size:stop])
+            else:  # a large result or display: no copy of it before unpickling
+                with memoryview(buffer) as whole, whole[start + HEADER.size:stop] as body:
+                    message = _decode(body)
+            if message is not None:
+                messages.append(message)
+            start = stop
+        if start:
+            del buffer[:start]
+        return messages, self.open
+
+
+def send(fd: int, message: Message) -> None:
+    """Write one message to a blocking ``fd`` (the control channel), stamped now unless it
+    has a timestamp; the caller keeps other writers of ``fd`` out meanwhile."""
+    body = _body(message)
+    _write_all(fd, HEADER.pack(len(body)))
+    _write_all(fd, body)  # not joined to the header: a large result is not copied again
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
