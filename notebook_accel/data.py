@@ -43,7 +43,7 @@ from notebook_accel.samplers import SeedableRandomSampler
 from notebook_accel.sharding import ShardBatchSampler
 
 __all__ = [
-    "DataLoaderConfiguration", "DataLoaderShard", "LoaderProgress", "prepare_data_loader", "skip_first_batches",
+    "DataLoaderConfiguration", "DataLoaderShard", "LoaderProgress", "shard_data_loader", "skip_first_batches",
 ]
 
 
@@ -127,7 +127,7 @@ def _rank0_int(number: int, device: torch.device | None) -> int:
     return int(broadcast(value, from_process=0).item())
 
 
-def prepare_data_loader(
+def shard_data_loader(
     loader: DataLoader, *, num_processes: int, process_index: int, device: torch.device | None,
     gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
     loader_index: int = 0, non_blocking: bool = False, seed: int | None = None, auto_resume: bool = False,
@@ -135,6 +135,9 @@ def prepare_data_loader(
     dispatch_batches: bool = False,
 ) -> DataLoaderShard:
     """Build this process's ``DataLoaderShard`` from a user's ``DataLoader`` (see the module docstring).
+
+    The one implementation behind ``Accelerator.prepare`` and the peer's ``prepare_data_loader``
+    (``data_loader``, which fills these arguments from its own parameters and ``PartialState``).
 
     Raises:
         ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``,
@@ -219,3 +222,8 @@ def _dispatcher(
         process_index=process_index, num_processes=num_processes, per_process_batch=per,
         remainder=None, total_batch_size=total, **common, **kwargs, **loader_kwargs(loader),
     )
+
+
+# TEMPORARY: notebook_accel/accelerator.py still imports this name (the strategy seam work switches it
+# to ``shard_data_loader``); the peer's ``prepare_data_loader`` is ``data_loader.prepare_data_loader``.
+prepare_data_loader = shard_data_loader
