@@ -75,7 +75,7 @@ for method in ("fork", "spawn"):
     results[method] = notebook_launcher(job, args=(method,), num_processes=2, start_method=method,
                                         return_all=True, timeout=120)
 kernel_side = sorted({m.split(".")[0] for m in sys.modules} & {"IPython", "ipywidgets", "magics"})
-print("RESULT " + json.dumps({"results": results, "kernel_side": kernel_side}))
+print("RESULT " + json.dumps({"results": results, "kernel_side": kernel_side, "file": notebook_accel.__file__}))
 """
 
 
@@ -114,6 +114,7 @@ def test_engine_imports_and_launches_without_ipython_or_ipywidgets(tmp_path):
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     report = json.loads(line[len("RESULT "):])
     assert report["kernel_side"] == []
+    assert Path(report["file"]).resolve() == ROOT / "notebook_accel" / "__init__.py"  # this checkout
     for method in ("fork", "spawn"):
         ranks = report["results"][method]
         assert [r["world"] for r in ranks] == [2, 2], ranks
