@@ -25,6 +25,8 @@ def parse_size(size: int | str) -> int:
     """
     from notebook_accel.big_model.memory import parse_size as size_in_bytes
 
+    if isinstance(size, (int, float)) and not isinstance(size, bool) and size <= 0:
+        raise ValueError(f"max_shard_size must be positive, got {size}")
     try:
         limit = size_in_bytes(size)
     except ValueError:
@@ -32,7 +34,7 @@ def parse_size(size: int | str) -> int:
             f"max_shard_size={size!r} is not a size; use an int (bytes) or e.g. '10GB', '500MB', '2GiB'"
         ) from None
     if limit <= 0:
-        raise ValueError(f"max_shard_size must be positive, got {size}")
+        raise ValueError(f"max_shard_size must be positive, got {size!r}")
     return limit
 
 
