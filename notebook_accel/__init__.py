@@ -15,7 +15,6 @@ _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
     "last_launch": "notebook_accel.launch.record",
-    "config_panel": "magics.config_panel",
     "tqdm": "notebook_accel.progress",
     "PartialState": "notebook_accel.state",
     "DistributedType": "notebook_accel.state",

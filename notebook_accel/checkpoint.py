@@ -42,6 +42,7 @@ import torch
 
 from notebook_accel.ops import broadcast_object_list
 from notebook_accel.state import PartialState
+from notebook_accel.weight_shards import parse_size, save_object, save_shards, split_state
 
 
 @dataclass
@@ -217,16 +218,6 @@ def save_state(
     return final
 
 
-def save_object(obj: Any, path: Path, safe_serialization: bool = False) -> None:
-    """``torch.save`` (or safetensors' ``save_file`` for a dict of tensors) to ``path``."""
-    if safe_serialization:
-        from safetensors.torch import save_file
-
-        save_file(obj, str(path), metadata={"format": "pt"})
-    else:
-        torch.save(obj, path)
-
-
 def save_weights_file(state: dict[str, torch.Tensor], path: Path) -> None:
     """One safetensors file of ``state``, tied weights stored once (fsync'd)."""
     save_object(_untied(state), path, safe_serialization=True)
@@ -255,8 +246,6 @@ def save_weights(
     (``weight_shards``). safetensors refuses tensors sharing memory (tied weights):
     each is stored once, under its first name, as the peer does.
     """
-    from notebook_accel.weight_shards import parse_size, save_shards, split_state
-
     limit = parse_size(max_shard_size)
     directory.mkdir(parents=True, exist_ok=True)
     if safe_serialization:

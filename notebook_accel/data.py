@@ -22,29 +22,29 @@ generator also seeds the loader's worker processes, so ``num_workers > 0`` stays
 reproducible. A custom sampler keeps its own randomness, which is neither
 synchronised nor checkpointed here; ``set_epoch`` is forwarded to it.
 
-Which batches a rank gets: ``sharding`` (map-style) and ``data_iterable`` (streams).
+Which batches a rank gets: ``sharding`` (map-style) and ``data_iterable`` (streams). The loader
+classes: ``data_shard`` (``DataLoaderShard``), ``data_dispatch`` (rank 0 loads), ``data_skip``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from notebook_accel.data_dispatch import DataLoaderDispatcher
 from notebook_accel.data_iterable import IterableDatasetShard
+from notebook_accel.data_shard import DataLoaderShard, LoaderProgress, loader_kwargs
 from notebook_accel.gradient_state import GradientState
-from notebook_accel.ops import broadcast, send_to_device, world_size
-from notebook_accel.rng_sync import synchronize_rng_state
+from notebook_accel.ops import broadcast, world_size
 from notebook_accel.samplers import SeedableRandomSampler
 from notebook_accel.sharding import ShardBatchSampler
 
-_LOADER_ARGS = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-    "multiprocessing_context", "persistent_workers",
-)
+__all__ = [
+    "DataLoaderConfiguration", "DataLoaderShard", "LoaderProgress", "shard_data_loader", "skip_first_batches",
+]
 
 
 @dataclass
@@ -74,198 +74,6 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
 
-class LoaderProgress:
-    """Where a loader stands in its epoch; shared with the loaders ``skip_first_batches`` makes."""
-
-    def __init__(self, generator: torch.Generator, sampler: Any = None) -> None:
-        self.generator = generator
-        self.sampler = sampler if hasattr(sampler, "set_epoch") and hasattr(sampler, "epoch") else None
-        self.epoch_start_state = generator.get_state()
-        self.epoch_start = self._epoch()
-        self.batches_yielded = 0
-        self.in_epoch = False
-        self.resume_step = 0  # batches already done in the epoch a checkpoint interrupted
-
-    def _epoch(self) -> int | None:
-        return None if self.sampler is None else int(self.sampler.epoch)
-
-    def start_epoch(self) -> None:
-        """Remember where the epoch that starts now begins."""
-        self.epoch_start_state = self.generator.get_state()
-        self.epoch_start = self._epoch()
-
-    def state_dict(self) -> dict[str, Any]:
-        """Generator state (and sampler epoch) and position: replays an unfinished epoch, or starts the next."""
-        if self.in_epoch:
-            state = {"generator": self.epoch_start_state, "batches_yielded": self.batches_yielded}
-            if self.epoch_start is not None:
-                state["epoch"] = self.epoch_start
-            return state
-        state = {"generator": self.generator.get_state(), "batches_yielded": 0}
-        if self.sampler is not None:
-            state["epoch"] = self._epoch()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
-        if self.sampler is not None and "epoch" in state:
-            self.sampler.set_epoch(int(state["epoch"]))
-        self.resume_step = int(state["batches_yielded"])
-        self.in_epoch = False
-
-
-class DataLoaderShard(DataLoader):
-    """A ``DataLoader`` yielding this process's share, on its device.
-
-    Created by ``Accelerator.prepare``; see the module docstring. Extra attributes:
-    ``end_of_dataloader``, ``remainder``, ``total_batch_size``, ``resume_step``.
-    """
-
-    def __init__(
-        self, dataset: Any, batch_sampler: ShardBatchSampler | None = None, *, device: torch.device | None,
-        gradient_state: GradientState, generator: torch.Generator, remainder: int | None,
-        total_batch_size: int | None, non_blocking: bool = False,
-        progress: LoaderProgress | None = None, skip_batches: int = 0, auto_resume: bool = False,
-        sampler_is_batch_sampler: bool = False, synchronize_generator: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        if batch_sampler is not None and sampler_is_batch_sampler:  # the user's sampler yields index lists
-            super().__init__(dataset, sampler=batch_sampler, batch_size=None, generator=generator, **kwargs)
-        elif batch_sampler is not None:
-            super().__init__(dataset, batch_sampler=batch_sampler, generator=generator, **kwargs)
-        else:  # an IterableDatasetShard: batch_size and drop_last come in kwargs
-            super().__init__(dataset, generator=generator, **kwargs)
-        self.sampler_is_batch_sampler = sampler_is_batch_sampler
-        self.synchronize_generator = synchronize_generator  # the user's generator: rank 0's state each epoch
-        self.device = device
-        self.gradient_state = gradient_state
-        self._remainder = remainder
-        self.total_batch_size = total_batch_size
-        self.non_blocking = non_blocking
-        self.end_of_dataloader = False
-        self.progress = progress if progress is not None else LoaderProgress(generator, self._inner_sampler())
-        self.skip_batches = skip_batches  # iterable datasets only: these batches are loaded, then dropped
-        self.auto_resume = auto_resume
-        self._pending_skip = 0
-        self.iteration = 0
-
-    @property
-    def remainder(self) -> int:
-        """Real samples in the last global batch (-1: unknown or no duplicates to drop)."""
-        if self._remainder is not None:
-            return self._remainder
-        return getattr(self.dataset, "remainder", -1)
-
-    @property
-    def resume_step(self) -> int:
-        """Batches the interrupted epoch had done, as restored by ``load_state`` (else 0)."""
-        return self.progress.resume_step
-
-    @property
-    def shard_sampler(self) -> ShardBatchSampler | None:
-        """The batch sampler for a map-style dataset; ``None`` for an iterable one."""
-        sampler = self.sampler if self.sampler_is_batch_sampler else self.batch_sampler
-        return sampler if isinstance(sampler, ShardBatchSampler) else None
-
-    def _inner_sampler(self) -> Any:
-        """The user's sampler inside the sharding (or the iterable dataset): ``set_epoch`` goes there."""
-        shard = self.shard_sampler
-        if shard is not None:
-            inner = shard.batch_sampler
-        elif isinstance(self.dataset, IterableDataset):
-            return self.dataset
-        else:  # a dispatcher: the user's own batch sampler
-            inner = self.batch_sampler
-        return inner if hasattr(inner, "set_epoch") else getattr(inner, "sampler", inner)
-
-    def __iter__(self) -> Iterator[Any]:
-        progress = self.progress
-        if self.synchronize_generator and world_size() > 1:
-            synchronize_rng_state("generator", self.generator)
-        progress.start_epoch()
-        sampler = self.shard_sampler
-        resume, self._pending_skip = self._pending_skip, 0  # iterable datasets (samplers skip by themselves)
-        if sampler is not None:
-            progress.batches_yielded = sampler.skip_batches + sampler.skip_once
-        else:
-            progress.batches_yielded = self.skip_batches + resume
-        progress.resume_step = 0
-        progress.in_epoch = True
-        self.end_of_dataloader = False
-        self.gradient_state.add_dataloader(self)
-        try:
-            it = self._batches()
-            for _ in range(self.skip_batches + resume):
-                next(it, None)
-            if self.device is not None and self.device.type == "xla":
-                from notebook_accel.xla import runtime as xla
-
-                it = xla.device_batches(it, self.device)  # moves batches and marks step boundaries
-            try:
-                current = next(it)
-            except StopIteration:
-                self.end_of_dataloader = True
-                progress.in_epoch = False
-                return
-            while True:
-                try:
-                    upcoming = next(it)
-                except StopIteration:
-                    self.end_of_dataloader = True
-                    progress.batches_yielded += 1
-                    progress.in_epoch = False
-                    yield self._to_device(current)
-                    break
-                progress.batches_yielded += 1
-                yield self._to_device(current)
-                current = upcoming
-        finally:
-            self.gradient_state.remove_dataloader(self)
-            self.iteration += 1
-
-    def _batches(self) -> Iterator[Any]:
-        """This process's batches before the device move (the dispatcher overrides it)."""
-        return super().__iter__()
-
-    def _to_device(self, batch: Any) -> Any:
-        if self.device is None or self.device.type == "xla":  # XLA: moved by device_batches
-            return batch
-        return send_to_device(batch, self.device, self.non_blocking)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward ``epoch`` to the sampler, batch sampler or iterable dataset that has ``set_epoch``.
-
-        With ``use_seedable_sampler`` this (after ``set_seed``) replays that epoch's shuffle.
-        Our own generator needs no epoch: its shuffle already differs per epoch.
-        """
-        sampler = self._inner_sampler()
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Generator state and position: replays an unfinished epoch, or starts the next."""
-        return self.progress.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict``; ``resume_step`` tells how many batches the epoch had done.
-
-        With ``auto_resume`` (``use_stateful_dataloader``) the next pass skips them by itself.
-        """
-        self.progress.load_state_dict(state)
-        if self.auto_resume:
-            self._set_pending(self.progress.resume_step)
-
-    def _set_pending(self, batches: int) -> None:
-        sampler = self.shard_sampler
-        if sampler is not None:
-            sampler.skip_once = batches
-        else:
-            self._pending_skip = batches
-
-    def __len__(self) -> int:
-        return max(super().__len__() - self._pending_skip, 0)
-
-
 def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> DataLoader:
     """A loader over the same data, generator and state that skips the first ``num_batches``.
 
@@ -286,7 +94,7 @@ def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> Da
     skip = loader.resume_step if num_batches is None else num_batches
     loader._set_pending(0)  # resumed by hand: no automatic resume on top
     old = loader.shard_sampler
-    kwargs = _loader_kwargs(loader)
+    kwargs = loader_kwargs(loader)
     sampler = None
     if old is not None:
         sampler = ShardBatchSampler(old.batch_sampler, old.num_processes, old.process_index, old.split_batches, old.even_batches)
@@ -300,13 +108,6 @@ def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> Da
         sampler_is_batch_sampler=loader.sampler_is_batch_sampler,
         synchronize_generator=loader.synchronize_generator, **kwargs,
     )
-
-
-def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:
-    kwargs = {k: getattr(loader, k) for k in _LOADER_ARGS}
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    return kwargs
 
 
 def _shared_seed(index: int, seed: int | None, device: torch.device | None) -> int:
@@ -326,7 +127,7 @@ def _rank0_int(number: int, device: torch.device | None) -> int:
     return int(broadcast(value, from_process=0).item())
 
 
-def prepare_data_loader(
+def shard_data_loader(
     loader: DataLoader, *, num_processes: int, process_index: int, device: torch.device | None,
     gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
     loader_index: int = 0, non_blocking: bool = False, seed: int | None = None, auto_resume: bool = False,
@@ -334,6 +135,9 @@ def prepare_data_loader(
     dispatch_batches: bool = False,
 ) -> DataLoaderShard:
     """Build this process's ``DataLoaderShard`` from a user's ``DataLoader`` (see the module docstring).
+
+    The one implementation behind ``Accelerator.prepare`` and the peer's ``prepare_data_loader``
+    (``data_loader``, which fills these arguments from its own parameters and ``PartialState``).
 
     Raises:
         ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``,
@@ -356,7 +160,7 @@ def prepare_data_loader(
         return DataLoaderShard(
             shard_ds, None, remainder=len(loader.dataset) % shard_ds.chunk if known else None,
             total_batch_size=shard_ds.chunk, batch_size=shard_ds.process_batch_size, drop_last=False,
-            **common, **_loader_kwargs(loader),
+            **common, **loader_kwargs(loader),
         )
     sampler_is_batch_sampler = loader.batch_sampler is None and isinstance(loader.sampler, BatchSampler)
     batch_sampler = loader.sampler if sampler_is_batch_sampler else loader.batch_sampler
@@ -391,7 +195,7 @@ def prepare_data_loader(
     return DataLoaderShard(
         loader.dataset, shard, remainder=remainder, total_batch_size=total,
         sampler_is_batch_sampler=sampler_is_batch_sampler, synchronize_generator=synchronize,
-        **common, **_loader_kwargs(loader),
+        **common, **loader_kwargs(loader),
     )
 
 
@@ -405,8 +209,6 @@ def _dispatcher(
     even_batches: bool, common: dict[str, Any], **kwargs: Any,
 ) -> DataLoaderShard:
     """A ``DataLoaderDispatcher`` over the user's (unsharded) batches: rank 0 loads, all get a slice."""
-    from notebook_accel.data_dispatch import DataLoaderDispatcher
-
     size = loader.batch_size if loader.batch_size is not None else getattr(batch_sampler, "batch_size", None)
     if size is None or (split_batches and size % num_processes):
         raise ValueError(
@@ -418,5 +220,10 @@ def _dispatcher(
     return DataLoaderDispatcher(
         loader.dataset, batch_sampler, split_batches=split_batches, even_batches=even_batches,
         process_index=process_index, num_processes=num_processes, per_process_batch=per,
-        remainder=None, total_batch_size=total, **common, **kwargs, **_loader_kwargs(loader),
+        remainder=None, total_batch_size=total, **common, **kwargs, **loader_kwargs(loader),
     )
+
+
+# TEMPORARY: notebook_accel/accelerator.py still imports this name (the strategy seam work switches it
+# to ``shard_data_loader``); the peer's ``prepare_data_loader`` is ``data_loader.prepare_data_loader``.
+prepare_data_loader = shard_data_loader

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from notebook_accel.data import DataLoaderShard
+from notebook_accel.data_shard import DataLoaderShard
 from notebook_accel.helpers import concatenate, find_batch_size
 from notebook_accel.ops import broadcast_object_list, recursively_apply, world_size
 

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from notebook_accel.data import DataLoaderShard, skip_first_batches
-from notebook_accel.data import prepare_data_loader as _shard_loader
+from notebook_accel.data import DataLoaderShard, shard_data_loader, skip_first_batches
 from notebook_accel.data_dispatch import DataLoaderDispatcher
 from notebook_accel.data_iterable import IterableDatasetShard
 from notebook_accel.data_skip import SkipDataLoader
@@ -77,7 +76,7 @@ def prepare_data_loader(
         )
     state = PartialState()
     target = device if device is not None else state.device
-    return _shard_loader(
+    return shard_data_loader(
         dataloader,
         num_processes=state.num_processes if num_processes is None else num_processes,
         process_index=state.process_index if process_index is None else process_index,

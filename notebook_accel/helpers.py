@@ -13,23 +13,6 @@ import torch
 from notebook_accel.ops import recursively_apply
 from notebook_accel.precision import convert_to_fp32, unwrap_forward
 
-_TRUE = ("y", "yes", "t", "true", "on", "1")
-_FALSE = ("n", "no", "f", "false", "off", "0")
-
-
-def str_to_bool(value: str) -> int:
-    """1 for a true-ish string (``yes``, ``true``, ``on``, ``1``...), 0 for a false-ish one.
-
-    Raises:
-        ValueError: anything else, naming the accepted values.
-    """
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return 1
-    if text in _FALSE:
-        return 0
-    raise ValueError(f"invalid truth value {value!r}; use one of {_TRUE + _FALSE}")
-
 
 @contextlib.contextmanager
 def patch_environment(**kwargs: Any) -> Iterator[None]:

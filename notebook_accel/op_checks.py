@@ -15,6 +15,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from notebook_accel.flags import env_flag
+
 DEBUG_ENV = "NOTEBOOK_ACCEL_DEBUG_MODE"
 PEER_DEBUG_ENV = "ACCELERATE_DEBUG_MODE"
 
@@ -25,8 +27,7 @@ class DistributedOperationException(Exception):
 
 def debug_enabled() -> bool:
     """Whether debug mode is on (our variable if set, else the peer's)."""
-    raw = os.environ.get(DEBUG_ENV, os.environ.get(PEER_DEBUG_ENV, "0"))
-    return raw.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    return env_flag(DEBUG_ENV, PEER_DEBUG_ENV)
 
 
 def set_debug(enabled: bool) -> None:
@@ -34,32 +35,29 @@ def set_debug(enabled: bool) -> None:
     os.environ[DEBUG_ENV] = "1" if enabled else "0"
 
 
-def _shapes(data: Any, skip_dim: int | None) -> Any:
-    from notebook_accel.ops import recursively_apply
-
-    def one(tensor: Any) -> tuple:
-        shape = list(tensor.shape)
-        if skip_dim is not None and -len(shape) <= skip_dim < len(shape):
-            shape[skip_dim] = "*"
-        return (len(shape), tuple(shape))
-
-    return recursively_apply(one, data)
+def shape_of(tensor: Any, skip_dim: int | None = None) -> tuple:
+    """What must match across processes: the rank and the shape (``"*"`` at ``skip_dim``)."""
+    shape = list(tensor.shape)
+    if skip_dim is not None and -len(shape) <= skip_dim < len(shape):
+        shape[skip_dim] = "*"
+    return (len(shape), tuple(shape))
 
 
-def verify_operation(name: str, data: Any, skip_dim: int | None = None) -> None:
-    """In debug mode, raise unless every process passes tensors of the same shapes (``skip_dim`` may differ).
+def verify_shapes(name: str, shapes: Any) -> None:
+    """Raise unless every process passes the same ``shapes`` (``shape_of`` over its tensors).
+
+    ``ops`` calls it in debug mode only, with ``shapes`` built over its nested structure.
 
     Raises:
         DistributedOperationException: naming the operation and each process's shapes.
     """
-    if not debug_enabled() or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     if dist.get_backend() == "xla":  # torch_xla's group has no object collectives
         return
-    mine = _shapes(data, skip_dim)
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    if any(other != mine for other in everyone):
+    dist.all_gather_object(everyone, shapes)
+    if any(other != shapes for other in everyone):
         listing = "; ".join(f"process {r}: {s}" for r, s in enumerate(everyone))
         raise DistributedOperationException(
             f"{name}: the processes passed tensors of different shapes ({listing}); "

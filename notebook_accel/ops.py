@@ -63,6 +63,12 @@ def is_tensor_structure(data: Any) -> bool:
     return True
 
 
+def _verify(name: str, data: Any, skip_dim: int | None = None) -> None:
+    """In debug mode (``op_checks``), raise unless every process passes tensors of the same shapes."""
+    if op_checks.debug_enabled():
+        op_checks.verify_shapes(name, recursively_apply(lambda t: op_checks.shape_of(t, skip_dim), data))
+
+
 def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor (or object with a ``.to`` method) in ``data`` to ``device``."""
     if isinstance(data, torch.Tensor):
@@ -133,7 +139,7 @@ def gather(data: Any, uneven: bool = False) -> Any:
     """
     if world_size() == 1:
         return recursively_apply(lambda t: t[None] if t.ndim == 0 else t, data, error_on_other_type=True)
-    op_checks.verify_operation("gather", data, skip_dim=0 if uneven else None)
+    _verify("gather", data, skip_dim=0 if uneven else None)
     return recursively_apply(lambda t: _gather_one(t, uneven), data, error_on_other_type=True)
 
 
@@ -169,7 +175,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         raise ValueError(f"reduction={reduction!r} is not valid; choose one of {REDUCTIONS}")
     n = world_size()
     if n > 1 and reduction != "none":
-        op_checks.verify_operation("reduce", data)
+        _verify("reduce", data)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
         if n > 1 and reduction != "none" and tensor.device.type == "xla":
@@ -191,7 +197,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     """Overwrite tensors in place with those of ``from_process``; returns ``data``."""
     if world_size() == 1:
         return data
-    op_checks.verify_operation("broadcast", data)
+    _verify("broadcast", data)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device.type == "xla":
@@ -222,7 +228,7 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first:
     """
     if world_size() == 1:
         return data
-    op_checks.verify_operation("pad_across_processes", data, skip_dim=dim)
+    _verify("pad_across_processes", data, skip_dim=dim)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
         if dim >= tensor.ndim or dim < -tensor.ndim:

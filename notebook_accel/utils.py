@@ -31,6 +31,7 @@ from notebook_accel.availability import (
 )
 from notebook_accel.checkpoint import ProjectConfiguration
 from notebook_accel.data import DataLoaderConfiguration
+from notebook_accel.flags import str_to_bool
 from notebook_accel.helpers import (
     clear_environment,
     concatenate,
@@ -42,7 +43,6 @@ from notebook_accel.helpers import (
     listify,
     pad_input_tensors,
     patch_environment,
-    str_to_bool,
     wait_for_everyone,
 )
 from notebook_accel.op_checks import DistributedOperationException

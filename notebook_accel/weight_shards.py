@@ -10,32 +10,42 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
 
 def parse_size(size: int | str) -> int:
-    """Bytes in ``size``: an int, or a string like ``"10GB"``, ``"500MiB"``.
+    """Bytes in ``size``: an int, or a string like ``"10GB"``, ``"500MiB"`` (``big_model``'s units).
 
     Raises:
-        ValueError: a string that is not a number and a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).
+        ValueError: a size that is not positive, or a string that is not a number and a unit
+            (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).
     """
-    if isinstance(size, int):
-        if size <= 0:
-            raise ValueError(f"max_shard_size must be positive, got {size}")
-        return size
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(size))
-    unit = match.group(2).upper() if match else None
-    if match is None or unit not in _UNITS:
+    from notebook_accel.big_model.memory import parse_size as size_in_bytes
+
+    if isinstance(size, (int, float)) and not isinstance(size, bool) and size <= 0:
+        raise ValueError(f"max_shard_size must be positive, got {size}")
+    try:
+        limit = size_in_bytes(size)
+    except ValueError:
         raise ValueError(
             f"max_shard_size={size!r} is not a size; use an int (bytes) or e.g. '10GB', '500MB', '2GiB'"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+        ) from None
+    if limit <= 0:
+        raise ValueError(f"max_shard_size must be positive, got {size!r}")
+    return limit
+
+
+def save_object(obj: Any, path: Path, safe_serialization: bool = False) -> None:
+    """``torch.save`` (or safetensors' ``save_file`` for a dict of tensors) to ``path``."""
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(obj, str(path), metadata={"format": "pt"})
+    else:
+        torch.save(obj, path)
 
 
 def split_state(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
@@ -56,8 +66,6 @@ def save_shards(
     shards: list[dict[str, torch.Tensor]], directory: Path, safe_serialization: bool,
 ) -> Path:
     """Write ``shards`` (see the module docstring); returns the index file (or the single file)."""
-    from notebook_accel.checkpoint import save_object
-
     stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
     count = len(shards)
     weight_map: dict[str, str] = {}

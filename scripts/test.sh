@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Set up .venv (if needed) and run the whole test suite, slow and browser tests included, then
+# Set up .venv (if needed), check the code (ruff) and the layering (lint-imports: the contracts in
+# pyproject.toml), failing fast, then run the whole test suite, slow and browser tests included, then
 # the XLA tests in their own environment (scripts/test_xla.sh: torch_xla needs its own torch;
 # ~4.5 min and a 3.9 GB download the first time). NOTEBOOK_ACCEL_SKIP_XLA=1 skips that part.
 # Arguments go to the main pytest run.
 source "$(dirname "$0")/_venv.sh"
+.venv/bin/ruff check .
+.venv/bin/lint-imports
 # The config panel's browser test needs Chromium (it skips, saying why, without it).
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \

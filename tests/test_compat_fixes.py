@@ -116,11 +116,11 @@ def test_a_batch_sampler_given_as_sampler_is_sharded():
     sampler = BatchSampler(SequentialSampler(range(10)), 4, False)
     loader = Accelerator().prepare(DataLoader(ds, batch_size=None, sampler=sampler))
     assert [b[0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    from notebook_accel.data import prepare_data_loader
+    from notebook_accel.data import shard_data_loader
 
     shards = [
-        prepare_data_loader(DataLoader(ds, batch_size=None, sampler=sampler), num_processes=2, process_index=r,
-                            device=None, gradient_state=GradientState())
+        shard_data_loader(DataLoader(ds, batch_size=None, sampler=sampler), num_processes=2, process_index=r,
+                          device=None, gradient_state=GradientState())
         for r in range(2)
     ]
     assert [[b[0].tolist() for b in s] for s in shards] == [[[0, 1, 2, 3], [8, 9, 0, 1]], [[4, 5, 6, 7], [2, 3, 4, 5]]]

@@ -157,10 +157,11 @@ def test_changing_the_device_keeps_the_fsdp_strategy():
 def test_xla_is_refused_naming_the_alternatives():
     import torch
 
-    from notebook_accel.fsdp.runtime import FsdpRuntime
+    from notebook_accel.strategies import StrategyContext
+    from notebook_accel.strategies.fsdp import FsdpStrategy
 
     with pytest.raises(ValueError, match="does not run on XLA devices.*'cuda' or 'cpu'"):
-        FsdpRuntime(FullyShardedDataParallelPlugin(), "no", torch.device("xla"))
+        FsdpStrategy(StrategyContext.on_device(torch.device("xla")), FullyShardedDataParallelPlugin())
 
 
 def test_config_panel_strategy_choice_round_trips_the_file(tmp_path):

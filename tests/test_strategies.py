@@ -69,10 +69,7 @@ def test_the_config_sections_and_worker_variables_come_from_the_strategies():
 
 
 def test_the_collective_backend_is_chosen_in_one_place():
-    from notebook_accel.xla import detect
-
     assert [collective_backend(d) for d in ("cuda", "cpu", "xla", "mps")] == ["nccl", "gloo", "xla", "gloo"]
-    assert detect.collective_backend("cuda", 2) == collective_backend("cuda")
 
 
 def test_a_one_process_group_needs_no_port_nor_rendezvous_variables():

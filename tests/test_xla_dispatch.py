@@ -81,17 +81,6 @@ def test_runtime_initialised_reads_only_loaded_modules(monkeypatch):
     assert detect.runtime_initialised()
 
 
-# ---- which launcher, which device, which collective -----------------------------------------
-
-def test_launcher_and_collective_choice():
-    assert detect.launcher_for("xla") == "xla"
-    assert detect.launcher_for("cuda") == detect.launcher_for("cpu") == "processes"
-    assert detect.collective_backend("xla", 8) == "xla"
-    assert detect.collective_backend("cuda", 2) == "nccl"
-    assert detect.collective_backend("cpu", 2) == "gloo"
-    assert detect.collective_backend("xla", 1) is None
-
-
 def test_is_xla_needs_no_torch_xla():
     assert not runtime.is_xla(torch.device("cpu"))
     assert not runtime.is_xla(None)

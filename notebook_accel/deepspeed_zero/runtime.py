@@ -3,7 +3,6 @@
 ``import_deepspeed`` (with an install hint), ``fill_auto`` (the config's ``"auto"`` values
 from the job), the notice when DeepSpeed compiles its ops, and ``DeepSpeedOptimizerWrapper``
 (what ``prepare`` returns for the optimizer).
-``DeepSpeedRuntime`` (the former class) still builds the strategy.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 
 import torch
 
-from notebook_accel.deepspeed_zero.plugin import DeepSpeedPlugin, get_value, is_auto, set_value
+from notebook_accel.deepspeed_zero.plugin import get_value, is_auto, set_value
 from notebook_accel.gradient_state import GradientState
 from notebook_accel.optim import AcceleratedOptimizer
 
@@ -160,19 +159,3 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.engine.optimizer.load_state_dict(state_dict)
-
-
-def DeepSpeedRuntime(plugin: DeepSpeedPlugin, mixed_precision: str, gradient_state: GradientState,  # noqa: N802
-                     num_processes: int, say: Callable[[str], None], device: torch.device) -> Any:
-    """The DeepSpeed strategy (``notebook_accel.strategies.deepspeed``; this was its former class).
-
-    Raises:
-        ImportError: deepspeed is not installed.
-        ValueError: fp16 where DeepSpeed's device has no fp16 support; an XLA device.
-    """
-    from notebook_accel.strategies.base import StrategyContext
-    from notebook_accel.strategies.deepspeed import DeepSpeedStrategy
-
-    context = StrategyContext.on_device(device, mixed_precision, num_processes,
-                                        gradient_state=gradient_state, say=say)
-    return DeepSpeedStrategy(context, plugin)

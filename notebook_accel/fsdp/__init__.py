@@ -4,7 +4,7 @@
 ``sharding``: ``fully_shard`` as the plugin says; ``state_dict``: full weights and plain
 modules out of sharded ones, merging checkpoints; ``checkpointing``: ``save_state`` /
 ``load_state`` of sharded models and optimizers. The Accelerator's FSDP behaviour is the
-strategy ``notebook_accel.strategies.fsdp`` (``runtime`` keeps the former name ``FsdpRuntime``).
+strategy ``notebook_accel.strategies.fsdp``.
 Only ``plugin`` is light; the others import ``torch.distributed.fsdp`` and are imported
 when an Accelerator actually shards.
 """

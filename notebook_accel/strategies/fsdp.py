@@ -34,7 +34,7 @@ class FsdpStrategy(Strategy):
     """Fully sharded data parallelism (``DistributedType.FSDP`` when sharding).
 
     Raises:
-        ValueError: on an XLA device (the former ``FsdpRuntime``'s refusal).
+        ValueError: on an XLA device.
     """
 
     name: ClassVar[str] = "fsdp"

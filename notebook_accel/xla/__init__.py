@@ -8,8 +8,6 @@ collectives, moving to CPU for saving), importing torch_xla lazily.
 
 from notebook_accel.xla.detect import (
     XlaJob,
-    collective_backend,
-    launcher_for,
     pjrt_device,
     resolve_job,
     runtime_initialised,
@@ -17,6 +15,6 @@ from notebook_accel.xla.detect import (
 )
 
 __all__ = [
-    "XlaJob", "collective_backend", "launcher_for", "pjrt_device", "resolve_job",
+    "XlaJob", "pjrt_device", "resolve_job",
     "runtime_initialised", "tpu_core_count",
 ]

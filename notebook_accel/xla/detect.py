@@ -176,20 +176,6 @@ def resolve_job(
     )
 
 
-def launcher_for(device_type: str) -> str:
-    """Which launcher starts the workers: ``"xla"`` (torch_xla's) or ``"processes"`` (ours)."""
-    return "xla" if device_type == "xla" else "processes"
-
-
-def collective_backend(device_type: str, world_size: int) -> str | None:
-    """The ``torch.distributed`` backend for a job, or ``None`` for a single process."""
-    if world_size <= 1:
-        return None
-    from notebook_accel.state import collective_backend as backend_for  # the one place that chooses
-
-    return backend_for(device_type)
-
-
 def bf16_environment(mixed_precision: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The torch_xla variables for the peer's ``downcast_bf16`` (``ACCELERATE_DOWNCAST_BF16``).
 
