@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from notebook_accel.contract import DEVICE_TYPES, START_METHODS
+from notebook_accel.contract import FILE_MIXED_PRECISIONS as MIXED_PRECISIONS
+
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
-MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
-START_METHODS = ("auto", "fork", "forkserver", "spawn")
-DEVICE_TYPES = ("cpu", "cuda", "xla")
+# MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
+# files load); a launch accepts only notebook_accel.contract.MIXED_PRECISIONS and says so.
 _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect)
     "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "TPU": "xla",
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected

@@ -1,0 +1,208 @@
+"""The launch options, once: name, type, choices, environment variable, config-file key, flags, help.
+
+Every front end reads this table: ``notebook_launcher``'s checks (``launch/plan.py``,
+``launch/options.py``), the config file's precedence (``config/resolve.py``), the
+``%%accelerate`` magic's flags (``magics/arguments.py``), the ``notebook-accel`` command's
+flags (``cli.py``, ``cli_launch.py``); the config panel's fields are checked against it
+(``tests/test_contract.py``). Adding a launch option is one :class:`LaunchOption` row here,
+plus the keyword in ``notebook_launcher``'s signature and whatever the option does.
+
+A value is checked where it enters (argument, flag, environment variable, file key) and the
+error names that place and the valid values (:meth:`LaunchOption.check`).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+# The vocabularies.
+MIXED_PRECISIONS = ("no", "fp16", "bf16")  # what a launch and Accelerator() accept
+FILE_MIXED_PRECISIONS = (*MIXED_PRECISIONS, "fp8")  # what Accelerate's config file may hold
+DEVICE_TYPES = ("cpu", "cuda", "xla")
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+OUTPUT_CHOICES = ("all", "main", "none")
+
+# Environment variables: the kernel's inputs, and what every worker gets.
+CONFIG_FILE_ENV = "NOTEBOOK_ACCEL_CONFIG_FILE"
+NUM_PROCESSES_ENV = "NOTEBOOK_ACCEL_NUM_PROCESSES"
+MIXED_PRECISION_ENV = "NOTEBOOK_ACCEL_MIXED_PRECISION"  # also the workers' setting
+START_METHOD_ENV = "NOTEBOOK_ACCEL_START_METHOD"
+DEVICE_ENV = "NOTEBOOK_ACCEL_DEVICE"  # the workers' device type (set by the launcher)
+LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
+
+
+class OptionValueError(ValueError):
+    """A bad value for one option: ``.option`` (its name), ``.valid`` (the valid values, in
+    words) and ``.wrong_type`` (True when the value is not even of the option's type)."""
+
+    def __init__(self, message: str, option: str, valid: str, wrong_type: bool = False) -> None:
+        super().__init__(message)
+        self.option, self.valid, self.wrong_type = option, valid, wrong_type
+
+
+@dataclass(frozen=True)
+class LaunchOption:
+    """One launch option and every name it goes by.
+
+    ``argument``: ``notebook_launcher``'s keyword (False: a config-file key only);
+    ``env``: the ``NOTEBOOK_ACCEL_*`` variable read between arguments and the file;
+    ``file_key``: its key in the config file (a :class:`~notebook_accel.config.LaunchConfig`
+    field); ``magic_flag`` / ``cli_flag``: the ``%%accelerate`` flag and the
+    ``notebook-accel launch``/``test`` flag (``cli_launch_only``: ``launch`` only);
+    ``config_flag``: ``notebook-accel config`` writes it (as ``--file-key``);
+    ``panel_field``: the config panel's attribute showing it.
+    """
+
+    name: str
+    kind: type
+    help: str
+    choices: tuple[str, ...] = ()
+    low: float | None = None
+    high: int | None = None
+    positive: bool = False  # a number > 0 (timeouts)
+    argument: bool = True
+    env: str | None = None
+    file_key: str | None = None
+    magic_flag: str | None = None
+    cli_flag: str | None = None
+    cli_launch_only: bool = False
+    config_flag: bool = False
+    panel_field: str | None = None
+    metavar: str | None = None  # in --help; default N for an int, else VALUE
+
+    def valid(self, short: bool = False) -> str:
+        """The valid values in words: ``'no', 'fp16', 'bf16'`` or ``an integer >= 1``."""
+        if self.choices:
+            return ", ".join(repr(c) for c in self.choices)
+        if self.kind is int:
+            word = "an int" if short else "an integer"
+            if self.high is not None:
+                return f"{word} from {self.low} to {self.high}"
+            return f"{word} >= {self.low}"
+        if self.positive:
+            return "a positive number of seconds"
+        return "a host name or IP address" if self.kind is str else f"a {self.kind.__name__}"
+
+    def check(self, value: Any, source: str | None = None, key: str | None = None) -> Any:
+        """``value`` normalised (choices lower-cased), or an error naming ``source`` and the
+        valid values.
+
+        Args:
+            source: where the value came from: None for ``notebook_launcher``'s argument
+                (``num_processes=0 must be an int >= 1``), else e.g. ``"flag --device"``,
+                ``"environment variable NOTEBOOK_ACCEL_NUM_PROCESSES"`` or
+                ``"/path/c.yaml, line 2"``, which starts the message.
+            key: the name the source knows the option by (a file key); default its name.
+        Raises:
+            TypeError: a mistyped argument (``source`` None), such as ``num_processes='2'``.
+            OptionValueError: any other bad value.
+        """
+        try:
+            return self._normalise(value, key or self.name, short=source is None)
+        except OptionValueError as err:
+            if source is None:
+                if err.wrong_type:
+                    raise TypeError(str(err)) from None
+                raise
+            raise OptionValueError(f"{source}: {err}", self.name, err.valid) from None
+
+    def _normalise(self, value: Any, name: str, short: bool) -> Any:
+        valid = self.valid(short)
+        if self.choices:
+            if isinstance(value, str) and value.lower() in self.choices:
+                return value.lower()
+            raise OptionValueError(f"{name}={value!r} is not one of {valid}", self.name, valid)
+        if self.kind is int:
+            wrong_type = isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            if wrong_type or value < (self.low or 0) or (self.high is not None and value > self.high):
+                raise OptionValueError(f"{name}={value!r} must be {valid}", self.name, valid,
+                                       wrong_type)
+            return int(value)
+        if self.positive:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+                raise OptionValueError(f"{name}={value!r} must be {valid} or None", self.name, valid)
+            return float(value)
+        if self.kind is str and not (isinstance(value, str) and value):
+            raise OptionValueError(f"{name}={value!r} must be {valid}", self.name, valid)
+        return value
+
+
+_OPTIONS = (
+    LaunchOption("num_processes", int, "workers on this machine (default: one per GPU, else "
+                 "per CPU core)", low=1, env=NUM_PROCESSES_ENV, file_key="num_processes",
+                 magic_flag="--num-processes", cli_flag="--num-processes", config_flag=True,
+                 panel_field="num_processes"),
+    LaunchOption("mixed_precision", str, "read by Accelerator() in the workers",
+                 choices=MIXED_PRECISIONS, env=MIXED_PRECISION_ENV, file_key="mixed_precision",
+                 magic_flag="--mixed-precision", cli_flag="--mixed-precision", config_flag=True,
+                 panel_field="precision_buttons"),
+    LaunchOption("start_method", str, "how workers start (auto: fork when safe, else a warm "
+                 "forkserver)", choices=START_METHODS, env=START_METHOD_ENV,
+                 file_key="start_method", magic_flag="--start-method", cli_flag="--start-method",
+                 config_flag=True, panel_field="start_method"),
+    LaunchOption("device", str, "default: CUDA when a GPU is visible, else XLA on a TPU, else CPU",
+                 choices=DEVICE_TYPES, magic_flag="--device", cli_flag="--device",
+                 panel_field="device"),  # in the file: distributed_type / use_cpu
+    LaunchOption("use_port", int, "rendezvous port (default: a free one)", metavar="PORT", low=1, high=65535,
+                 file_key="main_process_port", magic_flag="--port", cli_flag="--main-process-port",
+                 config_flag=True, panel_field="main_process_port"),
+    LaunchOption("master_addr", str, "the main machine's address (multi-machine jobs)", metavar="ADDR",
+                 file_key="main_process_ip", cli_flag="--main-process-ip", config_flag=True,
+                 panel_field="main_process_ip"),
+    LaunchOption("num_nodes", int, "machines in the job (run the same command on each)", low=1,
+                 file_key="num_machines", cli_flag="--num-machines", config_flag=True,
+                 panel_field="num_machines"),
+    LaunchOption("node_rank", int, "this machine's rank, 0 on the main one", metavar="R", low=0,
+                 file_key="machine_rank", cli_flag="--machine-rank", config_flag=True,
+                 panel_field="machine_rank"),
+    LaunchOption("gpu_ids", str, "GPUs to use: 'all' or a list such as 0,1", argument=False,
+                 file_key="gpu_ids", config_flag=True),
+    LaunchOption("timeout", float, "stop the job after this many seconds", metavar="SECONDS", positive=True,
+                 magic_flag="--timeout", cli_flag="--timeout"),
+    LaunchOption("output", str, "whose output to show: all ranks (default), the main process, "
+                 "none", choices=OUTPUT_CHOICES, magic_flag="--output", cli_flag="--output",
+                 cli_launch_only=True),
+    LaunchOption("max_restarts", int, "relaunch the whole job up to N times after a failure",
+                 low=0, cli_flag="--max-restarts", cli_launch_only=True),
+    LaunchOption("config_file", object, "config file to read instead of the default one", metavar="FILE",
+                 magic_flag="--config", cli_flag="--config-file"),
+    LaunchOption("fsdp", object, "shard models with FSDP2 (the config file's fsdp_config, else "
+                 "its defaults)", magic_flag="--fsdp"),
+)
+OPTIONS: dict[str, LaunchOption] = {option.name: option for option in _OPTIONS}
+# The options the config file and the environment can set (resolve_launch_options' keys).
+LAYERED = tuple(o.name for o in _OPTIONS if o.argument and o.file_key)
+ENV_OPTIONS = {o.name: o.env for o in _OPTIONS if o.env}  # option -> NOTEBOOK_ACCEL_* variable
+
+
+def option_by_flag(flag: str, front: str) -> LaunchOption | None:
+    """The option behind ``flag`` in ``front`` (``"magic"``, ``"cli"`` or ``"config"``)."""
+    for option in _OPTIONS:
+        names = {"magic": option.magic_flag, "cli": option.cli_flag,
+                 "config": config_flag(option)}[front]
+        if names == flag:
+            return option
+    return None
+
+
+def config_flag(option: LaunchOption) -> str | None:
+    """``notebook-accel config``'s flag for ``option`` (``--file-key``), or None."""
+    return "--" + option.file_key.replace("_", "-") if option.config_flag and option.file_key else None
+
+
+def check_flags(values: dict[str, Any], front: str) -> dict[str, Any]:
+    """``values`` (option name -> value, None: unset) with each set value checked against the
+    table, a bad one named by its flag in ``front`` (``"magic"`` or ``"cli"``).
+
+    Raises:
+        OptionValueError: ``flag --num-processes: invalid value 0 for 'num_processes'; ...``.
+    """
+    out = dict(values)
+    for name, value in values.items():
+        option = OPTIONS.get(name)
+        flag = option and (option.magic_flag if front == "magic" else option.cli_flag)
+        if value is not None and flag and (option.choices or option.kind is int or option.positive):
+            out[name] = option.check(value, f"flag {flag}")
+    return out
