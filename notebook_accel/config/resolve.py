@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from notebook_accel.config.files import where_in_file
 from notebook_accel.config.schema import KeyValueError, LaunchConfig
 from notebook_accel.contract import ENV_OPTIONS, LAYERED, OPTIONS, OptionValueError
 
-__all__ = ["ENV_OPTIONS", "detect_default_config", "resolve_launch_options"]
+__all__ = ["ENV_OPTIONS", "detect_default_config", "layered_options", "resolve_launch_options"]
 
 
 def detect_default_config() -> LaunchConfig:
@@ -80,11 +80,22 @@ def resolve_launch_options(explicit: Mapping[str, Any], config: LaunchConfig | N
     unknown = sorted(set(explicit) - set(LAYERED))
     if unknown:
         raise ValueError(f"unknown launch option(s) {unknown}; valid: {list(LAYERED)}")
+    given = {key: _explicit(key, value) for key, value in explicit.items() if value is not None}
+    return {**layered_options(config, given=given), **given}
+
+
+def layered_options(config: LaunchConfig | None, given: Collection[str] = ()) -> dict[str, Any]:
+    """The environment's and the file's values (environment first) for the options not in
+    ``given`` (those the caller has; None here, and never read, so a bad value the
+    caller overrides is no error), plus ``device`` and ``gpu_ids`` (from the file).
+
+    Raises:
+        ValueError: a bad value in a ``NOTEBOOK_ACCEL_*`` variable or in the file, naming it.
+    """
     out: dict[str, Any] = {}
     for key in LAYERED:
-        value = explicit.get(key)
-        if value is not None:
-            out[key] = _explicit(key, value)
+        if key in given:
+            out[key] = None
         elif key in ENV_OPTIONS and _from_env(key) is not None:
             out[key] = _from_env(key)
         else:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from notebook_accel.config import LaunchConfig, load_config, resolve_launch_options
+from notebook_accel.config import LaunchConfig, load_config
+from notebook_accel.config.resolve import layered_options
 from notebook_accel.config.schema import STRATEGY_SECTIONS
 
 DEFAULTS = {
@@ -36,8 +37,9 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
             set, when a file set anything (a saved config applies to every launch).
     """
     config = load_config(config_file)
-    layered = resolve_launch_options({}, config)
-    blank = resolve_launch_options({}, LaunchConfig())  # what a file that sets nothing gives
+    given = [key for key, value in explicit.items() if value is not None]
+    layered = layered_options(config, given)  # a file's bad value the caller overrides: no error
+    blank = layered_options(LaunchConfig(), given)  # what a file that sets nothing gives
     filled: dict[str, Any] = {"worker_env": worker_strategy_environment(config)}
     from_file: dict[str, Any] = {}
     for key, value in explicit.items():
