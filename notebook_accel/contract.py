@@ -59,7 +59,7 @@ class LaunchOption:
     kind: type
     help: str
     choices: tuple[str, ...] = ()
-    low: float | None = None
+    low: int | None = None
     high: int | None = None
     positive: bool = False  # a number > 0 (timeouts)
     argument: bool = True

@@ -220,3 +220,20 @@ def test_cli_launch_flag_errors_name_the_flag(tmp_path, isolated, capsys):
     assert "flag --num-machines: num_nodes=0 must be an integer >= 1" in err
     assert cli.main(["launch", "--max-restarts", "-1", str(script)]) == 1
     assert "flag --max-restarts" in capsys.readouterr().err
+
+
+def test_panel_code_uses_the_tables_names():
+    import re
+
+    from magics.panel_fsdp import FsdpForm
+    from magics.panel_state import FormState, launcher_call, magic_line
+
+    state = FormState(device="cpu", num_processes=2, mixed_precision="bf16", start_method="spawn",
+                      num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
+                      main_process_port=29500, fsdp=FsdpForm(strategy="FSDP"))
+    kwargs = set(re.findall(r"(\w+)=", launcher_call(state).split("args=()", 1)[1].split("#")[0]))
+    assert kwargs and kwargs <= {o.name for o in OPTIONS.values() if o.argument}
+    single = FormState(device="cpu", num_processes=2, mixed_precision="bf16",
+                       start_method="spawn", main_process_port=29500)
+    flags = {w for w in magic_line(single).split() if w.startswith("-")}
+    assert flags and flags <= {o.magic_flag for o in OPTIONS.values() if o.magic_flag} | {"-n"}
