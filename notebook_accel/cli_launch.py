@@ -119,9 +119,9 @@ def add_subcommands(sub: Any, common: argparse.ArgumentParser) -> None:
                     "The exit status is the failing worker's (1 if it has none).")
     _add_launch_flags(launch)
     for option in contract.OPTIONS.values():
-        if option.cli_launch_only:  # defaults: notebook_launcher's
+        if option.cli_launch_only:
             launch.add_argument(option.cli_flag, dest=option.name, **_flag_keywords(option),
-                                default={"output": "all", "max_restarts": 0}[option.name])
+                                default=option.default)
     launch.add_argument("script", metavar="SCRIPT", help="the Python file to run")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script (its sys.argv[1:])")

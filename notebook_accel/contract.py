@@ -52,7 +52,8 @@ class LaunchOption:
     field); ``magic_flag`` / ``cli_flag``: the ``%%accelerate`` flag and the
     ``notebook-accel launch``/``test`` flag (``cli_launch_only``: ``launch`` only);
     ``config_flag``: ``notebook-accel config`` writes it (as ``--file-key``);
-    ``panel_field``: the config panel's attribute showing it.
+    ``panel_field``: the config panel's attribute showing it; ``default``: the value a
+    launch uses when no argument, flag, variable or file sets it (None: auto-detected).
     """
 
     name: str
@@ -71,6 +72,7 @@ class LaunchOption:
     config_flag: bool = False
     panel_field: str | None = None
     metavar: str | None = None  # in --help; default N for an int, else VALUE
+    default: Any = None  # what a launch uses when no layer sets it (None: detected, or unset)
 
     def valid(self, short: bool = False) -> str:
         """The valid values in words: ``'no', 'fp16', 'bf16'`` or ``an integer >= 1``."""
@@ -129,52 +131,66 @@ class LaunchOption:
         return value
 
 
+_Opt = LaunchOption
 _OPTIONS = (
-    LaunchOption("num_processes", int, "workers on this machine (default: one per GPU, else "
-                 "per CPU core)", low=1, env=NUM_PROCESSES_ENV, file_key="num_processes",
-                 magic_flag="--num-processes", cli_flag="--num-processes", config_flag=True,
-                 panel_field="num_processes"),
-    LaunchOption("mixed_precision", str, "read by Accelerator() in the workers",
-                 choices=MIXED_PRECISIONS, env=MIXED_PRECISION_ENV, file_key="mixed_precision",
-                 magic_flag="--mixed-precision", cli_flag="--mixed-precision", config_flag=True,
-                 panel_field="precision_buttons"),
-    LaunchOption("start_method", str, "how workers start (auto: fork when safe, else a warm "
-                 "forkserver)", choices=START_METHODS, env=START_METHOD_ENV,
-                 file_key="start_method", magic_flag="--start-method", cli_flag="--start-method",
-                 config_flag=True, panel_field="start_method"),
-    LaunchOption("device", str, "default: CUDA when a GPU is visible, else XLA on a TPU, else CPU",
-                 choices=DEVICE_TYPES, magic_flag="--device", cli_flag="--device",
-                 panel_field="device"),  # in the file: distributed_type / use_cpu
-    LaunchOption("use_port", int, "rendezvous port (default: a free one)", metavar="PORT", low=1, high=65535,
-                 file_key="main_process_port", magic_flag="--port", cli_flag="--main-process-port",
-                 config_flag=True, panel_field="main_process_port"),
-    LaunchOption("master_addr", str, "the main machine's address (multi-machine jobs)", metavar="ADDR",
-                 file_key="main_process_ip", cli_flag="--main-process-ip", config_flag=True,
-                 panel_field="main_process_ip"),
-    LaunchOption("num_nodes", int, "machines in the job (run the same command on each)", low=1,
-                 file_key="num_machines", cli_flag="--num-machines", config_flag=True,
-                 panel_field="num_machines"),
-    LaunchOption("node_rank", int, "this machine's rank, 0 on the main one", metavar="R", low=0,
-                 file_key="machine_rank", cli_flag="--machine-rank", config_flag=True,
-                 panel_field="machine_rank"),
-    LaunchOption("gpu_ids", str, "GPUs to use: 'all' or a list such as 0,1", argument=False,
-                 file_key="gpu_ids", config_flag=True),
-    LaunchOption("timeout", float, "stop the job after this many seconds", metavar="SECONDS", positive=True,
-                 magic_flag="--timeout", cli_flag="--timeout"),
-    LaunchOption("output", str, "whose output to show: all ranks (default), the main process, "
-                 "none", choices=OUTPUT_CHOICES, magic_flag="--output", cli_flag="--output",
-                 cli_launch_only=True),
-    LaunchOption("max_restarts", int, "relaunch the whole job up to N times after a failure",
-                 low=0, cli_flag="--max-restarts", cli_launch_only=True),
-    LaunchOption("config_file", object, "config file to read instead of the default one", metavar="FILE",
-                 magic_flag="--config", cli_flag="--config-file"),
-    LaunchOption("fsdp", object, "shard models with FSDP2 (the config file's fsdp_config, else "
-                 "its defaults)", magic_flag="--fsdp"),
+    # name, type, help
+    #     values (choices / bounds), default
+    #     environment variable, config-file key, notebook-accel config writes it
+    #     %%accelerate flag, notebook-accel launch/test flag, config panel attribute
+    _Opt("num_processes", int, "workers on this machine (default: one per GPU, else per CPU core)",
+         low=1,
+         env=NUM_PROCESSES_ENV, file_key="num_processes", config_flag=True,
+         magic_flag="--num-processes", cli_flag="--num-processes", panel_field="num_processes"),
+    _Opt("mixed_precision", str, "read by Accelerator() in the workers",
+         choices=MIXED_PRECISIONS, default="no",
+         env=MIXED_PRECISION_ENV, file_key="mixed_precision", config_flag=True,
+         magic_flag="--mixed-precision", cli_flag="--mixed-precision",
+         panel_field="precision_buttons"),
+    _Opt("start_method", str, "how workers start (auto: fork when safe, else a warm forkserver)",
+         choices=START_METHODS, default="auto",
+         env=START_METHOD_ENV, file_key="start_method", config_flag=True,
+         magic_flag="--start-method", cli_flag="--start-method", panel_field="start_method"),
+    _Opt("device", str, "default: CUDA when a GPU is visible, else XLA on a TPU, else CPU",
+         choices=DEVICE_TYPES,  # in the file: distributed_type / use_cpu (LaunchConfig.device_type)
+         magic_flag="--device", cli_flag="--device", panel_field="device"),
+    _Opt("use_port", int, "rendezvous port (default: a free one)", metavar="PORT",
+         low=1, high=65535,
+         file_key="main_process_port", config_flag=True,
+         magic_flag="--port", cli_flag="--main-process-port", panel_field="main_process_port"),
+    _Opt("master_addr", str, "the main machine's address (multi-machine jobs)", metavar="ADDR",
+         default="127.0.0.1",
+         file_key="main_process_ip", config_flag=True,
+         cli_flag="--main-process-ip", panel_field="main_process_ip"),
+    _Opt("num_nodes", int, "machines in the job (run the same command on each)",
+         low=1, default=1,
+         file_key="num_machines", config_flag=True,
+         cli_flag="--num-machines", panel_field="num_machines"),
+    _Opt("node_rank", int, "this machine's rank, 0 on the main one", metavar="R",
+         low=0, default=0,
+         file_key="machine_rank", config_flag=True,
+         cli_flag="--machine-rank", panel_field="machine_rank"),
+    _Opt("gpu_ids", str, "GPUs to use: 'all' or a list such as 0,1", argument=False,
+         file_key="gpu_ids", config_flag=True),
+    _Opt("timeout", float, "stop the job after this many seconds", metavar="SECONDS",
+         positive=True,
+         magic_flag="--timeout", cli_flag="--timeout"),
+    _Opt("output", str, "whose output to show: all ranks (default), the main process, none",
+         choices=OUTPUT_CHOICES, default="all",
+         magic_flag="--output", cli_flag="--output", cli_launch_only=True),
+    _Opt("max_restarts", int, "relaunch the whole job up to N times after a failure",
+         low=0, default=0,
+         cli_flag="--max-restarts", cli_launch_only=True),
+    _Opt("config_file", object, "config file to read instead of the default one", metavar="FILE",
+         magic_flag="--config", cli_flag="--config-file"),
+    _Opt("fsdp", object, "shard models with FSDP2 (the config file's fsdp_config, else its "
+         "defaults)",
+         magic_flag="--fsdp"),  # and --no-fsdp (tri-state)
 )
 OPTIONS: dict[str, LaunchOption] = {option.name: option for option in _OPTIONS}
 # The options the config file and the environment can set (resolve_launch_options' keys).
 LAYERED = tuple(o.name for o in _OPTIONS if o.argument and o.file_key)
 ENV_OPTIONS = {o.name: o.env for o in _OPTIONS if o.env}  # option -> NOTEBOOK_ACCEL_* variable
+DEFAULTS = {o.name: o.default for o in _OPTIONS if o.default is not None}
 
 
 def option_by_flag(flag: str, front: str) -> LaunchOption | None:

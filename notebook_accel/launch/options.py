@@ -9,17 +9,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from notebook_accel import contract
 from notebook_accel.config import LaunchConfig, load_config
 from notebook_accel.config.resolve import layered_options
 from notebook_accel.config.schema import STRATEGY_SECTIONS
 
-DEFAULTS = {
-    "mixed_precision": "no",
-    "start_method": "auto",
-    "master_addr": "127.0.0.1",
-    "num_nodes": 1,
-    "node_rank": 0,
-}
+DEFAULTS = {k: v for k, v in contract.DEFAULTS.items() if k in contract.LAYERED}
 
 
 def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None,
