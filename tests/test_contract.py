@@ -237,3 +237,10 @@ def test_panel_code_uses_the_tables_names():
                        start_method="spawn", main_process_port=29500)
     flags = {w for w in magic_line(single).split() if w.startswith("-")}
     assert flags and flags <= {o.magic_flag for o in OPTIONS.values() if o.magic_flag} | {"-n"}
+
+
+def test_magic_typo_suggestions_point_to_the_tables_flags():
+    from magics.flag_check import _FAMILIAR
+
+    flags = {o.magic_flag for o in OPTIONS.values() if o.magic_flag}
+    assert set(_FAMILIAR.values()) <= flags
