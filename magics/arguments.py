@@ -14,7 +14,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments
 
-from notebook_accel.contract import OPTIONS, LaunchOption, OptionValueError, check_flags
+from notebook_accel.contract import OPTIONS, LaunchOption, check_flags
 
 COMMANDS = ("env", "test", "config")
 
@@ -87,6 +87,6 @@ def launch_options(args: argparse.Namespace) -> dict[str, Any]:
               if option.magic_flag}
     try:
         options = check_flags(values, "magic")
-    except OptionValueError as error:
+    except ValueError as error:
         raise UsageError(str(error)) from None
     return {**options, "output": options["output"] or "all"}

@@ -33,13 +33,12 @@ DEVICE_ENV = "NOTEBOOK_ACCEL_DEVICE"  # the workers' device type (set by the lau
 LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
 
 
-class OptionValueError(ValueError):
-    """A bad value for one option: ``.option`` (its name), ``.valid`` (the valid values, in
-    words) and ``.wrong_type`` (True when the value is not even of the option's type)."""
+class _BadValue(Exception):
+    """Inside :meth:`LaunchOption.check`: a bad value (``wrong_type``: not even of the type)."""
 
-    def __init__(self, message: str, option: str, valid: str, wrong_type: bool = False) -> None:
+    def __init__(self, message: str, wrong_type: bool = False) -> None:
         super().__init__(message)
-        self.option, self.valid, self.wrong_type = option, valid, wrong_type
+        self.wrong_type = wrong_type
 
 
 @dataclass(frozen=True)
@@ -99,35 +98,32 @@ class LaunchOption:
             key: the name the source knows the option by (a file key); default its name.
         Raises:
             TypeError: a mistyped argument (``source`` None), such as ``num_processes='2'``.
-            OptionValueError: any other bad value.
+            ValueError: any other bad value.
         """
         try:
             return self._normalise(value, key or self.name, short=source is None)
-        except OptionValueError as err:
+        except _BadValue as err:
             if source is None:
-                if err.wrong_type:
-                    raise TypeError(str(err)) from None
-                raise
-            raise OptionValueError(f"{source}: {err}", self.name, err.valid) from None
+                raise (TypeError if err.wrong_type else ValueError)(str(err)) from None
+            raise ValueError(f"{source}: {err}") from None
 
     def _normalise(self, value: Any, name: str, short: bool) -> Any:
         valid = self.valid(short)
         if self.choices:
             if isinstance(value, str) and value.lower() in self.choices:
                 return value.lower()
-            raise OptionValueError(f"{name}={value!r} is not one of {valid}", self.name, valid)
+            raise _BadValue(f"{name}={value!r} is not one of {valid}")
         if self.kind is int:
             wrong_type = isinstance(value, bool) or not isinstance(value, numbers.Integral)
             if wrong_type or value < (self.low or 0) or (self.high is not None and value > self.high):
-                raise OptionValueError(f"{name}={value!r} must be {valid}", self.name, valid,
-                                       wrong_type)
+                raise _BadValue(f"{name}={value!r} must be {valid}", wrong_type)
             return int(value)
         if self.positive:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
-                raise OptionValueError(f"{name}={value!r} must be {valid} or None", self.name, valid)
+                raise _BadValue(f"{name}={value!r} must be {valid} or None")
             return float(value)
         if self.kind is str and not (isinstance(value, str) and value):
-            raise OptionValueError(f"{name}={value!r} must be {valid}", self.name, valid)
+            raise _BadValue(f"{name}={value!r} must be {valid}")
         return value
 
 
@@ -213,7 +209,7 @@ def check_flags(values: dict[str, Any], front: str) -> dict[str, Any]:
     table, a bad one named by its flag in ``front`` (``"magic"`` or ``"cli"``).
 
     Raises:
-        OptionValueError: ``flag --num-processes: invalid value 0 for 'num_processes'; ...``.
+        ValueError: ``flag --num-processes: num_processes=0 must be an integer >= 1``.
     """
     out = dict(values)
     for name, value in values.items():

@@ -8,7 +8,7 @@ from typing import Any
 
 from notebook_accel.config.files import where_in_file
 from notebook_accel.config.schema import KeyValueError, LaunchConfig
-from notebook_accel.contract import ENV_OPTIONS, LAYERED, OPTIONS, OptionValueError
+from notebook_accel.contract import ENV_OPTIONS, LAYERED, OPTIONS
 
 __all__ = ["ENV_OPTIONS", "detect_default_config", "layered_options", "resolve_launch_options"]
 
@@ -51,9 +51,9 @@ def _from_file(option: str, config: LaunchConfig) -> Any:
 def _explicit(option: str, value: Any) -> Any:
     try:
         return OPTIONS[option].check(value, "argument")
-    except OptionValueError as err:
+    except ValueError:
         raise KeyValueError(option, f"invalid value {value!r} for {option!r}; valid values: "
-                                    f"{err.valid}") from None
+                                    f"{OPTIONS[option].valid()}") from None
 
 
 def resolve_launch_options(explicit: Mapping[str, Any], config: LaunchConfig | None) -> dict:
