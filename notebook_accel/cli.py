@@ -122,7 +122,8 @@ def _build_parser() -> argparse.ArgumentParser:
     for name, option in _FIELD_FLAGS.items():
         kind = option.kind if option.kind in (int, float) else str
         config.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                            help=_flag_help(option), metavar="N" if kind is int else "VALUE")
+                            help=_flag_help(option),
+                            metavar=option.metavar or ("N" if kind is int else "VALUE"))
     config.set_defaults(func=_cmd_config)
     add_subcommands(sub, common)
     return parser
