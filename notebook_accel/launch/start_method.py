@@ -83,8 +83,7 @@ def choose_start_method(requested: str) -> StartChoice:
     Raises:
         ValueError: unknown method, or ``fork`` requested when it is unsafe.
     """
-    if requested not in START_METHODS:
-        OPTIONS["start_method"].check(requested)  # raises, naming the valid methods
+    requested = OPTIONS["start_method"].check(requested)  # names the valid methods if bad
     if requested in ("forkserver", "spawn"):
         return StartChoice(requested, "")
     reason = fork_unsafe_reason()
