@@ -11,11 +11,10 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments
 
-from notebook_accel.launch.environment import DEVICE_TYPE_CHOICES, MIXED_PRECISION_CHOICES
-from notebook_accel.launch.output import OUTPUT_CHOICES
-from notebook_accel.launch.start_method import START_METHODS
+from notebook_accel.contract import OPTIONS, LaunchOption, check_flags
 
 COMMANDS = ("env", "test", "config")
 
@@ -29,6 +28,25 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
+_LAUNCH_GROUP = ("num_processes", "mixed_precision", "start_method", "device", "use_port",
+                 "timeout", "config_file")  # in --help's order; output and fsdp: below
+
+
+def _dest(option: LaunchOption) -> str:
+    return option.magic_flag[2:].replace("-", "_")
+
+
+def _flag(option: LaunchOption) -> Callable[..., Any]:
+    """The ``argument`` decorator for ``option``'s ``%%accelerate`` flag, from the table."""
+    shorts = ["-n"] if option.name == "num_processes" else []
+    if option.choices:
+        return argument(*shorts, option.magic_flag, choices=option.choices, default=None,
+                        help=option.help)
+    kind = option.kind if option.kind in (int, float) else str
+    return argument(*shorts, option.magic_flag, type=kind, default=None, help=option.help,
+                    metavar=option.metavar or ("N" if kind is int else "VALUE"))
+
+
 def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate the magic with its flags (IPython's ``magic_arguments``; they make ``?`` help)."""
     decorators = [
@@ -39,26 +57,13 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                       "'config' opens the config panel. Without it (cell magic) the cell "
                       "runs on every worker."),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
-        argument("-n", "--num-processes", type=int, default=None, metavar="N",
-                 help="workers on this machine (default: one per GPU, else per CPU core)"),
-        argument("--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None,
-                 help="read by Accelerator() in the workers"),
-        argument("--start-method", choices=START_METHODS, default=None,
-                 help="how workers start (auto: fork when safe, else a warm forkserver)"),
-        argument("--device", choices=DEVICE_TYPE_CHOICES, default=None,
-                 help="default: CUDA when visible (xla: TPU, where the launcher supports it)"),
-        argument("--port", type=int, default=None, help="rendezvous port (default: a free one)"),
-        argument("--timeout", type=float, default=None, metavar="SECONDS",
-                 help="stop the job after this many seconds"),
-        argument("--config", default=None, metavar="FILE",
-                 help="config file to read instead of the default one"),
+        *(_flag(OPTIONS[name]) for name in _LAUNCH_GROUP),
         argument("--fsdp", dest="fsdp", action="store_const", const=True, default=None,
-                 help="shard models with FSDP2 (the config file's fsdp_config, else its defaults)"),
+                 help=OPTIONS["fsdp"].help),
         argument("--no-fsdp", dest="fsdp", action="store_const", const=False,
                  help="do not shard, even when the config file says distributed_type: FSDP"),
         argument_group("output"),
-        argument("--output", choices=OUTPUT_CHOICES, default=None,
-                 help="whose output to show: all ranks (default), the main process, none"),
+        _flag(OPTIONS["output"]),
         argument("--main-only", dest="output", action="store_const", const="main",
                  help="show only rank 0's output (same as --output main)"),
         argument_group("names out (default: every name the cell assigns comes back from rank 0)"),
@@ -73,15 +78,15 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def launch_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments for ``notebook_launcher`` that the flags set (None: unset)."""
-    return {
-        "num_processes": args.num_processes,
-        "mixed_precision": args.mixed_precision,
-        "start_method": args.start_method,
-        "device": args.device,
-        "use_port": args.port,
-        "timeout": args.timeout,
-        "config_file": args.config,
-        "fsdp": args.fsdp,
-        "output": args.output or "all",
-    }
+    """The keyword arguments for ``notebook_launcher`` that the flags set (None: unset).
+
+    Raises:
+        UsageError: a bad value, named by its flag, with the valid values.
+    """
+    values = {option.name: getattr(args, _dest(option)) for option in OPTIONS.values()
+              if option.magic_flag}
+    try:
+        options = check_flags(values, "magic")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return {**options, "output": options["output"] or "all"}

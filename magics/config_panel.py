@@ -40,6 +40,7 @@ from notebook_accel.config import (
     load_config,
     save_config,
 )
+from notebook_accel.contract import OPTIONS
 from notebook_accel.hardware import Hardware, detect
 
 _LABEL = {"description_width": "150px"}
@@ -114,7 +115,8 @@ class ConfigPanel(widgets.VBox):
             value=state.device, description="Device", style=_LABEL, layout=_wide(),
             tooltip="; ".join(f"{c.value}: {c.tooltip}" for c in devices))
         self.num_processes = widgets.IntText(  # not Bounded: it would clamp without a word
-            value=state.num_processes, description="Processes", tooltip="workers on this machine",
+            value=state.num_processes, description="Processes",
+            tooltip=OPTIONS["num_processes"].help,
             style=_LABEL, layout=_wide())
         self.clamp_note = widgets.HTML()
         self._clamped_to: int | None = None
@@ -124,7 +126,7 @@ class ConfigPanel(widgets.VBox):
             for c in precision_choices(state.device, hw)}
         self.precision_note = widgets.HTML()
         self.start_method = widgets.Dropdown(
-            options=list(START_METHOD_TIPS), value=state.start_method, description="Start method",
+            options=list(OPTIONS["start_method"].choices), value=state.start_method, description="Start method",
             style=_LABEL, layout=_wide(),
             tooltip="; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items()))
         self.num_machines = _int_field("Machines", state.num_machines, 1, 4096,

@@ -18,20 +18,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from notebook_accel import config as cfgmod
+from notebook_accel import contract
 from notebook_accel.cli_launch import add_subcommands
 from notebook_accel.config.schema import KeyValueError
 
-# config field -> (flag type, help); each becomes --field-name
-_FIELD_FLAGS: dict[str, tuple[type, str]] = {
-    "num_processes": (int, "workers per machine"),
-    "num_machines": (int, "machines (nodes) in the job"),
-    "machine_rank": (int, "rank of this machine, 0 on the main one"),
-    "main_process_ip": (str, "address of the main machine"),
-    "main_process_port": (int, "port of the main machine (default: a free one)"),
-    "gpu_ids": (str, "GPUs to use: 'all' or a list such as 0,1"),
-    "mixed_precision": (str, "one of " + ", ".join(cfgmod.MIXED_PRECISIONS)),
-    "start_method": (str, "one of " + ", ".join(cfgmod.START_METHODS)),
-}
+# config field -> its launch option; each becomes --field-name (notebook_accel.contract's table)
+_FIELD_FLAGS: dict[str, contract.LaunchOption] = {
+    option.file_key: option for option in contract.OPTIONS.values()
+    if contract.config_flag(option) and option.file_key}
+
+
+def _flag_help(option: contract.LaunchOption) -> str:
+    return f"{option.help}; one of {', '.join(option.choices)}" if option.choices else option.help
 
 
 def _describe(cfg: cfgmod.LaunchConfig) -> list[str]:
@@ -65,7 +63,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
           f"{platform.platform()})")
     print(f"PyTorch: {torch.__version__} (CUDA build: {torch.version.cuda or 'none'})")
     print(f"Hardware: {detect().summary()}")
-    for var in (cfgmod.CONFIG_FILE_ENV, *cfgmod.ENV_OPTIONS.values()):
+    for var in (contract.CONFIG_FILE_ENV, *contract.ENV_OPTIONS.values()):
         if os.environ.get(var):
             print(f"Environment: {var}={os.environ[var]}")
     cfg, where = _config_in_force(args.config_file)
@@ -76,7 +74,8 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 def _cmd_config(args: argparse.Namespace) -> int:
     target = args.config_file or cfgmod.default_config_path()
-    changes = {k: getattr(args, k) for k in _FIELD_FLAGS if getattr(args, k) is not None}
+    changes = {k: option.check(getattr(args, k), f"flag --{k.replace('_', '-')}", k)
+               for k, option in _FIELD_FLAGS.items() if getattr(args, k) is not None}
     if not (args.default or changes or args.device):
         cfg, where = _config_in_force(args.config_file)
         print(f"Config file: {where}")
@@ -118,11 +117,13 @@ def _build_parser() -> argparse.ArgumentParser:
     config.add_argument("--default", action="store_true",
                         help="write a config detected from this machine's hardware")
     config.add_argument("--force", action="store_true", help="let --default overwrite a file")
-    config.add_argument("--device", choices=("auto", *cfgmod.DEVICE_TYPES),
+    config.add_argument("--device", choices=("auto", *contract.DEVICE_TYPES),
                         help="device type (auto: chosen at launch)")
-    for name, (kind, text) in _FIELD_FLAGS.items():
-        config.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text,
-                            metavar="N" if kind is int else "VALUE")
+    for name, option in _FIELD_FLAGS.items():
+        kind = option.kind if option.kind in (int, float) else str
+        config.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
+                            help=_flag_help(option),
+                            metavar=option.metavar or ("N" if kind is int else "VALUE"))
     config.set_defaults(func=_cmd_config)
     add_subcommands(sub, common)
     return parser

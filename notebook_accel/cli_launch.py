@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from notebook_accel import config as cfgmod
+from notebook_accel import contract
 
 
 def run_script(path: str, argv: list[str]) -> None:
@@ -30,10 +31,10 @@ def run_script(path: str, argv: list[str]) -> None:
 
 
 def _launch_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"num_processes": args.num_processes, "mixed_precision": args.mixed_precision,
-            "start_method": args.start_method, "device": args.device, "use_port": args.port,
-            "num_nodes": args.num_machines, "node_rank": args.machine_rank,
-            "master_addr": args.main_process_ip, "config_file": args.config_file}
+    """The launch flags' values (None: unset), each checked against the table (a bad one is
+    named by its flag); ``timeout`` (and, for ``launch``, ``output``/``max_restarts``) too."""
+    values = {option.name: getattr(args, _dest(flag)) for flag, option in _LAUNCH_FLAGS.items()}
+    return {**contract.check_flags(values, "cli"), "config_file": args.config_file}
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -45,8 +46,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no such script: {script}")
     try:
         notebook_launcher(run_script, args=(str(script), list(args.script_args)),
-                          timeout=args.timeout, max_restarts=args.max_restarts,
-                          output=args.output, **_launch_options(args))
+                          **_launch_options(args),
+                          **contract.check_flags({"max_restarts": args.max_restarts,
+                                                  "output": args.output}, "cli"))
     except WorkerError as error:
         print(f"notebook-accel launch: {error}", file=sys.stderr)
         code = error.exitcode
@@ -70,41 +72,41 @@ def _cmd_test(args: argparse.Namespace) -> int:
     layered = cfgmod.resolve_launch_options(
         {"num_processes": options.pop("num_processes")}, cfgmod.load_config(args.config_file))
     passed = run_sanity_check(num_processes=layered["num_processes"] or 2,
-                              timeout=args.timeout, **options)
+                              **options)
     return 0 if passed else 1
 
 
-# flag -> (dest, add_argument keywords); each also accepts the peer's --snake_case spelling
-_LAUNCH_FLAGS: dict[str, dict[str, Any]] = {
-    "--num-processes": dict(type=int, metavar="N", help="workers on this machine (default: one "
-                                                        "per GPU, else per CPU core)"),
-    "--mixed-precision": dict(choices=("no", "fp16", "bf16")),
-    "--start-method": dict(choices=cfgmod.START_METHODS,
-                           help="how workers start (auto: fork when safe, else forkserver)"),
-    "--device": dict(choices=("cpu", "cuda", "xla"),
-                     help="default: CUDA when a GPU is visible, else XLA on a TPU, else CPU"),
-    "--main-process-port": dict(dest="port", type=int, metavar="PORT",
-                                help="rendezvous port (default: a free one)"),
-    "--num-machines": dict(type=int, metavar="N",
-                           help="machines in the job (run the same command on each)"),
-    "--machine-rank": dict(type=int, metavar="R", help="this machine's rank, 0 on the main one"),
-    "--main-process-ip": dict(metavar="ADDR",
-                              help="the main machine's address (multi-machine jobs)"),
-    "--timeout": dict(type=float, metavar="SECONDS", help="stop the job after this many seconds"),
-}
+# flag -> its launch option (notebook_accel.contract); launch-only ones are added by add_subcommands
+_LAUNCH_FLAGS: dict[str, contract.LaunchOption] = {
+    option.cli_flag: option for option in contract.OPTIONS.values()
+    if option.cli_flag and not option.cli_launch_only and option.name != "config_file"}
+_SHORT = {"--num-processes": ["-n"], "--main-process-port": ["--port"]}
+
+
+def _dest(flag: str) -> str:
+    """The parsed value's name: the flag's (``args.num_machines``); ``args.port`` for the port."""
+    return "port" if flag == "--main-process-port" else flag[2:].replace("-", "_")
+
+
+def _flag_keywords(option: contract.LaunchOption) -> dict[str, Any]:
+    """``add_argument``'s keywords for ``option``: choices, or a type and a metavar."""
+    if option.choices:
+        return {"choices": option.choices, "help": option.help}
+    kind = option.kind if option.kind in (int, float) else str
+    return {"type": kind, "help": option.help,
+            "metavar": option.metavar or ("N" if kind is int else "VALUE")}
 
 
 def _add_launch_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("launch (unset: NOTEBOOK_ACCEL_* environment, then the "
                                       "config file, then auto-detection; the peer's "
                                       "--snake_case spellings work too)")
-    for flag, keywords in _LAUNCH_FLAGS.items():
-        options = {"default": None, "dest": flag[2:].replace("-", "_"), **keywords}
-        shorts = {"--num-processes": ["-n"], "--main-process-port": ["--port"]}.get(flag, [])
-        group.add_argument(*shorts, flag, **options)
+    for flag, option in _LAUNCH_FLAGS.items():
+        keywords = {"default": None, "dest": _dest(flag), **_flag_keywords(option)}
+        group.add_argument(*_SHORT.get(flag, []), flag, **keywords)
         if "-" in flag[2:]:  # the peer's spelling, not listed in --help
             group.add_argument("--" + flag[2:].replace("-", "_"),
-                               **{**options, "help": argparse.SUPPRESS})
+                               **{**keywords, "help": argparse.SUPPRESS})
 
 
 def add_subcommands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -116,10 +118,10 @@ def add_subcommands(sub: Any, common: argparse.ArgumentParser) -> None:
                     "environment that Accelerator() reads; output is prefixed [rank N]. "
                     "The exit status is the failing worker's (1 if it has none).")
     _add_launch_flags(launch)
-    launch.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="relaunch the whole job up to N times after a failure")
-    launch.add_argument("--output", choices=("all", "main", "none"), default="all",
-                        help="whose output to show (default: every rank's)")
+    for option in contract.OPTIONS.values():
+        if option.cli_launch_only:
+            launch.add_argument(option.cli_flag, dest=option.name, **_flag_keywords(option),
+                                default=option.default)
     launch.add_argument("script", metavar="SCRIPT", help="the Python file to run")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script (its sys.argv[1:])")

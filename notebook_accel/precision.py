@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from notebook_accel.launch import environment as env
+from notebook_accel import contract
 from notebook_accel.ops import recursively_apply
 
 PEER_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
@@ -34,15 +34,15 @@ def resolve_mixed_precision(value: str | None) -> str:
     """
     for source, raw in (
         ("mixed_precision", value),
-        (env.MIXED_PRECISION, os.environ.get(env.MIXED_PRECISION)),
+        (contract.MIXED_PRECISION_ENV, os.environ.get(contract.MIXED_PRECISION_ENV)),
         (PEER_MIXED_PRECISION, os.environ.get(PEER_MIXED_PRECISION)),
     ):
         if raw is None or raw == "":
             continue
         choice = str(raw).lower()
-        if choice not in env.MIXED_PRECISION_CHOICES:
+        if choice not in contract.MIXED_PRECISIONS:
             raise ValueError(
-                f"{source}={raw!r} is not valid; choose one of {env.MIXED_PRECISION_CHOICES}"
+                f"{source}={raw!r} is not valid; choose one of {contract.MIXED_PRECISIONS}"
             )
         return choice
     return "no"

@@ -26,8 +26,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from notebook_accel import exit_teardown
-from notebook_accel.launch import environment as env
+from notebook_accel import contract, exit_teardown
 
 T = TypeVar("T")
 
@@ -78,10 +77,10 @@ def _env_int(name: str, default: int) -> int:
 def _device_type(cpu: bool) -> str:
     if cpu:
         return "cpu"
-    wanted = os.environ.get(env.DEVICE_TYPE, "").strip().lower()
-    if wanted and wanted not in env.DEVICE_TYPE_CHOICES:
+    wanted = os.environ.get(contract.DEVICE_ENV, "").strip().lower()
+    if wanted and wanted not in contract.DEVICE_TYPES:
         raise ValueError(
-            f"{env.DEVICE_TYPE}={wanted!r} is not valid; choose one of {env.DEVICE_TYPE_CHOICES}"
+            f"{contract.DEVICE_ENV}={wanted!r} is not valid; choose one of {contract.DEVICE_TYPES}"
         )
     if wanted:
         return wanted
@@ -167,14 +166,14 @@ class PartialState:
             self.distributed_type = DistributedType.XLA
             self.backend: str | None = collective_backend(self.device_type) if self.num_processes > 1 else None
         else:
-            self.process_index = _env_int(env.RANK, 0)
-            self.num_processes = _env_int(env.WORLD_SIZE, 1)
-            self.local_process_index = _env_int(env.LOCAL_RANK, 0)
+            self.process_index = _env_int(contract.RANK, 0)
+            self.num_processes = _env_int(contract.WORLD_SIZE, 1)
+            self.local_process_index = _env_int(contract.LOCAL_RANK, 0)
             if self.device_type == "cuda":
                 if not torch.cuda.is_available():
                     raise RuntimeError(
-                        f"{env.DEVICE_TYPE}=cuda, but this torch ({torch.__version__}) sees no CUDA "
-                        f"device; set {env.DEVICE_TYPE}=cpu or pass cpu=True"
+                        f"{contract.DEVICE_ENV}=cuda, but this torch ({torch.__version__}) sees no CUDA "
+                        f"device; set {contract.DEVICE_ENV}=cpu or pass cpu=True"
                     )
                 self.device = torch.device("cuda", self.local_process_index)
                 torch.cuda.set_device(self.device)
@@ -192,7 +191,7 @@ class PartialState:
             raise ValueError(
                 f"rank {self.process_index} is outside the world of {self.num_processes} processes"
             )
-        self.num_local_processes = _env_int(env.LOCAL_WORLD_SIZE, self.num_processes)
+        self.num_local_processes = _env_int(contract.LOCAL_WORLD_SIZE, self.num_processes)
         if self.backend is not None:
             ensure_process_group(self.backend, self.process_index, self.num_processes, timeout, self.device)
 

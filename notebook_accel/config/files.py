@@ -18,8 +18,8 @@ from notebook_accel.config.schema import (
     KeyValueError,
     LaunchConfig,
 )
+from notebook_accel.contract import CONFIG_FILE_ENV
 
-CONFIG_FILE_ENV = "NOTEBOOK_ACCEL_CONFIG_FILE"
 # Keys of the peer's file that we read past; reported only when set to something that matters.
 _PEER_INERT: dict[str, tuple[Any, ...]] = {
     "debug": (False,), "downcast_bf16": (False, "no"), "enable_cpu_affinity": (False,),
@@ -67,6 +67,16 @@ def _key_lines(text: str) -> dict[str, int]:
     if not isinstance(node, yaml.MappingNode):
         return {}
     return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+def where_in_file(path: Path, key: str) -> str:
+    """``"PATH, line N"`` for ``key`` in the file (``"PATH"`` when the line is unknown), to
+    start an error about that key's value."""
+    try:
+        line = _key_lines(Path(path).read_text(encoding="utf-8")).get(key)
+    except (OSError, yaml.YAMLError):
+        line = None
+    return f"{path}, line {line}" if line else str(path)
 
 
 def _report_unused(cfg: LaunchConfig, path: Path) -> None:

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from notebook_accel.config.schema import (
-    MIXED_PRECISIONS,
-    START_METHODS,
-    KeyValueError,
-    LaunchConfig,
-    check_int,
-    choice,
-)
+from notebook_accel.config.files import where_in_file
+from notebook_accel.config.schema import KeyValueError, LaunchConfig
+from notebook_accel.contract import ENV_OPTIONS, LAYERED, OPTIONS
 
-ENV_OPTIONS = {  # launch option -> environment variable (between explicit and the file)
-    "num_processes": "NOTEBOOK_ACCEL_NUM_PROCESSES",
-    "mixed_precision": "NOTEBOOK_ACCEL_MIXED_PRECISION",
-    "start_method": "NOTEBOOK_ACCEL_START_METHOD",
-}
+__all__ = ["ENV_OPTIONS", "detect_default_config", "layered_options", "resolve_launch_options"]
 
 
 def detect_default_config() -> LaunchConfig:
@@ -38,36 +29,31 @@ def detect_default_config() -> LaunchConfig:
     return LaunchConfig().with_device("cpu")
 
 
-_FROM_FILE = {  # launch option -> LaunchConfig field
-    "num_processes": "num_processes", "mixed_precision": "mixed_precision",
-    "start_method": "start_method", "use_port": "main_process_port",
-    "master_addr": "main_process_ip", "num_nodes": "num_machines", "node_rank": "machine_rank",
-}
-_CHECK: dict[str, Callable[[Any], Any]] = {  # validate and normalise an explicit value
-    "num_processes": lambda v: check_int("num_processes", v, 1),
-    "mixed_precision": lambda v: choice("mixed_precision", v, MIXED_PRECISIONS, str.lower),
-    "start_method": lambda v: choice("start_method", v, START_METHODS, str.lower),
-    "use_port": lambda v: check_int("use_port", v, 1, 65535),
-    "master_addr": lambda v: v if isinstance(v, str) and v else _bad_addr(v),
-    "num_nodes": lambda v: check_int("num_nodes", v, 1),
-    "node_rank": lambda v: check_int("node_rank", v, 0),
-}
-
-
-def _bad_addr(value: Any) -> None:
-    raise KeyValueError("master_addr", f"invalid value {value!r} for 'master_addr'; "
-                                       "valid values: a host name or IP address")
-
-
 def _from_env(option: str) -> Any:
     var = ENV_OPTIONS[option]
     raw = os.environ.get(var, "").strip()
     if not raw:
         return None
+    return OPTIONS[option].check(int(raw) if raw.isdigit() else raw, f"environment variable {var}")
+
+
+def _from_file(option: str, config: LaunchConfig) -> Any:
+    """The file's value for ``option``, checked as a launch value (the file may hold what the
+    peer accepts, such as ``mixed_precision: fp8``; a launch refuses it, naming the file)."""
+    key = OPTIONS[option].file_key
+    value = getattr(config, key)
+    if value is None:
+        return None
+    source = where_in_file(config.source, key) if config.source is not None else "launch config"
+    return OPTIONS[option].check(value, source, key)
+
+
+def _explicit(option: str, value: Any) -> Any:
     try:
-        return _CHECK[option](int(raw) if raw.isdigit() else raw)
-    except KeyValueError as err:
-        raise ValueError(f"environment variable {var}: {err}") from None
+        return OPTIONS[option].check(value, "argument")
+    except ValueError:
+        raise KeyValueError(option, f"invalid value {value!r} for {option!r}; valid values: "
+                                    f"{OPTIONS[option].valid()}") from None
 
 
 def resolve_launch_options(explicit: Mapping[str, Any], config: LaunchConfig | None) -> dict:
@@ -83,25 +69,37 @@ def resolve_launch_options(explicit: Mapping[str, Any], config: LaunchConfig | N
         ``gpu_ids`` (from the file only); what no layer sets is None, for the
         launcher to auto-detect.
     Raises:
-        ValueError: an unknown option, or a bad value in ``explicit`` or in a
-            ``NOTEBOOK_ACCEL_*`` variable.
+        ValueError: an unknown option, or a bad value in ``explicit``, in a
+            ``NOTEBOOK_ACCEL_*`` variable or in the file (one a launch refuses, such as
+            ``mixed_precision: fp8``), naming where it came from and the valid values.
 
     Example::
 
         opts = resolve_launch_options({"num_processes": 2}, load_config())
     """
-    unknown = sorted(set(explicit) - set(_FROM_FILE))
+    unknown = sorted(set(explicit) - set(LAYERED))
     if unknown:
-        raise ValueError(f"unknown launch option(s) {unknown}; valid: {list(_FROM_FILE)}")
+        raise ValueError(f"unknown launch option(s) {unknown}; valid: {list(LAYERED)}")
+    given = {key: _explicit(key, value) for key, value in explicit.items() if value is not None}
+    return {**layered_options(config, given=given), **given}
+
+
+def layered_options(config: LaunchConfig | None, given: Collection[str] = ()) -> dict[str, Any]:
+    """The environment's and the file's values (environment first) for the options not in
+    ``given`` (those the caller has; None here, and never read, so a bad value the
+    caller overrides is no error), plus ``device`` and ``gpu_ids`` (from the file).
+
+    Raises:
+        ValueError: a bad value in a ``NOTEBOOK_ACCEL_*`` variable or in the file, naming it.
+    """
     out: dict[str, Any] = {}
-    for key, field_name in _FROM_FILE.items():
-        value = explicit.get(key)
-        if value is not None:
-            out[key] = _CHECK[key](value)
+    for key in LAYERED:
+        if key in given:
+            out[key] = None
         elif key in ENV_OPTIONS and _from_env(key) is not None:
             out[key] = _from_env(key)
         else:
-            out[key] = getattr(config, field_name) if config is not None else None
+            out[key] = _from_file(key, config) if config is not None else None
     out["device"] = config.device_type if config is not None else None
     out["gpu_ids"] = config.gpu_ids if config is not None else None
     return out

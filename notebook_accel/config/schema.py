@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from notebook_accel.contract import DEVICE_TYPES, OPTIONS, START_METHODS
+from notebook_accel.contract import FILE_MIXED_PRECISIONS as MIXED_PRECISIONS
+
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
-MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
-START_METHODS = ("auto", "fork", "forkserver", "spawn")
-DEVICE_TYPES = ("cpu", "cuda", "xla")
+# MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
+# files load); a launch accepts only notebook_accel.contract.MIXED_PRECISIONS and says so.
 _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect)
     "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "TPU": "xla",
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
@@ -51,6 +53,11 @@ def check_int(key: str, value: Any, low: int, high: int | None = None, optional:
     valid = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
     valid += " or null" if optional else ""
     raise KeyValueError(key, f"invalid value {value!r} for {key!r}; valid values: {valid}")
+
+
+def _bounded(option: str, key: str, value: Any, optional: bool = False) -> Any:
+    """``check_int`` with the bounds of the launch option ``option`` (the file's ``key``)."""
+    return check_int(key, value, OPTIONS[option].low, OPTIONS[option].high, optional)
 
 
 def _gpu_ids(value: Any) -> str | None:
@@ -100,15 +107,17 @@ class LaunchConfig:
             "distributed_type", self.distributed_type, DISTRIBUTED_TYPES, str.upper)
         if self.num_processes == -1:  # the peer's "not set"
             self.num_processes = None
-        self.num_processes = check_int("num_processes", self.num_processes, 1, optional=True)
-        self.num_machines = check_int("num_machines", self.num_machines, 1)
-        self.machine_rank = check_int("machine_rank", self.machine_rank, 0, self.num_machines - 1)
+        self.num_processes = _bounded("num_processes", "num_processes", self.num_processes,
+                                      optional=True)
+        self.num_machines = _bounded("num_nodes", "num_machines", self.num_machines)
+        self.machine_rank = check_int("machine_rank", self.machine_rank, OPTIONS["node_rank"].low,
+                                      self.num_machines - 1)
         if self.main_process_ip is not None and not isinstance(self.main_process_ip, str):
             raise KeyValueError("main_process_ip", f"invalid value {self.main_process_ip!r} "
                                 "for 'main_process_ip'; valid values: a host name or IP address, "
                                 "or null")
-        self.main_process_port = check_int(
-            "main_process_port", self.main_process_port, 1, 65535, optional=True)
+        self.main_process_port = _bounded("use_port", "main_process_port", self.main_process_port,
+                                          optional=True)
         self.gpu_ids = _gpu_ids(self.gpu_ids)
         if self.mixed_precision in (None, False):  # YAML 1.1 reads a bare `no` as false
             self.mixed_precision = "no"

@@ -7,22 +7,25 @@ The launcher sets these variables in each worker; the runtime (``PartialState``,
 
 from __future__ import annotations
 
-# torchrun-standard names.
-RANK = "RANK"
-LOCAL_RANK = "LOCAL_RANK"
-WORLD_SIZE = "WORLD_SIZE"
-LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
-GROUP_RANK = "GROUP_RANK"
-MASTER_ADDR = "MASTER_ADDR"
-MASTER_PORT = "MASTER_PORT"
+from notebook_accel.contract import DEVICE_ENV as DEVICE_TYPE
+from notebook_accel.contract import DEVICE_TYPES as DEVICE_TYPE_CHOICES
+from notebook_accel.contract import (
+    GROUP_RANK,
+    LOCAL_RANK,
+    LOCAL_WORLD_SIZE,
+    MASTER_ADDR,
+    MASTER_PORT,
+    RANK,
+    WORLD_SIZE,
+)
+from notebook_accel.contract import LAUNCHED_ENV as LAUNCHED
+from notebook_accel.contract import MIXED_PRECISION_ENV as MIXED_PRECISION
+from notebook_accel.contract import MIXED_PRECISIONS as MIXED_PRECISION_CHOICES
 
-# Our own settings.
-MIXED_PRECISION = "NOTEBOOK_ACCEL_MIXED_PRECISION"  # "no" | "fp16" | "bf16"
-DEVICE_TYPE = "NOTEBOOK_ACCEL_DEVICE"  # "cpu" | "cuda" | "xla"
-LAUNCHED = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
-
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
-DEVICE_TYPE_CHOICES = ("cpu", "cuda", "xla")
+# The names (torchrun's and ours) and vocabularies live in notebook_accel.contract, imported above.
+__all__ = ["DEVICE_TYPE", "DEVICE_TYPE_CHOICES", "GROUP_RANK", "LAUNCHED", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+           "MASTER_ADDR", "MASTER_PORT", "MIXED_PRECISION", "MIXED_PRECISION_CHOICES", "RANK", "WORLD_SIZE",
+           "network_environment", "worker_environment"]
 
 
 def worker_environment(

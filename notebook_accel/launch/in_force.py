@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from notebook_accel.contract import LAYERED
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.plan import make_plan
 
@@ -21,9 +22,7 @@ def launch_in_force(config_file: str | os.PathLike | None = None) -> str:
     Raises:
         ValueError: the config file or environment holds a bad value (named).
     """
-    options = fill_options(dict.fromkeys(("num_processes", "mixed_precision", "use_port",
-                                          "master_addr", "node_rank", "num_nodes",
-                                          "start_method", "device")), config_file)
+    options = fill_options(dict.fromkeys((*LAYERED, "device")), config_file)
     plan = make_plan(**options, timeout=None, output="all", return_all=False, max_restarts=0)
     kind = _MULTI[plan.device_type] if plan.world_size > 1 or plan.device_type == "xla" else "NO"
     return (f"A launch here: {plan.num_processes} process(es) on {plan.device_type} "

@@ -9,16 +9,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from notebook_accel.config import LaunchConfig, load_config, resolve_launch_options
+from notebook_accel import contract
+from notebook_accel.config import LaunchConfig, load_config
+from notebook_accel.config.resolve import layered_options
 from notebook_accel.config.schema import STRATEGY_SECTIONS
 
-DEFAULTS = {
-    "mixed_precision": "no",
-    "start_method": "auto",
-    "master_addr": "127.0.0.1",
-    "num_nodes": 1,
-    "node_rank": 0,
-}
+DEFAULTS = {k: v for k, v in contract.DEFAULTS.items() if k in contract.LAYERED}
 
 
 def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None,
@@ -36,8 +32,9 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
             set, when a file set anything (a saved config applies to every launch).
     """
     config = load_config(config_file)
-    layered = resolve_launch_options({}, config)
-    blank = resolve_launch_options({}, LaunchConfig())  # what a file that sets nothing gives
+    given = [key for key, value in explicit.items() if value is not None]
+    layered = layered_options(config, given)  # a file's bad value the caller overrides: no error
+    blank = layered_options(LaunchConfig(), given)  # what a file that sets nothing gives
     filled: dict[str, Any] = {"worker_env": worker_strategy_environment(config)}
     from_file: dict[str, Any] = {}
     for key, value in explicit.items():

@@ -6,19 +6,16 @@ the value and the valid choices.
 
 from __future__ import annotations
 
-import numbers
 import os
 from dataclasses import dataclass, field
 
 from notebook_accel import hardware
-from notebook_accel.launch.environment import MIXED_PRECISION_CHOICES
-from notebook_accel.launch.output import OUTPUT_CHOICES
+from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
 from notebook_accel.launch.xla_launch import xla_job
 from notebook_accel.xla import XlaJob
 
-DEVICE_CHOICES = ("cpu", "cuda", "xla")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _MAX_DEFAULT_CPU_PROCESSES = 8
 
@@ -61,17 +58,9 @@ class LaunchPlan:
         return max(1, hardware.detect().cpu_count // self.num_processes)
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}={value!r} must be an int >= {minimum}")
-    if value < minimum:
-        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
-    return int(value)
-
-
 def _device_type(device: str | None, gpus: int, tpu: bool = False) -> str:
-    if device is not None and device not in DEVICE_CHOICES:
-        raise ValueError(f"device={device!r} is not one of {', '.join(map(repr, DEVICE_CHOICES))}")
+    if device is not None:
+        device = OPTIONS["device"].check(device)
     if device == "cuda" and gpus == 0:
         raise ValueError("device='cuda' but no NVIDIA GPU is visible to this kernel")
     if device is not None:
@@ -86,7 +75,7 @@ def _num_processes(value: object, device_type: str, hw: hardware.Hardware) -> in
         if device_type == "cuda":
             return hw.gpu_count
         return max(1, min(hw.cpu_count, _MAX_DEFAULT_CPU_PROCESSES))
-    count = _check_int("num_processes", value, 1)
+    count = OPTIONS["num_processes"].check(value)
     if device_type == "cuda" and count > hw.gpu_count:
         raise ValueError(
             f"num_processes={count} but only {hw.gpu_count} GPU(s) are visible "
@@ -116,28 +105,21 @@ def make_plan(
     Raises:
         TypeError, ValueError: a bad option, named with its valid values.
     """
-    mixed_precision = "no" if mixed_precision is None else str(mixed_precision).lower()
-    if mixed_precision not in MIXED_PRECISION_CHOICES:
-        raise ValueError(
-            f"mixed_precision={mixed_precision!r} is not one of "
-            f"{', '.join(map(repr, MIXED_PRECISION_CHOICES))}"
-        )
-    if output not in OUTPUT_CHOICES:
-        raise ValueError(f"output={output!r} is not one of {', '.join(map(repr, OUTPUT_CHOICES))}")
-    num_nodes = _check_int("num_nodes", num_nodes, 1)
-    node_rank = _check_int("node_rank", node_rank, 0)
+    mixed_precision = "no" if mixed_precision is None else OPTIONS["mixed_precision"].check(
+        mixed_precision)
+    output = OPTIONS["output"].check(output)
+    num_nodes = OPTIONS["num_nodes"].check(num_nodes)
+    node_rank = OPTIONS["node_rank"].check(node_rank)
     if node_rank >= num_nodes:
         raise ValueError(f"node_rank={node_rank} must be < num_nodes={num_nodes} (0..{num_nodes - 1})")
-    max_restarts = _check_int("max_restarts", max_restarts, 0)
+    max_restarts = OPTIONS["max_restarts"].check(max_restarts)
     if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0:
-            raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
-        timeout = float(timeout)
+        timeout = OPTIONS["timeout"].check(timeout)
     hw = hardware.detect()
     device_type = _device_type(device, hw.gpu_count, hw.tpu)
     xla = None
     if device_type == "xla":  # one host worker; torch_xla starts the cores
-        wanted = None if num_processes is None else _check_int("num_processes", num_processes, 1)
+        wanted = None if num_processes is None else OPTIONS["num_processes"].check(num_processes)
         xla, count = xla_job(wanted, num_nodes), 1
     else:
         count = _num_processes(num_processes, device_type, hw)

@@ -13,7 +13,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-START_METHODS = ("auto", "fork", "forkserver", "spawn")
+from notebook_accel.contract import OPTIONS, START_METHODS
+
+__all__ = ["FORKSERVER_PRELOAD", "START_METHODS", "StartChoice", "choose_start_method",
+           "fork_unsafe_reason"]
 
 # Modules the forkserver imports once, so workers forked from it start warm.
 FORKSERVER_PRELOAD = ["notebook_accel.launch.warm"]
@@ -80,10 +83,7 @@ def choose_start_method(requested: str) -> StartChoice:
     Raises:
         ValueError: unknown method, or ``fork`` requested when it is unsafe.
     """
-    if requested not in START_METHODS:
-        raise ValueError(
-            f"start_method={requested!r} is not one of {', '.join(map(repr, START_METHODS))}"
-        )
+    requested = OPTIONS["start_method"].check(requested)  # names the valid methods if bad
     if requested in ("forkserver", "spawn"):
         return StartChoice(requested, "")
     reason = fork_unsafe_reason()

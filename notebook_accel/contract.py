@@ -1,0 +1,229 @@
+"""The launch options, once: name, type, choices, environment variable, config-file key, flags, help.
+
+Every front end reads this table: ``notebook_launcher``'s checks (``launch/plan.py``,
+``launch/options.py``), the config file's precedence (``config/resolve.py``), the
+``%%accelerate`` magic's flags (``magics/arguments.py``), the ``notebook-accel`` command's
+flags (``cli.py``, ``cli_launch.py``); the config panel's fields are checked against it
+(``tests/test_contract.py``). Adding a launch option is one :class:`LaunchOption` row here,
+plus the keyword in ``notebook_launcher``'s signature and whatever the option does.
+
+A value is checked where it enters (argument, flag, environment variable, file key) and the
+error names that place and the valid values (:meth:`LaunchOption.check`).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+# The vocabularies.
+MIXED_PRECISIONS = ("no", "fp16", "bf16")  # what a launch and Accelerator() accept
+FILE_MIXED_PRECISIONS = (*MIXED_PRECISIONS, "fp8")  # what Accelerate's config file may hold
+DEVICE_TYPES = ("cpu", "cuda", "xla")
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+OUTPUT_CHOICES = ("all", "main", "none")
+
+# Environment variables: the kernel's inputs, and what every worker gets.
+# The torchrun-standard names every worker gets (the runtime reads only these and ours below).
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+CONFIG_FILE_ENV = "NOTEBOOK_ACCEL_CONFIG_FILE"
+NUM_PROCESSES_ENV = "NOTEBOOK_ACCEL_NUM_PROCESSES"
+MIXED_PRECISION_ENV = "NOTEBOOK_ACCEL_MIXED_PRECISION"  # also the workers' setting
+START_METHOD_ENV = "NOTEBOOK_ACCEL_START_METHOD"
+DEVICE_ENV = "NOTEBOOK_ACCEL_DEVICE"  # the workers' device type (set by the launcher)
+LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
+
+
+class _BadValue(Exception):
+    """Inside :meth:`LaunchOption.check`: a bad value (``wrong_type``: not even of the type)."""
+
+    def __init__(self, message: str, wrong_type: bool = False) -> None:
+        super().__init__(message)
+        self.wrong_type = wrong_type
+
+
+@dataclass(frozen=True)
+class LaunchOption:
+    """One launch option and every name it goes by.
+
+    ``argument``: ``notebook_launcher``'s keyword (False: a config-file key only);
+    ``env``: the ``NOTEBOOK_ACCEL_*`` variable read between arguments and the file;
+    ``file_key``: its key in the config file (a :class:`~notebook_accel.config.LaunchConfig`
+    field); ``magic_flag`` / ``cli_flag``: the ``%%accelerate`` flag and the
+    ``notebook-accel launch``/``test`` flag (``cli_launch_only``: ``launch`` only);
+    ``config_flag``: ``notebook-accel config`` writes it (as ``--file-key``);
+    ``panel_field``: the config panel's attribute showing it; ``default``: the value a
+    launch uses when no argument, flag, variable or file sets it (None: auto-detected).
+    """
+
+    name: str
+    kind: type
+    help: str
+    choices: tuple[str, ...] = ()
+    low: int | None = None
+    high: int | None = None
+    positive: bool = False  # a number > 0 (timeouts)
+    argument: bool = True
+    env: str | None = None
+    file_key: str | None = None
+    magic_flag: str | None = None
+    cli_flag: str | None = None
+    cli_launch_only: bool = False
+    config_flag: bool = False
+    panel_field: str | None = None
+    metavar: str | None = None  # in --help; default N for an int, else VALUE
+    default: Any = None  # what a launch uses when no layer sets it (None: detected, or unset)
+
+    def valid(self, short: bool = False) -> str:
+        """The valid values in words: ``'no', 'fp16', 'bf16'`` or ``an integer >= 1``."""
+        if self.choices:
+            return ", ".join(repr(c) for c in self.choices)
+        if self.kind is int:
+            word = "an int" if short else "an integer"
+            if self.high is not None:
+                return f"{word} from {self.low} to {self.high}"
+            return f"{word} >= {self.low}"
+        if self.positive:
+            return "a positive number of seconds"
+        return "a host name or IP address" if self.kind is str else f"a {self.kind.__name__}"
+
+    def check(self, value: Any, source: str | None = None, key: str | None = None) -> Any:
+        """``value`` normalised (choices lower-cased), or an error naming ``source`` and the
+        valid values.
+
+        Args:
+            source: where the value came from: None for ``notebook_launcher``'s argument
+                (``num_processes=0 must be an int >= 1``), else e.g. ``"flag --device"``,
+                ``"environment variable NOTEBOOK_ACCEL_NUM_PROCESSES"`` or
+                ``"/path/c.yaml, line 2"``, which starts the message.
+            key: the name the source knows the option by (a file key); default its name.
+        Raises:
+            TypeError: a mistyped argument (``source`` None), such as ``num_processes='2'``.
+            ValueError: any other bad value.
+        """
+        try:
+            return self._normalise(value, key or self.name, short=source is None)
+        except _BadValue as err:
+            if source is None:
+                raise (TypeError if err.wrong_type else ValueError)(str(err)) from None
+            raise ValueError(f"{source}: {err}") from None
+
+    def _normalise(self, value: Any, name: str, short: bool) -> Any:
+        valid = self.valid(short)
+        if self.choices:
+            if isinstance(value, str) and value.lower() in self.choices:
+                return value.lower()
+            raise _BadValue(f"{name}={value!r} is not one of {valid}")
+        if self.kind is int:
+            wrong_type = isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            if wrong_type or value < (self.low or 0) or (self.high is not None and value > self.high):
+                raise _BadValue(f"{name}={value!r} must be {valid}", wrong_type)
+            return int(value)
+        if self.positive:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+                raise _BadValue(f"{name}={value!r} must be {valid} or None")
+            return float(value)
+        if self.kind is str and not (isinstance(value, str) and value):
+            raise _BadValue(f"{name}={value!r} must be {valid}")
+        return value
+
+
+_Opt = LaunchOption
+_OPTIONS = (
+    # name, type, help
+    #     values (choices / bounds), default
+    #     environment variable, config-file key, notebook-accel config writes it
+    #     %%accelerate flag, notebook-accel launch/test flag, config panel attribute
+    _Opt("num_processes", int, "workers on this machine (default: one per GPU, else per CPU core)",
+         low=1,
+         env=NUM_PROCESSES_ENV, file_key="num_processes", config_flag=True,
+         magic_flag="--num-processes", cli_flag="--num-processes", panel_field="num_processes"),
+    _Opt("mixed_precision", str, "read by Accelerator() in the workers",
+         choices=MIXED_PRECISIONS, default="no",
+         env=MIXED_PRECISION_ENV, file_key="mixed_precision", config_flag=True,
+         magic_flag="--mixed-precision", cli_flag="--mixed-precision",
+         panel_field="precision_buttons"),
+    _Opt("start_method", str, "how workers start (auto: fork when safe, else a warm forkserver)",
+         choices=START_METHODS, default="auto",
+         env=START_METHOD_ENV, file_key="start_method", config_flag=True,
+         magic_flag="--start-method", cli_flag="--start-method", panel_field="start_method"),
+    _Opt("device", str, "default: CUDA when a GPU is visible, else XLA on a TPU, else CPU",
+         choices=DEVICE_TYPES,  # in the file: distributed_type / use_cpu (LaunchConfig.device_type)
+         magic_flag="--device", cli_flag="--device", panel_field="device"),
+    _Opt("use_port", int, "rendezvous port (default: a free one)", metavar="PORT",
+         low=1, high=65535,
+         file_key="main_process_port", config_flag=True,
+         magic_flag="--port", cli_flag="--main-process-port", panel_field="main_process_port"),
+    _Opt("master_addr", str, "the main machine's address (multi-machine jobs)", metavar="ADDR",
+         default="127.0.0.1",
+         file_key="main_process_ip", config_flag=True,
+         cli_flag="--main-process-ip", panel_field="main_process_ip"),
+    _Opt("num_nodes", int, "machines in the job (run the same command on each)",
+         low=1, default=1,
+         file_key="num_machines", config_flag=True,
+         cli_flag="--num-machines", panel_field="num_machines"),
+    _Opt("node_rank", int, "this machine's rank, 0 on the main one", metavar="R",
+         low=0, default=0,
+         file_key="machine_rank", config_flag=True,
+         cli_flag="--machine-rank", panel_field="machine_rank"),
+    _Opt("gpu_ids", str, "GPUs to use: 'all' or a list such as 0,1", argument=False,
+         file_key="gpu_ids", config_flag=True),
+    _Opt("timeout", float, "stop the job after this many seconds", metavar="SECONDS",
+         positive=True,
+         magic_flag="--timeout", cli_flag="--timeout"),
+    _Opt("output", str, "whose output to show: all ranks (default), the main process, none",
+         choices=OUTPUT_CHOICES, default="all",
+         magic_flag="--output", cli_flag="--output", cli_launch_only=True),
+    _Opt("max_restarts", int, "relaunch the whole job up to N times after a failure",
+         low=0, default=0,
+         cli_flag="--max-restarts", cli_launch_only=True),
+    _Opt("config_file", object, "config file to read instead of the default one", metavar="FILE",
+         magic_flag="--config", cli_flag="--config-file"),
+    _Opt("fsdp", object, "shard models with FSDP2 (the config file's fsdp_config, else its "
+         "defaults)",
+         magic_flag="--fsdp"),  # and --no-fsdp (tri-state)
+)
+OPTIONS: dict[str, LaunchOption] = {option.name: option for option in _OPTIONS}
+# The options the config file and the environment can set (resolve_launch_options' keys).
+LAYERED = tuple(o.name for o in _OPTIONS if o.argument and o.file_key)
+ENV_OPTIONS = {o.name: o.env for o in _OPTIONS if o.env}  # option -> NOTEBOOK_ACCEL_* variable
+DEFAULTS = {o.name: o.default for o in _OPTIONS if o.default is not None}
+
+
+def option_by_flag(flag: str, front: str) -> LaunchOption | None:
+    """The option behind ``flag`` in ``front`` (``"magic"``, ``"cli"`` or ``"config"``)."""
+    for option in _OPTIONS:
+        names = {"magic": option.magic_flag, "cli": option.cli_flag,
+                 "config": config_flag(option)}[front]
+        if names == flag:
+            return option
+    return None
+
+
+def config_flag(option: LaunchOption) -> str | None:
+    """``notebook-accel config``'s flag for ``option`` (``--file-key``), or None."""
+    return "--" + option.file_key.replace("_", "-") if option.config_flag and option.file_key else None
+
+
+def check_flags(values: dict[str, Any], front: str) -> dict[str, Any]:
+    """``values`` (option name -> value, None: unset) with each set value checked against the
+    table, a bad one named by its flag in ``front`` (``"magic"`` or ``"cli"``).
+
+    Raises:
+        ValueError: ``flag --num-processes: num_processes=0 must be an integer >= 1``.
+    """
+    out = dict(values)
+    for name, value in values.items():
+        option = OPTIONS.get(name)
+        flag = option and (option.magic_flag if front == "magic" else option.cli_flag)
+        if value is not None and flag and (option.choices or option.kind is int or option.positive):
+            out[name] = option.check(value, f"flag {flag}")
+    return out
