@@ -236,7 +236,7 @@ def test_event_channel_is_bounded_coalesces_and_never_blocks():
 
 
 def test_worker_tracebacks_skip_frames_that_hide_themselves():
-    from notebook_accel.launch.worker import _format_exception
+    from notebook_accel.launch.worker.main import _format_exception
 
     def runner():
         __tracebackhide__ = True

@@ -15,8 +15,7 @@ from notebook_accel.launch.environment import MIXED_PRECISION_CHOICES
 from notebook_accel.launch.output import OUTPUT_CHOICES
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
-from notebook_accel.launch.xla_launch import xla_job
-from notebook_accel.xla import XlaJob
+from notebook_accel.xla import XlaJob, xla_job
 
 DEVICE_CHOICES = ("cpu", "cuda", "xla")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
