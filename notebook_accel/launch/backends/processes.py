@@ -8,6 +8,7 @@ the kernel does). On rank 0's node the kernel hosts the rendezvous store.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib
 import os
 import signal
@@ -18,7 +19,6 @@ import psutil
 
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle
 from notebook_accel.launch.environment import network_environment, worker_environment
-from notebook_accel.launch.events import enlarge_pipe
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous
@@ -26,6 +26,15 @@ from notebook_accel.launch.start_method import get_context
 from notebook_accel.launch.views import in_kernel
 from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, worker_main
 from notebook_accel.launch.worker.main_module import main_module_hidden
+
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Give the pipe 1 MiB of buffer where the OS allows (fewer full-pipe moments)."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 class ProcessHandle(WorkerHandle):
