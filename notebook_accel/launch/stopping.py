@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 
-from notebook_accel.launch.backends.base import WorkerHandle
+from notebook_accel.launch.backends.base import WorkerHandle, kill_all
 from notebook_accel.launch.interrupts import interrupt_requested
 
 STOP_GRACE = 2.0  # seconds between terminate (SIGTERM) and kill (SIGKILL)
@@ -30,7 +30,4 @@ def stop_workers(handles: Sequence[WorkerHandle], grace: float | None = None,
                 on_wait()
             alive = [h for h in alive if h.exitcode is None]
     finally:
-        for handle in handles:
-            handle.kill()
-        for handle in handles:
-            handle.reap(timeout=5)
+        kill_all(handles)

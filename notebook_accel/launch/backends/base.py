@@ -18,6 +18,7 @@ descriptors, e.g. by relaying its own connection into local pipes.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -68,6 +69,14 @@ class WorkerHandle(abc.ABC):
     def rss(self) -> int | None:
         """The worker's resident memory in bytes, when the backend can tell."""
         return None
+
+
+def kill_all(handles: Sequence[WorkerHandle], reap_timeout: float = 5.0) -> None:
+    """Kill every worker (stragglers included), then reap them."""
+    for handle in handles:
+        handle.kill()
+    for handle in handles:
+        handle.reap(timeout=reap_timeout)
 
 
 class WorkerGroup(abc.ABC):

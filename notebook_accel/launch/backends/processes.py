@@ -17,7 +17,7 @@ from multiprocessing.process import BaseProcess
 
 import psutil
 
-from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle
+from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
 from notebook_accel.launch.environment import network_environment, worker_environment
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
@@ -110,7 +110,7 @@ class ProcessGroup(WorkerGroup):
         self.rendezvous = rendezvous
 
     def close(self) -> None:
-        kill_workers(self.handles)
+        kill_all(self.handles)
         for handle in self.handles:
             handle.close()
         os.close(self.alive_fd)
@@ -199,7 +199,7 @@ def start_workers(
                                          control_fd=ctl[0], events_fd=ev[0]))
     except BaseException:
         _close(alive_w)
-        kill_workers(workers)
+        kill_all(workers)
         for handle in workers:
             handle.close()
         for local_rank in range(len(workers), plan.num_processes):
@@ -215,11 +215,3 @@ def start_workers(
 def _close(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
-
-
-def kill_workers(handles: list[ProcessHandle]) -> None:
-    """SIGKILL every worker's group (stragglers included) and reap the workers."""
-    for handle in handles:
-        handle.kill()
-    for handle in handles:
-        handle.reap(timeout=5)
