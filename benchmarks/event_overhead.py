@@ -31,7 +31,7 @@ def train(rounds: int, steps: int, width: int, warmup: int = 200) -> dict:
     import torch
 
     from notebook_accel import Accelerator
-    from notebook_accel.launch import events
+    from notebook_accel.launch.worker import events
     from notebook_accel.progress import tqdm
 
     torch.manual_seed(0)
@@ -97,8 +97,9 @@ def kernel_cost(count: int = 20_000) -> float:
     """Seconds the kernel spends per metrics event: read, unpickle, fold into the record."""
     import os
 
-    from notebook_accel.launch.events import EventChannel, enlarge_pipe
+    from notebook_accel.launch.backends.processes import enlarge_pipe
     from notebook_accel.launch.record import LaunchRecord, RankStatus
+    from notebook_accel.launch.worker.events import EventChannel
     from notebook_accel.wire import FrameReader
 
     read_fd, write_fd = os.pipe()

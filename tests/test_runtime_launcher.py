@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from notebook_accel import Accelerator, notebook_launcher
+from notebook_accel import Accelerator, WorkerError, notebook_launcher
+from notebook_accel.launch import launcher
+from notebook_accel.launch.backends import Backend, WorkerGroup, WorkerHandle
+from notebook_accel.launch.backends.processes import ProcessBackend
 from tests.runtime_scripts import same_code
 from tests.runtime_support import no_worker_left_behind, torchrun  # noqa: F401  (fixture overrides conftest's)
 
@@ -51,3 +56,76 @@ def test_two_workers_match_one_process_reference():
     expected = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
     for r in results:
         assert (r["weights"] - expected).abs().max() < 1e-5
+
+
+# ---- the launcher seam: the kernel side reaches workers only through a backend's interface ----
+
+class _OnlyTheInterface(WorkerHandle):
+    """A handle offering nothing but :class:`WorkerHandle`'s members (no process to reach into)."""
+
+    def __init__(self, inner: WorkerHandle) -> None:
+        self._inner, self.rank = inner, inner.rank
+        self.stdout_fd, self.stderr_fd = inner.stdout_fd, inner.stderr_fd
+        self.control_fd, self.events_fd = inner.control_fd, inner.events_fd
+        self.calls: list[str] = []
+
+    pid = property(lambda self: self._inner.pid)
+    sentinel = property(lambda self: self._inner.sentinel)
+    exitcode = property(lambda self: self._inner.exitcode)
+
+    def terminate(self) -> None:
+        self.calls.append("terminate")
+        self._inner.terminate()
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+        self._inner.kill()
+
+    def dump_stacks(self) -> None:
+        self._inner.dump_stacks()
+
+    def reap(self, timeout: float) -> None:
+        self._inner.reap(timeout)
+
+
+class _Group(WorkerGroup):
+    def __init__(self, inner: WorkerGroup) -> None:
+        super().__init__(inner.plan, [_OnlyTheInterface(h) for h in inner.handles])
+        self.inner, self.closed = inner, False
+
+    def close(self) -> None:
+        self.closed = True
+        self.inner.close()
+
+
+class _Backend(Backend):
+    """Another backend, as a warm pool or a cluster would be one: it only starts and hands back."""
+
+    def __init__(self) -> None:
+        self.groups: list[_Group] = []
+
+    def start(self, plan, payload) -> _Group:
+        self.groups.append(_Group(ProcessBackend().start(plan, payload)))
+        return self.groups[-1]
+
+
+def _rank() -> int:
+    return int(os.environ["RANK"])
+
+
+def _rank_1_fails() -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 gives up")
+    time.sleep(60)  # stopped by the supervisor, through the handle
+
+
+def test_a_backend_hands_back_handles_and_the_shared_path_does_the_rest(monkeypatch):
+    backend = _Backend()
+    monkeypatch.setattr(launcher, "backend_for", lambda plan: backend)
+    assert notebook_launcher(_rank, num_processes=2, return_all=True) == [0, 1]
+    with pytest.raises(WorkerError, match="rank 1 failed: ValueError: rank 1 gives up") as caught:
+        notebook_launcher(_rank_1_fails, num_processes=2)
+    assert caught.value.rank == 1
+    assert [group.closed for group in backend.groups] == [True, True]
+    stopped = backend.groups[1].handles[0]  # rank 0, still sleeping when rank 1 failed
+    assert stopped.calls[0] == "terminate"

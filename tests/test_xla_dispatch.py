@@ -10,8 +10,11 @@ import types
 import pytest
 import torch
 
-from notebook_accel.launch import xla_launch
+from notebook_accel.launch.backends import Backend, backend_for
+from notebook_accel.launch.backends import xla as xla_backend
+from notebook_accel.launch.backends.processes import ProcessBackend
 from notebook_accel.launch.plan import make_plan
+from notebook_accel.launch.worker import xla_cores
 from notebook_accel.xla import detect, runtime
 
 
@@ -137,10 +140,10 @@ def test_several_nodes_refused():
 def test_xla_job_reads_this_machine(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
     monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
-    assert xla_launch.xla_job(None) == detect.XlaJob("CPU", None, 1)
-    assert xla_launch.xla_job(1).world_size == 1
+    assert detect.xla_job(None) == detect.XlaJob("CPU", None, 1)
+    assert detect.xla_job(1).world_size == 1
     with pytest.raises(ValueError, match="num_processes=2 with device='xla'"):
-        xla_launch.xla_job(2)
+        detect.xla_job(2)
 
 
 # ---- the launch itself, with the worker machinery faked ------------------------------------
@@ -154,46 +157,56 @@ def _plan(**changes):
 
 @pytest.fixture
 def torch_xla_installed(monkeypatch):
-    monkeypatch.setattr(xla_launch, "_torch_xla_installed", lambda: True)
+    monkeypatch.setattr(xla_backend, "_torch_xla_installed", lambda: True)
+
+
+class _Hosts(Backend):
+    """A stand-in for the local-processes backend that starts the XLA host worker."""
+
+    def __init__(self):
+        self.started = []
+
+    def start(self, plan, payload):
+        self.started.append((plan, pickle.loads(payload)))
+        return "the host worker's group"
 
 
 def test_missing_torch_xla_refused_before_any_worker():
-    def launch_once(plan, payload):  # pragma: no cover - must not be reached
-        raise AssertionError("a worker was started")
-
+    hosts = _Hosts()
     with pytest.raises(ImportError, match=r"needs torch_xla.*pip install \"torch~=2\.9\.0\""):
-        xla_launch.launch_xla(_plan(), b"", launch_once, job=detect.XlaJob("TPU", None, 8))
+        xla_backend.XlaBackend(hosts).check(_plan(xla=detect.XlaJob("TPU", None, 8)))
+    assert hosts.started == []
 
 
-def test_launch_xla_starts_one_host_worker_running_torch_xla_launcher(torch_xla_installed):
-    seen = []
-
-    def launch_once(plan, payload):
-        seen.append((plan, pickle.loads(payload)))
-        return "rank 0's value"
-
+def test_xla_backend_starts_one_host_worker_running_torch_xla_launcher(torch_xla_installed):
+    hosts = _Hosts()
     job = detect.XlaJob("TPU", None, 8)
-    assert xla_launch.launch_xla(_plan(), b"user payload", launch_once, job=job) == "rank 0's value"
-    (plan, (function, args, kwargs, _sources)), = seen
+    backend = xla_backend.XlaBackend(hosts)
+    backend.check(_plan(xla=job))
+    assert backend.start(_plan(xla=job), b"user payload") == "the host worker's group"
+    (plan, (function, args, kwargs, _sources)), = hosts.started
     assert plan.num_processes == 1 and plan.return_all is False and plan.device_type == "xla"
-    assert function is xla_launch.run_cores
+    assert function is xla_cores.run_cores
     assert args == (b"user payload", None, True, "fork", "TPU", "all") and kwargs == {}
+
+
+def test_the_xla_backend_is_chosen_for_device_xla_only():
+    assert isinstance(backend_for(_plan()), xla_backend.XlaBackend)
+    assert isinstance(backend_for(dataclasses.replace(_plan(), device_type="cpu")), ProcessBackend)
 
 
 def test_launch_refused_up_front_when_the_kernel_holds_the_runtime(monkeypatch, torch_xla_installed):
     fake = types.SimpleNamespace(_XLAC=types.SimpleNamespace(_xla_runtime_is_initialized=lambda: True))
     monkeypatch.setitem(sys.modules, "torch_xla", fake)
     monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
-
-    def launch_once(plan, payload):  # pragma: no cover - must not be reached
-        raise AssertionError("a worker was started")
-
+    hosts = _Hosts()
     with pytest.raises(RuntimeError, match="already initialised in this process.*Restart the kernel"):
-        xla_launch.launch_xla(_plan(), b"", launch_once, job=detect.XlaJob("TPU", None, 8))
+        xla_backend.XlaBackend(hosts).check(_plan(xla=detect.XlaJob("TPU", None, 8)))
+    assert hosts.started == []
 
 
 def test_core_environment_is_torchrun_style():
-    assert xla_launch._core_environment(3, 8, 3, 8) == {
+    assert xla_cores._core_environment(3, 8, 3, 8) == {
         "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8",
         "GROUP_RANK": "0", "NOTEBOOK_ACCEL_DEVICE": "xla",
     }
@@ -212,10 +225,10 @@ def test_root_cause_is_the_earliest_core_failure(tmp_path):
 
     (tmp_path / "error_3.msg").write_bytes(encode(_core_failure(3, "RuntimeError: peer gone", 2.0)))
     (tmp_path / "error_1.msg").write_bytes(encode(_core_failure(1, "ValueError: bad lr", 1.0)))
-    failures = xla_launch._failures(tmp_path)
+    failures = xla_cores._failures(tmp_path)
     assert [(f.rank, f.exc_type, f.timestamp) for f in failures] == [
         (1, "ValueError", 1.0), (3, "RuntimeError", 2.0)]
-    error = xla_launch._user_facing(RuntimeError("peer gone"), failures)
+    error = xla_cores._user_facing(RuntimeError("peer gone"), failures)
     assert str(error) == "XLA core 1 failed: ValueError: bad lr (1 other core(s) failed after it)"
 
 
@@ -228,8 +241,8 @@ def test_a_failing_core_leaves_its_failure_record(monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "ranks", lambda: (3, 4, 3))
     monkeypatch.setattr(runtime, "devices_per_process", lambda: 2)  # leaves the environment alone
     with pytest.raises(ValueError, match="bad lr"):
-        xla_launch._core_main(3, serialise_payload(train, (), {}), str(tmp_path), False)
-    (failure,) = xla_launch._failures(tmp_path)
+        xla_cores._core_main(3, serialise_payload(train, (), {}), str(tmp_path), False)
+    (failure,) = xla_cores._failures(tmp_path)
     assert (failure.rank, failure.exc_type, failure.exitcode) == (3, "ValueError", None)
     assert failure.headline == "XLA core 3 failed: ValueError: bad lr"
     assert "in train" in failure.traceback and failure.timestamp > 0
@@ -238,9 +251,9 @@ def test_a_failing_core_leaves_its_failure_record(monkeypatch, tmp_path):
 def test_single_core_failure_keeps_its_type_and_shows_the_core_traceback():
     failure = _core_failure(2, "ValueError: bad lr", 0.5,
                             "Traceback (most recent call last):\n  cell 3\n")
-    error = xla_launch._user_facing(ValueError("bad lr"), [failure])
+    error = xla_cores._user_facing(ValueError("bad lr"), [failure])
     assert isinstance(error, ValueError)
-    assert isinstance(error.__cause__, xla_launch.CoreTraceback)
+    assert isinstance(error.__cause__, xla_cores.CoreTraceback)
     assert "cell 3" in str(error.__cause__)
 
 
@@ -271,7 +284,7 @@ def test_other_cores_output_is_prefixed_line_by_line():
     import io
 
     sink = io.StringIO()
-    stream = xla_launch.LinePrefixer(sink, "[core 3] ")
+    stream = xla_cores.LinePrefixer(sink, "[core 3] ")
     stream.write("epoch 1")
     stream.write(": loss 0.5\nepoch 2\n")
     stream.write("a\rb\n")
@@ -335,7 +348,7 @@ def test_notebook_launcher_without_torch_xla_says_how_to_install(monkeypatch):
     from notebook_accel import notebook_launcher
 
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    monkeypatch.setattr(xla_launch, "_torch_xla_installed", lambda: False)
+    monkeypatch.setattr(xla_backend, "_torch_xla_installed", lambda: False)
     with pytest.raises(ImportError, match="needs torch_xla"):
         notebook_launcher(print, device="xla")
 

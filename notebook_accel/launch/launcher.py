@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 import pickle
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from notebook_accel.launch.backends import Backend, backend_for
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.global_check import warn_missing_globals
 from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupts
@@ -17,13 +16,10 @@ from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan
-from notebook_accel.launch.processes import close_worker_fds, kill_workers, start_workers
 from notebook_accel.launch.record import LaunchRecord, remember
-from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Supervisor
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views import make_view
-from notebook_accel.launch.xla_launch import launch_xla
 
 
 def notebook_launcher(
@@ -152,12 +148,11 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
         notes.append(f"start method: {plan.start.method} ({plan.start.reason})")
     for note in notes:  # the launch's first lines: what decided its settings
         print(f"[notebook_accel] {note}", flush=True)
-    run = _launch_once
-    if plan.device_type == "xla":
-        run = functools.partial(launch_xla, launch_once=_launch_once)
+    backend = backend_for(plan)
+    backend.check(plan)
     for attempt in range(plan.max_restarts + 1):
         try:
-            return run(plan, payload)
+            return _launch_once(backend, plan, payload)
         except WorkerError as error:
             if attempt == plan.max_restarts:
                 raise
@@ -166,30 +161,21 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _launch_once(plan: LaunchPlan, payload: Payload) -> Any:
-    if plan.start.method == "fork":
-        # Forked workers inherit what the kernel imported: pay torch's lazy imports
-        # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.
-        importlib.import_module("notebook_accel.launch.warm")
+def _launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
+    """Start the workers through ``backend``, supervise them, collect their values."""
     check_interrupt("launch interrupted before any worker started")
     relay = OutputRelay(show=plan.output)
-    rendezvous = Rendezvous(plan.master_addr, plan.port or 0) if plan.hosts_rendezvous else None
+    group = backend.start(plan, payload)
     try:
-        port = rendezvous.port if rendezvous is not None else plan.port
-        kernel_only = (rendezvous.fd,) if rendezvous is not None else ()
-        workers, alive_fd = start_workers(plan, payload, port, kernel_only)
-    except BaseException:
-        if rendezvous is not None:
-            rendezvous.close()
-        raise
-    try:
+        ran = group.plan  # what the workers run (XLA: its one host worker)
         record = LaunchRecord(
-            world_size=plan.world_size, num_processes=plan.num_processes,
-            device_type=plan.device_type, start_method=plan.start.method,
-            mixed_precision=plan.mixed_precision,
+            world_size=ran.world_size, num_processes=ran.num_processes,
+            device_type=ran.device_type, start_method=ran.start.method,
+            mixed_precision=ran.mixed_precision,
         )
         remember(record)
-        Supervisor(workers, relay, plan.timeout, record, make_view(record, plan.output)).run()
+        workers = Supervisor(group.handles, relay, plan.timeout, record,
+                             make_view(record, plan.output)).run()
         results = []
         for worker in workers:
             if worker.result is None:
@@ -203,9 +189,5 @@ def _launch_once(plan: LaunchPlan, payload: Payload) -> Any:
                     f"{type(exc).__name__}: {exc}", rank=worker.rank, exitcode=0,
                 ) from None
     finally:
-        kill_workers(workers)
-        close_worker_fds(workers)
-        os.close(alive_fd)
-        if rendezvous is not None:
-            rendezvous.close()
-    return results if plan.return_all else results[0]
+        group.close()
+    return group.result(results)

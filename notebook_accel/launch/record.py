@@ -14,8 +14,6 @@ from typing import Any
 
 from notebook_accel.wire import Dropped, Memory, Message, Metrics, Progress
 
-STATES = ("starting", "running", "finished", "failed", "stopped")
-
 
 @dataclass
 class RankStatus:

@@ -14,21 +14,64 @@ import os
 import selectors
 import signal
 import time
+from dataclasses import dataclass, field
 
-import psutil
-
+from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.interrupts import LaunchInterrupted, check_interrupt
 from notebook_accel.launch.output import OutputRelay
-from notebook_accel.launch.processes import Worker, stop_workers
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.text_view import format_duration
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
-from notebook_accel.wire import Display, FailureRecord, Result
+from notebook_accel.wire import Display, FailureRecord, FrameReader, Result
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
 _STACK_DUMP_WAIT = 0.5
+
+
+@dataclass
+class Worker:
+    """What the supervisor knows of one rank: its handle (any backend's), and what it reported."""
+
+    handle: WorkerHandle
+    result: bytes | None = None
+    returned: bool = False  # it sent its Result
+    error: FailureRecord | None = None  # the failure it reported
+    exited: bool = False
+    exit_time: float | None = None  # time.time() when the kernel saw it exit
+    stopped: bool = False  # we stopped it (after another rank failed, a timeout, an interrupt)
+    control: FrameReader = field(init=False)
+    events: FrameReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.control = FrameReader(self.handle.control_fd)
+        self.events = FrameReader(self.handle.events_fd)
+
+    @property
+    def rank(self) -> int:
+        return self.handle.rank
+
+    @property
+    def pid(self) -> int | None:
+        return self.handle.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.handle.exitcode
+
+    @property
+    def stdout_fd(self) -> int:
+        return self.handle.stdout_fd
+
+    @property
+    def stderr_fd(self) -> int:
+        return self.handle.stderr_fd
+
+    @property
+    def control_fd(self) -> int:
+        return self.handle.control_fd
 
 
 def _describe_exit(code: int | None) -> str:
@@ -48,20 +91,20 @@ class Supervisor:
 
     def __init__(
         self,
-        workers: list[Worker],
+        handles: list[WorkerHandle],
         relay: OutputRelay,
         timeout: float | None,
         record: LaunchRecord,
         view: View,
     ) -> None:
-        self.workers = workers
+        self.workers = workers = [Worker(handle) for handle in handles]
         self.relay = relay
         self.timeout = timeout
         self.record = record
         self.view = view
         self._next_sample = 0.0
         for w in workers:
-            record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.process.pid)
+            record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid)
         self.by_rank = {w.rank: w for w in workers}
         self.selector = selectors.DefaultSelector()
         self.first_failure: float | None = None
@@ -74,7 +117,7 @@ class Supervisor:
             self.selector.register(w.stdout_fd, selectors.EVENT_READ, (w.rank, "stdout"))
             self.selector.register(w.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
             self.selector.register(w.control_fd, selectors.EVENT_READ, (w.rank, "control"))
-            self.selector.register(w.process.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
+            self.selector.register(w.handle.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
 
     def _unregister(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -112,9 +155,9 @@ class Supervisor:
             self._unregister(worker.control_fd)
 
     def _on_exit(self, worker: Worker) -> None:
-        worker.process.join(timeout=1)
+        worker.handle.reap(timeout=1)
         worker.exited, worker.exit_time = True, time.time()
-        self._unregister(worker.process.sentinel)
+        self._unregister(worker.handle.sentinel)
         self._read_control(worker)
         self._read_events(worker)
         self._read_output(worker, "stdout")
@@ -179,8 +222,7 @@ class Supervisor:
             if status.state == "starting" and not w.exited:
                 status.state = "running"
             if sample and not w.exited:
-                with contextlib.suppress(psutil.Error, TypeError):
-                    status.rss = psutil.Process(w.process.pid).memory_info().rss or status.rss
+                status.rss = w.handle.rss() or status.rss
         self.view.update(self.record)
 
     def run(self) -> list[Worker]:
@@ -219,18 +261,25 @@ class Supervisor:
                 check_interrupt()
                 self._poll(0.1)
         except KeyboardInterrupt:
-            stop_workers(self.workers, on_wait=self._drain)
+            self._stop()
             self._finish()
             raise LaunchInterrupted(f"stopped {len(self.workers)} workers") from None
         if self.first_failure is not None or any(w.exitcode != 0 for w in self.workers):
-            stop_workers(self.workers, on_wait=self._drain)
+            self._stop()
             self._finish()
             raise self._root_cause()
         self._finish()
 
+    def _stop(self) -> None:
+        """Stop every worker still running (marked stopped), relaying their output meanwhile."""
+        for w in self.workers:
+            if w.exitcode is None:
+                w.stopped = True
+        stop_workers([w.handle for w in self.workers], on_wait=self._drain)
+
     def _finish(self) -> None:
         for w in self.workers:
-            if not w.exited and w.process.exitcode is not None:
+            if not w.exited and w.exitcode is not None:
                 self._on_exit(w)
         self._drain()
         for w in self.workers:
@@ -247,14 +296,11 @@ class Supervisor:
         marks = {w.rank: self.relay.line_count(w.rank) for w in running}
         for w in running:
             self.relay.hold(w.rank)  # the dump is shown once, in the error, cleaned up
-            try:
-                os.kill(w.process.pid, signal.SIGUSR1)  # faulthandler dumps every thread's stack
-            except ProcessLookupError:
-                pass
+            w.handle.dump_stacks()
         deadline = time.monotonic() + _STACK_DUMP_WAIT
         while time.monotonic() < deadline:
             self._poll(0.05)
-        stop_workers(self.workers, on_wait=self._drain)
+        self._stop()
         self._finish()
         first = running[0] if running else self.workers[0]
         stacks: dict[str, list[int]] = {}
@@ -268,7 +314,7 @@ class Supervisor:
             f"{_ranks_label(group)} {'was' if len(group) == 1 else 'were'} here when stopped:\n"
             f"{stack}"
             for stack, group in stacks.items())
-        failure = FailureRecord(rank=first.rank, pid=first.process.pid, exitcode=None,
+        failure = FailureRecord(rank=first.rank, pid=first.pid, exitcode=None,
                                 exc_type=None, headline=message, traceback=where,
                                 timestamp=self.timed_out_at)
         return WorkerError(message, rank=first.rank, remote_traceback=where, failure=failure)
@@ -304,7 +350,7 @@ class Supervisor:
                 return worker.error
             return dataclasses.replace(worker.error, exitcode=worker.exitcode)
         return FailureRecord(
-            rank=worker.rank, pid=worker.process.pid, exitcode=worker.exitcode, exc_type=None,
+            rank=worker.rank, pid=worker.pid, exitcode=worker.exitcode, exc_type=None,
             headline=headline or _describe_exit(worker.exitcode),
             traceback="" if headline else self.relay.tail(worker.rank),
             timestamp=worker.exit_time or time.time(),

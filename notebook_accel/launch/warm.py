@@ -8,7 +8,7 @@ kernel, keeps later launches fast.
 import torch
 import torch.distributed  # noqa: F401
 
-import notebook_accel.launch.worker  # noqa: F401
+import notebook_accel.launch.worker.main  # noqa: F401
 
 
 def warm_optimizer_import() -> None:

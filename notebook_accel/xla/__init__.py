@@ -12,9 +12,10 @@ from notebook_accel.xla.detect import (
     resolve_job,
     runtime_initialised,
     tpu_core_count,
+    xla_job,
 )
 
 __all__ = [
     "XlaJob", "pjrt_device", "resolve_job",
-    "runtime_initialised", "tpu_core_count",
+    "runtime_initialised", "tpu_core_count", "xla_job",
 ]

@@ -176,6 +176,24 @@ def resolve_job(
     )
 
 
+def xla_job(num_processes: int | None, num_nodes: int = 1) -> XlaJob:
+    """Check the options of a device ``"xla"`` launch against this machine.
+
+    Reads ``PJRT_DEVICE`` and the TPU's PCI / ``/dev`` entries; never imports
+    torch_xla. Called by the launch plan, before any worker starts.
+
+    Raises:
+        ValueError: no TPU and no ``PJRT_DEVICE``, several nodes, or a
+            ``num_processes`` torch_xla cannot run (the message says what it can).
+    """
+    from notebook_accel import hardware
+
+    pjrt = pjrt_device(tpu=hardware.tpu_present())
+    cores = tpu_core_count() if pjrt == "TPU" else None
+    if pjrt == "CPU":
+        cores = int(os.environ.get("CPU_NUM_DEVICES") or 1)
+    return resolve_job(num_processes, pjrt=pjrt, cores=cores, num_nodes=num_nodes)
+
 def bf16_environment(mixed_precision: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The torch_xla variables for the peer's ``downcast_bf16`` (``ACCELERATE_DOWNCAST_BF16``).
 

@@ -1,111 +1,33 @@
-"""The TPU launch path: one host worker, which starts one process per TPU chip through torch_xla.
+"""The XLA host worker: it starts one process per TPU chip through torch_xla's launcher.
 
-The kernel starts a single *host* worker through the normal machinery (so output
-relay, ``WorkerError``, interrupt and kernel-death handling all apply). The host
-worker calls torch_xla's own launcher (``torch_xla.launch``, PJRT), which starts
-the core processes as torch_xla decides: one process per chip, or the host worker
-itself for ``num_processes=1``. Each core runs the user's function with the
-torchrun-style environment taken from the XLA runtime; rank 0's return value
-(tensors on the CPU) comes back through a file and is what ``notebook_launcher``
-returns. Core processes belong to the host worker's process group, so stopping the
-host (failure elsewhere, interrupt, timeout, kernel death) stops them too.
+The kernel starts this single *host* worker through the local-processes backend
+(:mod:`notebook_accel.launch.backends.xla`), so output relay, ``WorkerError``,
+interrupt and kernel-death handling all apply. :func:`run_cores` calls torch_xla's
+own launcher (``torch_xla.launch``, PJRT), which starts the core processes as
+torch_xla decides: one process per chip, or the host worker itself for
+``num_processes=1``. Each core runs the user's function with the torchrun-style
+environment taken from the XLA runtime; rank 0's return value (tensors on the CPU)
+comes back through a file and is the host worker's own return value. Core
+processes belong to the host worker's process group, so stopping the host
+(failure elsewhere, interrupt, timeout, kernel death) stops them too.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
 import io
 import os
 import pickle
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from notebook_accel import hardware, wire
+from notebook_accel import wire
 from notebook_accel.launch import environment as env
-from notebook_accel.launch.payload import dumps_result, load_payload, serialise_payload
-from notebook_accel.xla.detect import (
-    XlaJob,
-    bf16_environment,
-    pjrt_device,
-    resolve_job,
-    runtime_initialised,
-    runtime_initialised_message,
-    tpu_core_count,
-)
-
-
-def xla_job(num_processes: int | None, num_nodes: int = 1) -> XlaJob:
-    """Check the options of a device ``"xla"`` launch against this machine.
-
-    Reads ``PJRT_DEVICE`` and the TPU's PCI / ``/dev`` entries; never imports
-    torch_xla. Called by the plan, before any worker starts.
-
-    Raises:
-        ValueError: no TPU and no ``PJRT_DEVICE``, several nodes, or a
-            ``num_processes`` torch_xla cannot run (the message says what it can).
-    """
-    pjrt = pjrt_device(tpu=hardware.tpu_present())
-    cores = tpu_core_count() if pjrt == "TPU" else None
-    if pjrt == "CPU":
-        cores = int(os.environ.get("CPU_NUM_DEVICES") or 1)
-    return resolve_job(num_processes, pjrt=pjrt, cores=cores, num_nodes=num_nodes)
-
-
-INSTALL_HINT = "pip install \"torch~=2.9.0\" \"torch_xla[tpu]~=2.9.0\""
-
-
-def _torch_xla_installed() -> bool:
-    return importlib.util.find_spec("torch_xla") is not None
-
-
-def check_kernel() -> None:
-    """Refuse up front when torch_xla is missing or this process already holds the XLA runtime.
-
-    Raises:
-        ImportError: torch_xla is not installed; says how to install it.
-        RuntimeError: the runtime is initialised here; says how to recover.
-    """
-    if not _torch_xla_installed():
-        raise ImportError(f"device='xla' needs torch_xla, which is not installed here; on a TPU "
-                          f"runtime install it with `{INSTALL_HINT}` (matching versions)")
-    if runtime_initialised():
-        raise RuntimeError(runtime_initialised_message(interactive="ipykernel" in sys.modules))
-
-
-def launch_xla(plan: Any, payload: bytes, launch_once: Callable[[Any, bytes], Any],
-               job: XlaJob | None = None) -> Any:
-    """Run ``payload`` on the TPU cores; returns rank 0's value (all ranks' with ``return_all``).
-
-    Args:
-        plan: the ``LaunchPlan`` (device ``"xla"``); its ``xla`` attribute, when
-            present, is the job from :func:`xla_job`.
-        payload: the serialised ``(function, args, kwargs)``.
-        launch_once: the launcher's start-and-supervise function for a plan.
-        job: the job; default ``plan.xla``, else :func:`xla_job` for
-            ``plan.num_processes``.
-
-    Raises:
-        ImportError: torch_xla is not installed here.
-        RuntimeError: the XLA runtime is already initialised in this process.
-        ValueError: see :func:`xla_job`.
-        WorkerError: a core failed (its traceback says which core).
-    """
-    check_kernel()
-    if job is None:
-        job = getattr(plan, "xla", None) or xla_job(plan.num_processes, plan.num_nodes)
-    cores_start = "spawn" if plan.start.method == "spawn" else "fork"
-    host_payload = serialise_payload(
-        run_cores,
-        (payload, job.nprocs, plan.return_all, cores_start, job.pjrt_device, plan.output), {},
-    )
-    host_plan = dataclasses.replace(plan, num_processes=1, return_all=False)
-    return launch_once(host_plan, host_payload)
-
+from notebook_accel.launch.payload import dumps_result, load_payload
+from notebook_accel.launch.worker.main_module import main_module_hidden
+from notebook_accel.xla.detect import bf16_environment
 
 # ---- the host worker ----------------------------------------------------------------------
 
@@ -118,8 +40,6 @@ def run_cores(payload: bytes, nprocs: int | None, return_all: bool, start_method
 
     Returns rank 0's value, or the list of every core's value with ``return_all``.
     """
-    from notebook_accel.launch.processes import main_module_hidden  # (no import cycle)
-
     __tracebackhide__ = True  # a core's error is reported without this frame
     os.environ["PJRT_DEVICE"] = pjrt
     os.environ[env.DEVICE_TYPE] = "xla"
@@ -241,7 +161,7 @@ def _route_output(ordinal: int, output: str) -> None:
 def _core_main(index: int, payload: bytes, results: str, return_all: bool,
                output: str = "all") -> None:
     """One core: set its environment, run the user's function, leave its result in ``results``."""
-    from notebook_accel.launch import events
+    from notebook_accel.launch.worker import events
     from notebook_accel.xla import runtime
 
     ordinal, world, local = runtime.ranks()

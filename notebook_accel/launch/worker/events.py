@@ -1,4 +1,4 @@
-"""A fast, bounded, private event channel from each worker to the kernel.
+"""In a worker: a fast, bounded, private event channel to the kernel.
 
 Workers call :func:`emit` (progress, metrics...) from the training loop. Each event
 is one small message of the wire protocol (:mod:`notebook_accel.wire`: its kinds,
@@ -13,8 +13,6 @@ Outside a launched worker, :func:`emit` does nothing.
 from __future__ import annotations
 
 import collections
-import contextlib
-import fcntl
 import itertools
 import os
 import select
@@ -26,14 +24,6 @@ from notebook_accel.wire import Dropped, Kind, encode, encode_data
 
 MAX_EVENT_BYTES = select.PIPE_BUF  # atomic pipe writes
 MAX_QUEUED = 10_000
-_PIPE_BYTES = 1 << 20
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-
-
-def enlarge_pipe(fd: int) -> None:
-    """Give the pipe 1 MiB of buffer where the OS allows (fewer full-pipe moments)."""
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 class EventChannel:

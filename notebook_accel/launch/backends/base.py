@@ -1,0 +1,126 @@
+"""The launcher seam: a backend starts the workers of one call and hands back their channels.
+
+Everything else on the kernel side is shared by every backend: the plan, the
+payload, the supervisor (watch loop, root cause, stopping), the output relay, the
+views and the result. A backend has two members, as Lightning Fabric's
+``_Launcher``: :meth:`Backend.check` refuses up front what it cannot run here, and
+:meth:`Backend.start` starts one worker per rank and returns a :class:`WorkerGroup`
+whose :class:`WorkerHandle` objects the supervisor reads and stops.
+
+Channels are the kernel's ends of four non-blocking file descriptors per rank, as
+:mod:`notebook_accel.wire` describes: ``stdout`` and ``stderr`` (raw bytes),
+``control`` (reliable framed messages: result, failure, displays) and ``events``
+(lossy framed messages: progress, metrics). A backend whose workers are not local
+children (a pool kept across calls, actors on other nodes) gives the same four
+descriptors, e.g. by relaying its own connection into local pipes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.payload import Payload
+    from notebook_accel.launch.plan import LaunchPlan
+
+
+class WorkerHandle(abc.ABC):
+    """One rank as the kernel reaches it: who it is, whether it lives, its channels, how to stop it."""
+
+    rank: int  # global rank
+    stdout_fd: int
+    stderr_fd: int
+    control_fd: int
+    events_fd: int
+
+    @property
+    @abc.abstractmethod
+    def pid(self) -> int | None:
+        """The process id (on its host), for the record and the failure report."""
+
+    @property
+    @abc.abstractmethod
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable once the worker has ended."""
+
+    @property
+    @abc.abstractmethod
+    def exitcode(self) -> int | None:
+        """None while it runs; then its exit code (negative: the signal that ended it)."""
+
+    @abc.abstractmethod
+    def terminate(self) -> None:
+        """Ask the worker (and whatever it started) to stop."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Stop the worker (and whatever it started) now."""
+
+    @abc.abstractmethod
+    def dump_stacks(self) -> None:
+        """Have the worker write every thread's stack to its stderr (the timeout report)."""
+
+    @abc.abstractmethod
+    def reap(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for an ended worker to be collected."""
+
+    def rss(self) -> int | None:
+        """The worker's resident memory in bytes, when the backend can tell."""
+        return None
+
+
+def kill_all(handles: Sequence[WorkerHandle], reap_timeout: float = 5.0) -> None:
+    """Kill every worker (stragglers included), then reap them."""
+    for handle in handles:
+        handle.kill()
+    for handle in handles:
+        handle.reap(timeout=reap_timeout)
+
+
+class WorkerGroup(abc.ABC):
+    """The workers a backend started for one call.
+
+    Attributes:
+        plan: the plan the workers run (for the XLA backend: its one host worker),
+            which the launch record and the result follow.
+        handles: one per local rank, in rank order.
+    """
+
+    def __init__(self, plan: LaunchPlan, handles: list[WorkerHandle]) -> None:
+        self.plan = plan
+        self.handles = handles
+
+    def result(self, values: list[Any]) -> Any:
+        """The call's return value from the ranks' values: rank 0's, or all with ``return_all``."""
+        return values if self.plan.return_all else values[0]
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the call: nothing of it may outlive this (stragglers, channels, rendezvous).
+
+        A backend that keeps workers across calls returns them to its pool here
+        instead of stopping them.
+        """
+
+
+class Backend(abc.ABC):
+    """How workers are started and reached (local processes, torch_xla, a pool, a cluster)."""
+
+    name: str = ""
+
+    def check(self, plan: LaunchPlan) -> None:
+        """Refuse, before anything starts, what this backend cannot run from here.
+
+        Raises:
+            ImportError, RuntimeError, ValueError: with a message naming the way out.
+        """
+        return None  # by default, whatever the plan allows can run here
+
+    @abc.abstractmethod
+    def start(self, plan: LaunchPlan, payload: Payload) -> WorkerGroup:
+        """Start one worker per local rank of ``plan``, each running ``payload``.
+
+        Must leave nothing behind when it raises (a KeyboardInterrupt included).
+        """

@@ -1,0 +1,217 @@
+"""The local-processes backend: one child process per rank (fork, forkserver or spawn).
+
+Each worker gets private pipes for its four channels, leads its own session (so
+stopping it stops its children) and watches a kernel-alive pipe (so it ends when
+the kernel does). On rank 0's node the kernel hosts the rendezvous store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib
+import os
+import signal
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+import psutil
+
+from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
+from notebook_accel.launch.environment import network_environment, worker_environment
+from notebook_accel.launch.payload import Payload
+from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.rendezvous import Rendezvous
+from notebook_accel.launch.start_method import get_context
+from notebook_accel.launch.views import in_kernel
+from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, worker_main
+from notebook_accel.launch.worker.main_module import main_module_hidden
+
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Give the pipe 1 MiB of buffer where the OS allows (fewer full-pipe moments)."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+
+
+class ProcessHandle(WorkerHandle):
+    """A worker that is a child process of this kernel."""
+
+    def __init__(self, rank: int, process: BaseProcess, stdout_fd: int, stderr_fd: int,
+                 control_fd: int, events_fd: int) -> None:
+        self.rank = rank
+        self.process = process
+        self.stdout_fd, self.stderr_fd = stdout_fd, stderr_fd
+        self.control_fd, self.events_fd = control_fd, events_fd
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def sentinel(self) -> int:
+        return self.process.sentinel
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the worker's process group (itself and its children)."""
+        pid = self.process.pid
+        if pid is None:
+            return
+        try:
+            os.killpg(pid, sig)  # the worker leads its own session
+        except ProcessLookupError:
+            try:
+                os.kill(pid, sig)  # not yet in its own session
+            except ProcessLookupError:
+                pass
+        except PermissionError:
+            pass
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def dump_stacks(self) -> None:
+        try:
+            os.kill(self.process.pid, signal.SIGUSR1)  # faulthandler dumps every thread's stack
+        except ProcessLookupError:
+            pass
+
+    def reap(self, timeout: float) -> None:
+        self.process.join(timeout=timeout)
+
+    def rss(self) -> int | None:
+        with contextlib.suppress(psutil.Error, TypeError):
+            return psutil.Process(self.process.pid).memory_info().rss
+        return None
+
+    def close(self) -> None:
+        """Close the kernel's ends of the worker's pipes."""
+        for fd in (self.stdout_fd, self.stderr_fd, self.control_fd, self.events_fd):
+            _close(fd)
+
+
+class ProcessGroup(WorkerGroup):
+    """Child processes of one call; closing it kills stragglers and releases every kernel fd."""
+
+    def __init__(self, plan: LaunchPlan, handles: list[ProcessHandle], alive_fd: int,
+                 rendezvous: Rendezvous | None) -> None:
+        super().__init__(plan, handles)
+        self.alive_fd = alive_fd
+        self.rendezvous = rendezvous
+
+    def close(self) -> None:
+        kill_all(self.handles)
+        for handle in self.handles:
+            handle.close()
+        os.close(self.alive_fd)
+        if self.rendezvous is not None:
+            self.rendezvous.close()
+
+
+class ProcessBackend(Backend):
+    """Workers as child processes of this kernel, started as ``plan.start.method`` says."""
+
+    name = "processes"
+
+    def start(self, plan: LaunchPlan, payload: Payload) -> ProcessGroup:
+        if plan.start.method == "fork":
+            # Forked workers inherit what the kernel imported: pay torch's lazy imports
+            # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.
+            importlib.import_module("notebook_accel.launch.warm")
+        rendezvous = Rendezvous(plan.master_addr, plan.port or 0) if plan.hosts_rendezvous else None
+        try:
+            port = rendezvous.port if rendezvous is not None else plan.port
+            kernel_only = (rendezvous.fd,) if rendezvous is not None else ()
+            handles, alive_fd = start_workers(plan, payload, port, kernel_only)
+        except BaseException:
+            if rendezvous is not None:
+                rendezvous.close()
+            raise
+        return ProcessGroup(plan, handles, alive_fd, rendezvous)
+
+
+def _pipe() -> tuple[int, int]:
+    read_fd, write_fd = os.pipe()
+    return read_fd, write_fd
+
+
+def start_workers(
+    plan: LaunchPlan, payload: Payload, port: int, kernel_only: tuple[int, ...] = ()
+) -> tuple[list[ProcessHandle], int]:
+    """Start one process per local rank; returns the workers and the kernel-alive fd.
+
+    ``kernel_only``: other kernel fds that forked workers must close (the store's socket).
+
+    Worker-side pipe ends are closed in the kernel only after every worker has
+    started, so a forked worker never closes an fd number that got reused.
+    """
+    context = get_context(plan.start.method)
+    alive_r, alive_w = _pipe()
+    ends = [(_pipe(), _pipe(), _pipe(), _pipe()) for _ in range(plan.num_processes)]
+    for triple in ends:
+        enlarge_pipe(triple[3][1])
+    kernel_fds = [alive_w, *kernel_only] + [pair[0] for triple in ends for pair in triple]
+    alive = Connection(alive_r, writable=False)
+    worker_side = [alive] + [
+        Connection(pair[1], readable=False) for triple in ends for pair in triple
+    ]
+    threads = plan.threads_per_worker()
+    rich = plan.output != "none" and in_kernel()
+    workers: list[ProcessHandle] = []
+    try:
+        for local_rank, (out, err, ctl, ev) in enumerate(ends):
+            own = {out[1], err[1], ctl[1], ev[1], alive_r}
+            every = {fd for triple in ends for pair in triple for fd in pair} | set(kernel_fds)
+            close_fds = tuple(sorted(every - own)) if plan.start.method == "fork" else ()
+            rank = plan.global_rank(local_rank)
+            env = worker_environment(
+                rank=rank, local_rank=local_rank, world_size=plan.world_size,
+                local_world_size=plan.num_processes, group_rank=plan.node_rank,
+                master_addr=plan.master_addr, master_port=port,
+                mixed_precision=plan.mixed_precision, device_type=plan.device_type,
+            )
+            env.update(network_environment(plan))
+            env.update(plan.worker_env)
+            spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
+                              send_result=plan.return_all or local_rank == 0, close_fds=close_fds,
+                              rich_output=rich)
+            base = 1 + 4 * local_rank
+            pipes = WorkerPipes(stdout=worker_side[base], stderr=worker_side[base + 1],
+                                control=worker_side[base + 2], events=worker_side[base + 3],
+                                alive=alive)
+            process = context.Process(target=worker_main, args=(spec, payload, pipes),
+                                      name=f"notebook-accel-rank{rank}", daemon=False)
+            with main_module_hidden(plan.start.method != "fork"):
+                process.start()
+            for fd in (out[0], err[0], ctl[0], ev[0]):
+                os.set_blocking(fd, False)
+            workers.append(ProcessHandle(rank, process, stdout_fd=out[0], stderr_fd=err[0],
+                                         control_fd=ctl[0], events_fd=ev[0]))
+    except BaseException:
+        _close(alive_w)
+        kill_all(workers)
+        for handle in workers:
+            handle.close()
+        for local_rank in range(len(workers), plan.num_processes):
+            for pair in ends[local_rank]:
+                _close(pair[0])
+        raise
+    finally:
+        for connection in worker_side:
+            connection.close()
+    return workers, alive_w
+
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)

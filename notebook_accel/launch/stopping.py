@@ -1,0 +1,33 @@
+"""Stop a call's workers, whatever backend started them: terminate, then kill after a grace."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait
+
+from notebook_accel.launch.backends.base import WorkerHandle, kill_all
+from notebook_accel.launch.interrupts import interrupt_requested
+
+STOP_GRACE = 2.0  # seconds between terminate (SIGTERM) and kill (SIGKILL)
+
+
+def stop_workers(handles: Sequence[WorkerHandle], grace: float | None = None,
+                 on_wait: Callable[[], None] | None = None) -> None:
+    """Terminate the live workers, kill whatever is left after ``grace`` seconds, reap them all.
+
+    A (further) press of the stop button while waiting escalates to a kill at once.
+    ``on_wait`` is called while waiting (to keep relaying output).
+    """
+    alive = [h for h in handles if h.exitcode is None]
+    for handle in alive:
+        handle.terminate()
+    deadline = time.monotonic() + (STOP_GRACE if grace is None else grace)
+    try:
+        while alive and time.monotonic() < deadline and not interrupt_requested():
+            wait([h.sentinel for h in alive], timeout=0.05)
+            if on_wait is not None:
+                on_wait()
+            alive = [h for h in alive if h.exitcode is None]
+    finally:
+        kill_all(handles)
