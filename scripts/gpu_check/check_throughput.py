@@ -2,13 +2,14 @@
 
 The same model, data and AdamW step through our ``Accelerator``, the peer's (Hugging Face
 Accelerate) and a plain ``torch.autocast`` loop; each variant runs in a fresh process, the three
-alternate over two rounds and each keeps its best round. Prints steps/s and the ratios
+alternate over two rounds (``GPU_CHECK_ROUNDS``) and each keeps its best round. Prints steps/s and the ratios
 ours/peer and ours/plain torch. Without a GPU a tiny model runs two steps of each (N/A).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -84,7 +85,7 @@ def one_variant(variant: str) -> dict:
 def compare() -> tuple[bool, dict, str]:
     best: dict[str, float] = {}
     params = 0
-    for _ in range(2):
+    for _ in range(int(os.environ.get("GPU_CHECK_ROUNDS", "2"))):
         for variant in VARIANTS:
             out = subprocess.run([sys.executable, __file__, variant], capture_output=True, text=True, timeout=240)
             if out.returncode != 0:
