@@ -1,4 +1,4 @@
-"""The config panel (``%accelerate config``, ``notebook_accel.config_panel()``): ipywidgets
+"""The config panel (``%accelerate config``, ``magics.config_panel.config_panel()``): ipywidgets
 in place of the peer's terminal wizard.
 
 The widgets only mirror a :class:`~magics.panel_state.FormState`; the rules live in
