@@ -251,3 +251,12 @@ def test_worker_tracebacks_skip_frames_that_hide_themselves():
         text = _format_exception(exc)
     assert "user_code" in text and "from the user" in text
     assert "in runner" not in text
+
+
+def test_the_traceback_trimmer_knows_the_worker_entry_point():
+    """Stack dumps drop the frames above the worker's entry point: its path must exist (it moved once)."""
+    import os
+
+    from notebook_accel.launch import tracebacks
+
+    assert os.path.isfile(tracebacks._WORKER_FILE), tracebacks._WORKER_FILE

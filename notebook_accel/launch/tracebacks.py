@@ -18,7 +18,7 @@ from typing import Any
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # notebook_accel/
 _OURS = (_PACKAGE + os.sep, os.path.join(os.path.dirname(_PACKAGE), "magics") + os.sep)
-_WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+_WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker", "main.py")  # the entry point
 _TRACEBACK_FILE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<sep>,? in )')
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$')
 
