@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm.std import tqdm as _std_tqdm
 
-from notebook_accel.launch.worker import events
+from notebook_accel import events
 from notebook_accel.wire import Kind
 
 _TEXT_LIMIT = 200  # characters of desc / postfix sent (an event must stay small)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from notebook_accel.launch.worker import events
+from notebook_accel import events
 from notebook_accel.wire import Kind
 
 TRACKERS = ("jsonl", "tensorboard")

@@ -23,11 +23,10 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from notebook_accel import wire
+from notebook_accel import events, wire
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import Payload, dumps_result, load_payload
 from notebook_accel.launch.worker import display as worker_display
-from notebook_accel.launch.worker import events
 from notebook_accel.wire import FailureRecord, Kind, Message, Result
 
 _SECONDARY = re.compile(

@@ -161,7 +161,7 @@ def _route_output(ordinal: int, output: str) -> None:
 def _core_main(index: int, payload: bytes, results: str, return_all: bool,
                output: str = "all") -> None:
     """One core: set its environment, run the user's function, leave its result in ``results``."""
-    from notebook_accel.launch.worker import events
+    from notebook_accel import events
     from notebook_accel.xla import runtime
 
     ordinal, world, local = runtime.ranks()
