@@ -9,6 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from notebook_accel.launch import register_kernel_view
+
+
+def _live_view(record: Any) -> Any:
+    """The widget live view of a launch in a kernel (``ImportError`` without ipywidgets)."""
+    from magics.live_view import LiveView
+
+    return LiveView(record)
+
+
+register_kernel_view(_live_view)  # the engine shows it for every launch in a kernel
+
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the ``accelerate`` magics with ``ipython`` (once, however often it is loaded)."""

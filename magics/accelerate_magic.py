@@ -21,7 +21,7 @@ from magics.cell_source import make_cell_code
 from magics.flag_check import check_words
 from magics.names import analyse_cell
 from magics.shipping import check_defined, collect_names
-from notebook_accel.launch.interrupts import deferred_interrupts
+from notebook_accel.launch import deferred_interrupts
 
 
 @magics_class
@@ -97,7 +97,7 @@ class AccelerateMagics(Magics):
         if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):
             pull = (*pull, CELL_VALUE)
         options = launch_options(args)
-        from notebook_accel.launch.launcher import notebook_launcher
+        from notebook_accel.launch import notebook_launcher
 
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull))
         try:

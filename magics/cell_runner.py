@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch.payload import dumps_result
+from notebook_accel.launch import dumps_result
 
 CELL_VALUE = "_accelerate_cell_value_"  # the value of a cell's last expression, on rank 0
 

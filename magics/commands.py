@@ -31,8 +31,7 @@ def env(args: argparse.Namespace) -> None:
     """Versions, devices and the config in force (the ``notebook-accel env`` report),
     plus what matters in this kernel: the notebook packages and the start method."""
     from notebook_accel.cli import main
-    from notebook_accel.launch.in_force import launch_in_force
-    from notebook_accel.launch.start_method import fork_unsafe_reason
+    from notebook_accel.launch import fork_unsafe_reason, launch_in_force
 
     main(["env", *(["--config-file", args.config] if args.config else [])])
     try:

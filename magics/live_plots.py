@@ -14,7 +14,7 @@ import math
 from html import escape
 from typing import Any
 
-from notebook_accel.launch.text_view import format_value
+from notebook_accel.launch import format_value
 
 MAX_POINTS = 400
 WIDTH, HEIGHT = 300, 140

@@ -6,8 +6,7 @@ from html import escape
 
 from tqdm.std import tqdm as _tqdm
 
-from notebook_accel.launch.record import LaunchRecord
-from notebook_accel.launch.text_view import progress_text
+from notebook_accel.launch import LaunchRecord, progress_text
 from notebook_accel.progress import bar_label, job_progress
 
 _DETAIL = "{n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from notebook_accel.launch.record import LaunchRecord
-from notebook_accel.launch.text_view import format_bytes, format_duration, rank_states
+from notebook_accel.launch import LaunchRecord, format_bytes, format_duration, rank_states
 
 STATE_COLOURS = {
     "starting": "#888888",

@@ -20,7 +20,7 @@ from typing import Any
 from magics.live_plots import Plots
 from magics.live_progress import progress_html, progress_plain
 from magics.live_status import status_html, status_text
-from notebook_accel.launch.record import LaunchRecord
+from notebook_accel.launch import LaunchRecord
 
 
 def render(record: LaunchRecord, plots: Plots | None = None,

@@ -20,7 +20,7 @@ from typing import Any
 
 import cloudpickle
 
-from notebook_accel.launch.payload import serialise_payload
+from notebook_accel.launch import serialise_payload
 
 
 class UnshippableNamesError(TypeError):

@@ -78,8 +78,15 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
+def _front_end() -> Any:
+    """The engine's one door into the notebook front end: the ``magics`` package, imported
+    on first use (by ``%load_ext notebook_accel``, and by a launch inside a kernel, for
+    the live view that ``magics`` registers with the engine when it is imported)."""
+    import magics
+
+    return magics
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext notebook_accel``: register the ``%%accelerate`` magics."""
-    from magics import load_ipython_extension as load
-
-    load(ipython)
+    _front_end().load_ipython_extension(ipython)

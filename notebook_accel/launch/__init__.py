@@ -1,1 +1,47 @@
-"""Start, feed, watch and stop the workers (kernel side), and the worker entry point."""
+"""Start, feed, watch and stop the workers (kernel side), and the worker entry point.
+
+The names below are this package's public surface, for the notebook front end
+(``magics``) and other callers outside the engine; the modules behind them are
+internal and may move. They are imported lazily, so that importing
+``notebook_accel.launch.worker`` (in every worker) stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "notebook_launcher": "notebook_accel.launch.launcher",
+    "WorkerError": "notebook_accel.launch.errors",
+    "LaunchRecord": "notebook_accel.launch.record",
+    "last_launch": "notebook_accel.launch.record",
+    "View": "notebook_accel.launch.views",
+    "ViewFactory": "notebook_accel.launch.views",
+    "register_kernel_view": "notebook_accel.launch.views",
+    "format_bytes": "notebook_accel.launch.text_view",
+    "format_duration": "notebook_accel.launch.text_view",
+    "format_value": "notebook_accel.launch.text_view",
+    "progress_text": "notebook_accel.launch.text_view",
+    "rank_states": "notebook_accel.launch.text_view",
+    "serialise_payload": "notebook_accel.launch.payload",
+    "dumps_result": "notebook_accel.launch.payload",
+    "launch_in_force": "notebook_accel.launch.in_force",
+    "fork_unsafe_reason": "notebook_accel.launch.start_method",
+    "deferred_interrupts": "notebook_accel.launch.interrupts",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'notebook_accel.launch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

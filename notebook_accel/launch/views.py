@@ -3,14 +3,22 @@
 A view has one method, ``update(record, final=False)``, called about ten times a
 second while the job runs and once with ``final=True`` at the end; it reads the
 :class:`~notebook_accel.launch.record.LaunchRecord` and decides itself when to redraw.
+
+The engine builds no notebook display itself: the front end offers one with
+:func:`register_kernel_view` (``magics`` does so when it is imported). In a kernel
+where it is not imported yet, a launch opens the engine's one door into the front
+end (``notebook_accel._front_end``, which ``%load_ext`` uses too), so the live
+view appears without ``%load_ext``; without a registered view, text lines are shown.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
-from notebook_accel.launch.record import LaunchRecord
+if TYPE_CHECKING:  # magics imports this module to register its view: keep it light
+    from notebook_accel.launch.record import LaunchRecord
 
 
 class View(Protocol):
@@ -40,15 +48,40 @@ def in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+ViewFactory = Callable[["LaunchRecord"], View]
+
+_kernel_view: ViewFactory | None = None
+
+
+def register_kernel_view(factory: ViewFactory | None) -> None:
+    """Offer the view a launch shows inside a Jupyter kernel (``None`` withdraws it).
+
+    Args:
+        factory: called with the launch's record; returns the view. It may raise
+            ``ImportError`` (e.g. no ipywidgets): the launch then shows nothing, as
+            when there is no display to draw on.
+    """
+    global _kernel_view
+    _kernel_view = factory
+
+
+def kernel_view() -> ViewFactory | None:
+    """The registered kernel view; the first time, the front end is imported to register its own."""
+    if _kernel_view is None:
+        import notebook_accel
+
+        notebook_accel._front_end()  # importing magics registers its live view
+    return _kernel_view
+
+
 def make_view(record: LaunchRecord, show: str) -> View:
     """The live display in a kernel, plain text lines elsewhere, nothing for ``show="none"``."""
     if show == "none":
         return NullView()
     try:
-        if in_kernel():
-            from magics.live_view import LiveView
-
-            return LiveView(record)
+        factory = kernel_view() if in_kernel() else None
+        if factory is not None:
+            return factory(record)
         from notebook_accel.launch.text_view import TextView
 
         return TextView(record)
