@@ -42,6 +42,26 @@ def machine() -> dict:
     return info
 
 
+def _kill_tree(pid: int) -> None:
+    """Kill a check and everything under it: its process group, and its workers, which the
+    launcher starts in sessions of their own (a rank stuck in a collective must not outlive it)."""
+    import psutil
+
+    try:
+        tree = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    for process in tree:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
 def run_check(name: str, limit: float, log) -> tuple[list[dict], float]:
     """One check script; its items, or one FAIL item when it crashed or ran out of time."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -50,17 +70,13 @@ def run_check(name: str, limit: float, log) -> tuple[list[dict], float]:
     log.write(f"===== {name} (limit {limit:.0f} s)\n")
     proc = subprocess.Popen([sys.executable, str(HERE / f"{name}.py")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    lines: list[str] = []
     try:
         out, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
+        _kill_tree(proc.pid)
         out, _ = proc.communicate()
     finally:
-        try:  # the check's workers and forkserver too
-            os.killpg(proc.pid, 9)
-        except ProcessLookupError:
-            pass
+        _kill_tree(proc.pid)
     lines = out.splitlines()
     log.write(out)
     log.flush()
