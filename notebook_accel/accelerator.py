@@ -33,18 +33,20 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
-from notebook_accel import checkpoint, ops, precision, tracking
-from notebook_accel.accelerator_state import AcceleratorState
-from notebook_accel.checkpoint import ProjectConfiguration
-from notebook_accel.data import (
+from notebook_accel.checkpoint import training_state as checkpoint
+from notebook_accel.checkpoint.training_state import ProjectConfiguration
+from notebook_accel.data.prepare import (
     DataLoaderConfiguration,
     DataLoaderShard,
     prepare_data_loader,
     skip_first_batches,
 )
-from notebook_accel.gradient_state import GradientState
-from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
-from notebook_accel.state import DistributedType
+from notebook_accel.observe import tracking
+from notebook_accel.runtime import ops, precision
+from notebook_accel.runtime.accelerator_state import AcceleratorState
+from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
+from notebook_accel.runtime.state import DistributedType
 from notebook_accel.strategies import StrategyContext, select
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)

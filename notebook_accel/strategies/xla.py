@@ -1,4 +1,4 @@
-"""XLA: TPU cores through torch_xla (imported lazily, by ``notebook_accel.xla.runtime``).
+"""XLA: TPU cores through torch_xla (imported lazily, by ``notebook_accel.runtime.xla``).
 
 Moving a model to an XLA device makes new ``Parameter`` objects, so optimizers are
 pointed at them; with several cores the optimizer averages the gradients (once per
@@ -12,10 +12,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from notebook_accel import precision
-from notebook_accel.optim import AcceleratedOptimizer
+from notebook_accel.runtime import precision, xla
+from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.strategies.base import Strategy, StrategyContext
-from notebook_accel.xla import runtime as xla
 
 
 class XlaStrategy(Strategy):
