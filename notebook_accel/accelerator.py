@@ -1,9 +1,10 @@
 """``Accelerator``: the peer's training-loop surface, as a thin composition of small parts.
 
-State and process control come from ``state.PartialState``, data sharding from
-``data``, mixed precision from ``precision``, optimizer/scheduler wrappers from
-``optim``, collectives from ``ops``, checkpoints from ``checkpoint`` and trackers
-from ``tracking``. Every ``Accelerator`` owns its own bookkeeping, so several in
+The strategy (``strategies/``) decides how the models train; state and process control
+come from ``runtime.state.PartialState``, mixed precision from ``runtime.precision``,
+optimizer/scheduler wrappers from ``runtime.optim``, collectives from ``runtime.ops``, data
+sharding from ``data/``, checkpoints from ``checkpoint/`` and trackers from
+``observe.tracking``. Every ``Accelerator`` owns its own bookkeeping, so several in
 one process never interfere.
 
 Example:

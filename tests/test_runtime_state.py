@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from notebook_accel import Accelerator, PartialState, get_logger, logging_utils, set_seed
+from notebook_accel import Accelerator, PartialState, get_logger, set_seed
+from notebook_accel.observe import logging as logging_utils
 from notebook_accel.runtime import state as state_module
 from notebook_accel.runtime.precision import resolve_mixed_precision
 from notebook_accel.runtime.state import DistributedType, split_for_process

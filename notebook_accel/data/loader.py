@@ -2,8 +2,8 @@
 
 ``prepare_data_loader`` here works without an ``Accelerator`` (as the peer's does):
 ranks and device default to ``PartialState()``'s. The classes are ours
-(``data``, ``data_dispatch``, ``data_skip``, ``samplers``, ``sharding``,
-``data_iterable``), under the peer's names.
+(``prepare``, ``dispatch``, ``skip``, ``samplers``, ``sharding``,
+``iterable``), under the peer's names.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ generator also seeds the loader's worker processes, so ``num_workers > 0`` stays
 reproducible. A custom sampler keeps its own randomness, which is neither
 synchronised nor checkpointed here; ``set_epoch`` is forwarded to it.
 
-Which batches a rank gets: ``sharding`` (map-style) and ``data_iterable`` (streams). The loader
-classes: ``data_shard`` (``DataLoaderShard``), ``data_dispatch`` (rank 0 loads), ``data_skip``.
+Which batches a rank gets: ``sharding`` (map-style) and ``iterable`` (streams). The loader
+classes: ``shard`` (``DataLoaderShard``), ``dispatch`` (rank 0 loads), ``skip``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class DataLoaderConfiguration:
         use_stateful_dataloader: after ``load_state``, the next pass over a loader resumes
             where the checkpointed epoch stopped (no ``skip_first_batches`` needed).
         dispatch_batches: rank 0 loads every batch and sends each process its slice
-            (``data_dispatch.DataLoaderDispatcher``); default ``None``/``False``: each loads its own.
+            (``dispatch.DataLoaderDispatcher``); default ``None``/``False``: each loads its own.
     """
 
     split_batches: bool = False
@@ -137,7 +137,7 @@ def shard_data_loader(
     """Build this process's ``DataLoaderShard`` from a user's ``DataLoader`` (see the module docstring).
 
     The one implementation behind ``Accelerator.prepare`` and the peer's ``prepare_data_loader``
-    (``data_loader``, which fills these arguments from its own parameters and ``PartialState``).
+    (``loader``, which fills these arguments from its own parameters and ``PartialState``).
 
     Raises:
         ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``,
@@ -225,5 +225,5 @@ def _dispatcher(
 
 
 # TEMPORARY: notebook_accel/accelerator.py still imports this name (the strategy seam work switches it
-# to ``shard_data_loader``); the peer's ``prepare_data_loader`` is ``data_loader.prepare_data_loader``.
+# to ``shard_data_loader``); the peer's ``prepare_data_loader`` is ``loader.prepare_data_loader``.
 prepare_data_loader = shard_data_loader

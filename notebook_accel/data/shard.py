@@ -1,7 +1,7 @@
 """``DataLoaderShard``: the loader a process iterates (its share, on its device) and its position.
 
-The base the other loaders build on (``data_dispatch.DataLoaderDispatcher`` subclasses it);
-``data`` assembles them from a user's loader (``prepare_data_loader``, ``skip_first_batches``)
+The base the other loaders build on (``dispatch.DataLoaderDispatcher`` subclasses it);
+``prepare`` assembles them from a user's loader (``prepare_data_loader``, ``skip_first_batches``)
 and its docstring describes the sharding, shuffling and checkpointing.
 """
 

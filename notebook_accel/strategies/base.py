@@ -227,6 +227,6 @@ class Strategy(ABC):
 
     def checkpointer(self, models: list[torch.nn.Module], optimizers: list[AcceleratedOptimizer]) -> Any:
         """What writes and reads the models and optimizers in ``save_state`` / ``load_state``
-        (an object with ``save`` and ``load``, see ``checkpoint.CheckpointItems``), or ``None``:
+        (an object with ``save`` and ``load``, see ``checkpoint.training_state.CheckpointItems``), or ``None``:
         the plain files."""
         return None

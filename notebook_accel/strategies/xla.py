@@ -43,7 +43,7 @@ class XlaStrategy(Strategy):
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> AcceleratedOptimizer:
         """Pointed at the moved parameters; averages gradients across cores before its step (once: the
-        Accelerator has it done before clipping, see ``xla.GradientReducer``), and ends the graph after it."""
+        Accelerator has it done before clipping, see ``runtime.xla.GradientReducer``), and ends the graph after it."""
         xla.rebind_parameters(optimizer, self.moved_parameters)
         reducer = xla.GradientReducer() if self.num_processes > 1 else None
         return AcceleratedOptimizer(optimizer, self.gradient_state, scaler, reducer, xla.sync)

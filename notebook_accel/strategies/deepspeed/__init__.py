@@ -4,6 +4,6 @@
 ``deepspeed_config:`` as the workers' environment), ``runtime`` (helpers of the strategy:
 the deepspeed import, ``"auto"`` values, the optimizer wrapper) and ``checkpointing``
 (``save_state`` / ``load_state`` through DeepSpeed's own checkpoints). The Accelerator's
-DeepSpeed behaviour (engine-backed ``prepare``, ``backward``, state dicts) is the strategy
-``notebook_accel.strategies.deepspeed.strategy``. Only it, ``runtime`` and ``checkpointing`` import ``deepspeed``.
+DeepSpeed behaviour (engine-backed ``prepare``, ``backward``, state dicts) is ``strategy``
+(``DeepSpeedStrategy``). Only it, ``runtime`` and ``checkpointing`` import ``deepspeed``.
 """

@@ -8,7 +8,7 @@ optimizer step only at an accumulation boundary, clipping inside it, as in the p
 ``optimizer.step()`` / ``zero_grad()`` are then no-ops, and schedulers keep the
 Accelerator's semantics (they are not given to the engine). ``"auto"`` config values
 are filled from the job (``fill_auto``) just before the engine is made. One process gets a
-one-process group (DeepSpeed needs one), made where every group is made (``state.ensure_process_group``).
+one-process group (DeepSpeed needs one), made where every group is made (``runtime.state.ensure_process_group``).
 The helpers live in ``notebook_accel.strategies.deepspeed``;
 ``deepspeed`` itself is imported when the strategy is built.
 """

@@ -3,8 +3,8 @@
 ``plugin``: the peer's ``FullyShardedDataParallelPlugin`` (fields, environment, validation);
 ``sharding``: ``fully_shard`` as the plugin says; ``state_dict``: full weights and plain
 modules out of sharded ones, merging checkpoints; ``checkpointing``: ``save_state`` /
-``load_state`` of sharded models and optimizers. The Accelerator's FSDP behaviour is the
-strategy ``notebook_accel.strategies.fsdp.strategy``.
+``load_state`` of sharded models and optimizers; ``strategy``: ``FsdpStrategy``, the
+Accelerator's FSDP behaviour. Users also reach this package as ``notebook_accel.fsdp``.
 Only ``plugin`` is light; the others import ``torch.distributed.fsdp`` and are imported
 when an Accelerator actually shards.
 """

@@ -1,6 +1,6 @@
 """FSDP2: models sharded over the processes with torch's ``fully_shard``.
 
-The mechanics live in ``notebook_accel.strategies.fsdp`` (``plugin``, ``sharding``, ``state_dict``,
+The mechanics live beside it in this folder (``plugin``, ``sharding``, ``state_dict``,
 ``checkpointing``), imported when a job actually shards. One GPU shards over a group of one
 process (as the peer under a launcher: CPU offload lets a single GPU train a model it cannot
 hold); one CPU process has nothing to gain, so nothing is sharded there (models are set up as in
