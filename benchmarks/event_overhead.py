@@ -32,7 +32,7 @@ def train(rounds: int, steps: int, width: int, warmup: int = 200) -> dict:
 
     from notebook_accel import Accelerator
     from notebook_accel.launch.worker import events
-    from notebook_accel.progress import tqdm
+    from notebook_accel.observe.progress import tqdm
 
     torch.manual_seed(0)
     accelerator = Accelerator()

@@ -45,14 +45,14 @@ def env(args: argparse.Namespace) -> None:
 
 
 def test(args: argparse.Namespace) -> None:
-    """Run :func:`notebook_accel.sanity.run_sanity_check` with the magic's launch flags;
+    """Run :func:`notebook_accel.cli.sanity.run_sanity_check` with the magic's launch flags;
     unset ones come from the environment and the config file, as for a cell.
 
     Raises:
         SanityCheckFailed: a check failed.
         UsageError: a bad launch option.
     """
-    from notebook_accel.sanity import run_sanity_check
+    from notebook_accel.cli.sanity import run_sanity_check
 
     options = launch_options(args)
     try:

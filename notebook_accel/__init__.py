@@ -9,38 +9,42 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from notebook_accel import _peer_paths
+
 __version__ = "0.1.0"
+
+_peer_paths.install()  # notebook_accel.state, .data_loader, .fsdp...: the peer's module paths
 
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
     "last_launch": "notebook_accel.launch.record",
-    "tqdm": "notebook_accel.progress",
-    "PartialState": "notebook_accel.state",
-    "DistributedType": "notebook_accel.state",
-    "DataLoaderConfiguration": "notebook_accel.data",
-    "ProjectConfiguration": "notebook_accel.checkpoint",
+    "tqdm": "notebook_accel.observe.progress",
+    "PartialState": "notebook_accel.runtime.state",
+    "DistributedType": "notebook_accel.runtime.state",
+    "DataLoaderConfiguration": "notebook_accel.data.prepare",
+    "ProjectConfiguration": "notebook_accel.checkpoint.training_state",
     "Accelerator": "notebook_accel.accelerator",
-    "set_seed": "notebook_accel.seeding",
-    "get_logger": "notebook_accel.logging_utils",
+    "set_seed": "notebook_accel.runtime.seeding",
+    "get_logger": "notebook_accel.observe.logging",
     "LaunchConfig": "notebook_accel.config",
     "load_config": "notebook_accel.config",
     "save_config": "notebook_accel.config",
-    "AcceleratorState": "notebook_accel.accelerator_state",
-    "GradientState": "notebook_accel.gradient_state",
-    "GradientAccumulationPlugin": "notebook_accel.plugins",
-    "KwargsHandler": "notebook_accel.plugins",
-    "DistributedDataParallelKwargs": "notebook_accel.plugins",
-    "GradScalerKwargs": "notebook_accel.plugins",
-    "AutocastKwargs": "notebook_accel.plugins",
-    "synchronize_rng_states": "notebook_accel.rng_sync",
-    "SeedableRandomSampler": "notebook_accel.samplers",
-    "SkipBatchSampler": "notebook_accel.samplers",
-    "SkipDataLoader": "notebook_accel.data_skip",
-    "DataLoaderDispatcher": "notebook_accel.data_dispatch",
-    "BatchSamplerShard": "notebook_accel.data_loader",
-    "prepare_data_loader": "notebook_accel.data_loader",
-    "skip_first_batches": "notebook_accel.data",
+    "AcceleratorState": "notebook_accel.runtime.accelerator_state",
+    "GradientState": "notebook_accel.runtime.gradient_state",
+    "GradientAccumulationPlugin": "notebook_accel.runtime.plugins",
+    "KwargsHandler": "notebook_accel.runtime.plugins",
+    "DistributedDataParallelKwargs": "notebook_accel.runtime.plugins",
+    "GradScalerKwargs": "notebook_accel.runtime.plugins",
+    "AutocastKwargs": "notebook_accel.runtime.plugins",
+    "synchronize_rng_states": "notebook_accel.runtime.rng_sync",
+    "SeedableRandomSampler": "notebook_accel.data.samplers",
+    "SkipBatchSampler": "notebook_accel.data.samplers",
+    "SkipDataLoader": "notebook_accel.data.skip",
+    "DataLoaderDispatcher": "notebook_accel.data.dispatch",
+    "BatchSamplerShard": "notebook_accel.data.loader",
+    "prepare_data_loader": "notebook_accel.data.loader",
+    "skip_first_batches": "notebook_accel.data.prepare",
     "debug_launcher": "notebook_accel.launch.debug",
     "init_empty_weights": "notebook_accel.big_model",
     "init_on_device": "notebook_accel.big_model",
@@ -54,9 +58,9 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "notebook_accel.big_model",
     "cpu_offload": "notebook_accel.big_model",
     "disk_offload": "notebook_accel.big_model",
-    "FullyShardedDataParallelPlugin": "notebook_accel.fsdp.plugin",
-    "merge_fsdp_weights": "notebook_accel.fsdp.state_dict",
-    "DeepSpeedPlugin": "notebook_accel.deepspeed_zero.plugin",
+    "FullyShardedDataParallelPlugin": "notebook_accel.strategies.fsdp.plugin",
+    "merge_fsdp_weights": "notebook_accel.strategies.fsdp.state_dict",
+    "DeepSpeedPlugin": "notebook_accel.strategies.deepspeed.plugin",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,9 +1,10 @@
 """``Accelerator``: the peer's training-loop surface, as a thin composition of small parts.
 
-State and process control come from ``state.PartialState``, data sharding from
-``data``, mixed precision from ``precision``, optimizer/scheduler wrappers from
-``optim``, collectives from ``ops``, checkpoints from ``checkpoint`` and trackers
-from ``tracking``. Every ``Accelerator`` owns its own bookkeeping, so several in
+The strategy (``strategies/``) decides how the models train; state and process control
+come from ``runtime.state.PartialState``, mixed precision from ``runtime.precision``,
+optimizer/scheduler wrappers from ``runtime.optim``, collectives from ``runtime.ops``, data
+sharding from ``data/``, checkpoints from ``checkpoint/`` and trackers from
+``observe.tracking``. Every ``Accelerator`` owns its own bookkeeping, so several in
 one process never interfere.
 
 Example:
@@ -33,18 +34,20 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
-from notebook_accel import checkpoint, ops, precision, tracking
-from notebook_accel.accelerator_state import AcceleratorState
-from notebook_accel.checkpoint import ProjectConfiguration
-from notebook_accel.data import (
+from notebook_accel.checkpoint import training_state as checkpoint
+from notebook_accel.checkpoint.training_state import ProjectConfiguration
+from notebook_accel.data.prepare import (
     DataLoaderConfiguration,
     DataLoaderShard,
     prepare_data_loader,
     skip_first_batches,
 )
-from notebook_accel.gradient_state import GradientState
-from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
-from notebook_accel.state import DistributedType
+from notebook_accel.observe import tracking
+from notebook_accel.runtime import ops, precision
+from notebook_accel.runtime.accelerator_state import AcceleratorState
+from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
+from notebook_accel.runtime.state import DistributedType
 from notebook_accel.strategies import StrategyContext, select
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)

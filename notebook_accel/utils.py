@@ -4,7 +4,10 @@ Also serves the peer's ``accelerate.utils.dataclasses`` and
 ``accelerate.utils.operations`` names (the same objects).
 """
 
-from notebook_accel.availability import (
+from notebook_accel.checkpoint.training_state import ProjectConfiguration
+from notebook_accel.data.prepare import DataLoaderConfiguration
+from notebook_accel.flags import str_to_bool
+from notebook_accel.machine.availability import (
     is_bf16_available,
     is_bnb_available,
     is_cuda_available,
@@ -29,10 +32,7 @@ from notebook_accel.availability import (
     is_wandb_available,
     is_xpu_available,
 )
-from notebook_accel.checkpoint import ProjectConfiguration
-from notebook_accel.data import DataLoaderConfiguration
-from notebook_accel.flags import str_to_bool
-from notebook_accel.helpers import (
+from notebook_accel.runtime.helpers import (
     clear_environment,
     concatenate,
     convert_outputs_to_fp32,
@@ -45,8 +45,8 @@ from notebook_accel.helpers import (
     patch_environment,
     wait_for_everyone,
 )
-from notebook_accel.op_checks import DistributedOperationException
-from notebook_accel.ops import (
+from notebook_accel.runtime.op_checks import DistributedOperationException
+from notebook_accel.runtime.ops import (
     broadcast,
     broadcast_object_list,
     gather,
@@ -56,17 +56,17 @@ from notebook_accel.ops import (
     reduce,
     send_to_device,
 )
-from notebook_accel.plugins import (
+from notebook_accel.runtime.plugins import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     KwargsHandler,
 )
-from notebook_accel.precision import convert_to_fp32
-from notebook_accel.rng_sync import RNGType, synchronize_rng_state, synchronize_rng_states
-from notebook_accel.seeding import set_seed
-from notebook_accel.state import DistributedType
+from notebook_accel.runtime.precision import convert_to_fp32
+from notebook_accel.runtime.rng_sync import RNGType, synchronize_rng_state, synchronize_rng_states
+from notebook_accel.runtime.seeding import set_seed
+from notebook_accel.runtime.state import DistributedType
 
 __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",

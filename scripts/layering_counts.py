@@ -11,7 +11,7 @@ import sys
 
 import grimp
 
-KERNEL_SIDE = ("notebook_accel.launch", "notebook_accel.cli", "notebook_accel.sanity")
+KERNEL_SIDE = ("notebook_accel.launch", "notebook_accel.cli")
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:

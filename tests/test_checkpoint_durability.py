@@ -26,7 +26,7 @@ def save(directory: str, value: float, kill_after_writes: int | None, kill_at_re
     import os
     import signal
 
-    from notebook_accel import checkpoint
+    from notebook_accel.checkpoint import training_state as checkpoint
 
     accelerator, _ = _setup(value)
     calls = {"write": 0, "rename": 0}

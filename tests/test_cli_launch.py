@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_accel import cli
+from notebook_accel.cli import command as cli
 
 SCRIPT = """\
 import sys
@@ -105,7 +105,7 @@ def test_test_command_runs_the_sanity_check(tmp_path):
 
 
 def test_test_command_passes_options_and_fails_on_a_failed_check(monkeypatch, tmp_path):
-    import notebook_accel.sanity as sanity
+    import notebook_accel.cli.sanity as sanity
 
     calls = []
     monkeypatch.setenv("NOTEBOOK_ACCEL_CONFIG_FILE", str(tmp_path / "c.yaml"))
@@ -119,13 +119,13 @@ def test_test_command_passes_options_and_fails_on_a_failed_check(monkeypatch, tm
 
 
 def test_test_command_without_the_sanity_module(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "notebook_accel.sanity", None)
+    monkeypatch.setitem(sys.modules, "notebook_accel.cli.sanity", None)
     assert cli.main(["test"]) == 1
-    assert "notebook_accel.sanity is missing" in capsys.readouterr().err
+    assert "notebook_accel.cli.sanity is missing" in capsys.readouterr().err
 
 
 def test_run_script_sets_argv_path_and_main(tmp_path, monkeypatch):
-    from notebook_accel.cli_launch import run_script
+    from notebook_accel.cli.launch import run_script
 
     (tmp_path / "helper_mod_for_run_script.py").write_text("VALUE = 7\n")
     path = tmp_path / "s.py"

@@ -14,11 +14,11 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset
 
 from notebook_accel import Accelerator
-from notebook_accel.data import DataLoaderConfiguration, skip_first_batches
-from notebook_accel.gradient_state import GradientState
-from notebook_accel.ops import reduce
-from notebook_accel.sharding import ShardBatchSampler
-from notebook_accel.state import split_for_process
+from notebook_accel.data.prepare import DataLoaderConfiguration, skip_first_batches
+from notebook_accel.data.sharding import ShardBatchSampler
+from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.ops import reduce
+from notebook_accel.runtime.state import split_for_process
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 
@@ -48,8 +48,8 @@ def test_users_generator_is_kept_so_the_order_is_the_one_process_order():
 
 # 2 -------------------------------------------------------------------------------------
 def test_seedable_sampler_replays_the_shuffle_after_set_seed_and_set_epoch():
-    from notebook_accel.samplers import SeedableRandomSampler
-    from notebook_accel.seeding import set_seed
+    from notebook_accel.data.samplers import SeedableRandomSampler
+    from notebook_accel.runtime.seeding import set_seed
 
     set_seed(42)
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
@@ -116,7 +116,7 @@ def test_a_batch_sampler_given_as_sampler_is_sharded():
     sampler = BatchSampler(SequentialSampler(range(10)), 4, False)
     loader = Accelerator().prepare(DataLoader(ds, batch_size=None, sampler=sampler))
     assert [b[0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    from notebook_accel.data import shard_data_loader
+    from notebook_accel.data.prepare import shard_data_loader
 
     shards = [
         shard_data_loader(DataLoader(ds, batch_size=None, sampler=sampler), num_processes=2, process_index=r,

@@ -154,8 +154,8 @@ def test_peer_prepare_data_loader_signature_and_skip_classes():
 
 
 def test_dispatch_batches_on_one_process_yields_the_loader_batches():
-    from notebook_accel.data import DataLoaderConfiguration
-    from notebook_accel.data_dispatch import DataLoaderDispatcher
+    from notebook_accel.data.dispatch import DataLoaderDispatcher
+    from notebook_accel.data.prepare import DataLoaderConfiguration
 
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
     loader = acc.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=4))
@@ -207,8 +207,8 @@ def test_debug_launcher_runs_on_cpu_processes():
 
 
 def test_dispatcher_forwards_set_epoch_to_a_seedable_sampler():
-    from notebook_accel.data import DataLoaderConfiguration
-    from notebook_accel.seeding import set_seed
+    from notebook_accel.data.prepare import DataLoaderConfiguration
+    from notebook_accel.runtime.seeding import set_seed
 
     set_seed(1)
     config = DataLoaderConfiguration(dispatch_batches=True, use_seedable_sampler=True)

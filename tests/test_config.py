@@ -21,7 +21,7 @@ from notebook_accel.config import (
     resolve_launch_options,
     save_config,
 )
-from notebook_accel.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware
 
 # As `accelerate config` (1.15) writes it for two GPUs, keys we do not use included.
 PEER_YAML = """\
@@ -297,7 +297,7 @@ def test_precedence_errors(monkeypatch):
     (Hardware(cpu_count=8, tpu=True), "xla", None),
 ])
 def test_detect_default_config(monkeypatch, hw, device, nproc):
-    monkeypatch.setattr("notebook_accel.hardware.detect", lambda: hw)
+    monkeypatch.setattr("notebook_accel.machine.hardware.detect", lambda: hw)
     cfg = detect_default_config()
     assert (cfg.device_type, cfg.num_processes) == (device, nproc)
 

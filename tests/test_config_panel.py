@@ -10,7 +10,7 @@ import yaml
 from magics.panel.form import config_panel
 from magics.panel.rules import gpu_supports_bf16, precision_choices
 from magics.panel.state import FormState, launcher_call, magic_line, validate
-from notebook_accel.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware
 
 CPU2 = Hardware(cpu_count=2)
 T4X2 = Hardware(cpu_count=8, gpu_names=("Tesla T4", "Tesla T4"))
@@ -199,7 +199,7 @@ def test_panel_shows_a_malformed_file_instead_of_failing(cfg_path):
 
 
 def test_panel_test_button_streams_the_sanity_check(cfg_path, monkeypatch):
-    import notebook_accel.sanity as sanity
+    import notebook_accel.cli.sanity as sanity
 
     calls = []
 
@@ -228,9 +228,9 @@ def test_panel_test_button_streams_the_sanity_check(cfg_path, monkeypatch):
 
 
 def test_panel_test_button_without_the_sanity_module(cfg_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "notebook_accel.sanity", None)
+    monkeypatch.setitem(sys.modules, "notebook_accel.cli.sanity", None)
     panel = config_panel(hardware=CPU2)
-    assert panel.test() is None and "notebook_accel.sanity is missing" in panel.status.value
+    assert panel.test() is None and "notebook_accel.cli.sanity is missing" in panel.status.value
 
 
 @pytest.mark.slow
@@ -282,7 +282,7 @@ def test_panel_says_when_the_file_asks_for_more_gpus_than_detected(cfg_path):
 def test_panel_on_this_machine_never_initialises_cuda(cfg_path):
     import torch
 
-    from notebook_accel.hardware import detect
+    from notebook_accel.machine.hardware import detect
 
     panel = config_panel()  # the real detection
     assert panel.hardware == detect() and detect().summary() in panel.children[0].value

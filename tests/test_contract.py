@@ -8,10 +8,11 @@ import inspect
 
 import pytest
 
-from notebook_accel import cli, contract, notebook_launcher
+from notebook_accel import contract, notebook_launcher
+from notebook_accel.cli import command as cli
 from notebook_accel.config import ENV_OPTIONS, LaunchConfig, resolve_launch_options
 from notebook_accel.contract import OPTIONS
-from notebook_accel.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware
 
 VALID_PRECISIONS = "'no', 'fp16', 'bf16'"
 

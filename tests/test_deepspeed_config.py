@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from notebook_accel import DeepSpeedPlugin, notebook_launcher
-from notebook_accel.deepspeed_zero.config import plugin_from_config, strategy_environment
-from notebook_accel.deepspeed_zero.plugin import resolve_plugin
-from notebook_accel.deepspeed_zero.runtime import fill_auto
+from notebook_accel.strategies.deepspeed.config import plugin_from_config, strategy_environment
+from notebook_accel.strategies.deepspeed.plugin import resolve_plugin
+from notebook_accel.strategies.deepspeed.runtime import fill_auto
 
 
 def test_import_and_plugin_never_import_deepspeed():

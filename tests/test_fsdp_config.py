@@ -7,9 +7,9 @@ import warnings
 import pytest
 
 from notebook_accel.config import load_config
-from notebook_accel.fsdp.config import plugin_environment, plugin_from_config
-from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin, resolve_plugin
 from notebook_accel.launch.options import fill_options
+from notebook_accel.strategies.fsdp.config import plugin_environment, plugin_from_config
+from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin, resolve_plugin
 
 FSDP_YAML = """\
 compute_environment: LOCAL_MACHINE
@@ -129,7 +129,7 @@ def test_the_peers_plugin_object_is_accepted():
 
 
 def test_launcher_argument_overrides_the_file():
-    from notebook_accel.fsdp.config import launch_environment
+    from notebook_accel.strategies.fsdp.config import launch_environment
 
     from_file = {"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true", "OTHER": "1"}
     assert launch_environment(None, from_file) == from_file
@@ -158,7 +158,7 @@ def test_xla_is_refused_naming_the_alternatives():
     import torch
 
     from notebook_accel.strategies import StrategyContext
-    from notebook_accel.strategies.fsdp import FsdpStrategy
+    from notebook_accel.strategies.fsdp.strategy import FsdpStrategy
 
     with pytest.raises(ValueError, match="does not run on XLA devices.*'cuda' or 'cpu'"):
         FsdpStrategy(StrategyContext.on_device(torch.device("xla")), FullyShardedDataParallelPlugin())
@@ -168,7 +168,7 @@ def test_config_panel_strategy_choice_round_trips_the_file(tmp_path):
     import yaml
 
     from magics.panel.form import config_panel
-    from notebook_accel.hardware import Hardware
+    from notebook_accel.machine.hardware import Hardware
 
     path = tmp_path / "fsdp.yaml"
     path.write_text(FSDP_YAML)

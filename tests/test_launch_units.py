@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from notebook_accel import hardware
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import dumps_result, load_payload, serialise_payload
 from notebook_accel.launch.start_method import choose_start_method, fork_unsafe_reason
+from notebook_accel.machine import hardware
 
 
 def relay(show="all"):

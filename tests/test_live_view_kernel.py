@@ -23,8 +23,8 @@ from notebook_accel import notebook_launcher, last_launch
 def train(steps):
     import time
     from notebook_accel.launch.worker import events
-    from notebook_accel.progress import tqdm
-    from notebook_accel.state import PartialState
+    from notebook_accel.observe.progress import tqdm
+    from notebook_accel.runtime.state import PartialState
     rank = PartialState().process_index
     for step in tqdm(range(steps), desc="train"):
         events.emit("metrics", {"step": step, "values": {"loss": 1.0 / (step + 1) + rank,
@@ -142,7 +142,7 @@ def test_the_cell_magic_gets_the_same_live_view(kernel):
     kernel.ok("%load_ext notebook_accel")
     result = kernel.ok("""%%accelerate -n 2
 import time
-from notebook_accel.progress import tqdm
+from notebook_accel.observe.progress import tqdm
 for _ in tqdm(range(15), desc="magic"):
     time.sleep(0.1)
 """)

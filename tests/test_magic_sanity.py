@@ -1,8 +1,8 @@
-"""notebook_accel.sanity.run_sanity_check from plain Python (the CLI and the panel call it so)."""
+"""notebook_accel.cli.sanity.run_sanity_check from plain Python (the CLI and the panel call it so)."""
 
 from __future__ import annotations
 
-from notebook_accel import sanity
+from notebook_accel.cli import sanity
 
 
 def test_sanity_check_passes_with_mixed_precision_and_fails_on_a_wrong_reference(

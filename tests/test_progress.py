@@ -1,11 +1,11 @@
-"""``notebook_accel.progress.tqdm``: Accelerate's semantics, and events instead of bars in workers."""
+"""``notebook_accel.observe.progress.tqdm``: Accelerate's semantics, and events instead of bars in workers."""
 
 from __future__ import annotations
 
 import pytest
 from tqdm.std import tqdm as std_tqdm
 
-from notebook_accel.progress import EventTqdm, tqdm
+from notebook_accel.observe.progress import EventTqdm, tqdm
 
 
 def test_outside_a_launcher_it_is_an_ordinary_tqdm(capsys):
@@ -50,7 +50,7 @@ def _train():
     import time
 
     from notebook_accel.launch.worker import events
-    from notebook_accel.progress import EventTqdm, tqdm
+    from notebook_accel.observe.progress import EventTqdm, tqdm
 
     kinds = []
     for _ in tqdm(range(4), desc="everyone", main_process_only=False):
@@ -82,7 +82,7 @@ def test_in_launched_workers_progress_goes_to_the_kernel_as_events(capfd):
 
 def test_nested_bars_report_once_through_the_innermost(monkeypatch):
     from notebook_accel.launch.worker import events
-    from notebook_accel.progress import bar_label
+    from notebook_accel.observe.progress import bar_label
 
     sent = []
     monkeypatch.setattr(events, "emit", lambda kind, data, key=None: sent.append(data) or True)

@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, set_seed
-from notebook_accel import checkpoint as ckpt
-from notebook_accel.data import DataLoaderConfiguration
+from notebook_accel.checkpoint import training_state as ckpt
+from notebook_accel.data.prepare import DataLoaderConfiguration
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 
@@ -240,7 +240,7 @@ def test_tensorboard_tracker_is_optional(tmp_path):
 
 
 def test_automatic_checkpoint_naming_with_total_limit(tmp_path):
-    from notebook_accel.checkpoint import ProjectConfiguration
+    from notebook_accel.checkpoint.training_state import ProjectConfiguration
 
     config = ProjectConfiguration(project_dir=tmp_path, automatic_checkpoint_naming=True, total_limit=2)
     acc = Accelerator(project_config=config)

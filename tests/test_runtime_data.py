@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset
 
 from notebook_accel import Accelerator
-from notebook_accel.data import skip_first_batches
-from notebook_accel.data_iterable import IterableDatasetShard
-from notebook_accel.sharding import ShardBatchSampler
+from notebook_accel.data.iterable import IterableDatasetShard
+from notebook_accel.data.prepare import skip_first_batches
+from notebook_accel.data.sharding import ShardBatchSampler
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 GRID = [

@@ -132,7 +132,7 @@ def test_a_two_rank_sharded_checkpoint_resumes_on_one_process(runs):
 
 def test_sharded_checkpoint_loads_and_merges_without_a_process_group(runs, tmp_path):
     from notebook_accel import merge_fsdp_weights
-    from notebook_accel.fsdp.state_dict import load_sharded_weights
+    from notebook_accel.strategies.fsdp.state_dict import load_sharded_weights
 
     assert not torch.distributed.is_initialized()
     expected = torch.load(runs["out"] / "at_save_rank0.pt")

@@ -7,7 +7,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from notebook_accel import ops
+from notebook_accel.runtime import ops
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 Pair = namedtuple("Pair", "a b")
@@ -50,7 +50,7 @@ def test_bad_inputs_are_named():
 
 
 def test_object_collectives_on_an_xla_group_go_through_torch_xla(monkeypatch):
-    from notebook_accel.xla import runtime as xla
+    from notebook_accel.runtime import xla
 
     monkeypatch.setattr(ops, "world_size", lambda: 2)
     monkeypatch.setattr(ops, "_on_xla_group", lambda: True)

@@ -12,10 +12,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from notebook_accel import Accelerator, PartialState, get_logger, logging_utils, set_seed
-from notebook_accel import state as state_module
-from notebook_accel.precision import resolve_mixed_precision
-from notebook_accel.state import DistributedType, split_for_process
+from notebook_accel import Accelerator, PartialState, get_logger, set_seed
+from notebook_accel.observe import logging as logging_utils
+from notebook_accel.runtime import state as state_module
+from notebook_accel.runtime.precision import resolve_mixed_precision
+from notebook_accel.runtime.state import DistributedType, split_for_process
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -123,7 +124,7 @@ def test_xla_dispatch_reads_ranks_and_device_from_torch_xla(fake_xla):
 
 
 def test_xla_multi_replica_reduces_gradients_in_the_optimizer_not_ddp(fake_xla, monkeypatch):
-    from notebook_accel.xla import runtime as xla
+    from notebook_accel.runtime import xla
 
     fake_xla.xr.global_ordinal, fake_xla.xr.local_ordinal, fake_xla.xr.world_size = (lambda: 1,) * 2 + (lambda: 2,)
     created = []

@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator
-from notebook_accel.gradient_state import GradientState
-from notebook_accel.optim import AcceleratedOptimizer, AcceleratedScheduler
+from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
 from tests.runtime_support import no_worker_left_behind  # noqa: F401  (overrides conftest's)
 
 

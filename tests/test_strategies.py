@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from notebook_accel import Accelerator
-from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin
-from notebook_accel.state import DistributedType, collective_backend
+from notebook_accel.runtime.state import DistributedType, collective_backend
 from notebook_accel.strategies import STRATEGIES, Strategy, registry, strategy_class
 from notebook_accel.strategies.ddp import DdpStrategy
+from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 
 def test_the_default_is_ddp_and_one_process_is_its_plain_case():
@@ -31,7 +31,7 @@ def test_an_fsdp_plugin_chooses_fsdp_which_alone_shards_nothing_but_keeps_its_ch
     assert accelerator.distributed_type is DistributedType.NO and accelerator.deepspeed_plugin is None
     model = accelerator.prepare(torch.nn.Linear(2, 1))
     assert type(model) is torch.nn.Linear
-    from notebook_accel.fsdp.checkpointing import FsdpCheckpointer
+    from notebook_accel.strategies.fsdp.checkpointing import FsdpCheckpointer
 
     assert isinstance(accelerator._checkpoint_items().sharded, FsdpCheckpointer)
 
@@ -58,7 +58,7 @@ def _parameters(function: Any) -> list[tuple[str, Any, Any]]:
 
 def test_the_config_sections_and_worker_variables_come_from_the_strategies():
     from notebook_accel.config.schema import STRATEGY_SECTIONS
-    from notebook_accel.fsdp.config import strategy_environment
+    from notebook_accel.strategies.fsdp.config import strategy_environment
 
     assert registry.config_sections() == STRATEGY_SECTIONS
     section = {"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT"}
@@ -75,7 +75,7 @@ def test_the_collective_backend_is_chosen_in_one_place():
 def test_a_one_process_group_needs_no_port_nor_rendezvous_variables():
     code = (
         "import os, torch.distributed as dist\n"
-        "from notebook_accel.state import ensure_process_group\n"
+        "from notebook_accel.runtime.state import ensure_process_group\n"
         "for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE'): os.environ.pop(k, None)\n"
         "ensure_process_group('gloo', 0, 1, None)\n"
         "assert not dist.is_initialized()\n"
@@ -115,8 +115,8 @@ def test_adding_a_strategy_is_one_registry_line(monkeypatch):
 
 
 def test_on_xla_fsdp_alone_runs_as_xla_and_sharding_or_deepspeed_are_refused():
-    from notebook_accel.deepspeed_zero.plugin import DeepSpeedPlugin
     from notebook_accel.strategies import StrategyContext
+    from notebook_accel.strategies.deepspeed.plugin import DeepSpeedPlugin
 
     plugin = FullyShardedDataParallelPlugin()
     alone = StrategyContext.on_device(torch.device("xla", 0))

@@ -1,7 +1,7 @@
 """Scripts using our Accelerator end cleanly under torchrun, even on a busy machine.
 
 torch's gloo worker threads can race interpreter finalisation and abort a finished
-rank ("terminate called without an active exception"); ``notebook_accel.exit_teardown``
+rank ("terminate called without an active exception"); ``notebook_accel.runtime.exit_teardown``
 closes that race. See docs/torch_gloo_exit_abort.md.
 """
 

@@ -15,7 +15,8 @@ from notebook_accel.launch.backends import xla as xla_backend
 from notebook_accel.launch.backends.processes import ProcessBackend
 from notebook_accel.launch.plan import make_plan
 from notebook_accel.launch.worker import xla_cores
-from notebook_accel.xla import detect, runtime
+from notebook_accel.machine import tpu as detect
+from notebook_accel.runtime import xla as runtime
 
 
 def _pci(root, *devices, vendor="0x1ae0"):
@@ -64,7 +65,7 @@ def test_pjrt_device_from_env_or_tpu():
 
 
 def test_tpu_detected_from_colab_kaggle_and_cloud_env(monkeypatch):
-    from notebook_accel import hardware
+    from notebook_accel.machine import hardware
 
     for name in ("PJRT_DEVICE", "COLAB_TPU_ADDR", "TPU_NAME", "KAGGLE_TPU", "TPU_ACCELERATOR_TYPE"):
         monkeypatch.delenv(name, raising=False)
@@ -327,7 +328,7 @@ def test_plan_for_xla_is_one_host_worker_with_the_torch_xla_job(monkeypatch):
 
 
 def test_a_tpu_machine_launches_on_xla_by_default(monkeypatch):
-    from notebook_accel import hardware
+    from notebook_accel.machine import hardware
 
     monkeypatch.delenv("PJRT_DEVICE", raising=False)
     monkeypatch.setattr(hardware, "detect", lambda: hardware.Hardware(cpu_count=4, tpu=True))
@@ -355,7 +356,7 @@ def test_notebook_launcher_without_torch_xla_says_how_to_install(monkeypatch):
 
 def test_clipping_on_several_xla_cores_clips_averaged_gradients_once(monkeypatch):
     from notebook_accel import Accelerator
-    from notebook_accel.optim import AcceleratedOptimizer
+    from notebook_accel.runtime.optim import AcceleratedOptimizer
 
     calls = []
     monkeypatch.setattr(runtime, "_xm", lambda: types.SimpleNamespace(

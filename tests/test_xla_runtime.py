@@ -159,7 +159,7 @@ def test_all_cores_path_runs_in_torch_xla_core_processes():
 def _helpers():
     import torch
 
-    from notebook_accel.xla import runtime
+    from notebook_accel.runtime import xla as runtime
 
     device = runtime.device()
     seed = runtime.rng_state()

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 if os.environ.get("SETTLE"):
-    from notebook_accel import exit_teardown
+    from notebook_accel.runtime import exit_teardown
 
     exit_teardown.register("gloo")
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 10))

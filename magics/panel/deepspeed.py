@@ -2,7 +2,7 @@
 
 ``DeepSpeedForm`` is plain data (loaded from and written to a config file's
 ``deepspeed_config``, checked by ``deepspeed_messages`` with
-:func:`notebook_accel.deepspeed_zero.config.plugin_from_config`'s own validation);
+:func:`notebook_accel.strategies.deepspeed.config.plugin_from_config`'s own validation);
 ``DeepSpeedFields`` mirrors it into widgets. The strategy selector is
 :class:`magics.panel.fsdp.FsdpFields`'s; these functions take its value.
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_accel.config import LaunchConfig
-from notebook_accel.deepspeed_zero.config import plugin_from_config
-from notebook_accel.deepspeed_zero.plugin import OFFLOAD_DEVICES, ZERO_STAGES
-from notebook_accel.fsdp.plugin import to_bool
+from notebook_accel.strategies.deepspeed.config import plugin_from_config
+from notebook_accel.strategies.deepspeed.plugin import OFFLOAD_DEVICES, ZERO_STAGES
+from notebook_accel.strategies.fsdp.plugin import to_bool
 
 DEEPSPEED = "DEEPSPEED"
 # deepspeed_config keys the panel shows (the others are kept as they are in the file)

@@ -41,7 +41,7 @@ from notebook_accel.config import (
     save_config,
 )
 from notebook_accel.contract import OPTIONS
-from notebook_accel.hardware import Hardware, detect
+from notebook_accel.machine.hardware import Hardware, detect
 
 _LABEL = {"description_width": "150px"}
 def _wide() -> widgets.Layout:
@@ -289,7 +289,7 @@ def config_panel(config_file: str | os.PathLike[str] | None = None,
         config_file: the file to load and save; default: the default config file
             (``$NOTEBOOK_ACCEL_CONFIG_FILE``, else ``~/.cache/notebook_accel/default_config.yaml``;
             Accelerate's file is loaded if ours does not exist yet, but never written).
-        hardware: what to offer; default: :func:`notebook_accel.hardware.detect` (never
+        hardware: what to offer; default: :func:`notebook_accel.machine.hardware.detect` (never
             initialises CUDA in the kernel).
     Returns:
         The panel (an ``ipywidgets.VBox``).

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.config import LaunchConfig
-from notebook_accel.fsdp.config import plugin_from_config
-from notebook_accel.fsdp.plugin import AUTO_WRAP_POLICIES, STATE_DICT_TYPES
+from notebook_accel.strategies.fsdp.config import plugin_from_config
+from notebook_accel.strategies.fsdp.plugin import AUTO_WRAP_POLICIES, STATE_DICT_TYPES
 
 STRATEGIES = ("DDP", "FSDP", "DEEPSPEED")
 _STRATEGY_LABELS = {"DDP": "DDP", "FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}

@@ -1,6 +1,6 @@
 """What the config panel may offer on this hardware: devices, process counts, mixed precisions.
 
-Pure functions of :class:`~notebook_accel.hardware.Hardware` (no widgets, no CUDA):
+Pure functions of :class:`~notebook_accel.machine.hardware.Hardware` (no widgets, no CUDA):
 GPU capabilities are judged from the GPU's name, since asking CUDA would
 initialise it in the kernel and make every later ``fork`` unsafe.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from notebook_accel.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware
 
 # bf16 needs compute capability 8.0+: Ampere (A100, A10, RTX 30xx, RTX A6000), Ada (L4, L40,
 # RTX 40xx, RTX 6000 Ada), Hopper (H100, H200, GH200), Blackwell (B200, RTX 50xx, RTX PRO).

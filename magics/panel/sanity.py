@@ -10,7 +10,7 @@ from typing import Any
 
 from magics.panel.rules import effective_device
 from magics.panel.state import FormState
-from notebook_accel.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware
 
 
 class _LineWriter(io.TextIOBase):
@@ -55,18 +55,18 @@ def _colour(text: str, colour: str) -> str:
 
 
 def run_sanity(state: FormState, hw: Hardware, status: Any, output: Any) -> bool | None:
-    """Run ``notebook_accel.sanity.run_sanity_check`` with ``state``'s settings.
+    """Run ``notebook_accel.cli.sanity.run_sanity_check`` with ``state``'s settings.
 
     ``status`` (an HTML widget) shows running / passed / failed; ``output`` (an
     ``ipywidgets.Output``) receives the workers' lines as they come. Returns the
     verdict, or None when the check could not run (missing module, interrupted).
     """
     try:
-        from notebook_accel.sanity import run_sanity_check
+        from notebook_accel.cli.sanity import run_sanity_check
     except ModuleNotFoundError as err:
-        if err.name != "notebook_accel.sanity":
+        if err.name != "notebook_accel.cli.sanity":
             raise
-        status.value = _colour("Test unavailable: notebook_accel.sanity is missing", "#c62828")
+        status.value = _colour("Test unavailable: notebook_accel.cli.sanity is missing", "#c62828")
         return None
     options = sanity_options(state, hw)
     output.clear_output()

@@ -25,7 +25,7 @@ from magics.panel.rules import (
     precision_choices,
 )
 from notebook_accel.config import LaunchConfig, default_config_path
-from notebook_accel.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware
 
 _LOOPBACK = ("", "127.0.0.1", "localhost", "::1")
 

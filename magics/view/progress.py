@@ -7,7 +7,7 @@ from html import escape
 from tqdm.std import tqdm as _tqdm
 
 from notebook_accel.launch import LaunchRecord, progress_text
-from notebook_accel.progress import bar_label, job_progress
+from notebook_accel.observe.progress import bar_label, job_progress
 
 _DETAIL = "{n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 _COLOURS = {"finished": "#2ca02c", "failed": "#d62728", "interrupted": "#ff7f0e",

@@ -19,7 +19,7 @@ def detect_default_config() -> LaunchConfig:
     GPUs: one process per GPU on ``cuda``; TPU: ``xla``; otherwise ``cpu``. On TPU
     and CPU ``num_processes`` stays unset, so the launcher picks it.
     """
-    from notebook_accel.hardware import detect
+    from notebook_accel.machine.hardware import detect
 
     hw = detect()
     if hw.tpu:

@@ -136,7 +136,7 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
         config_file, notes,
     )
     if fsdp is not None:
-        from notebook_accel.fsdp.config import launch_environment
+        from notebook_accel.strategies.fsdp.config import launch_environment
 
         options["worker_env"] = launch_environment(fsdp, options["worker_env"])
     plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,

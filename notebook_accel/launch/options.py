@@ -60,9 +60,9 @@ def worker_strategy_environment(config: LaunchConfig) -> dict[str, str]:
         ValueError: a bad ``fsdp_config`` / ``deepspeed_config`` key or value, naming the file.
     """
     if config.distributed_type == "FSDP":
-        from notebook_accel.fsdp.config import strategy_environment
+        from notebook_accel.strategies.fsdp.config import strategy_environment
     elif config.distributed_type == "DEEPSPEED":
-        from notebook_accel.deepspeed_zero.config import strategy_environment
+        from notebook_accel.strategies.deepspeed.config import strategy_environment
     else:
         return {}
     key = STRATEGY_SECTIONS[config.distributed_type]

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from notebook_accel import hardware
 from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
-from notebook_accel.xla import XlaJob, xla_job
+from notebook_accel.machine import hardware
+from notebook_accel.machine.tpu import XlaJob, xla_job
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _MAX_DEFAULT_CPU_PROCESSES = 8

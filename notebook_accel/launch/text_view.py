@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from notebook_accel.launch.record import LaunchRecord
-from notebook_accel.progress import bar_label, job_progress
+from notebook_accel.observe.progress import bar_label, job_progress
 
 PREFIX = "[notebook_accel] "
 _ENDED = ("finished", "failed", "stopped")

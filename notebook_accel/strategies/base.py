@@ -24,10 +24,10 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from notebook_accel import precision
-from notebook_accel.gradient_state import GradientState
-from notebook_accel.optim import AcceleratedOptimizer
-from notebook_accel.state import DistributedType, collective_backend
+from notebook_accel.runtime import precision
+from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.optim import AcceleratedOptimizer
+from notebook_accel.runtime.state import DistributedType, collective_backend
 
 
 @dataclass
@@ -213,7 +213,7 @@ class Strategy(ABC):
     def unwrap(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
                keep_torch_compile: bool = False) -> torch.nn.Module:
         """The user's module inside the prepared ``model`` (see ``Accelerator.unwrap_model``)."""
-        from notebook_accel.helpers import extract_model_from_parallel
+        from notebook_accel.runtime.helpers import extract_model_from_parallel
 
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
@@ -227,6 +227,6 @@ class Strategy(ABC):
 
     def checkpointer(self, models: list[torch.nn.Module], optimizers: list[AcceleratedOptimizer]) -> Any:
         """What writes and reads the models and optimizers in ``save_state`` / ``load_state``
-        (an object with ``save`` and ``load``, see ``checkpoint.CheckpointItems``), or ``None``:
+        (an object with ``save`` and ``load``, see ``checkpoint.training_state.CheckpointItems``), or ``None``:
         the plain files."""
         return None

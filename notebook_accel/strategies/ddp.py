@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from notebook_accel.state import DistributedType
+from notebook_accel.runtime.state import DistributedType
 from notebook_accel.strategies.base import Strategy, StrategyContext
 
 

@@ -15,8 +15,8 @@ from notebook_accel.strategies.base import Strategy, StrategyContext
 
 # name -> "module:class"; asked in this order, the first that wants the job runs it (ddp: always)
 STRATEGIES: dict[str, str] = {
-    "deepspeed": "notebook_accel.strategies.deepspeed:DeepSpeedStrategy",
-    "fsdp": "notebook_accel.strategies.fsdp:FsdpStrategy",
+    "deepspeed": "notebook_accel.strategies.deepspeed.strategy:DeepSpeedStrategy",
+    "fsdp": "notebook_accel.strategies.fsdp.strategy:FsdpStrategy",
     "xla": "notebook_accel.strategies.xla:XlaStrategy",
     "ddp": "notebook_accel.strategies.ddp:DdpStrategy",
 }

@@ -1,4 +1,4 @@
-"""XLA: TPU cores through torch_xla (imported lazily, by ``notebook_accel.xla.runtime``).
+"""XLA: TPU cores through torch_xla (imported lazily, by ``notebook_accel.runtime.xla``).
 
 Moving a model to an XLA device makes new ``Parameter`` objects, so optimizers are
 pointed at them; with several cores the optimizer averages the gradients (once per
@@ -12,10 +12,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from notebook_accel import precision
-from notebook_accel.optim import AcceleratedOptimizer
+from notebook_accel.runtime import precision, xla
+from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.strategies.base import Strategy, StrategyContext
-from notebook_accel.xla import runtime as xla
 
 
 class XlaStrategy(Strategy):
@@ -44,7 +43,7 @@ class XlaStrategy(Strategy):
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> AcceleratedOptimizer:
         """Pointed at the moved parameters; averages gradients across cores before its step (once: the
-        Accelerator has it done before clipping, see ``xla.GradientReducer``), and ends the graph after it."""
+        Accelerator has it done before clipping, see ``runtime.xla.GradientReducer``), and ends the graph after it."""
         xla.rebind_parameters(optimizer, self.moved_parameters)
         reducer = xla.GradientReducer() if self.num_processes > 1 else None
         return AcceleratedOptimizer(optimizer, self.gradient_state, scaler, reducer, xla.sync)

@@ -76,7 +76,7 @@ def fsdp_job(offload: bool) -> dict:
     import torch
 
     from notebook_accel import Accelerator
-    from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin
+    from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
     torch.backends.cuda.matmul.allow_tf32 = False
     ref = reference_losses(3, torch.optim.SGD, 0.1)

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, PartialState
-from notebook_accel.ops import gather, gather_object, reduce
+from notebook_accel.runtime.ops import gather, gather_object, reduce
 
 faulthandler.dump_traceback_later(float(os.environ.get("DDP_CHECKS_TIMEOUT", "100")), exit=True)
 
@@ -92,7 +92,7 @@ def check_reductions_and_splits() -> None:
 
 def check_dispatch_batches() -> None:
     """dispatch_batches=True: rank 0 loads, every rank gets its slice; nothing lost, remainder exact."""
-    from notebook_accel.data import DataLoaderConfiguration
+    from notebook_accel.data.prepare import DataLoaderConfiguration
 
     for split in (False, True):
         acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True, split_batches=split))
@@ -102,9 +102,9 @@ def check_dispatch_batches() -> None:
 
 
 def check_rng_sync_trigger_sync_and_debug_mode() -> None:
-    from notebook_accel.op_checks import DistributedOperationException
-    from notebook_accel.rng_sync import synchronize_rng_states
-    from notebook_accel.testing import are_the_same_tensors
+    from notebook_accel.runtime.op_checks import DistributedOperationException
+    from notebook_accel.runtime.rng_sync import synchronize_rng_states
+    from notebook_accel.runtime.testing import are_the_same_tensors
 
     state = PartialState()
     torch.manual_seed(state.process_index)

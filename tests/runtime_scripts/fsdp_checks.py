@@ -24,7 +24,7 @@ from tiny_lm import Block, TinyLM, data, flat, lm_loss, make_model
 from torch.utils.data import DataLoader
 
 from notebook_accel import Accelerator
-from notebook_accel.fsdp.plugin import FullyShardedDataParallelPlugin
+from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 faulthandler.dump_traceback_later(float(os.environ.get("DDP_CHECKS_TIMEOUT", "100")), exit=True)
 

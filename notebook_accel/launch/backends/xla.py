@@ -18,7 +18,7 @@ from notebook_accel.launch.backends.processes import ProcessBackend
 from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.worker.xla_cores import run_cores
-from notebook_accel.xla.detect import runtime_initialised, runtime_initialised_message, xla_job
+from notebook_accel.machine.tpu import runtime_initialised, runtime_initialised_message, xla_job
 
 INSTALL_HINT = "pip install \"torch~=2.9.0\" \"torch_xla[tpu]~=2.9.0\""
 

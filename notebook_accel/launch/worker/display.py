@@ -118,7 +118,7 @@ def _report_to_kernel(bar_class: type) -> None:
     ``__init__``, so references to the class made before (a notebook's global
     ``tqdm``, inherited by fork) get the event bar too.
     """
-    from notebook_accel.progress import EventTqdm
+    from notebook_accel.observe.progress import EventTqdm
 
     def new(cls: type, *args: Any, **kwargs: Any) -> EventTqdm:
         kwargs.pop("display", None)  # tqdm.notebook's own argument

@@ -27,7 +27,7 @@ from notebook_accel import wire
 from notebook_accel.launch import environment as env
 from notebook_accel.launch.payload import dumps_result, load_payload
 from notebook_accel.launch.worker.main_module import main_module_hidden
-from notebook_accel.xla.detect import bf16_environment
+from notebook_accel.machine.tpu import bf16_environment
 
 # ---- the host worker ----------------------------------------------------------------------
 
@@ -162,7 +162,7 @@ def _core_main(index: int, payload: bytes, results: str, return_all: bool,
                output: str = "all") -> None:
     """One core: set its environment, run the user's function, leave its result in ``results``."""
     from notebook_accel import events
-    from notebook_accel.xla import runtime
+    from notebook_accel.runtime import xla as runtime
 
     ordinal, world, local = runtime.ranks()
     if runtime.devices_per_process() == 1:  # TPU v2/v3 run 2 cores as threads: no per-core env

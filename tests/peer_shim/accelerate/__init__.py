@@ -11,15 +11,11 @@ import types
 
 import notebook_accel
 from notebook_accel import accelerator as _accelerator
-from notebook_accel import (
-    accelerator_state,
-    data_loader,
-    gradient_state,
-    plugins,
-    testing,
-)
+from notebook_accel import data_loader
 from notebook_accel import state as _state
+from notebook_accel import test_utils as testing
 from notebook_accel import utils as _utils
+from notebook_accel.runtime import accelerator_state, gradient_state, plugins
 
 for _name in notebook_accel.__all__:
     if _name != "config_panel":  # the notebook front end (ipywidgets), not an accelerate name

@@ -1,0 +1,399 @@
+"""Saving and restoring the whole training state, atomically.
+
+A checkpoint is a directory::
+
+    model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process;
+                                       model.safetensors, ... with safe_serialization)
+    pytorch_model_fsdp_0/, optimizer_0/  instead, under FSDP: one shard file per rank (see fsdp.checkpointing)
+    optimizer.pt, scheduler.pt, ...    likewise, one per prepared object
+    dataloader.pt, ...                 shuffling generator and position in the epoch
+    scaler.pt                          the fp16 GradScaler, when there is one
+    custom_checkpoint_0.pt, ...        objects given to ``register_for_checkpointing``
+    accelerator.pt                     accumulation counters and the tracker step
+    random_states_<rank>.pt            python, numpy, torch, CUDA/XLA RNGs of each process
+
+Atomicity: everything is written (and fsync'd) into ``<dir>.tmp``; only then does
+the main process move the old ``<dir>`` aside to ``<dir>.old``, rename
+``<dir>.tmp`` to ``<dir>`` and delete ``<dir>.old``. A crash while writing leaves
+the previous checkpoint untouched; a crash between the two renames leaves a
+complete ``<dir>.old``, which ``load_state`` falls back to. Processes that do
+not share the directory with the main process (a path per rank, machines without
+a shared file system) each get a complete copy: one process per file system
+claims it (``<dir>.claim-<token>``, created exclusively) and does the same there.
+
+Security: files are read with ``torch.load(weights_only=True)``, which refuses
+arbitrary pickled objects; a state that needs them can be loaded with
+``weights_only=False``. Loading an untrusted checkpoint that way is as dangerous as
+``torch.load`` on it: it can run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from notebook_accel.checkpoint.weight_shards import (
+    parse_size,
+    save_object,
+    save_shards,
+    split_state,
+)
+from notebook_accel.runtime.ops import broadcast_object_list
+from notebook_accel.runtime.state import PartialState
+
+
+@dataclass
+class CheckpointItems:
+    """What ``save_state`` / ``load_state`` handle, in the order they were prepared."""
+
+    models: list[torch.nn.Module] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    dataloaders: list[Any] = field(default_factory=list)
+    custom: list[Any] = field(default_factory=list)
+    scaler: Any = None
+    accelerator: Any = None  # an object with state_dict / load_state_dict
+    model_states: list[dict[str, Any]] | None = None  # what save-state hooks left to write (else: the models')
+    sharded: Any = None  # writes/reads models and optimizers itself (FSDP: fsdp.checkpointing), on every rank
+
+
+def _name(prefix: str, index: int) -> str:
+    return f"{prefix}.pt" if index == 0 else f"{prefix}_{index}.pt"
+
+
+def _write(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read(path: Path, weights_only: bool) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=weights_only)
+
+
+def rng_state(xla_device: bool = False) -> dict[str, Any]:
+    """Every RNG state of this process, in types ``weights_only`` loading accepts."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if xla_device:
+        from notebook_accel.runtime import xla
+
+        state["xla"] = xla.rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state`` returned."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "xla" in state:
+        from notebook_accel.runtime import xla
+
+        xla.set_rng_state(state["xla"])
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def _claim_tmp(final: Path, tmp: Path, state: PartialState) -> Path | None:
+    """Make ``tmp`` ready on every process; returns the claim file where this process finalises it.
+
+    Every process tries to create ``<dir>.claim-<token>`` exclusively (``O_EXCL``,
+    decided by the file server, never from a stale cache), the main process first.
+    On a file system the main process shares, the file exists and the others do
+    not claim; a process that succeeds has a file system of its own (each rank its
+    own path, or machines without a shared one) and (re)creates ``tmp`` there.
+    """
+    token = uuid.uuid4().hex if state.is_main_process else None
+    if state.use_distributed:
+        token = broadcast_object_list([token])[0]
+    claim = final.with_name(f"{final.name}.claim-{token}")
+    if state.is_main_process:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        _create_exclusive(claim)
+    state.wait_for_everyone()
+    owner = state.is_main_process
+    if not owner:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        owner = _create_exclusive(claim)
+    if owner:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier attempt
+        tmp.mkdir()
+    state.wait_for_everyone()
+    return claim if owner else None
+
+
+def _create_exclusive(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _model_file(index: int, safe_serialization: bool) -> str:
+    return _name("model", index).replace(".pt", ".safetensors") if safe_serialization else _name("model", index)
+
+
+def save_state(
+    output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, safe_serialization: bool = False,
+) -> Path:
+    """Write a checkpoint of ``items`` to ``output_dir`` atomically; returns its path.
+
+    Every process must call it (each writes its own RNG file). Where processes do not
+    share the directory (each its own path, or machines without a shared file system),
+    one process per file system writes the shared files there too, so every copy is complete.
+    ``safe_serialization`` writes the models as ``model.safetensors``, ``model_1.safetensors``...
+    """
+    final = Path(output_dir).absolute()
+    tmp = final.with_name(final.name + ".tmp")
+    old = final.with_name(final.name + ".old")
+    claim = _claim_tmp(final, tmp, state)
+    owner = claim is not None
+    on_xla = state.device.type == "xla"
+    if on_xla:  # every process takes part in the copy to the CPU
+        from notebook_accel.runtime import xla
+
+        model_states = [xla.to_cpu(s) for s in items.model_states or [_unwrap(m).state_dict() for m in items.models]]
+        optimizer_states = [xla.to_cpu(o.state_dict()) for o in items.optimizers]
+    elif items.sharded is not None:
+        model_states = []  # the sharded writer saves the models and optimizers itself
+    elif items.model_states is not None:
+        model_states = items.model_states
+    else:
+        model_states = [_unwrap(m).state_dict() for m in items.models]
+    if items.sharded is not None:
+        items.sharded.save(tmp, state.is_main_process, _write)
+    if owner:
+        for i, weights in enumerate(model_states):
+            if safe_serialization:
+                save_weights_file(weights, tmp / _model_file(i, True))
+            else:
+                _write(weights, tmp / _model_file(i, False))
+        for i, opt in enumerate(items.optimizers if items.sharded is None else ()):
+            _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / _name("optimizer", i))
+        for prefix, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
+            for i, obj in enumerate(objs):
+                _write(obj.state_dict(), tmp / _name(prefix, i))
+        for i, obj in enumerate(items.custom):
+            _write(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
+        if items.scaler is not None:
+            _write(items.scaler.state_dict(), tmp / "scaler.pt")
+        if items.accelerator is not None:
+            _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
+    _write(rng_state(on_xla), tmp / f"random_states_{state.process_index}.pt")
+    state.wait_for_everyone()
+    if owner:
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
+        claim.unlink(missing_ok=True)  # every process tried to claim it before the first write
+    state.wait_for_everyone()
+    return final
+
+
+def save_weights_file(state: dict[str, torch.Tensor], path: Path) -> None:
+    """One safetensors file of ``state``, tied weights stored once (fsync'd)."""
+    save_object(_untied(state), path, safe_serialization=True)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    seen: set[tuple[Any, int]] = set()
+    unique = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor.contiguous()
+    return unique
+
+
+def save_weights(
+    state: dict[str, torch.Tensor], directory: Path, safe_serialization: bool = True,
+    max_shard_size: int | str = "10GB",
+) -> Path:
+    """Write a model state dict as ``model.safetensors`` or ``pytorch_model.bin``, atomically.
+
+    Above ``max_shard_size`` the weights are split into shards with an index file
+    (``weight_shards``). safetensors refuses tensors sharing memory (tied weights):
+    each is stored once, under its first name, as the peer does.
+    """
+    limit = parse_size(max_shard_size)
+    directory.mkdir(parents=True, exist_ok=True)
+    if safe_serialization:
+        state = _untied(state)
+    return save_shards(split_state(state, limit), directory, safe_serialization)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - not possible on every platform
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def resolve_checkpoint(input_dir: str | os.PathLike[str]) -> Path:
+    """The directory to load: ``input_dir``, or its ``.old`` copy left by an interrupted save.
+
+    Raises:
+        FileNotFoundError: when neither exists.
+    """
+    path = Path(input_dir).absolute()
+    if path.is_dir():
+        return path
+    old = path.with_name(path.name + ".old")
+    if old.is_dir():
+        warnings.warn(f"{path} is missing; loading {old}, left by an interrupted save_state", stacklevel=3)
+        return old
+    raise FileNotFoundError(f"no checkpoint directory at {path}")
+
+
+def load_state(
+    input_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, weights_only: bool = True
+) -> Path:
+    """Restore ``items`` and this process's RNGs from a ``save_state`` directory.
+
+    Raises:
+        FileNotFoundError: missing directory or a missing file for a prepared object.
+    """
+    path = resolve_checkpoint(input_dir)
+
+    def read(name: str) -> Any:
+        file = path / name
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"checkpoint {path} has no {name}; was it saved with the same prepared objects?"
+            )
+        return _read(file, weights_only)
+
+    if items.sharded is not None:
+        items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
+    for i, model in enumerate(items.models if items.sharded is None else ()):
+        safe = path / _model_file(i, True)
+        if safe.is_file():
+            from safetensors.torch import load_file
+
+            _unwrap(model).load_state_dict(load_file(str(safe)))
+        else:
+            _unwrap(model).load_state_dict(read(_model_file(i, False)))
+    for prefix, objs in (
+        ("optimizer", items.optimizers if items.sharded is None else []), ("scheduler", items.schedulers),
+        ("dataloader", items.dataloaders),
+    ):
+        for i, obj in enumerate(objs):
+            obj.load_state_dict(read(_name(prefix, i)))
+    for i, obj in enumerate(items.custom):
+        obj.load_state_dict(read(f"custom_checkpoint_{i}.pt"))
+    if items.scaler is not None:
+        items.scaler.load_state_dict(read("scaler.pt"))
+    if items.accelerator is not None and (path / "accelerator.pt").is_file():
+        items.accelerator.load_state_dict(read("accelerator.pt"))
+    rng_file = path / f"random_states_{state.process_index}.pt"
+    if rng_file.is_file():
+        set_rng_state(_read(rng_file, weights_only))
+    else:
+        warnings.warn(f"{rng_file.name} not found in {path}; random states not restored", stacklevel=2)
+    return path
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where an ``Accelerator`` keeps logs and checkpoints (the peer's names).
+
+    Attributes:
+        project_dir: base directory.
+        logging_dir: tracker output; defaults to ``project_dir``.
+        automatic_checkpoint_naming: ``save_state()`` without a directory writes
+            ``<project_dir>/checkpoints/checkpoint_<iteration>``; ``load_state()`` loads the latest.
+        total_limit: keep at most this many automatic checkpoints (oldest removed).
+        iteration: the number the next automatic checkpoint gets.
+    """
+
+    project_dir: str | os.PathLike[str] | None = None
+    logging_dir: str | os.PathLike[str] | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+
+    def resolve(self, path: str | os.PathLike[str] | None, saving: bool) -> Path:
+        """The directory ``save_state`` / ``load_state`` use when given ``path`` (maybe ``None``).
+
+        Raises:
+            ValueError: no path and no ``project_dir``.
+            FileNotFoundError: loading the latest automatic checkpoint when there is none.
+        """
+        if path is not None:
+            return Path(path)
+        if self.automatic_checkpoint_naming:
+            if saving:
+                return self.next_dir()
+            existing = self.checkpoints()
+            if not existing:
+                raise FileNotFoundError(f"no automatic checkpoint under {self.project_dir}/checkpoints")
+            return existing[-1]
+        if self.project_dir is None:
+            raise ValueError("save_state/load_state need a directory, or Accelerator(project_dir=...)")
+        return Path(self.project_dir) / "checkpoint"
+
+    def checkpoints(self) -> list[Path]:
+        """Existing automatic checkpoints, oldest first."""
+        if self.project_dir is None:
+            return []
+        base = Path(self.project_dir) / "checkpoints"
+        found = []
+        for path in base.glob("checkpoint_*"):
+            suffix = path.name.removeprefix("checkpoint_")
+            if path.is_dir() and suffix.isdigit():
+                found.append((int(suffix), path))
+        return [p for _, p in sorted(found)]
+
+    def next_dir(self) -> Path:
+        """The directory of the next automatic checkpoint."""
+        if self.project_dir is None:
+            raise ValueError("automatic_checkpoint_naming needs a project_dir")
+        return Path(self.project_dir) / "checkpoints" / f"checkpoint_{self.iteration}"
+
+    def prune(self) -> None:
+        """Delete the oldest automatic checkpoints beyond ``total_limit`` (main process only)."""
+        if self.total_limit is None:
+            return
+        existing = self.checkpoints()
+        for path in existing[: max(len(existing) - self.total_limit, 0)]:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,134 @@
+"""``notebook-accel launch SCRIPT [ARGS]`` and ``notebook-accel test``.
+
+``launch`` runs a script on N workers with the notebook's engine
+(:func:`~notebook_accel.notebook_launcher`: same environment, same ``[rank N] ``
+output, same supervision), so code written in a notebook leaves it unchanged.
+Unset flags come from ``NOTEBOOK_ACCEL_*`` variables, then the config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+from notebook_accel import config as cfgmod
+from notebook_accel import contract
+
+
+def run_script(path: str, argv: list[str]) -> None:
+    """Run the file ``path`` as ``__main__`` with ``sys.argv = [path, *argv]`` (in a worker).
+
+    As ``python path ...`` does, the script's directory comes first on ``sys.path``.
+    ``sys.exit(0)`` is success; another exit status fails the job with that status.
+    """
+    sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    runpy.run_path(path, run_name="__main__")
+
+
+def _launch_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The launch flags' values (None: unset), each checked against the table (a bad one is
+    named by its flag); ``timeout`` (and, for ``launch``, ``output``/``max_restarts``) too."""
+    values = {option.name: getattr(args, _dest(flag)) for flag, option in _LAUNCH_FLAGS.items()}
+    return {**contract.check_flags(values, "cli"), "config_file": args.config_file}
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from notebook_accel.launch.errors import WorkerError
+    from notebook_accel.launch.launcher import notebook_launcher
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise FileNotFoundError(f"no such script: {script}")
+    try:
+        notebook_launcher(run_script, args=(str(script), list(args.script_args)),
+                          **_launch_options(args),
+                          **contract.check_flags({"max_restarts": args.max_restarts,
+                                                  "output": args.output}, "cli"))
+    except WorkerError as error:
+        print(f"notebook-accel launch: {error}", file=sys.stderr)
+        code = error.exitcode
+        return code if isinstance(code, int) and 0 < code < 256 else 1
+    except KeyboardInterrupt:
+        print("notebook-accel launch: interrupted; every worker was stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _cmd_test(args: argparse.Namespace) -> int:
+    try:
+        from notebook_accel.cli.sanity import run_sanity_check
+    except ModuleNotFoundError as err:
+        if err.name != "notebook_accel.cli.sanity":
+            raise
+        print("notebook-accel test: notebook_accel.cli.sanity is missing from this installation",
+              file=sys.stderr)
+        return 1
+    options = _launch_options(args)
+    layered = cfgmod.resolve_launch_options(
+        {"num_processes": options.pop("num_processes")}, cfgmod.load_config(args.config_file))
+    passed = run_sanity_check(num_processes=layered["num_processes"] or 2,
+                              **options)
+    return 0 if passed else 1
+
+
+# flag -> its launch option (notebook_accel.contract); launch-only ones are added by add_subcommands
+_LAUNCH_FLAGS: dict[str, contract.LaunchOption] = {
+    option.cli_flag: option for option in contract.OPTIONS.values()
+    if option.cli_flag and not option.cli_launch_only and option.name != "config_file"}
+_SHORT = {"--num-processes": ["-n"], "--main-process-port": ["--port"]}
+
+
+def _dest(flag: str) -> str:
+    """The parsed value's name: the flag's (``args.num_machines``); ``args.port`` for the port."""
+    return "port" if flag == "--main-process-port" else flag[2:].replace("-", "_")
+
+
+def _flag_keywords(option: contract.LaunchOption) -> dict[str, Any]:
+    """``add_argument``'s keywords for ``option``: choices, or a type and a metavar."""
+    if option.choices:
+        return {"choices": option.choices, "help": option.help}
+    kind = option.kind if option.kind in (int, float) else str
+    return {"type": kind, "help": option.help,
+            "metavar": option.metavar or ("N" if kind is int else "VALUE")}
+
+
+def _add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("launch (unset: NOTEBOOK_ACCEL_* environment, then the "
+                                      "config file, then auto-detection; the peer's "
+                                      "--snake_case spellings work too)")
+    for flag, option in _LAUNCH_FLAGS.items():
+        keywords = {"default": None, "dest": _dest(flag), **_flag_keywords(option)}
+        group.add_argument(*_SHORT.get(flag, []), flag, **keywords)
+        if "-" in flag[2:]:  # the peer's spelling, not listed in --help
+            group.add_argument("--" + flag[2:].replace("-", "_"),
+                               **{**keywords, "help": argparse.SUPPRESS})
+
+
+def add_subcommands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``launch`` and ``test`` to the ``notebook-accel`` parser's subparsers ``sub``."""
+    launch = sub.add_parser(
+        "launch", parents=[common], help="run a Python script on N workers",
+        usage="notebook-accel launch [options] SCRIPT [ARGS ...]",
+        description="Run SCRIPT as __main__ in every worker, with the torchrun-style "
+                    "environment that Accelerator() reads; output is prefixed [rank N]. "
+                    "The exit status is the failing worker's (1 if it has none).")
+    _add_launch_flags(launch)
+    for option in contract.OPTIONS.values():
+        if option.cli_launch_only:
+            launch.add_argument(option.cli_flag, dest=option.name, **_flag_keywords(option),
+                                default=option.default)
+    launch.add_argument("script", metavar="SCRIPT", help="the Python file to run")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="arguments for the script (its sys.argv[1:])")
+    launch.set_defaults(func=_cmd_launch)
+    test = sub.add_parser(
+        "test", parents=[common], help="check distributed training works on this machine",
+        description="Train a small model on N workers (default: the config's count, else 2) "
+                    "and compare with a single-process run; prints PASS/FAIL lines.")
+    _add_launch_flags(test)
+    test.set_defaults(func=_cmd_test)

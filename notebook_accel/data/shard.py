@@ -1,0 +1,224 @@
+"""``DataLoaderShard``: the loader a process iterates (its share, on its device) and its position.
+
+The base the other loaders build on (``dispatch.DataLoaderDispatcher`` subclasses it);
+``prepare`` assembles them from a user's loader (``prepare_data_loader``, ``skip_first_batches``)
+and its docstring describes the sharding, shuffling and checkpointing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from notebook_accel.data.sharding import ShardBatchSampler
+from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.ops import send_to_device, world_size
+from notebook_accel.runtime.rng_sync import synchronize_rng_state
+
+_LOADER_ARGS = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+    "multiprocessing_context", "persistent_workers",
+)
+
+
+class LoaderProgress:
+    """Where a loader stands in its epoch; shared with the loaders ``skip_first_batches`` makes."""
+
+    def __init__(self, generator: torch.Generator, sampler: Any = None) -> None:
+        self.generator = generator
+        self.sampler = sampler if hasattr(sampler, "set_epoch") and hasattr(sampler, "epoch") else None
+        self.epoch_start_state = generator.get_state()
+        self.epoch_start = self._epoch()
+        self.batches_yielded = 0
+        self.in_epoch = False
+        self.resume_step = 0  # batches already done in the epoch a checkpoint interrupted
+
+    def _epoch(self) -> int | None:
+        return None if self.sampler is None else int(self.sampler.epoch)
+
+    def start_epoch(self) -> None:
+        """Remember where the epoch that starts now begins."""
+        self.epoch_start_state = self.generator.get_state()
+        self.epoch_start = self._epoch()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Generator state (and sampler epoch) and position: replays an unfinished epoch, or starts the next."""
+        if self.in_epoch:
+            state = {"generator": self.epoch_start_state, "batches_yielded": self.batches_yielded}
+            if self.epoch_start is not None:
+                state["epoch"] = self.epoch_start
+            return state
+        state = {"generator": self.generator.get_state(), "batches_yielded": 0}
+        if self.sampler is not None:
+            state["epoch"] = self._epoch()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        if self.sampler is not None and "epoch" in state:
+            self.sampler.set_epoch(int(state["epoch"]))
+        self.resume_step = int(state["batches_yielded"])
+        self.in_epoch = False
+
+
+class DataLoaderShard(DataLoader):
+    """A ``DataLoader`` yielding this process's share, on its device.
+
+    Created by ``Accelerator.prepare``; see the module docstring. Extra attributes:
+    ``end_of_dataloader``, ``remainder``, ``total_batch_size``, ``resume_step``.
+    """
+
+    def __init__(
+        self, dataset: Any, batch_sampler: ShardBatchSampler | None = None, *, device: torch.device | None,
+        gradient_state: GradientState, generator: torch.Generator, remainder: int | None,
+        total_batch_size: int | None, non_blocking: bool = False,
+        progress: LoaderProgress | None = None, skip_batches: int = 0, auto_resume: bool = False,
+        sampler_is_batch_sampler: bool = False, synchronize_generator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if batch_sampler is not None and sampler_is_batch_sampler:  # the user's sampler yields index lists
+            super().__init__(dataset, sampler=batch_sampler, batch_size=None, generator=generator, **kwargs)
+        elif batch_sampler is not None:
+            super().__init__(dataset, batch_sampler=batch_sampler, generator=generator, **kwargs)
+        else:  # an IterableDatasetShard: batch_size and drop_last come in kwargs
+            super().__init__(dataset, generator=generator, **kwargs)
+        self.sampler_is_batch_sampler = sampler_is_batch_sampler
+        self.synchronize_generator = synchronize_generator  # the user's generator: rank 0's state each epoch
+        self.device = device
+        self.gradient_state = gradient_state
+        self._remainder = remainder
+        self.total_batch_size = total_batch_size
+        self.non_blocking = non_blocking
+        self.end_of_dataloader = False
+        self.progress = progress if progress is not None else LoaderProgress(generator, self._inner_sampler())
+        self.skip_batches = skip_batches  # iterable datasets only: these batches are loaded, then dropped
+        self.auto_resume = auto_resume
+        self._pending_skip = 0
+        self.iteration = 0
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch (-1: unknown or no duplicates to drop)."""
+        if self._remainder is not None:
+            return self._remainder
+        return getattr(self.dataset, "remainder", -1)
+
+    @property
+    def resume_step(self) -> int:
+        """Batches the interrupted epoch had done, as restored by ``load_state`` (else 0)."""
+        return self.progress.resume_step
+
+    @property
+    def shard_sampler(self) -> ShardBatchSampler | None:
+        """The batch sampler for a map-style dataset; ``None`` for an iterable one."""
+        sampler = self.sampler if self.sampler_is_batch_sampler else self.batch_sampler
+        return sampler if isinstance(sampler, ShardBatchSampler) else None
+
+    def _inner_sampler(self) -> Any:
+        """The user's sampler inside the sharding (or the iterable dataset): ``set_epoch`` goes there."""
+        shard = self.shard_sampler
+        if shard is not None:
+            inner = shard.batch_sampler
+        elif isinstance(self.dataset, IterableDataset):
+            return self.dataset
+        else:  # a dispatcher: the user's own batch sampler
+            inner = self.batch_sampler
+        return inner if hasattr(inner, "set_epoch") else getattr(inner, "sampler", inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        progress = self.progress
+        if self.synchronize_generator and world_size() > 1:
+            synchronize_rng_state("generator", self.generator)
+        progress.start_epoch()
+        sampler = self.shard_sampler
+        resume, self._pending_skip = self._pending_skip, 0  # iterable datasets (samplers skip by themselves)
+        if sampler is not None:
+            progress.batches_yielded = sampler.skip_batches + sampler.skip_once
+        else:
+            progress.batches_yielded = self.skip_batches + resume
+        progress.resume_step = 0
+        progress.in_epoch = True
+        self.end_of_dataloader = False
+        self.gradient_state.add_dataloader(self)
+        try:
+            it = self._batches()
+            for _ in range(self.skip_batches + resume):
+                next(it, None)
+            if self.device is not None and self.device.type == "xla":
+                from notebook_accel.runtime import xla
+
+                it = xla.device_batches(it, self.device)  # moves batches and marks step boundaries
+            try:
+                current = next(it)
+            except StopIteration:
+                self.end_of_dataloader = True
+                progress.in_epoch = False
+                return
+            while True:
+                try:
+                    upcoming = next(it)
+                except StopIteration:
+                    self.end_of_dataloader = True
+                    progress.batches_yielded += 1
+                    progress.in_epoch = False
+                    yield self._to_device(current)
+                    break
+                progress.batches_yielded += 1
+                yield self._to_device(current)
+                current = upcoming
+        finally:
+            self.gradient_state.remove_dataloader(self)
+            self.iteration += 1
+
+    def _batches(self) -> Iterator[Any]:
+        """This process's batches before the device move (the dispatcher overrides it)."""
+        return super().__iter__()
+
+    def _to_device(self, batch: Any) -> Any:
+        if self.device is None or self.device.type == "xla":  # XLA: moved by device_batches
+            return batch
+        return send_to_device(batch, self.device, self.non_blocking)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward ``epoch`` to the sampler, batch sampler or iterable dataset that has ``set_epoch``.
+
+        With ``use_seedable_sampler`` this (after ``set_seed``) replays that epoch's shuffle.
+        Our own generator needs no epoch: its shuffle already differs per epoch.
+        """
+        sampler = self._inner_sampler()
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Generator state and position: replays an unfinished epoch, or starts the next."""
+        return self.progress.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``; ``resume_step`` tells how many batches the epoch had done.
+
+        With ``auto_resume`` (``use_stateful_dataloader``) the next pass skips them by itself.
+        """
+        self.progress.load_state_dict(state)
+        if self.auto_resume:
+            self._set_pending(self.progress.resume_step)
+
+    def _set_pending(self, batches: int) -> None:
+        sampler = self.shard_sampler
+        if sampler is not None:
+            sampler.skip_once = batches
+        else:
+            self._pending_skip = batches
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self._pending_skip, 0)
+
+
+def loader_kwargs(loader: DataLoader) -> dict[str, Any]:
+    """The user loader's worker and collation settings, to build a loader like it."""
+    kwargs = {k: getattr(loader, k) for k in _LOADER_ARGS}
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return kwargs

@@ -1,0 +1,40 @@
+"""``AcceleratorState``: what ``accelerator.state`` is (the peer's name).
+
+A ``PartialState`` plus the settings an ``Accelerator`` adds (mixed precision). As
+with ``PartialState`` there is no shared singleton: each ``AcceleratorState`` is an
+independent view of the environment, so ``_reset_state`` has nothing to reset.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from notebook_accel.runtime import precision
+from notebook_accel.runtime.state import PartialState
+
+
+class AcceleratorState(PartialState):
+    """The distributed environment and an ``Accelerator``'s mixed precision.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``; default from the environment
+            (see ``precision.resolve_mixed_precision``).
+        cpu: force the CPU even when a GPU is present.
+        timeout: collective timeout for the process group, if one is created here.
+    """
+
+    def __init__(self, mixed_precision: str | None = None, cpu: bool = False,
+                 timeout: timedelta | None = None) -> None:
+        super().__init__(cpu=cpu, timeout=timeout)
+        self.mixed_precision = precision.resolve_mixed_precision(mixed_precision)
+        self.deepspeed_plugin: Any = None  # the Accelerator's, when it trains through DeepSpeed (the peer's name)
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1].replace("PartialState(", "AcceleratorState(", 1) + (
+            f", mixed_precision={self.mixed_precision})"
+        )
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        """The peer's reset of its shared state; states here are independent, so there is none to reset."""

@@ -1,0 +1,179 @@
+"""Small helpers users of the peer import from ``accelerate.utils`` (re-exported by ``notebook_accel.utils``)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from notebook_accel.runtime.ops import recursively_apply
+from notebook_accel.runtime.precision import convert_to_fp32, unwrap_forward
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set environment variables (names upper-cased, values ``str``-ed) inside the block, then restore them.
+
+    Example:
+        >>> with patch_environment(master_port=29501):
+        ...     os.environ["MASTER_PORT"]
+        '29501'
+    """
+    saved = {}
+    for key, value in kwargs.items():
+        name = key.upper()
+        saved[name] = os.environ.get(name)
+        os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+@contextlib.contextmanager
+def clear_environment() -> Iterator[None]:
+    """Run the block with an empty ``os.environ``; the environment is restored afterwards."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def extract_model_from_parallel(
+    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+) -> torch.nn.Module:
+    """The user's module inside ``DistributedDataParallel`` / ``DataParallel`` (and ``torch.compile``).
+
+    Args:
+        model: a prepared (possibly compiled) model.
+        keep_fp32_wrapper: keep the mixed-precision forward that ``prepare`` installed.
+        keep_torch_compile: return the compiled wrapper around the unwrapped module
+            instead of the plain module.
+    """
+    compiled = model if hasattr(model, "_orig_mod") else None
+    inner = compiled._orig_mod if compiled is not None else model
+    while isinstance(inner, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        inner = inner.module
+    inner = getattr(inner, "_orig_mod", inner)  # compiled inside DDP
+    if not keep_fp32_wrapper:
+        unwrap_forward(inner)
+    if keep_torch_compile and compiled is not None:
+        compiled._orig_mod = inner
+        return compiled
+    return inner
+
+
+def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a forward so fp16/bf16 tensors in its output come back as float32."""
+
+    @functools.wraps(model_forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return convert_to_fp32(model_forward(*args, **kwargs))
+
+    return forward
+
+
+def listify(data: Any) -> Any:
+    """Tensors in a nested structure turned into (nested) Python lists / numbers."""
+    return recursively_apply(lambda t: t.tolist(), data)
+
+
+def _first_tensor(data: Any) -> torch.Tensor | None:
+    if isinstance(data, torch.Tensor):
+        return data
+    items = data.values() if isinstance(data, Mapping) else data if isinstance(data, (list, tuple)) else ()
+    for item in items:
+        found = _first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+def find_device(data: Any) -> torch.device | None:
+    """The device of the first tensor in a nested structure (``None`` without tensors)."""
+    tensor = _first_tensor(data)
+    return None if tensor is None else tensor.device
+
+
+def find_batch_size(data: Any) -> int:
+    """The first dimension of the first tensor in a nested structure.
+
+    Raises:
+        TypeError: there is no tensor in ``data``.
+    """
+    tensor = _first_tensor(data)
+    if tensor is None:
+        raise TypeError(f"can only find the batch size of tensors, not of {type(data).__name__}")
+    return tensor.shape[0]
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of same-shaped nested structures tensor by tensor along ``dim``.
+
+    Raises:
+        TypeError: ``data`` is not a non-empty list of structures of tensors.
+    """
+    if not isinstance(data, (list, tuple)) or not data:
+        raise TypeError(f"concatenate takes a non-empty list of tensor structures, not {data!r}")
+    first = data[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(data), dim=dim)
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(concatenate([d[i] for d in data], dim) for i in range(len(first))))
+    if isinstance(first, (list, tuple)):
+        return type(first)(concatenate([d[i] for d in data], dim) for i in range(len(first)))
+    if isinstance(first, Mapping):
+        return type(first)({k: concatenate([d[k] for d in data], dim) for k in first})
+    raise TypeError(f"concatenate: cannot concatenate objects of type {type(first).__name__}")
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Zero-pad tensors (nested) along ``dim`` from ``batch_size`` to the next multiple of ``num_processes``.
+
+    So a batch can be split evenly before a collective; drop the padding afterwards.
+    """
+    target = -(-batch_size // num_processes) * num_processes
+
+    def _pad(t: torch.Tensor) -> torch.Tensor:
+        missing = target - t.shape[dim]
+        if missing <= 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = missing
+        return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+    return recursively_apply(_pad, tensor)
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """The main process's ``tensor`` on every process's device (others pass ``None``).
+
+    A collective: every process must call it.
+    """
+    from notebook_accel.runtime.ops import broadcast_object_list
+    from notebook_accel.runtime.state import PartialState
+
+    state = PartialState()
+    sent = tensor.cpu() if state.is_main_process and tensor is not None else None
+    received = broadcast_object_list([sent])[0]
+    if received is None:
+        raise ValueError("copy_tensor_to_devices: the main process passed no tensor")
+    return received.to(state.device)
+
+
+def wait_for_everyone() -> None:
+    """Barrier across all processes (no-op for one process)."""
+    from notebook_accel.runtime.state import PartialState
+
+    PartialState().wait_for_everyone()

@@ -1,0 +1,81 @@
+"""The engine's model and optimizer in ``save_state`` / ``load_state``, through DeepSpeed's checkpoints.
+
+The engine writes ``pytorch_model/`` in the checkpoint (the peer's layout): the module's
+weights (``mp_rank_00_model_states.pt``) and, per rank, that rank's ZeRO partition of the
+fp32 master weights and optimizer state (``*zero_pp_rank_<r>_*optim_states.pt``), so no
+rank ever holds more than its share and a resumed run continues bit for bit. Models and
+optimizers outside the engine are written as in any job; everything else in the checkpoint
+(schedulers, loaders, RNGs) is written by ``notebook_accel.checkpoint.training_state`` as usual.
+DeepSpeed's ``zero_to_fp32.py`` (written into the folder) merges the partitions offline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ENGINE_TAG = "pytorch_model"
+
+
+def _file(prefix: str, index: int) -> str:
+    return f"{prefix}.pt" if index == 0 else f"{prefix}_{index}.pt"
+
+
+class DeepSpeedCheckpointer:
+    """Writes and reads the models and optimizers of one Accelerator (all ranks call both).
+
+    Args:
+        runtime: the Accelerator's DeepSpeed strategy (``strategies.deepspeed.DeepSpeedStrategy``).
+        models: the prepared models (the engine and any others).
+        optimizers: the prepared optimizers (the engine's wrapper and any others).
+    """
+
+    def __init__(self, runtime: Any, models: list[torch.nn.Module], optimizers: list[Any]) -> None:
+        self.runtime = runtime
+        self.models = models
+        self.optimizers = optimizers
+
+    def _others(self) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
+        models = [(i, m) for i, m in enumerate(self.models) if not self.runtime.owns(m)]
+        optimizers = [(i, o) for i, o in enumerate(self.optimizers) if o is not self.runtime.optimizer]
+        return models, optimizers
+
+    def save(self, directory: Path, is_main: bool, write: Callable[[Any, Path], None]) -> None:
+        """Write every model and optimizer into ``directory`` (which exists on every rank);
+        ``write(obj, path)`` writes one file (rank 0 only)."""
+        if self.runtime.engine is not None:
+            # save_latest: the 'latest' file lets DeepSpeed's zero_to_fp32.py find the tag by itself
+            self.runtime.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=True)
+        models, optimizers = self._others()
+        if is_main:
+            for i, model in models:
+                write(model.state_dict(), directory / _file("model", i))
+            for i, opt in optimizers:
+                write(opt.state_dict(), directory / _file("optimizer", i))
+
+    def load(self, directory: Path, is_main: bool, read: Callable[[Path], Any]) -> None:
+        """Restore every model and optimizer from ``directory``; ``read(path)`` loads one file.
+
+        Raises:
+            FileNotFoundError: the checkpoint has no DeepSpeed engine folder (written by a job
+                without DeepSpeed) or lacks a model or optimizer file.
+        """
+        if self.runtime.engine is not None:
+            if not (directory / ENGINE_TAG).is_dir():
+                raise FileNotFoundError(f"{directory} has no {ENGINE_TAG}/ folder: it was not written by a "
+                                        "DeepSpeed job (load it with the strategy that wrote it)")
+            path, _ = self.runtime.engine.load_checkpoint(str(directory), tag=ENGINE_TAG,
+                                                          load_optimizer_states=True,
+                                                          load_lr_scheduler_states=False)
+            if path is None:
+                raise FileNotFoundError(f"DeepSpeed found no checkpoint in {directory / ENGINE_TAG}")
+        models, optimizers = self._others()
+        for prefix, objs in (("model", models), ("optimizer", optimizers)):
+            for i, obj in objs:
+                file = directory / _file(prefix, i)
+                if not file.is_file():
+                    raise FileNotFoundError(f"{file} is missing: the checkpoint was saved with other objects")
+                obj.load_state_dict(read(file))

@@ -1,0 +1,141 @@
+"""Models and optimizers of an FSDP job in ``save_state`` / ``load_state``.
+
+``SHARDED_STATE_DICT`` (default): each model goes to ``pytorch_model_fsdp_<i>/`` and
+each optimizer to ``optimizer_<i>/`` through ``torch.distributed.checkpoint``, one
+file per rank holding only that rank's shards (the peer's layout). No rank ever
+holds more than its shards, and a different world size can load the folder.
+``FULL_STATE_DICT``: the weights and optimizer state are gathered to rank 0, which
+writes ``model.pt`` / ``optimizer.pt`` like an unsharded job; loading broadcasts
+them from rank 0. Everything else in the checkpoint (schedulers, loaders, RNGs) is
+written by ``notebook_accel.checkpoint.training_state`` as usual.
+
+The sharded layout does not depend on the world size: an Accelerator with an FSDP plugin
+writes it even on one process (nothing to shard, one file), and a job of any size
+(one process included) loads a checkpoint written by any other, each process reading
+the pieces it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
+
+from notebook_accel.strategies.fsdp.state_dict import (
+    MODEL_DIR,
+    MODEL_KEY,
+    OPTIMIZER_DIR,
+    OPTIMIZER_KEY,
+    full_state_dict,
+)
+
+
+def _file(prefix: str, index: int) -> str:
+    return f"{prefix}.pt" if index == 0 else f"{prefix}_{index}.pt"
+
+
+class FsdpCheckpointer:
+    """Writes and reads the models and optimizers of one Accelerator (all ranks call both).
+
+    Args:
+        models: the prepared models (sharded or not).
+        optimizers: the prepared optimizers (``AcceleratedOptimizer``).
+        state_dict_type: ``"SHARDED_STATE_DICT"`` or ``"FULL_STATE_DICT"``.
+    """
+
+    def __init__(self, models: list[torch.nn.Module], optimizers: list[Any], state_dict_type: str) -> None:
+        self.models = models
+        self.optimizers = optimizers
+        self.sharded = state_dict_type == "SHARDED_STATE_DICT"
+
+    def _owner(self, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+        mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for model in self.models:
+            if any(id(p) in mine for p in model.parameters()):
+                return model
+        return None
+
+    def save(self, directory: Path, is_main: bool, write: Callable[[Any, Path], None]) -> None:
+        """Write every model and optimizer into ``directory`` (which exists on every rank);
+        ``write(obj, path)`` writes one file (rank 0 only)."""
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        for i, model in enumerate(self.models):
+            if self.sharded:
+                dcp.save({MODEL_KEY: get_model_state_dict(model)}, checkpoint_id=directory / f"{MODEL_DIR}_{i}")
+            else:
+                state = full_state_dict(model, rank0_only=True) if isinstance(model, FSDPModule) else model.state_dict()
+                if is_main:
+                    write(state, directory / _file("model", i))
+        for i, opt in enumerate(self.optimizers):
+            owner = self._owner(opt.optimizer)
+            if owner is None:
+                if is_main:
+                    write(opt.state_dict(), directory / _file("optimizer", i))
+            elif self.sharded:
+                state = get_optimizer_state_dict(owner, opt.optimizer)
+                dcp.save({OPTIMIZER_KEY: state}, checkpoint_id=directory / f"{OPTIMIZER_DIR}_{i}")
+            else:
+                state = get_optimizer_state_dict(owner, opt.optimizer, options=full)
+                if is_main:
+                    write(state, directory / _file("optimizer", i))
+
+    def load(self, directory: Path, is_main: bool, read: Callable[[Path], Any]) -> None:
+        """Restore every model and optimizer from ``directory``; ``read(path)`` loads one file.
+
+        Raises:
+            FileNotFoundError: a model or optimizer has no entry (saved with other objects,
+                or with the other ``state_dict_type``).
+        """
+        for i, model in enumerate(self.models):
+            if self.sharded:
+                state = {MODEL_KEY: get_model_state_dict(model)}
+                dcp.load(state, checkpoint_id=self._folder(directory, f"{MODEL_DIR}_{i}"))
+                set_model_state_dict(model, state[MODEL_KEY])
+            elif isinstance(model, FSDPModule):
+                state = self._read(directory, _file("model", i), read) if is_main else {}
+                set_model_state_dict(model, state, options=_broadcast())
+            else:
+                model.load_state_dict(self._read(directory, _file("model", i), read))
+        for i, opt in enumerate(self.optimizers):
+            owner = self._owner(opt.optimizer)
+            if owner is None:
+                opt.load_state_dict(self._read(directory, _file("optimizer", i), read))
+            elif self.sharded:
+                state = {OPTIMIZER_KEY: get_optimizer_state_dict(owner, opt.optimizer)}
+                dcp.load(state, checkpoint_id=self._folder(directory, f"{OPTIMIZER_DIR}_{i}"))
+                set_optimizer_state_dict(owner, opt.optimizer, state[OPTIMIZER_KEY])
+            elif isinstance(owner, FSDPModule):
+                state = self._read(directory, _file("optimizer", i), read) if is_main else {}
+                set_optimizer_state_dict(owner, opt.optimizer, state, options=_broadcast())
+            else:
+                state = self._read(directory, _file("optimizer", i), read)
+                set_optimizer_state_dict(owner, opt.optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    @staticmethod
+    def _folder(directory: Path, name: str) -> Path:
+        if not (directory / name / ".metadata").is_file():
+            raise FileNotFoundError(f"checkpoint {directory} has no sharded {name}/; was it saved with the same "
+                                    "prepared objects and state_dict_type SHARDED_STATE_DICT?")
+        return directory / name
+
+    @staticmethod
+    def _read(directory: Path, name: str, read: Callable[[Path], Any]) -> Any:
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"checkpoint {directory} has no {name}; was it saved with the same "
+                                    "prepared objects and this state_dict_type?")
+        return read(directory / name)
+
+
+def _broadcast() -> StateDictOptions:
+    return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
