@@ -1,12 +1,14 @@
 """Truth values written as strings (environment variables, config values): one table for the engine.
 
 ``str_to_bool`` is the peer's name (``accelerate.utils.str_to_bool``, re-exported by
-``notebook_accel.utils``); ``env_flag`` reads a variable with it, leniently.
+``notebook_accel.utils``); ``env_flag`` reads a variable with it, leniently; ``to_bool`` reads a
+setting (a bool, or a string from a config file or variable), strictly, naming it when it is bad.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 TRUE_STRINGS = ("y", "yes", "t", "true", "on", "1")
 FALSE_STRINGS = ("n", "no", "f", "false", "off", "0")
@@ -38,3 +40,16 @@ def env_flag(*names: str, default: bool = False) -> bool:
         if raw is not None:
             return raw.strip().lower() in TRUE_STRINGS
     return default
+
+
+def to_bool(name: str, value: Any) -> bool:
+    """``value`` (a bool, or a string such as ``"true"``; an empty string is false) as a bool.
+
+    Raises:
+        ValueError: anything else, naming the setting ``name`` and the valid values.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in TRUE_STRINGS + FALSE_STRINGS + ("",):
+        return value.strip().lower() in TRUE_STRINGS
+    raise ValueError(f"invalid value {value!r} for {name}; valid values: true, false")

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_accel.config import LaunchConfig
+from notebook_accel.flags import to_bool
 from notebook_accel.strategies.deepspeed.config import plugin_from_config
 from notebook_accel.strategies.deepspeed.plugin import OFFLOAD_DEVICES, ZERO_STAGES
-from notebook_accel.strategies.fsdp.plugin import to_bool
 
 DEEPSPEED = "DEEPSPEED"
 # deepspeed_config keys the panel shows (the others are kept as they are in the file)

@@ -52,7 +52,7 @@ class XlaBackend(Backend):
         """Start the host worker running ``payload`` on the cores of ``plan.xla``.
 
         Raises:
-            ValueError: see :func:`notebook_accel.xla.detect.xla_job`.
+            ValueError: see :func:`notebook_accel.machine.tpu.xla_job`.
         """
         job = plan.xla or xla_job(plan.num_processes, plan.num_nodes)
         cores_start = "spawn" if plan.start.method == "spawn" else "fork"

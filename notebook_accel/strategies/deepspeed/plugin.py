@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from notebook_accel.strategies.fsdp.plugin import to_bool
+from notebook_accel.flags import to_bool
 
 USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"
 ZERO_STAGES = (0, 1, 2, 3)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from notebook_accel.flags import to_bool
+
 USE_FSDP = "ACCELERATE_USE_FSDP"
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
@@ -28,22 +30,11 @@ SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"
 _RESHARD_OF_STRATEGY = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
 FSDP1_ONLY_FIELDS = ("backward_prefetch", "use_orig_params", "sync_module_states", "limit_all_gathers",
                      "param_init_fn", "state_dict_config", "optim_state_dict_config")
-_TRUE = ("1", "true", "yes", "on", "y", "t")
-_FALSE = ("0", "false", "no", "off", "n", "f", "")
 
 
 def _env(name: str) -> str | None:
     value = os.environ.get(f"FSDP_{name}")
     return None if value is None or value.lower() in ("none", "null") else value
-
-
-def to_bool(name: str, value: Any) -> bool:
-    """``value`` (a bool or a string such as ``"true"``) as a bool; ``ValueError`` names ``name``."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError(f"invalid value {value!r} for {name}; valid values: true, false")
 
 
 def fsdp_requested() -> bool:

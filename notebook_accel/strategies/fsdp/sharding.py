@@ -25,10 +25,9 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from notebook_accel.runtime.precision import autocast_dtype
 from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from notebook_accel.strategies.fsdp.state_dict import clean_name as _clean
-
-_LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def mixed_precision_policy(plugin: FullyShardedDataParallelPlugin, mixed_precision: str) -> MixedPrecisionPolicy:
@@ -43,7 +42,7 @@ def mixed_precision_policy(plugin: FullyShardedDataParallelPlugin, mixed_precisi
         return MixedPrecisionPolicy(**dtypes)
     if policy is not None:
         raise TypeError(f"mixed_precision_policy must be a MixedPrecisionPolicy or a dict, not {policy!r}")
-    low = _LOW_PRECISION.get(mixed_precision)
+    low = autocast_dtype(mixed_precision)
     if low is None:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32)
