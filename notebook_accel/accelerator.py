@@ -48,7 +48,8 @@ from notebook_accel.runtime.accelerator_state import AcceleratorState
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
 from notebook_accel.runtime.state import DistributedType
-from notebook_accel.strategies import StrategyContext, select
+from notebook_accel.strategies.base import StrategyContext
+from notebook_accel.strategies.registry import select
 
 _SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
 if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):

@@ -157,7 +157,7 @@ def test_changing_the_device_keeps_the_fsdp_strategy():
 def test_xla_is_refused_naming_the_alternatives():
     import torch
 
-    from notebook_accel.strategies import StrategyContext
+    from notebook_accel.strategies.base import StrategyContext
     from notebook_accel.strategies.fsdp.strategy import FsdpStrategy
 
     with pytest.raises(ValueError, match="does not run on XLA devices.*'cuda' or 'cpu'"):

@@ -12,9 +12,11 @@ import torch
 
 from notebook_accel import Accelerator
 from notebook_accel.runtime.state import DistributedType, collective_backend
-from notebook_accel.strategies import STRATEGIES, Strategy, registry, strategy_class
+from notebook_accel.strategies import registry
+from notebook_accel.strategies.base import Strategy
 from notebook_accel.strategies.ddp import DdpStrategy
 from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+from notebook_accel.strategies.registry import STRATEGIES, strategy_class
 
 
 def test_the_default_is_ddp_and_one_process_is_its_plain_case():
@@ -56,16 +58,24 @@ def _parameters(function: Any) -> list[tuple[str, Any, Any]]:
     return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
 
 
-def test_the_config_sections_and_worker_variables_come_from_the_strategies():
-    from notebook_accel.config.schema import STRATEGY_SECTIONS
+def test_the_config_sections_and_worker_variables_come_from_the_registry_without_torch():
     from notebook_accel.strategies.fsdp.config import strategy_environment
 
-    assert registry.config_sections() == STRATEGY_SECTIONS
+    assert registry.config_sections() == {"FSDP": "fsdp_config", "DEEPSPEED": "deepspeed_config"}
     section = {"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT"}
     assert registry.worker_environment("FSDP", section) == strategy_environment("FSDP", section)
     assert registry.worker_environment("FSDP", section)["FSDP_STATE_DICT_TYPE"] == "FULL_STATE_DICT"
     assert registry.worker_environment("MULTI_GPU", None) == {} == registry.worker_environment("NO", None)
-    assert registry.for_distributed_type("XLA").name == "xla"
+    assert registry.for_distributed_type("XLA") == "xla"
+    with pytest.raises(ValueError, match="bad key"):
+        registry.worker_environment("FSDP", {"bad key": 1})
+    code = ("import sys; from notebook_accel.config import load_config; "
+            "from notebook_accel.launch.options import worker_strategy_environment; "
+            "from notebook_accel.strategies import registry; registry.config_sections(); "
+            "registry.worker_environment('DEEPSPEED', {'zero_stage': 2}); "
+            "registry.worker_environment('FSDP', {'fsdp_version': 2}); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"  # the kernel reads the strategies' config without importing torch
 
 
 def test_the_collective_backend_is_chosen_in_one_place():
@@ -102,7 +112,8 @@ class _CountingStrategy(DdpStrategy):
 
 
 def test_adding_a_strategy_is_one_registry_line(monkeypatch):
-    monkeypatch.setattr(registry, "STRATEGIES", {"counting": f"{__name__}:_CountingStrategy", **STRATEGIES})
+    counting = registry.Registration(f"{__name__}:_CountingStrategy", ())
+    monkeypatch.setattr(registry, "STRATEGIES", {"counting": counting, **STRATEGIES})
     accelerator = Accelerator(cpu=True)
     assert isinstance(accelerator.strategy, _CountingStrategy)
     model = torch.nn.Linear(2, 1)
@@ -115,7 +126,7 @@ def test_adding_a_strategy_is_one_registry_line(monkeypatch):
 
 
 def test_on_xla_fsdp_alone_runs_as_xla_and_sharding_or_deepspeed_are_refused():
-    from notebook_accel.strategies import StrategyContext
+    from notebook_accel.strategies.base import StrategyContext
     from notebook_accel.strategies.deepspeed.plugin import DeepSpeedPlugin
 
     plugin = FullyShardedDataParallelPlugin()

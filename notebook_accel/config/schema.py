@@ -10,6 +10,7 @@ from typing import Any
 
 from notebook_accel.contract import DEVICE_TYPES, OPTIONS, START_METHODS
 from notebook_accel.contract import FILE_MIXED_PRECISIONS as MIXED_PRECISIONS
+from notebook_accel.strategies.registry import config_sections
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 # MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
@@ -19,8 +20,8 @@ _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-det
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
     "DEEPSPEED": None,  # ZeRO (deepspeed_config: the workers' ACCELERATE_DEEPSPEED_* variables)
 }
-# The training strategies (the device is separate), each with its section of the file.
-STRATEGY_SECTIONS = {"FSDP": "fsdp_config", "DEEPSPEED": "deepspeed_config"}
+# The training strategies (the device is separate), each with its section of the file: the registry's.
+STRATEGY_SECTIONS = config_sections()
 # The peer's other values load (the file stays usable by the peer) but are reported.
 UNSUPPORTED_DISTRIBUTED_TYPES = ("MEGATRON_LM", "MULTI_NPU", "MULTI_MLU",
                                  "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU",

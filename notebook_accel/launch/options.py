@@ -13,6 +13,7 @@ from notebook_accel import contract
 from notebook_accel.config import LaunchConfig, load_config
 from notebook_accel.config.resolve import layered_options
 from notebook_accel.config.schema import STRATEGY_SECTIONS
+from notebook_accel.strategies import registry
 
 DEFAULTS = {k: v for k, v in contract.DEFAULTS.items() if k in contract.LAYERED}
 
@@ -59,14 +60,10 @@ def worker_strategy_environment(config: LaunchConfig) -> dict[str, str]:
     Raises:
         ValueError: a bad ``fsdp_config`` / ``deepspeed_config`` key or value, naming the file.
     """
-    if config.distributed_type == "FSDP":
-        from notebook_accel.strategies.fsdp.config import strategy_environment
-    elif config.distributed_type == "DEEPSPEED":
-        from notebook_accel.strategies.deepspeed.config import strategy_environment
-    else:
+    key = STRATEGY_SECTIONS.get(config.distributed_type)
+    if key is None:
         return {}
-    key = STRATEGY_SECTIONS[config.distributed_type]
     try:
-        return strategy_environment(config.distributed_type, config.extra.get(key))
+        return registry.worker_environment(config.distributed_type, config.extra.get(key))
     except ValueError as err:
         raise ValueError(f"{config.source or 'launch config'}: {key}: {err}") from None

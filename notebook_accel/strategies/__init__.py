@@ -7,16 +7,7 @@ the implementations: ``ddp`` (several processes or one) and ``xla`` (its device 
 ``deepspeed/``, each holding its strategy (``strategy.py``) with its mechanics (plugin,
 config-file section, checkpointer...). Adding a strategy: a module, or a folder for one
 with mechanics of its own, and one line in ``registry.STRATEGIES``.
+
+This package imports nothing: the kernel reads ``registry`` without importing torch.
 """
 
-from notebook_accel.strategies.base import Strategy, StrategyContext
-from notebook_accel.strategies.registry import (
-           STRATEGIES,
-           config_sections,
-           select,
-           strategy_class,
-           worker_environment,
-)
-
-__all__ = ["STRATEGIES", "Strategy", "StrategyContext", "config_sections", "select", "strategy_class",
-           "worker_environment"]

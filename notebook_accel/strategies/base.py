@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -68,8 +68,6 @@ class Strategy(ABC):
     """
 
     name: ClassVar[str]  # the registry's key
-    config_section: ClassVar[str | None] = None  # its section in a config file (``fsdp_config``...)
-    distributed_types: ClassVar[tuple[str, ...]] = ()  # the config file's distributed_type values it runs
     joint_setup: ClassVar[bool] = False  # a model is set up together with its optimizer (one prepare call)
 
     def __init__(self, context: StrategyContext, plugin: Any = None) -> None:
@@ -92,15 +90,6 @@ class Strategy(ABC):
     @abstractmethod
     def wanted(cls, context: StrategyContext, plugin: Any) -> bool:
         """Whether this strategy runs the job (the registry asks in its order; the first wins)."""
-
-    @classmethod
-    def worker_environment(cls, section: Mapping[str, Any] | None) -> dict[str, str]:
-        """The workers' variables for this strategy's config-file section (validated, kernel side).
-
-        Raises:
-            ValueError: a bad key or value in ``section``.
-        """
-        return {}
 
     @property
     def distributed_type(self) -> DistributedType:

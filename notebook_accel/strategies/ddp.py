@@ -21,7 +21,6 @@ class DdpStrategy(Strategy):
     """Data parallelism with ``DistributedDataParallel`` (``NO``, ``MULTI_CPU``, ``MULTI_GPU``)."""
 
     name: ClassVar[str] = "ddp"
-    distributed_types: ClassVar[tuple[str, ...]] = ("NO", "MULTI_CPU", "MULTI_GPU")
 
     @classmethod
     def wanted(cls, context: StrategyContext, plugin: Any) -> bool:

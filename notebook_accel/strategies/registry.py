@@ -1,24 +1,54 @@
 """The strategies, in the order they are asked, and the choice of one (once per ``Accelerator``).
 
-Adding a strategy: a module (or folder) with a ``Strategy`` subclass, and one line in
-``STRATEGIES``. Its module is imported when the registry is asked, so it must import its
-heavy dependencies (deepspeed, ``torch.distributed.fsdp``...) only when it is built.
+Adding a strategy: a module (or folder) with a ``Strategy`` subclass, and one
+:class:`Registration` line in ``STRATEGIES`` (what the kernel needs to know of it: the config
+file's ``distributed_type`` values it runs, its section, the workers' variables from that
+section). The registry is torch-free; a strategy's module is imported only when a worker asks,
+and must import its heavy dependencies (deepspeed, ``torch.distributed.fsdp``...) only when built.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from notebook_accel.strategies.base import Strategy, StrategyContext
+if TYPE_CHECKING:  # the registry itself is torch-free: the kernel reads it before any worker starts
+    from notebook_accel.strategies.base import Strategy, StrategyContext
 
-# name -> "module:class"; asked in this order, the first that wants the job runs it (ddp: always)
-STRATEGIES: dict[str, str] = {
-    "deepspeed": "notebook_accel.strategies.deepspeed.strategy:DeepSpeedStrategy",
-    "fsdp": "notebook_accel.strategies.fsdp.strategy:FsdpStrategy",
-    "xla": "notebook_accel.strategies.xla:XlaStrategy",
-    "ddp": "notebook_accel.strategies.ddp:DdpStrategy",
+
+@dataclass(frozen=True)
+class Registration:
+    """One strategy as the registry knows it.
+
+    Attributes:
+        strategy: ``"module:Class"`` of its :class:`Strategy`, imported only where it runs (a worker).
+        distributed_types: the config file's ``distributed_type`` values it runs.
+        config_section: its section of a config file (``"fsdp_config"``...), if it has one.
+        environment: ``"module:function"`` turning ``(distributed_type, section)`` into the workers'
+            variables, validating the section (kernel side, torch-free), if it has a section.
+    """
+
+    strategy: str
+    distributed_types: tuple[str, ...]
+    config_section: str | None = None
+    environment: str | None = None
+
+
+def _attribute(target: str) -> Any:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+# asked in this order; the first that wants the job runs it (ddp: always)
+STRATEGIES: dict[str, Registration] = {
+    "deepspeed": Registration("notebook_accel.strategies.deepspeed.strategy:DeepSpeedStrategy", ("DEEPSPEED",),
+                              "deepspeed_config", "notebook_accel.strategies.deepspeed.config:strategy_environment"),
+    "fsdp": Registration("notebook_accel.strategies.fsdp.strategy:FsdpStrategy", ("FSDP",),
+                         "fsdp_config", "notebook_accel.strategies.fsdp.config:strategy_environment"),
+    "xla": Registration("notebook_accel.strategies.xla:XlaStrategy", ("XLA",)),
+    "ddp": Registration("notebook_accel.strategies.ddp:DdpStrategy", ("NO", "MULTI_CPU", "MULTI_GPU")),
 }
 
 
@@ -29,10 +59,10 @@ def strategy_class(name: str) -> type[Strategy]:
         ValueError: an unknown name, listing the known ones.
     """
     try:
-        module, _, attribute = STRATEGIES[name].partition(":")
+        registration = STRATEGIES[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
-    return getattr(importlib.import_module(module), attribute)
+    return _attribute(registration.strategy)
 
 
 def select(context: StrategyContext, plugins: Mapping[str, Any] | None = None) -> tuple[Strategy, dict[str, Any]]:
@@ -57,27 +87,22 @@ def select(context: StrategyContext, plugins: Mapping[str, Any] | None = None) -
     return chosen(context, resolved[chosen.name]), resolved
 
 
-def for_distributed_type(distributed_type: str) -> type[Strategy]:
-    """The strategy that runs a config file's ``distributed_type`` (``"FSDP"`` -> FSDP's...).
+def for_distributed_type(distributed_type: str) -> str:
+    """The name of the strategy that runs a config file's ``distributed_type`` (``"FSDP"`` -> ``"fsdp"``).
 
     Raises:
         ValueError: a value no strategy runs.
     """
-    for name in STRATEGIES:
-        cls = strategy_class(name)
-        if distributed_type in cls.distributed_types:
-            return cls
+    for name, registration in STRATEGIES.items():
+        if distributed_type in registration.distributed_types:
+            return name
     raise ValueError(f"no strategy runs distributed_type {distributed_type!r}")
 
 
 def config_sections() -> dict[str, str]:
     """``distributed_type`` -> the config file's section of its strategy (``{"FSDP": "fsdp_config", ...}``)."""
-    sections = {}
-    for name in STRATEGIES:
-        cls = strategy_class(name)
-        if cls.config_section is not None:
-            sections.update(dict.fromkeys(cls.distributed_types, cls.config_section))
-    return sections
+    return {kind: r.config_section for r in STRATEGIES.values() if r.config_section
+            for kind in r.distributed_types}
 
 
 def worker_environment(distributed_type: str, section: Mapping[str, Any] | None) -> dict[str, str]:
@@ -88,7 +113,9 @@ def worker_environment(distributed_type: str, section: Mapping[str, Any] | None)
         ValueError: a bad key or value in ``section``.
     """
     try:
-        cls = for_distributed_type(distributed_type)
+        registration = STRATEGIES[for_distributed_type(distributed_type)]
     except ValueError:
         return {}
-    return cls.worker_environment(section)
+    if registration.environment is None:
+        return {}
+    return _attribute(registration.environment)(distributed_type, section)

@@ -21,7 +21,6 @@ class XlaStrategy(Strategy):
     """Data parallelism over XLA devices (``DistributedType.XLA``)."""
 
     name: ClassVar[str] = "xla"
-    distributed_types: ClassVar[tuple[str, ...]] = ("XLA",)
 
     def __init__(self, context: StrategyContext, plugin: Any = None) -> None:
         super().__init__(context, plugin)

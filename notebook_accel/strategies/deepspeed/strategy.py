@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -37,8 +36,6 @@ class DeepSpeedStrategy(Strategy):
     """
 
     name: ClassVar[str] = "deepspeed"
-    config_section: ClassVar[str | None] = "deepspeed_config"
-    distributed_types: ClassVar[tuple[str, ...]] = ("DEEPSPEED",)
     joint_setup: ClassVar[bool] = True
 
     def __init__(self, context: StrategyContext, plugin: Any = None) -> None:
@@ -74,12 +71,6 @@ class DeepSpeedStrategy(Strategy):
     @classmethod
     def wanted(cls, context: StrategyContext, plugin: Any) -> bool:
         return plugin is not None
-
-    @classmethod
-    def worker_environment(cls, section: Mapping[str, Any] | None) -> dict[str, str]:
-        from notebook_accel.strategies.deepspeed.config import strategy_environment
-
-        return strategy_environment("DEEPSPEED", section)
 
     @property
     def distributed_type(self) -> DistributedType:

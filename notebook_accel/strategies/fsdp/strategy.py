@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -38,8 +38,6 @@ class FsdpStrategy(Strategy):
     """
 
     name: ClassVar[str] = "fsdp"
-    config_section: ClassVar[str | None] = "fsdp_config"
-    distributed_types: ClassVar[tuple[str, ...]] = ("FSDP",)
 
     def __init__(self, context: StrategyContext, plugin: Any = None) -> None:
         refuse_xla(context.state.device)
@@ -60,12 +58,6 @@ class FsdpStrategy(Strategy):
         over several XLA processes is refused when the strategy is built)."""
         alone_on_xla = context.state.device.type == "xla" and context.state.num_processes == 1
         return plugin is not None and not alone_on_xla
-
-    @classmethod
-    def worker_environment(cls, section: Mapping[str, Any] | None) -> dict[str, str]:
-        from notebook_accel.strategies.fsdp.config import strategy_environment
-
-        return strategy_environment("FSDP", section)
 
     @property
     def distributed_type(self) -> DistributedType:
