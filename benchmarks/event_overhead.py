@@ -97,9 +97,9 @@ def kernel_cost(count: int = 20_000) -> float:
     """Seconds the kernel spends per metrics event: read, unpickle, fold into the record."""
     import os
 
+    from notebook_accel.events import EventChannel
     from notebook_accel.launch.backends.processes import enlarge_pipe
     from notebook_accel.launch.record import LaunchRecord, RankStatus
-    from notebook_accel.launch.worker.events import EventChannel
     from notebook_accel.wire import FrameReader
 
     read_fd, write_fd = os.pipe()

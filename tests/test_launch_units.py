@@ -211,7 +211,7 @@ def test_relay_limits_a_flood_and_says_how_much_was_skipped(monkeypatch):
 def test_event_channel_is_bounded_coalesces_and_never_blocks():
     import os
 
-    from notebook_accel.launch.worker.events import EventChannel
+    from notebook_accel.events import EventChannel
     from notebook_accel.wire import FrameReader, Kind
 
     read_fd, write_fd = os.pipe()
