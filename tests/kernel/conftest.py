@@ -9,11 +9,18 @@ from tests.kernel_harness import Kernel
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    """A real IPython kernel shared by the tests of one module, with config dirs of its own."""
+def module_config_dirs(tmp_path_factory):
+    """Config dirs of one module's own, for what outlives a test (a module's kernel); each
+    test still gets its own on top (tests/conftest.py)."""
     with pytest.MonkeyPatch.context() as env:
-        isolate_config(env, tmp_path_factory.mktemp("kernel"))
-        k = Kernel()
+        isolate_config(env, tmp_path_factory.mktemp("config"))
+        yield
+
+
+@pytest.fixture(scope="module")
+def kernel(module_config_dirs):
+    """A real IPython kernel shared by the tests of one module."""
+    k = Kernel()
     k.ok("import torch, torch.distributed as dist\nfrom notebook_accel import notebook_launcher, WorkerError")
     yield k
     k.shutdown()

@@ -23,13 +23,10 @@ def _outputs(cell) -> str:
 
 
 @pytest.mark.slow
-def test_magic_demo_notebook_runs_headless(monkeypatch, tmp_path):
+def test_magic_demo_notebook_runs_headless():
     import nbformat
     from nbclient import NotebookClient
 
-    monkeypatch.setenv("NOTEBOOK_ACCEL_CONFIG_FILE", str(tmp_path / "absent.yaml"))
-    for name in ("NUM_PROCESSES", "MIXED_PRECISION", "START_METHOD"):
-        monkeypatch.delenv(f"NOTEBOOK_ACCEL_{name}", raising=False)
     notebook = nbformat.read(DEMO, as_version=4)
     nbformat.validate(notebook)
     NotebookClient(notebook, timeout=120, kernel_name="python3",

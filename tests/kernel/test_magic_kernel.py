@@ -9,10 +9,6 @@ import pytest
 
 from tests.kernel_harness import Kernel, wait_no_workers
 
-# Launch settings from the outside world must not leak into these tests.
-_NEUTRAL_ENV = {"NOTEBOOK_ACCEL_NUM_PROCESSES": "", "NOTEBOOK_ACCEL_MIXED_PRECISION": "",
-                "NOTEBOOK_ACCEL_START_METHOD": ""}
-
 
 def run_with_reply(kernel: Kernel, code: str):
     """Run a cell; also return its execute_reply (status, payloads such as ``?`` help)."""
@@ -38,8 +34,8 @@ def config_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def kernel(config_path):
-    k = Kernel(extra_env={**_NEUTRAL_ENV, "NOTEBOOK_ACCEL_CONFIG_FILE": str(config_path)})
+def kernel(config_path, module_config_dirs):
+    k = Kernel(extra_env={"NOTEBOOK_ACCEL_CONFIG_FILE": str(config_path)})
     k.ok("%load_ext notebook_accel")
     yield k
     k.shutdown()

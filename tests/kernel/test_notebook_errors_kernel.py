@@ -17,8 +17,7 @@ class NotebookKernel:
     """A kernel whose cells are numbered as in a notebook."""
 
     def __init__(self) -> None:
-        self.kernel = Kernel(extra_env={"NOTEBOOK_ACCEL_NUM_PROCESSES": "",
-                                        "NOTEBOOK_ACCEL_CONFIG_FILE": "/nonexistent/none.yaml"})
+        self.kernel = Kernel()
         self.count = 0
 
     def run(self, code: str):
@@ -28,7 +27,7 @@ class NotebookKernel:
 
 
 @pytest.fixture(scope="module")
-def nb():
+def nb(module_config_dirs):
     k = NotebookKernel()
     k.run("%load_ext notebook_accel\nfrom notebook_accel import notebook_launcher")
     k.run("def check(v):\n    if v:\n        raise ValueError(f'bad {v}')\n"

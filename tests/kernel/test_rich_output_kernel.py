@@ -39,7 +39,7 @@ def job():
 
 
 @pytest.fixture(scope="module")
-def kernel():
+def kernel(module_config_dirs):
     k = Kernel()
     k.ok(SETUP)
     yield k
