@@ -28,7 +28,7 @@ def no_process_left_behind():
     before = {(p.pid, p.info["create_time"]) for p in psutil.process_iter(["create_time"])}
     yield
     deadline = time.monotonic() + LEAK_GRACE_S
-    while (left := started_and_alive(before)) and time.monotonic() < deadline:
+    while (left := _started_and_alive(before)) and time.monotonic() < deadline:
         time.sleep(0.1)
     named = [(p.pid, _title(p)) for p in left]
     for proc in left:
@@ -39,7 +39,7 @@ def no_process_left_behind():
     assert not left, f"processes left behind: {named}"
 
 
-def started_and_alive(before: set[tuple[int, float]]) -> list[psutil.Process]:
+def _started_and_alive(before: set[tuple[int, float]]) -> list[psutil.Process]:
     """Processes alive now, not in ``before``, that this test session started: our
     descendants, and processes marked with our session (workers whose kernel died)."""
     me, marker = os.getpid(), os.environ[SESSION_MARKER]
