@@ -4,7 +4,7 @@ Every front end reads this table: ``notebook_launcher``'s checks (``launch/plan.
 ``launch/options.py``), the config file's precedence (``config/resolve.py``), the
 ``%%accelerate`` magic's flags (``magics/cell/arguments.py``), the ``notebook-accel`` command's
 flags (``cli/``); the config panel's fields are checked against it
-(``tests/test_contract.py``). Adding a launch option is one :class:`LaunchOption` row here,
+(``tests/runtime/test_contract.py``). Adding a launch option is one :class:`LaunchOption` row here,
 plus the keyword in ``notebook_launcher``'s signature and whatever the option does.
 
 A value is checked where it enters (argument, flag, environment variable, file key) and the

@@ -24,5 +24,5 @@ fi
 "$VENV/bin/python" -m pip install -q cloudpickle pyyaml psutil numpy safetensors tqdm \
     pytest pytest-timeout ipykernel jupyter_client
 export PJRT_DEVICE=CPU
-# Only the XLA test modules: the others need the notebook extras this venv does not carry.
-exec "$VENV/bin/python" -m pytest -q -m xla tests/test_xla_*.py "$@"
+# Only the XLA tests (tests/xla/): the others need the notebook extras this venv does not carry.
+exec "$VENV/bin/python" -m pytest -q -m xla tests/xla "$@"

@@ -29,8 +29,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parent.parent
 _MISSING = [name for name in ("playwright", "jupyterlab", "ipywidgets")
             if importlib.util.find_spec(name) is None]
-BROWSER_MARKS = [
-    pytest.mark.browser,
+BROWSER_MARKS = [  # and ``browser``, by folder (tests/browser/conftest.py)
     pytest.mark.slow,
     pytest.mark.timeout(240),
     pytest.mark.skipif(not CHROMIUM.exists(),
@@ -50,11 +49,10 @@ def artifacts_dir(tmp_path: Path) -> Path:
     return path
 
 
-def lab_env(tmp_path: Path) -> dict[str, str]:
-    """The server's environment: this checkout importable, no launch settings from outside."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTEBOOK_ACCEL_")}
-    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+def lab_env() -> dict[str, str]:
+    """The server's environment: this checkout importable (and the test's config dirs)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
 
 

@@ -1,29 +1,64 @@
+"""Suite-wide: every test has config dirs of its own, and no process it started outlives it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
 import pytest
 
-from tests.kernel_harness import Kernel, wait_no_workers
+from tests.config_isolation import isolate_config
+from tests.kernel_harness import SESSION_MARKER
+
+LEAK_GRACE_S = 8.0
+# multiprocessing's helpers live exactly as long as the process that started them.
+_MP_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 
 
 @pytest.fixture(autouse=True)
-def no_worker_left_behind():
-    """Every test must end with no worker process left anywhere on the machine."""
+def isolated_config(tmp_path, monkeypatch):
+    """The test's config dirs are ``tmp_path/config``, ``tmp_path/cache``, ``tmp_path/hf``."""
+    isolate_config(monkeypatch, tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """No process this test started outlives it: waits ``LEAK_GRACE_S``, then kills and fails."""
+    before = {(p.pid, p.info["create_time"]) for p in psutil.process_iter(["create_time"])}
     yield
-    left = wait_no_workers(timeout=8.0)
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while (left := _started_and_alive(before)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    named = [(p.pid, _title(p)) for p in left]
     for proc in left:
-        proc.kill()
-    assert not left, f"worker processes left behind: {[(p.pid, p.name()) for p in left]}"
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, f"processes left behind: {named}"
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    """A real IPython kernel shared by the tests of one module."""
-    k = Kernel()
-    k.ok("import torch, torch.distributed as dist\nfrom notebook_accel import notebook_launcher, WorkerError")
-    yield k
-    k.shutdown()
+def _started_and_alive(before: set[tuple[int, float]]) -> list[psutil.Process]:
+    """Processes alive now, not in ``before``, that this test session started: our
+    descendants, and processes marked with our session (workers whose kernel died)."""
+    me, marker = os.getpid(), os.environ[SESSION_MARKER]
+    found = []
+    for proc in psutil.process_iter(["create_time", "status"]):
+        if (proc.pid, proc.info["create_time"]) in before or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if proc.pid == me or any(h in " ".join(proc.cmdline()) for h in _MP_HELPERS):
+                continue
+            if any(p.pid == me for p in proc.parents()) or proc.environ().get(SESSION_MARKER) == marker:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
-@pytest.fixture
-def fresh_kernel():
-    k = Kernel()
-    yield k
-    k.shutdown()
+def _title(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())[:120] or proc.name()
+    except psutil.Error:
+        return "?"

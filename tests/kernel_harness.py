@@ -14,7 +14,7 @@ from jupyter_client import KernelManager
 WORKER_NAME_PREFIX = "nbaccel-r"
 # Kernels started by this test session carry this marker in their environment, and so
 # do their workers: other sessions' workers on the same machine are left alone.
-SESSION_MARKER = "NOTEBOOK_ACCEL_TEST_SESSION"
+SESSION_MARKER = "NBACCEL_TEST_SESSION"  # not NOTEBOOK_ACCEL_*: the config isolation unsets those
 os.environ.setdefault(SESSION_MARKER, f"{os.getpid()}-{time.time_ns()}")
 
 

@@ -1,7 +1,7 @@
 """One training function, run both by ``notebook_launcher`` and by ``torchrun`` (unchanged).
 
 ``python -m torch.distributed.run --nproc-per-node 2 same_code.py OUT_DIR`` writes
-``OUT_DIR/same_code_rank<r>.pt``; ``tests/test_runtime_launcher.py`` launches
+``OUT_DIR/same_code_rank<r>.pt``; ``tests/runtime/test_runtime_launcher.py`` launches
 ``train`` from a notebook-like parent and compares.
 """
 

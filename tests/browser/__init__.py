@@ -1,0 +1,1 @@
+"""A real Chromium through Playwright, against JupyterLab."""

@@ -1,0 +1,126 @@
+"""The config panel in a real browser: JupyterLab + headless Chromium driven by Playwright
+(the form, Save, Show as code, Test, then DeepSpeed chosen and saved, and a bad combination refused).
+
+Needs ``apt-get install chromium`` (``/usr/bin/chromium``) and ``pip install jupyterlab
+ipywidgets playwright`` (never ``playwright install``). The screenshot
+(``config_panel.png``) is written to ``$TEST_ARTIFACTS_DIR`` (default: the test's tmp dir).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.browser_support import (
+    BROWSER_MARKS,
+    artifacts_dir,
+    chromium,
+    jupyter_lab,
+    lab_env,
+    run_all_cells,
+    wait_for_kernel,
+)
+
+pytestmark = BROWSER_MARKS
+NOTEBOOK = {
+    "nbformat": 4, "nbformat_minor": 5,
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                "language": "python"}},
+    "cells": [{"cell_type": "code", "id": "panel", "metadata": {}, "outputs": [],
+               "execution_count": None,
+               "source": "from magics.panel.form import config_panel\nconfig_panel()"}],
+}
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    artifacts = artifacts_dir(tmp_path)
+    root = tmp_path / "lab"
+    root.mkdir()
+    (root / "panel.ipynb").write_text(json.dumps(NOTEBOOK))  # plain JSON: no nbformat import
+    config = tmp_path / "cache" / "notebook_accel" / "default_config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("num_processes: 1\nstart_method: fork\nmixed_precision: 'no'\n")
+
+    with jupyter_lab(root, lab_env()) as server, sync_playwright() as pw, \
+            chromium(pw, tmp_path / "profile") as page:
+        base, token = server.split("|")
+        try:
+            page.goto(f"{base}/lab/tree/panel.ipynb?token={token}", timeout=60_000)
+            wait_for_kernel(page)
+            run_all_cells(page)
+
+            panel = page.locator(".notebook-accel-config-panel")
+            expect(panel).to_be_visible(timeout=60_000)
+            expect(panel).to_contain_text("CPU cores")
+            expect(panel).to_contain_text(f"{config} (loaded)")
+            processes = panel.locator(".widget-inline-hbox", has_text="Processes").locator("input")
+            expect(processes).to_have_value("1")  # the file's values are shown
+            expect(panel.locator("select").first).to_have_value("auto")
+            fp16 = panel.get_by_role("button", name="fp16", exact=True)
+            expect(fp16).to_be_disabled()
+            expect(fp16).to_have_attribute("title", re.compile("fp16 needs a GPU"))  # tooltip
+
+            processes.fill("99")  # more than allowed: changed, and the panel says so
+            processes.press("Tab")
+            expect(panel).to_contain_text("Processes 99 changed to 8: at most 8 on cpu")
+            expect(processes).to_have_value("8")
+            processes.fill("2")
+            processes.press("Tab")
+            bf16 = panel.locator("button.widget-toggle-button", has_text="bf16")  # + a check icon
+            bf16.click()
+            expect(bf16).to_have_class(re.compile("mod-primary"), timeout=20_000)  # stands out
+            panel.locator(".widget-inline-hbox", has_text="Start method").locator(
+                "select").select_option("spawn")
+            panel.get_by_role("button", name="Save").click()  # the icon joins the name
+            expect(panel).to_contain_text(f"Saved to {config}", timeout=30_000)
+            expect(panel).to_contain_text(f"Config file: {config} (saved")  # the header too
+
+            deadline = time.monotonic() + 20
+            while _read_yaml(config).get("mixed_precision") != "bf16":
+                assert time.monotonic() < deadline, config.read_text()
+                time.sleep(0.2)
+            data = _read_yaml(config)
+            assert (data["num_processes"], data["mixed_precision"], data["start_method"]) == (
+                2, "bf16", "spawn"), data
+
+            panel.get_by_role("button", name="Show as code").click()
+            expect(panel.locator("pre")).to_contain_text("notebook_launcher(")
+            panel.get_by_role("button", name="Test").click()  # real workers, forked by the kernel
+            expect(panel).to_contain_text("Test passed", timeout=120_000)
+            expect(panel).to_contain_text(f"Saved to {config}")  # not replaced by the Test
+            expect(panel.locator(".jp-OutputArea-output", has_text="PASS").first).to_be_visible()
+            assert "ⓘ" not in panel.inner_text()  # no glyph that may be missing
+
+            panel.get_by_role("button", name="DeepSpeed", exact=True).click()  # the third strategy
+            stage = panel.locator(".widget-inline-hbox", has_text="ZeRO stage").locator("select")
+            expect(stage).to_be_visible(timeout=20_000)
+            stage.select_option(label="3: + parameters")
+            panel.locator(".widget-inline-hbox", has_text="Offload parameters").locator(
+                "select").select_option("cpu")  # enabled once the stage is 3
+            panel.get_by_role("button", name="Save").click()
+            deadline = time.monotonic() + 20
+            while (_read_yaml(config).get("deepspeed_config") or {}).get("offload_param_device") != "cpu":
+                assert time.monotonic() < deadline, config.read_text()
+                time.sleep(0.2)
+            data = _read_yaml(config)
+            assert (data["distributed_type"], data["deepspeed_config"]["zero_stage"]) == ("DEEPSPEED", 3), data
+            stage.select_option(label="2: + gradients")  # parameters offloaded at stage 2: refused
+            expect(panel).to_contain_text("needs zero_stage 3, not 2", timeout=20_000)
+            expect(panel.get_by_role("button", name="Save")).to_be_disabled()
+        finally:
+            page.screenshot(path=str(artifacts / "config_panel.png"), full_page=True)
+    assert (artifacts / "config_panel.png").stat().st_size > 1000
+    assert re.search(r"num_processes: 2\n", config.read_text())

@@ -1,0 +1,1 @@
+"""A real Jupyter kernel (tests/kernel_harness, nbclient), the demo notebooks included."""

@@ -1,0 +1,56 @@
+"""The demo notebooks a new user opens first must run top to bottom in a real kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HAVE_OWN_TEST = {"02_cell_magic.ipynb"}  # tests/kernel/test_magic_demo.py runs it
+NOTEBOOKS = sorted(p for p in (Path(__file__).parents[2] / "demo_notebooks").glob("*.ipynb")
+                   if p.name not in HAVE_OWN_TEST)
+
+
+def _execute(path: Path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return notebook
+
+
+def _text(notebook) -> str:
+    parts = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                parts.append(output.text)
+            elif "data" in output:
+                parts.append(output.data.get("text/plain", ""))
+    return "".join(parts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_demo_notebook_runs(path):
+    notebook = _execute(path)  # raises CellExecutionError on any failing cell
+    assert _text(notebook).strip(), f"{path.name} printed nothing"
+    if path.name == "01_quickstart.ipynb":
+        text = _text(notebook)
+        assert "[rank 0] epoch 4: loss" in text and "(2 processes, bf16)" in text
+        held_out = float(text.split("held-out loss:")[1].split()[0])
+        assert held_out < 0.3, held_out
+        assert "caught WorkerError (rank=1): rank 1 failed: ValueError: rank 1 found a bug" in text
+        assert "loss values logged" in text
+        displays = [output.data.get("text/plain", "") for cell in notebook.cells
+                    for output in cell.get("outputs", []) if output.output_type == "display_data"]
+        assert any("finished in" in text for text in displays), displays
+        images = [output for cell in notebook.cells for output in cell.get("outputs", [])
+                  if output.output_type == "display_data" and "image/png" in output.data]
+        assert len(images) == 2, "rank 0's figure, once per training launch"
+    if path.name == "03_config_panel.ipynb":
+        text = _text(notebook)
+        assert "sanity check passed: True" in text
+        assert "world size from the saved file: 2" in text

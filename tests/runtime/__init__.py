@@ -1,0 +1,1 @@
+"""Real worker processes (notebook_launcher, torchrun, the CLI) and collectives; no kernel."""

@@ -1,0 +1,1 @@
+"""Fast tests in one process: no worker process, no kernel."""

@@ -1,0 +1,435 @@
+"""The config panel, driven through the widgets' own Python API, and its rules as functions."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import yaml
+
+from magics.panel.form import config_panel
+from magics.panel.rules import gpu_supports_bf16, precision_choices
+from magics.panel.state import FormState, launcher_call, magic_line, validate
+from notebook_accel.machine.hardware import Hardware
+
+CPU2 = Hardware(cpu_count=2)
+T4X2 = Hardware(cpu_count=8, gpu_names=("Tesla T4", "Tesla T4"))
+H100X4 = Hardware(cpu_count=32, gpu_names=("NVIDIA H100 80GB HBM3",) * 4)
+
+
+@pytest.fixture
+def cfg_path(tmp_path):
+    """The test's default config location (tests/conftest.py isolates it; no peer file)."""
+    return tmp_path / "cache" / "notebook_accel" / "default_config.yaml"
+
+
+def errors(panel) -> bool:
+    return "<b>Error:</b>" in panel.messages.value
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H100 80GB HBM3", True), ("NVIDIA A100-SXM4-40GB", True), ("NVIDIA A10G", True),
+    ("NVIDIA L4", True), ("NVIDIA GeForce RTX 4090", True), ("NVIDIA RTX A6000", True),
+    ("NVIDIA RTX 6000 Ada Generation", True), ("NVIDIA H200", True), ("NVIDIA B200", True),
+    ("Tesla T4", False), ("Tesla V100-SXM2-16GB", False), ("Quadro RTX 8000", False),
+    ("NVIDIA GeForce RTX 2080 Ti", False), ("NVIDIA TITAN RTX", False), ("Tesla K80", False),
+    ("NVIDIA GPU", None),
+])
+def test_bf16_judged_from_the_gpu_name(name, expected):
+    assert gpu_supports_bf16(name) is expected
+
+
+def test_precision_choices_follow_the_hardware():
+    def enabled(device, hw):
+        return {c.value for c in precision_choices(device, hw) if c.enabled}
+
+    assert enabled("auto", CPU2) == {"no", "bf16"}
+    assert enabled("auto", T4X2) == {"no", "fp16"}
+    assert enabled("cpu", T4X2) == {"no", "bf16"}
+    assert enabled("auto", H100X4) == {"no", "fp16", "bf16"}
+    tips = {c.value: c.tooltip for c in precision_choices("auto", T4X2)}
+    assert "Tesla T4" in tips["bf16"] and "8.0" in tips["bf16"]
+    assert "needs a GPU" in {c.value: c.tooltip for c in precision_choices("cpu", CPU2)}["fp16"]
+
+
+def test_validate_rules():
+    assert validate(FormState(num_processes=2), CPU2) == []
+    [note] = validate(FormState(num_processes=4), CPU2)
+    assert note.level == "note" and "4 processes on 2 CPU core(s)" in note.text
+    [err] = validate(FormState(device="cuda", num_processes=3), T4X2)
+    assert err.level == "error" and "only 2 GPU(s)" in err.text
+    [err] = validate(FormState(device="cuda"), CPU2)
+    assert "no NVIDIA GPU" in err.text
+    [err] = validate(FormState(mixed_precision="fp16"), CPU2)
+    assert err.level == "error" and "fp16 needs a GPU" in err.text
+    multi = validate(FormState(num_machines=2, machine_rank=2), CPU2)
+    assert [m.level for m in multi] == ["error"] * 3
+    assert "machine rank must be 0..1" in multi[0].text
+    ok = FormState(num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
+                   main_process_port=29500)
+    assert validate(ok, CPU2) == []
+
+
+def test_code_equivalents():
+    state = FormState(num_processes=2, mixed_precision="bf16", start_method="fork")
+    assert ("notebook_launcher(train, args=(), num_processes=2, mixed_precision='bf16', "
+            "start_method='fork')") in launcher_call(state)
+    assert magic_line(state) == "%%accelerate -n 2 --mixed-precision bf16 --start-method fork"
+    multi = FormState(num_machines=2, main_process_ip="10.0.0.1", main_process_port=29500)
+    assert "num_nodes=2, node_rank=0, master_addr='10.0.0.1', use_port=29500" in launcher_call(multi)
+
+
+def test_panel_shows_hardware_and_defaults_without_a_file(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    text = " ".join(getattr(w, "value", "") for w in panel.children[:2])
+    assert "2 CPU cores" in text and f"Save writes {cfg_path}" in text
+    assert panel.device.value == "auto" and panel.num_processes.value == 2
+    assert panel.precision_buttons["fp16"].disabled and not panel.precision_buttons["bf16"].disabled
+    assert panel.precision_buttons["fp8"].disabled
+    assert panel.multi_node.layout.display == "none"
+    assert not errors(panel) and not panel.save_button.disabled
+
+
+def test_panel_loads_the_current_file(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
+                        "num_processes: 3\nmixed_precision: bf16\nstart_method: spawn\n"
+                        "use_cpu: true\ndowncast_bf16: 'no'\nmy_own_key: 1\n")
+    panel = config_panel(hardware=CPU2)
+    assert panel.device.value == "cpu" and panel.num_processes.value == 3
+    assert panel.mixed_precision == "bf16" and panel.start_method.value == "spawn"
+    assert f"{cfg_path} (loaded)" in panel.children[1].value
+    assert "my_own_key" in panel.children[1].value  # the unused key is reported
+    assert "3 processes on 2 CPU core(s)" in panel.messages.value  # the CPU note
+
+
+def test_panel_save_writes_the_yaml_and_shows_the_path(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.device.value = "cpu"
+    panel.num_processes.value = 2
+    panel.precision_buttons["bf16"].value = True
+    assert not panel.precision_buttons["no"].value  # one choice at a time
+    panel.start_method.value = "forkserver"
+    panel.save_button.click()
+    assert f"Saved to <code>{cfg_path}</code>" in panel.saved.value
+    data = yaml.safe_load(cfg_path.read_text())
+    assert data["num_processes"] == 2 and data["mixed_precision"] == "bf16"
+    assert data["start_method"] == "forkserver" and data["use_cpu"] is True
+    assert data["distributed_type"] == "MULTI_CPU"
+    assert config_panel(hardware=CPU2).mixed_precision == "bf16"  # round trip
+
+
+def test_panel_keeps_keys_it_does_not_show(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("num_processes: 2\ngpu_ids: '0,1'\nmy_own_key: 1\n")
+    panel = config_panel(hardware=T4X2)
+    panel.precision_buttons["fp16"].value = True
+    panel.save_button.click()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert data["my_own_key"] == 1 and data["gpu_ids"] == "0,1" and data["mixed_precision"] == "fp16"
+
+
+def test_panel_errors_block_save(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("mixed_precision: fp16\n")
+    panel = config_panel(hardware=CPU2)  # fp16 from the file, but no GPU here
+    assert panel.mixed_precision == "fp16" and errors(panel) and panel.save_button.disabled
+    assert "fp16 needs a GPU" in panel.messages.value
+    assert panel.save() is None and "Not saved" in panel.saved.value
+    assert cfg_path.read_text() == "mixed_precision: fp16\n"
+    panel.precision_buttons["bf16"].value = True
+    assert not errors(panel) and not panel.save_button.disabled
+
+
+def test_panel_process_count_is_bounded_by_the_gpus(cfg_path):
+    panel = config_panel(hardware=T4X2)
+    assert panel.num_processes.value == 2
+    panel.num_processes.value = 5
+    assert panel.num_processes.value == 2  # clamped to the detected GPUs, and it says so
+    assert "Processes 5 changed to 2: at most 2 on cuda" in panel.clamp_note.value
+    panel.device.value = "cpu"
+    panel.num_processes.value = 40
+    assert panel.num_processes.value == 32
+    panel.num_processes.value = 12
+    assert "12 processes on 8 CPU core(s)" in panel.messages.value and not errors(panel)
+    assert not panel.precision_buttons["bf16"].disabled and panel.precision_buttons["fp16"].disabled
+
+
+def test_panel_multi_node_fields_and_validation(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.num_machines.value = 2
+    assert panel.multi_node.layout.display == ""
+    assert errors(panel) and panel.save_button.disabled
+    assert "main process IP" in panel.messages.value
+    panel.main_process_ip.value = "10.1.2.3"
+    panel.main_process_port.value = 29500
+    panel.machine_rank.value = 1
+    assert not errors(panel)
+    panel.save_button.click()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["num_machines"], data["machine_rank"], data["main_process_ip"],
+            data["main_process_port"]) == (2, 1, "10.1.2.3", 29500)
+    panel.num_machines.value = 1
+    assert panel.multi_node.layout.display == "none"
+
+
+def test_panel_copy_as_code_follows_the_form(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    assert panel.code.layout.display == "none"
+    panel.code_button.click()
+    assert panel.code.layout.display == ""
+    assert "notebook_launcher(train, args=(), num_processes=2)" in panel.code.value
+    assert "%%accelerate -n 2" in panel.code.value
+    panel.precision_buttons["bf16"].value = True
+    assert "mixed_precision=&#x27;bf16&#x27;" in panel.code.value
+    assert "%%accelerate -n 2 --mixed-precision bf16" in panel.code.value
+
+
+def test_panel_shows_a_malformed_file_instead_of_failing(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("num_processes: [1\n")
+    panel = config_panel(hardware=CPU2)
+    assert "Could not read the config file" in panel.children[1].value
+    assert "malformed YAML" in panel.children[1].value
+
+
+def test_panel_test_button_streams_the_sanity_check(cfg_path, monkeypatch):
+    import notebook_accel.cli.sanity as sanity
+
+    calls = []
+
+    def fake(**options):
+        calls.append(options)
+        print("[rank 0] step 1\n[rank 1] step 1")
+        print("  PASS  fake check", end="")
+        return True
+
+    monkeypatch.setattr(sanity, "run_sanity_check", fake)
+    panel = config_panel(hardware=CPU2)
+    panel.precision_buttons["bf16"].value = True
+    panel.test_button.click()
+    assert calls == [{"num_processes": 2, "mixed_precision": "bf16", "start_method": "auto",
+                      "device": "cpu", "num_nodes": 1, "node_rank": 0,
+                      "master_addr": "127.0.0.1"}]
+    texts = [o["text"] for o in panel.test_output.outputs]
+    assert all(t.endswith("\n") for t in texts[:-1])  # whole lines, as they come
+    assert "".join(texts) == "[rank 0] step 1\n[rank 1] step 1\n  PASS  fake check"
+    assert "Test passed" in panel.status.value and not panel.test_button.disabled
+
+    monkeypatch.setattr(sanity, "run_sanity_check", lambda **o: 1 / 0)
+    panel.test_button.click()
+    assert "Test failed" in panel.status.value
+    assert panel.test_output.outputs[-1]["text"] == "ZeroDivisionError: division by zero\n"
+
+
+def test_panel_test_button_without_the_sanity_module(cfg_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "notebook_accel.cli.sanity", None)
+    panel = config_panel(hardware=CPU2)
+    assert panel.test() is None and "notebook_accel.cli.sanity is missing" in panel.status.value
+
+
+@pytest.mark.slow
+def test_panel_test_button_runs_real_workers(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.start_method.value = "fork"
+    assert panel.test() is True, panel.test_output.outputs
+    text = "".join(o["text"] for o in panel.test_output.outputs)
+    assert "PASS" in text and "2 workers" in text
+
+
+def test_panel_loads_the_peers_file_and_saves_ours(cfg_path, tmp_path):
+    peer = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    peer.parent.mkdir(parents=True)
+    peer.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
+                    "num_processes: 2\nmixed_precision: bf16\nuse_cpu: true\n")
+    panel = config_panel(hardware=CPU2)
+    assert f"{peer} (loaded)" in panel.children[1].value
+    assert panel.device.value == "cpu" and panel.mixed_precision == "bf16"
+    assert panel.save() == cfg_path and yaml.safe_load(cfg_path.read_text())["use_cpu"] is True
+    assert "num_processes: 2\n" in peer.read_text() and "start_method" not in peer.read_text()
+
+
+def test_panel_says_which_environment_variables_override_the_file(cfg_path, monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_ACCEL_NUM_PROCESSES", "4")
+    panel = config_panel(hardware=CPU2)
+    assert "NOTEBOOK_ACCEL_NUM_PROCESSES=4 is set: it overrides the file&#x27;s num_processes" in (
+        panel.children[1].value)
+
+
+def test_panel_shows_a_device_the_machine_lacks_as_an_error(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    panel = config_panel(hardware=CPU2)
+    assert panel.device.value == "cuda" and ("cuda (not detected)", "cuda") in panel.device.options
+    assert "no NVIDIA GPU" in panel.messages.value and panel.save_button.disabled
+    panel.device.value = "auto"
+    assert not errors(panel)
+
+
+def test_panel_says_when_the_file_asks_for_more_gpus_than_detected(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("distributed_type: MULTI_GPU\nnum_processes: 4\n")
+    panel = config_panel(hardware=T4X2)
+    assert panel.num_processes.value == 2
+    assert "The file asks for 4 processes; at most 2 here" in panel.children[1].value
+
+
+def test_panel_on_this_machine_never_initialises_cuda(cfg_path):
+    import torch
+
+    from notebook_accel.machine.hardware import detect
+
+    panel = config_panel()  # the real detection
+    assert panel.hardware == detect() and detect().summary() in panel.children[0].value
+    assert not torch.cuda.is_initialized()
+
+
+def test_panel_says_what_it_changed_and_what_was_saved(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.device.value = "cpu"
+    panel.num_processes.value = 999
+    assert panel.num_processes.value == 8  # 4 per core, at least 8 (panel_rules)
+    assert "Processes 999 changed to 8: at most 8 on cpu here (2 CPU cores)" in \
+        panel.clamp_note.value
+    panel.num_processes.value = 0
+    assert panel.num_processes.value == 1 and "Processes 0 changed to 1: at least 1" in \
+        panel.clamp_note.value
+    panel.num_processes.value = 2
+    assert panel.clamp_note.value == ""  # a fresh choice clears the note
+    assert "none yet" in panel.notes.value
+    panel.precision_buttons["bf16"].value = True
+    assert panel.precision_buttons["bf16"].button_style == "primary"
+    assert panel.precision_buttons["no"].button_style == ""
+    panel.save_button.click()
+    assert f"Config file: {cfg_path} (saved" in panel.notes.value  # the header follows
+    panel.status.value = "Test passed"  # what the Test button writes
+    assert f"Saved to <code>{cfg_path}</code>" in panel.saved.value  # and does not replace
+    assert panel.code_button.description == "Show as code"
+    assert "ⓘ" not in panel.messages.value and "✗" not in panel.messages.value
+
+
+DEEPSPEED_YAML = ("distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\ndeepspeed_config:\n"
+                  "  zero_stage: 3\n  offload_optimizer_device: cpu\n  offload_param_device: cpu\n"
+                  "  gradient_clipping: 0.5\n  zero3_save_16bit_model: true\n  zero3_init_flag: true\n")
+
+
+def _deepspeed_values(panel) -> tuple:
+    ds = panel.deepspeed
+    return (panel.strategy.strategy.value, ds.zero_stage.value, ds.offload_optimizer.value,
+            ds.offload_param.value, ds.clipping.value, ds.save16.value)
+
+
+def test_panel_round_trips_a_deepspeed_file(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text(DEEPSPEED_YAML)
+    panel = config_panel(hardware=CPU2)
+    assert _deepspeed_values(panel) == ("DEEPSPEED", 3, "cpu", "cpu", "0.5", True)
+    assert panel.deepspeed.box.layout.display == "" and panel.strategy.options.layout.display == "none"
+    assert not panel.deepspeed.offload_param.disabled and not panel.deepspeed.save16.disabled
+    assert "not used by notebook_accel" not in panel.notes.value
+    assert not errors(panel) and not panel.save_button.disabled
+    panel.deepspeed.clipping.value = "1.5"
+    panel.code_button.click()
+    assert "DeepSpeed ZeRO-3 from the saved file" in panel.code.value
+    assert "# DeepSpeed settings are read from the saved file" in panel.code.value
+    assert panel.save() == cfg_path
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["distributed_type"], data["use_cpu"], data["num_processes"]) == ("DEEPSPEED", True, 2)
+    assert data["deepspeed_config"] == {
+        "zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu",
+        "gradient_clipping": 1.5, "zero3_save_16bit_model": True,
+        "zero3_init_flag": True}  # a key the panel does not show: kept
+    assert "fsdp_config" not in data
+    assert _deepspeed_values(config_panel(hardware=CPU2)) == ("DEEPSPEED", 3, "cpu", "cpu", "1.5", True)
+
+    from notebook_accel.config import load_config
+    from notebook_accel.launch.options import worker_strategy_environment
+
+    env = worker_strategy_environment(load_config(cfg_path))  # what the launcher makes of it
+    assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3" and env["ACCELERATE_GRADIENT_CLIPPING"] == "1.5"
+
+
+def test_panel_flags_a_bad_deepspeed_combination_and_does_not_save(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    text = DEEPSPEED_YAML.replace("zero_stage: 3", "zero_stage: 2")
+    cfg_path.write_text(text)
+    panel = config_panel(hardware=CPU2)
+    assert _deepspeed_values(panel)[:4] == ("DEEPSPEED", 2, "cpu", "cpu")  # the file's values, as they are
+    assert errors(panel) and panel.save_button.disabled
+    assert "offload_param_device &#x27;cpu&#x27; needs zero_stage 3, not 2" in panel.messages.value
+    assert not panel.deepspeed.offload_param.disabled  # enabled, so the bad value can be undone
+    assert panel.save() is None and "Not saved" in panel.saved.value
+    assert cfg_path.read_text() == text
+    panel.deepspeed.offload_param.value = "none"
+    assert not errors(panel) and panel.deepspeed.offload_param.disabled  # stage 3 only
+    panel.deepspeed.clipping.value = "big"
+    assert "gradient clipping &#x27;big&#x27; is not a number" in panel.messages.value
+    panel.deepspeed.clipping.value = ""
+    panel.deepspeed.offload_optimizer.value = "nvme"
+    assert panel.deepspeed.optimizer_nvme_path.layout.display == ""
+    assert "offload_optimizer_device &#x27;nvme&#x27; needs offload_optimizer_nvme_path" in panel.messages.value
+    panel.deepspeed.optimizer_nvme_path.value = "/local_nvme"
+    assert not errors(panel)
+    panel.deepspeed.zero_stage.value = 0
+    assert "needs zero_stage 1-3" in panel.messages.value and panel.save_button.disabled
+    panel.deepspeed.zero_stage.value = 1
+    data = yaml.safe_load(panel.save().read_text())["deepspeed_config"]
+    assert (data["zero_stage"], data["offload_optimizer_device"], data["offload_optimizer_nvme_path"]) == (
+        1, "nvme", "/local_nvme")
+    assert "gradient_clipping" not in data  # cleared in the form
+
+
+def test_panel_switching_strategies_drops_the_other_section(cfg_path):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\nfsdp_config:\n"
+                        "  fsdp_version: 2\n  fsdp_transformer_layer_cls_to_wrap: Block\n")
+    panel = config_panel(hardware=CPU2)
+    assert panel.strategy.strategy.value == "FSDP" and panel.deepspeed.box.layout.display == "none"
+    assert panel.strategy.strategy.options[2] == ("DeepSpeed", "DEEPSPEED")
+    panel.strategy.strategy.value = "DEEPSPEED"
+    assert panel.deepspeed.box.layout.display == "" and panel.strategy.options.layout.display == "none"
+    assert panel.deepspeed.zero_stage.value == 2 and panel.deepspeed.offload_param.disabled  # the defaults
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["distributed_type"] == "DEEPSPEED" and "fsdp_config" not in data
+    assert data["deepspeed_config"] == {"zero_stage": 2, "offload_optimizer_device": "none",
+                                        "offload_param_device": "none", "zero3_save_16bit_model": False}
+    panel.strategy.strategy.value = "FSDP"
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["distributed_type"] == "FSDP" and "deepspeed_config" not in data
+    assert data["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "Block"
+    panel.strategy.strategy.value = "DDP"
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["distributed_type"] == "MULTI_CPU"
+    assert "fsdp_config" not in data and "deepspeed_config" not in data
+
+
+def test_panel_shows_a_deepspeed_json_read_only(cfg_path, tmp_path):
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text('{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, '
+                       '"gradient_clipping": 2.0}')
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text(f"distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+                        f"  deepspeed_config_file: {ds_json}\n  zero3_init_flag: true\n")
+    panel = config_panel(hardware=CPU2)
+    assert _deepspeed_values(panel)[:5] == ("DEEPSPEED", 3, "none", "cpu", "2.0")  # the JSON's
+    assert all(w.disabled for w in panel.deepspeed.fields)
+    assert f"deepspeed_config_file {ds_json}" in panel.messages.value and not errors(panel)
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["deepspeed_config"] == {"deepspeed_config_file": str(ds_json), "zero3_init_flag": True}
+    ds_json.unlink()
+    panel.num_processes.value = 1
+    assert "no such file" in panel.messages.value and panel.save_button.disabled
+
+
+def test_deepspeed_rules_as_functions():
+    from magics.panel.deepspeed import DeepSpeedForm
+    from magics.panel.fsdp import FsdpForm
+
+    state = FormState(num_processes=1, fsdp=FsdpForm(strategy="DEEPSPEED"), deepspeed=DeepSpeedForm())
+    assert [m.text for m in validate(state, CPU2)][0].startswith("DeepSpeed with 1 process")
+    [err] = validate(FormState(device="xla", fsdp=FsdpForm(strategy="DEEPSPEED")), Hardware(cpu_count=2, tpu=True))[:1]
+    assert err.level == "error" and "DeepSpeed does not run on TPU" in err.text
+    assert validate(FormState(num_processes=2, deepspeed=DeepSpeedForm(zero_stage=0,
+                                                                      offload_param_device="cpu")), CPU2) == []
+    assert magic_line(FormState(num_processes=2, fsdp=FsdpForm(strategy="DEEPSPEED"))) == (
+        "%%accelerate -n 2\n# DeepSpeed settings are read from the saved file")
