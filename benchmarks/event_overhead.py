@@ -30,8 +30,7 @@ def train(rounds: int, steps: int, width: int, warmup: int = 200) -> dict:
     """The whole alternating run; rank 0 returns its block times and the event cost."""
     import torch
 
-    from notebook_accel import Accelerator
-    from notebook_accel.launch.worker import events
+    from notebook_accel import Accelerator, events
     from notebook_accel.observe.progress import tqdm
 
     torch.manual_seed(0)

@@ -64,7 +64,7 @@ def train():
         opt.zero_grad()
     total = accelerator.reduce(loss.detach(), "mean")
     plain = accelerator.unwrap_model(model)
-    print("type", accelerator.distributed_type.value, "holds", local, "loss", round(float(total), 6))
+    print(f"type {accelerator.distributed_type.value} holds {local} loss {round(float(total), 6)}", flush=True)
     return plain
 """
 
@@ -125,7 +125,8 @@ def test_torchrun_runs_the_same_function_with_the_zero3_configs_variables(config
     env = worker_strategy_environment(load_config(configs["zero3"]))  # what `accelerate launch` would set
     returncode, output = run_torchrun([str(script)], timeout=200, extra_env=env)
     assert returncode == 0, output[-4000:]
-    assert output.count("type DEEPSPEED holds 106 loss") == 2, output[-4000:]
+    # torchrun relays both ranks to one stdout: the other rank's output may cut into a line
+    assert output.count("DEEPSPEED holds 106 loss") == 2, output[-4000:]
 
 
 def test_the_cell_says_when_deepspeed_compiles_its_ops(kernel, configs, tmp_path):

@@ -22,7 +22,7 @@ from notebook_accel import notebook_launcher, last_launch
 
 def train(steps):
     import time
-    from notebook_accel.launch.worker import events
+    from notebook_accel import events
     from notebook_accel.observe.progress import tqdm
     from notebook_accel.runtime.state import PartialState
     rank = PartialState().process_index
@@ -122,7 +122,7 @@ from notebook_accel import notebook_launcher
 
 def train():
     import time
-    from notebook_accel.launch.worker import events
+    from notebook_accel import events
     for step in range(15):
         events.emit("metrics", {"step": step, "values": {"loss": 1.0 / (step + 1)}})
         time.sleep(0.1)

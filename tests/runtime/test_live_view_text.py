@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
 
     def train():
         import os, time
-        from notebook_accel.launch.worker import events
+        from notebook_accel import events
         for step in range(12):
             events.emit("metrics", {"step": step, "values": {"loss": 0.5}})
             time.sleep(0.1)

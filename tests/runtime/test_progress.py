@@ -49,7 +49,7 @@ def _train():
     import sys
     import time
 
-    from notebook_accel.launch.worker import events
+    from notebook_accel import events
     from notebook_accel.observe.progress import EventTqdm, tqdm
 
     kinds = []
@@ -81,7 +81,7 @@ def test_in_launched_workers_progress_goes_to_the_kernel_as_events(capfd):
 
 
 def test_nested_bars_report_once_through_the_innermost(monkeypatch):
-    from notebook_accel.launch.worker import events
+    from notebook_accel import events
     from notebook_accel.observe.progress import bar_label
 
     sent = []
