@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
+    "WorkerPool": "notebook_accel.launch.pool",
     "WorkerError": "notebook_accel.launch.errors",
     "last_launch": "notebook_accel.launch.record",
     "tqdm": "notebook_accel.progress",
