@@ -28,6 +28,7 @@ from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.tracebacks import hide_our_frames
+from notebook_accel.launch.worker.serve import join_process_group
 
 POOL_OPTIONS = ("num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
                 "timeout", "return_all", "output", "device", "config_file", "fsdp")
@@ -127,8 +128,14 @@ class WorkerPool:
         return plan
 
     def _start(self) -> None:
-        self._current.workers = PoolWorkers(self.plan)
+        self._current.workers = workers = PoolWorkers(self.plan)
         self._names = ()
+        try:  # the process group is ready before the first run
+            launch_once(PoolBackend(workers), self.plan,
+                        serialise_payload(join_process_group, (), {}))
+        except BaseException:
+            self._current.close()
+            raise
 
     # -- the public surface ----------------------------------------------------------------
 

@@ -85,6 +85,13 @@ def _serve_run(spec: WorkerSpec, pipes: WorkerPipes, run: Run) -> None:
                         names=namespace.names()))
 
 
+def join_process_group() -> None:
+    """Run on every rank when a pool starts: the process group is ready for the first run."""
+    from notebook_accel.state import PartialState
+
+    PartialState()
+
+
 def _broke_group(outcome: wire.Result | FailureRecord) -> bool:
     """The run failed inside torch.distributed (an interrupted or broken collective)."""
     if type(outcome) is not FailureRecord:
