@@ -1,0 +1,70 @@
+"""WorkerPool in a real Jupyter kernel: the stop button, and a kernel that dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+import time
+
+import pytest
+
+from tests.kernel_harness import Kernel, wait_no_workers, worker_processes
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_stop_button_interrupts_every_rank_and_the_pool_keeps_its_state(fresh_kernel):
+    k = fresh_kernel
+    k.ok(textwrap.dedent("""
+        from notebook_accel import WorkerPool
+        pool = WorkerPool(num_processes=2, return_all=True)
+        def work():
+            import time
+            global answer, stopped_at
+            answer = 42
+            print("started", flush=True)
+            try:
+                time.sleep(60)
+            except KeyboardInterrupt:
+                stopped_at = time.time()
+                raise
+        def look():
+            import os
+            return answer, stopped_at, os.getpid()
+        pids = [info.pid for info in pool.status()]
+    """))
+    msg_id = k.execute("pool.run(work)")
+    pressed = {}
+
+    def on_output(result):
+        if result.stdout.count("started") == 2 and "t" not in pressed:
+            pressed["t"], pressed["wall"] = time.monotonic(), time.time()
+            k.manager.interrupt_kernel()
+
+    result = k.collect(msg_id, timeout=60, on_output=on_output)
+    assert "t" in pressed, result
+    assert time.monotonic() - pressed["t"] < 3
+    assert result.error is not None and result.error["ename"] == "LaunchInterrupted"
+    assert result.error["traceback"] == [
+        "KeyboardInterrupt: interrupted the run on 2 ranks; the pool keeps its state"]
+    looks = k.value("pool.run(look)")
+    assert [answer for answer, _, _ in looks] == [42, 42]
+    assert all(at - pressed["wall"] < 0.5 for _, at, _ in looks), looks  # each rank's interrupt
+    assert [pid for _, _, pid in looks] == k.value("pids")
+    k.ok("pool.close()")
+    assert not wait_no_workers(timeout=5)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_killed_kernel_takes_its_pool_along(method):
+    k = Kernel()
+    try:
+        k.ok(f"from notebook_accel import WorkerPool\npool = WorkerPool(num_processes=2, "
+             f"start_method={method!r})")
+        assert len(worker_processes()) == 2
+        os.kill(k.pid, signal.SIGKILL)
+        left = wait_no_workers(timeout=15)  # the promise: gone within 15 s
+    finally:
+        k.shutdown()
+    assert not left, (method, left)
