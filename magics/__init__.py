@@ -2,7 +2,7 @@
 
 Load it with ``%load_ext notebook_accel`` (or ``%load_ext magics``). Importing
 this package is cheap: IPython is imported only when the extension is loaded,
-because the workers import ``magics.cell_runner`` too.
+because the workers import ``magics.cell.runner`` too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from notebook_accel.launch import register_kernel_view
 
 def _live_view(record: Any) -> Any:
     """The widget live view of a launch in a kernel (``ImportError`` without ipywidgets)."""
-    from magics.live_view import LiveView
+    from magics.view.live_view import LiveView
 
     return LiveView(record)
 

@@ -14,13 +14,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import parse_argstring
 
-from magics import commands, pulling
-from magics.arguments import COMMANDS, launch_options, magic_flags
-from magics.cell_runner import CELL_VALUE, cell_job
-from magics.cell_source import make_cell_code
-from magics.flag_check import check_words
-from magics.names import analyse_cell
-from magics.shipping import check_defined, collect_names
+from magics import commands
+from magics.cell import pulling
+from magics.cell.arguments import COMMANDS, launch_options, magic_flags
+from magics.cell.flag_check import check_words
+from magics.cell.names import analyse_cell
+from magics.cell.runner import CELL_VALUE, cell_job
+from magics.cell.shipping import check_defined, collect_names
+from magics.cell.source import make_cell_code
 from notebook_accel.launch import deferred_interrupts
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from magics.arguments import launch_options
+from magics.cell.arguments import launch_options
 
 
 class SanityCheckFailed(RuntimeError):
@@ -70,18 +70,18 @@ PANEL_MISSING = (
 
 
 def config(args: argparse.Namespace) -> Any:
-    """Show the config panel (``magics.config_panel.config_panel()``) if it is installed.
+    """Show the config panel (``magics.panel.config_panel()``) if it is installed.
 
     Raises:
         UsageError: ipywidgets, which the panel needs, is missing.
     """
     try:
-        panel = importlib.import_module("magics.config_panel")
+        panel = importlib.import_module("magics.panel.form")
     except ModuleNotFoundError as error:
         if error.name == "ipywidgets":
             raise UsageError("the config panel needs ipywidgets: pip install ipywidgets, then "
                              "run %accelerate config again") from None
-        if error.name != "magics.config_panel":
+        if error.name != "magics.panel.form":
             raise
         print(PANEL_MISSING)
         return None

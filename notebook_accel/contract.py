@@ -2,7 +2,7 @@
 
 Every front end reads this table: ``notebook_launcher``'s checks (``launch/plan.py``,
 ``launch/options.py``), the config file's precedence (``config/resolve.py``), the
-``%%accelerate`` magic's flags (``magics/arguments.py``), the ``notebook-accel`` command's
+``%%accelerate`` magic's flags (``magics/cell/arguments.py``), the ``notebook-accel`` command's
 flags (``cli.py``, ``cli_launch.py``); the config panel's fields are checked against it
 (``tests/test_contract.py``). Adding a launch option is one :class:`LaunchOption` row here,
 plus the keyword in ``notebook_launcher``'s signature and whatever the option does.

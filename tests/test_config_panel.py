@@ -7,9 +7,9 @@ import sys
 import pytest
 import yaml
 
-from magics.config_panel import config_panel
-from magics.panel_rules import gpu_supports_bf16, precision_choices
-from magics.panel_state import FormState, launcher_call, magic_line, validate
+from magics.panel.form import config_panel
+from magics.panel.rules import gpu_supports_bf16, precision_choices
+from magics.panel.state import FormState, launcher_call, magic_line, validate
 from notebook_accel.hardware import Hardware
 
 CPU2 = Hardware(cpu_count=2)
@@ -427,8 +427,8 @@ def test_panel_shows_a_deepspeed_json_read_only(cfg_path, tmp_path):
 
 
 def test_deepspeed_rules_as_functions():
-    from magics.panel_deepspeed import DeepSpeedForm
-    from magics.panel_fsdp import FsdpForm
+    from magics.panel.deepspeed import DeepSpeedForm
+    from magics.panel.fsdp import FsdpForm
 
     state = FormState(num_processes=1, fsdp=FsdpForm(strategy="DEEPSPEED"), deepspeed=DeepSpeedForm())
     assert [m.text for m in validate(state, CPU2)][0].startswith("DeepSpeed with 1 process")

@@ -104,9 +104,9 @@ def test_cli_flags_match_the_table():
 
 def test_panel_fields_match_the_table(isolated):
     pytest.importorskip("ipywidgets")
-    from magics.config_panel import ConfigPanel
-    from magics.panel_rules import START_METHOD_TIPS, device_choices, precision_choices
-    from magics.panel_state import FormState
+    from magics.panel.form import ConfigPanel
+    from magics.panel.rules import START_METHOD_TIPS, device_choices, precision_choices
+    from magics.panel.state import FormState
 
     panel = ConfigPanel(hardware=Hardware(cpu_count=2))
     fields = set(FormState.__dataclass_fields__)
@@ -201,7 +201,7 @@ def test_magic_flag_errors_name_the_flag():
     from IPython.core.magic_arguments import parse_argstring
 
     from magics.accelerate_magic import AccelerateMagics
-    from magics.arguments import launch_options
+    from magics.cell.arguments import launch_options
 
     magic = AccelerateMagics.accelerate
     with pytest.raises(UsageError, match="flag --num-processes: num_processes=0 must be an integer >= 1"):
@@ -225,8 +225,8 @@ def test_cli_launch_flag_errors_name_the_flag(tmp_path, isolated, capsys):
 def test_panel_code_uses_the_tables_names():
     import re
 
-    from magics.panel_fsdp import FsdpForm
-    from magics.panel_state import FormState, launcher_call, magic_line
+    from magics.panel.fsdp import FsdpForm
+    from magics.panel.state import FormState, launcher_call, magic_line
 
     state = FormState(device="cpu", num_processes=2, mixed_precision="bf16", start_method="spawn",
                       num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
@@ -240,7 +240,7 @@ def test_panel_code_uses_the_tables_names():
 
 
 def test_magic_typo_suggestions_point_to_the_tables_flags():
-    from magics.flag_check import _FAMILIAR
+    from magics.cell.flag_check import _FAMILIAR
 
     flags = {o.magic_flag for o in OPTIONS.values() if o.magic_flag}
     assert set(_FAMILIAR.values()) <= flags

@@ -167,7 +167,7 @@ def test_xla_is_refused_naming_the_alternatives():
 def test_config_panel_strategy_choice_round_trips_the_file(tmp_path):
     import yaml
 
-    from magics.config_panel import config_panel
+    from magics.panel.form import config_panel
     from notebook_accel.hardware import Hardware
 
     path = tmp_path / "fsdp.yaml"

@@ -127,4 +127,4 @@ def test_config_panel_is_the_front_ends():
 
     assert "config_panel" not in notebook_accel.__all__
     with pytest.raises(AttributeError):
-        notebook_accel.config_panel  # noqa: B018 - the magic and magics.config_panel keep it
+        notebook_accel.config_panel  # noqa: B018 - the magic and magics.panel.form keep it

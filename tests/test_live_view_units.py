@@ -7,8 +7,8 @@ import math
 import re
 import time
 
-from magics.live_plots import MAX_POINTS, Plots, Series, metric_svg
-from magics.live_view import LiveView, render
+from magics.view.live_view import LiveView, render
+from magics.view.plots import MAX_POINTS, Plots, Series, metric_svg
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.text_view import TextView
 from notebook_accel.progress import job_progress
@@ -205,7 +205,7 @@ def test_text_view_is_silent_for_a_trivial_job():
 
 
 def test_ranks_without_output_get_no_empty_box_and_only_the_root_cause_is_red():
-    from magics.live_status import STATE_COLOURS, status_html
+    from magics.view.status import STATE_COLOURS, status_html
 
     record = make_record(ranks=3)
     record.ranks[0].state, record.ranks[0].last_line = "stopped", ""

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from magics.names import analyse_cell
+from magics.cell.names import analyse_cell
 
 
 @pytest.mark.parametrize("source, reads, assigns", [
@@ -50,7 +50,7 @@ def test_names_read_and_assigned(source, reads, assigns):
 
 
 def test_every_unshippable_name_is_listed_with_its_reason():
-    from magics.shipping import UnshippableNamesError, collect_names
+    from magics.cell.shipping import UnshippableNamesError, collect_names
 
     class Holder:
         def __init__(self):
@@ -77,7 +77,7 @@ def test_every_unshippable_name_is_listed_with_its_reason():
 
 
 def test_shipment_sends_modules_by_name_and_skips_ipython_names():
-    from magics.shipping import collect_names
+    from magics.cell.shipping import collect_names
 
     hidden_in = ["hidden"]
     namespace = {"np_alias": sys.modules["os"].path, "value": 3, "In": hidden_in, "f": len}
@@ -90,8 +90,8 @@ def test_shipment_sends_modules_by_name_and_skips_ipython_names():
 def test_names_out_keep_shared_objects_and_list_failures_in_one_line():
     import pickle
 
-    from magics.cell_runner import pack_names
-    from magics.pulling import notice, unpack
+    from magics.cell.pulling import notice, unpack
+    from magics.cell.runner import pack_names
 
     shared = [1, 2]
     packed = pack_names({"a": shared, "b": {"same": shared}, "lock": threading.Lock()})
@@ -112,7 +112,7 @@ def test_flags_are_tri_state():
     from IPython.core.magic_arguments import parse_argstring
 
     from magics.accelerate_magic import AccelerateMagics
-    from magics.arguments import launch_options
+    from magics.cell.arguments import launch_options
 
     magic = AccelerateMagics.accelerate
     unset = launch_options(parse_argstring(magic, ""))
@@ -131,7 +131,7 @@ def test_flags_are_tri_state():
 def test_config_without_panel_prints_a_clear_message(monkeypatch, capsys):
     from magics import commands
 
-    monkeypatch.setitem(sys.modules, "magics.config_panel", None)
+    monkeypatch.setitem(sys.modules, "magics.panel.form", None)
     assert commands.config(types.SimpleNamespace(config=None)) is None
     assert "configuration panel is not available" in capsys.readouterr().out
 
@@ -140,7 +140,7 @@ def test_cell_job_runs_the_cell_and_its_traceback_starts_at_the_magic_line(monke
     import pickle
     import traceback
 
-    from magics.cell_runner import CellCode, cell_job
+    from magics.cell.runner import CellCode, cell_job
 
     lines = ["%%accelerate -n 2\n", "y = base + 1\n", "z = helper(y)\n", "boom = 1 / 0\n"]
     cell = CellCode("\n" + "".join(lines[1:3]), "<cell-under-test>", lines[:3])

@@ -32,7 +32,7 @@ NOTEBOOK = {
                                 "language": "python"}},
     "cells": [{"cell_type": "code", "id": "panel", "metadata": {}, "outputs": [],
                "execution_count": None,
-               "source": "from magics.config_panel import config_panel\nconfig_panel()"}],
+               "source": "from magics.panel.form import config_panel\nconfig_panel()"}],
 }
 
 

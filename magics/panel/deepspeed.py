@@ -4,7 +4,7 @@
 ``deepspeed_config``, checked by ``deepspeed_messages`` with
 :func:`notebook_accel.deepspeed_zero.config.plugin_from_config`'s own validation);
 ``DeepSpeedFields`` mirrors it into widgets. The strategy selector is
-:class:`magics.panel_fsdp.FsdpFields`'s; these functions take its value.
+:class:`magics.panel.fsdp.FsdpFields`'s; these functions take its value.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _plugin_values(plugin: Any) -> dict[str, Any]:
 def apply_deepspeed_form(cfg: LaunchConfig, form: DeepSpeedForm, strategy: str) -> LaunchConfig:
     """``cfg`` with ``distributed_type: DEEPSPEED`` and ``deepspeed_config`` from ``form`` when
     ``strategy`` is DeepSpeed; otherwise without ``deepspeed_config`` (a DeepSpeed file becomes
-    ``NO``, for ``with_device`` to pick the DDP type, as :func:`magics.panel_fsdp.apply_form` does).
+    ``NO``, for ``with_device`` to pick the DDP type, as :func:`magics.panel.fsdp.apply_form` does).
 
     The section written is exactly ``form.deepspeed_config()`` (the file's other keys travel in
     ``form.other``), so what ``deepspeed_messages`` checked is what is saved."""

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from magics.cell_runner import PulledNames
+from magics.cell.runner import PulledNames
 
 _REASON_CHARS = 70
 

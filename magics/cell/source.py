@@ -12,7 +12,7 @@ import sys
 import traceback
 from typing import Any
 
-from magics.cell_runner import CellCode
+from magics.cell.runner import CellCode
 
 
 class CellSyntaxError(ValueError):

@@ -1,9 +1,9 @@
 """The config panel's strategy choice: DDP, FSDP2 with its main ``fsdp_config`` options, or
-DeepSpeed ZeRO (its options: :mod:`magics.panel_deepspeed`).
+DeepSpeed ZeRO (its options: :mod:`magics.panel.deepspeed`).
 
 ``FsdpForm`` is plain data (loaded from and written to a config file's
 ``distributed_type`` / ``fsdp_config``, checked by ``fsdp_messages``); ``FsdpFields``
-mirrors it into widgets for :mod:`magics.config_panel` (its ``strategy`` toggle is the
+mirrors it into widgets for :mod:`magics.panel.form` (its ``strategy`` toggle is the
 panel's strategy selector).
 """
 

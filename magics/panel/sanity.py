@@ -8,8 +8,8 @@ from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
-from magics.panel_rules import effective_device
-from magics.panel_state import FormState
+from magics.panel.rules import effective_device
+from magics.panel.state import FormState
 from notebook_accel.hardware import Hardware
 
 

@@ -1,6 +1,6 @@
 """The config panel's form as plain data: load it from a config, check it, save it, show it as code.
 
-No widgets here, so every rule can be unit-tested; :mod:`magics.config_panel`
+No widgets here, so every rule can be unit-tested; :mod:`magics.panel.form`
 only mirrors a :class:`FormState` into widgets and back.
 """
 
@@ -11,14 +11,14 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from magics.panel_deepspeed import (
+from magics.panel.deepspeed import (
     DeepSpeedForm,
     apply_deepspeed_form,
     deepspeed_form_from_config,
     deepspeed_messages,
 )
-from magics.panel_fsdp import FsdpForm, apply_form, form_from_config, fsdp_messages
-from magics.panel_rules import (
+from magics.panel.fsdp import FsdpForm, apply_form, form_from_config, fsdp_messages
+from magics.panel.rules import (
     default_processes,
     effective_device,
     max_processes,

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from magics.live_plots import Plots
-from magics.live_progress import progress_html, progress_plain
-from magics.live_status import status_html, status_text
+from magics.view.plots import Plots
+from magics.view.progress import progress_html, progress_plain
+from magics.view.status import status_html, status_text
 from notebook_accel.launch import LaunchRecord
 
 

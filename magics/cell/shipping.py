@@ -103,7 +103,7 @@ def collect_names(reads: Iterable[str], namespace: Mapping[str, Any],
     """Pick the names in ``reads`` that ``namespace`` holds and check each can travel.
 
     Args:
-        reads: names the cell may read (:func:`magics.names.analyse_cell`).
+        reads: names the cell may read (:func:`magics.cell.names.analyse_cell`).
         namespace: the notebook's namespace.
         hidden: IPython's own names (``In``, ``Out``, ``get_ipython``...); skipped
             while they still hold IPython's value.

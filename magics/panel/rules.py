@@ -61,7 +61,7 @@ def default_processes(device: str, hw: Hardware) -> int:
 
 def max_processes(device: str, hw: Hardware) -> int:
     """The widget's upper bound: the GPU count on CUDA; on CPU, oversubscribing up to 4 per core
-    is allowed (with a note, see :func:`~magics.panel_state.validate`); 8 TPU cores on XLA."""
+    is allowed (with a note, see :func:`~magics.panel.state.validate`); 8 TPU cores on XLA."""
     dev = effective_device(device, hw)
     if dev == "cuda":
         return max(1, hw.gpu_count)

@@ -1,0 +1,302 @@
+"""The config panel (``%accelerate config``, ``magics.panel.config_panel()``): ipywidgets
+in place of the peer's terminal wizard.
+
+The widgets only mirror a :class:`~magics.panel.state.FormState`; the rules live in
+:mod:`magics.panel.rules` and :mod:`magics.panel.state`, the Test button's runner in
+:mod:`magics.panel.sanity`.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import warnings
+from pathlib import Path
+
+import ipywidgets as widgets
+
+from magics.panel.deepspeed import DeepSpeedFields
+from magics.panel.fsdp import FsdpFields
+from magics.panel.rules import (
+    START_METHOD_TIPS,
+    device_choices,
+    effective_device,
+    max_processes,
+    precision_choices,
+)
+from magics.panel.sanity import run_sanity
+from magics.panel.state import (
+    FormState,
+    config_from_state,
+    launcher_call,
+    magic_line,
+    state_from_config,
+    validate,
+)
+from notebook_accel.config import (
+    ENV_OPTIONS,
+    LaunchConfig,
+    default_config_path,
+    load_config,
+    save_config,
+)
+from notebook_accel.contract import OPTIONS
+from notebook_accel.hardware import Hardware, detect
+
+_LABEL = {"description_width": "150px"}
+def _wide() -> widgets.Layout:
+    return widgets.Layout(width="360px")
+
+
+def _int_field(description: str, value: int, low: int, high: int,
+               tooltip: str) -> widgets.BoundedIntText:
+    return widgets.BoundedIntText(value=value, min=low, max=high, description=description,
+                                  tooltip=tooltip, style=_LABEL, layout=_wide())
+
+
+def _load(config_file: str | os.PathLike[str] | None) -> tuple[LaunchConfig, list[str]]:
+    """The file's config and the lines to show about it (never raises: a bad file is reported)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            cfg = load_config(config_file)
+        except FileNotFoundError:
+            return LaunchConfig(), [f"Config file: {config_file} does not exist yet; Save creates it"]
+        except ValueError as err:
+            return LaunchConfig(), [f"Could not read the config file ({err}); showing defaults"]
+    if cfg.source is None:
+        notes = [f"Config file: none yet; Save writes {default_config_path()}"]
+    else:
+        notes = [f"Config file: {cfg.source} (loaded)"]
+    notes += [str(w.message) for w in caught]
+    for option, var in ENV_OPTIONS.items():
+        if os.environ.get(var):
+            notes.append(f"{var}={os.environ[var]} is set: it overrides the file's {option}")
+    return cfg, notes
+
+
+class ConfigPanel(widgets.VBox):
+    """The panel: a form over the launch config with Save, Copy as code and Test.
+
+    Attributes for scripted use (and tests): ``device``, ``num_processes``,
+    ``precision_buttons`` (value -> ToggleButton), ``start_method``, ``num_machines``,
+    ``machine_rank``, ``main_process_ip``, ``main_process_port``, ``strategy`` (a
+    ``panel_fsdp.FsdpFields``: the strategy selector and FSDP's options), ``deepspeed`` (a
+    ``panel_deepspeed.DeepSpeedFields``), ``save_button``,
+    ``code_button``, ``test_button``, ``messages``, ``status``, ``code``, ``test_output``.
+    """
+
+    def __init__(self, config_file: str | os.PathLike[str] | None = None,
+                 hardware: Hardware | None = None) -> None:
+        self.hardware = hardware or detect()
+        self.path = Path(config_file).expanduser() if config_file else default_config_path()
+        self._base, notes = _load(config_file)
+        state = state_from_config(self._base, self.hardware)
+        bound = max_processes(state.device, self.hardware)
+        if state.num_processes > bound:
+            notes.append(f"The file asks for {state.num_processes} processes; at most {bound} "
+                         f"here ({self.hardware.summary()}): showing {bound}")
+            state.num_processes = bound
+        self._build_fields(state)
+        self._build_buttons()
+        self.notes = widgets.HTML("<br>".join(html.escape(n) for n in notes))
+        header = [widgets.HTML(f"<b>notebook_accel launch config</b> &nbsp; Hardware: "
+                               f"{html.escape(self.hardware.summary())}"), self.notes]
+        super().__init__(header + self._rows())
+        self.add_class("notebook-accel-config-panel")
+        self._refresh()
+
+    def _build_fields(self, state: FormState) -> None:
+        hw = self.hardware
+        devices = device_choices(hw)
+        self.device = widgets.Dropdown(
+            options=[(c.value if c.enabled else f"{c.value} (not detected)", c.value)
+                     for c in devices if c.enabled or c.value == state.device],
+            value=state.device, description="Device", style=_LABEL, layout=_wide(),
+            tooltip="; ".join(f"{c.value}: {c.tooltip}" for c in devices))
+        self.num_processes = widgets.IntText(  # not Bounded: it would clamp without a word
+            value=state.num_processes, description="Processes",
+            tooltip=OPTIONS["num_processes"].help,
+            style=_LABEL, layout=_wide())
+        self.clamp_note = widgets.HTML()
+        self._clamped_to: int | None = None
+        self.precision_buttons = {
+            c.value: widgets.ToggleButton(value=c.value == state.mixed_precision,
+                                          description=c.value, layout=widgets.Layout(width="80px"))
+            for c in precision_choices(state.device, hw)}
+        self.precision_note = widgets.HTML()
+        self.start_method = widgets.Dropdown(
+            options=list(OPTIONS["start_method"].choices), value=state.start_method, description="Start method",
+            style=_LABEL, layout=_wide(),
+            tooltip="; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items()))
+        self.num_machines = _int_field("Machines", state.num_machines, 1, 4096,
+                                       "machines (nodes) in the job; more than 1 shows their "
+                                       "settings")
+        self.machine_rank = _int_field("Machine rank", state.machine_rank, 0, 4095,
+                                       "0 on the main machine, 1.. on the others")
+        self.main_process_ip = widgets.Text(
+            value=state.main_process_ip, description="Main process IP", style=_LABEL,
+            layout=_wide(), placeholder="address of machine 0")
+        self.main_process_port = _int_field("Main process port", state.main_process_port, 0,
+                                            65535, "the same port on every machine; 0: unset")
+        self.multi_node = widgets.VBox([self.machine_rank, self.main_process_ip,
+                                        self.main_process_port])
+        self.strategy = FsdpFields(state.fsdp, self._on_change)
+        self.deepspeed = DeepSpeedFields(state.deepspeed, self._on_change)
+        for w in (self.device, self.num_processes, self.start_method, self.num_machines,
+                  self.machine_rank, self.main_process_ip, self.main_process_port,
+                  *self.precision_buttons.values()):
+            w.observe(self._on_change, names="value")
+
+    def _build_buttons(self) -> None:
+        self.messages = widgets.HTML()
+        self.saved = widgets.HTML()  # Save's outcome; ``status`` is the Test's
+        self.save_button = widgets.Button(description="Save", button_style="primary",
+                                          icon="save", tooltip=f"write {self.path}")
+        self.code_button = widgets.Button(description="Show as code", icon="code",
+                                          tooltip="show the equivalent notebook_launcher(...) "
+                                                  "call and %%accelerate line, to copy")
+        self.test_button = widgets.Button(description="Test", icon="play",
+                                          tooltip="run the sanity check on these settings")
+        self.status = widgets.HTML()
+        self.code = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.test_output = widgets.Output()
+        self.save_button.on_click(lambda _: self.save())
+        self.code_button.on_click(lambda _: self._show_code())
+        self.test_button.on_click(lambda _: self.test())
+
+    def _rows(self) -> list[widgets.Widget]:
+        precision = widgets.HBox([widgets.Label("Mixed precision", layout=widgets.Layout(
+            width="150px")), *self.precision_buttons.values()])
+        buttons = widgets.HBox([self.save_button, self.code_button, self.test_button])
+        return [self.device, self.num_processes, self.clamp_note, precision, self.precision_note,
+                self.start_method, self.num_machines, self.multi_node, self.strategy.box,
+                self.deepspeed.box, self.messages, buttons, self.saved, self.status, self.code, self.test_output]
+
+    def __repr__(self) -> str:  # the text/plain of a saved notebook, instead of every child
+        return f"ConfigPanel(config_file={str(self.path)!r})"
+
+    @property
+    def mixed_precision(self) -> str:
+        """The pressed mixed-precision button's value."""
+        pressed = [v for v, b in self.precision_buttons.items() if b.value]
+        return pressed[0] if pressed else "no"
+
+    def state(self) -> FormState:
+        """The form's current values."""
+        return FormState(
+            device=self.device.value, num_processes=self.num_processes.value,
+            mixed_precision=self.mixed_precision, start_method=self.start_method.value,
+            num_machines=self.num_machines.value, machine_rank=self.machine_rank.value,
+            main_process_ip=self.main_process_ip.value,
+            main_process_port=self.main_process_port.value, fsdp=self.strategy.form(),
+            deepspeed=self.deepspeed.form())
+
+    def _on_change(self, change: dict) -> None:
+        owner = change["owner"]
+        if owner in self.precision_buttons.values() and change["new"]:
+            for button in self.precision_buttons.values():
+                if button is not owner:
+                    button.value = False  # radio behaviour; re-enters with new=False
+        elif owner in self.precision_buttons.values() and not any(
+                b.value for b in self.precision_buttons.values()):
+            owner.value = True  # un-pressing the pressed one keeps it pressed
+            return
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Re-derive enabled choices, bounds, visibility and messages from the form."""
+        hw, state = self.hardware, self.state()
+        self._clamp_processes(max_processes(state.device, hw))
+        tips = []
+        for choice in precision_choices(state.device, hw):
+            button = self.precision_buttons[choice.value]
+            button.disabled, button.tooltip = not choice.enabled, choice.tooltip
+            button.button_style = "primary" if button.value else ""  # the choice stands out
+            button.icon = "check" if button.value else ""
+            if not choice.enabled:
+                tips.append(f"{choice.value}: {choice.tooltip}")
+        self.precision_note.value = "<small>" + "<br>".join(html.escape(t) for t in tips) + "</small>"
+        self.multi_node.layout.display = "" if state.num_machines > 1 else "none"
+        self.strategy.refresh()
+        self.deepspeed.refresh(state.strategy)
+        messages = validate(self.state(), hw)
+        colour = {"error": "#c62828", "note": "#8a6d00"}
+        label = {"error": "Error:", "note": "Note:"}  # words: icon glyphs may be missing
+        self.messages.value = "".join(
+            f"<div style='color:{colour[m.level]}'><b>{label[m.level]}</b> "
+            f"{html.escape(m.text)}</div>" for m in messages)
+        self.save_button.disabled = any(m.level == "error" for m in messages)
+        self.test_button.disabled = self.save_button.disabled
+        if self.code.layout.display != "none":
+            self._show_code()
+
+    def _clamp_processes(self, bound: int) -> None:
+        """Keep Processes within 1..bound, saying so when a value had to change."""
+        asked = self.num_processes.value
+        if 1 <= asked <= bound:
+            if asked != self._clamped_to:  # the user chose again: the old note is stale
+                self.clamp_note.value, self._clamped_to = "", None
+            return
+        kept = min(max(asked, 1), bound)
+        why = ("at least 1" if asked < 1 else
+               f"at most {bound} on {effective_device(self.device.value, self.hardware)} here "
+               f"({self.hardware.summary()})")
+        self.clamp_note.value = (f"<div style='color:#8a6d00'><b>Note:</b> Processes "
+                                 f"{asked} changed to {kept}: {html.escape(why)}</div>")
+        self._clamped_to = kept
+        self.num_processes.value = kept  # re-enters _refresh through the observer
+
+    def save(self) -> Path | None:
+        """Write the form to the config file (the Save button); returns the path, or None when
+        the form has errors (they are shown in the panel)."""
+        if any(m.level == "error" for m in validate(self.state(), self.hardware)):
+            self.saved.value = "<span style='color:#c62828'>Not saved: fix the errors above</span>"
+            return None
+        try:
+            path = save_config(config_from_state(self.state(), self._base), self.path)
+        except (OSError, ValueError) as err:
+            self.saved.value = f"<span style='color:#c62828'>Not saved: {html.escape(str(err))}</span>"
+            return None
+        self.saved.value = f"Saved to <code>{html.escape(str(path))}</code>"
+        self.notes.value = html.escape(f"Config file: {path} (saved; every launch without "
+                                       "arguments now uses it)")
+        return path
+
+    def _show_code(self) -> None:
+        state = self.state()
+        text = f"{launcher_call(state, self.path)}\n\n{magic_line(state, self.path)}"
+        self.code.value = ("<div>Equivalent code (select and copy):</div>"
+                           f"<pre style='user-select:text'>{html.escape(text)}</pre>")
+        self.code.layout.display = ""
+
+    def test(self) -> bool | None:
+        """Run the sanity check with the form's settings (the Test button), its output live
+        in the panel; returns its verdict, or None when it could not run."""
+        self.test_button.disabled = True
+        try:
+            return run_sanity(self.state(), self.hardware, self.status, self.test_output)
+        finally:
+            self.test_button.disabled = self.save_button.disabled
+
+
+def config_panel(config_file: str | os.PathLike[str] | None = None,
+                 hardware: Hardware | None = None) -> ConfigPanel:
+    """The launch-config panel, showing the current file's values; display it (or make it a
+    cell's last expression).
+
+    Args:
+        config_file: the file to load and save; default: the default config file
+            (``$NOTEBOOK_ACCEL_CONFIG_FILE``, else ``~/.cache/notebook_accel/default_config.yaml``;
+            Accelerate's file is loaded if ours does not exist yet, but never written).
+        hardware: what to offer; default: :func:`notebook_accel.hardware.detect` (never
+            initialises CUDA in the kernel).
+    Returns:
+        The panel (an ``ipywidgets.VBox``).
+
+    Example::
+
+        from magics.panel import config_panel
+        config_panel()
+    """
+    return ConfigPanel(config_file, hardware)
