@@ -355,12 +355,22 @@ class FrameReader:
         return messages, self.open
 
 
-def send(fd: int, message: Message) -> None:
-    """Write one message to a blocking ``fd`` (the control channel), stamped now unless it
-    has a timestamp; the caller keeps other writers of ``fd`` out meanwhile."""
-    body = _body(message)
-    _write_all(fd, HEADER.pack(len(body)))
-    _write_all(fd, body)  # not joined to the header: a large result is not copied again
+def send(fd: int, *messages: Message) -> None:
+    """Write messages to a blocking ``fd`` (the control channel), each stamped now unless it
+    has a timestamp; the caller keeps other writers of ``fd`` out meanwhile. Small ones
+    go in one write (one wake-up of the reader)."""
+    pending = bytearray()
+    for message in messages:
+        body = _body(message)
+        pending += HEADER.pack(len(body))
+        if len(body) < _BIG:
+            pending += body
+            continue
+        _write_all(fd, pending)
+        pending = bytearray()
+        _write_all(fd, body)  # not joined to its header: a large result is not copied again
+    if pending:
+        _write_all(fd, pending)
 
 
 def receive(fd: int) -> Message | None:

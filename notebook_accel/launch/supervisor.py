@@ -129,7 +129,8 @@ class Supervisor:
         self.timeout = timeout
         self.record = record
         self.view = view
-        self._next_sample = 0.0
+        # memory: sampled once a second; a warm pool's runs are often far shorter than that
+        self._next_sample = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         for w in workers:
             record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid)
         self.by_rank = {w.rank: w for w in workers}

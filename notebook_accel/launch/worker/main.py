@@ -210,10 +210,10 @@ def failure_record(spec: WorkerSpec, exc: BaseException, exitcode: int,
 _send_lock = threading.Lock()  # displays may come from any thread
 
 
-def send(pipes: WorkerPipes, message: Message) -> None:
-    """Send one message on the control channel (blocks until the kernel has room)."""
+def send(pipes: WorkerPipes, *messages: Message) -> None:
+    """Send messages on the control channel (blocks until the kernel has room)."""
     with _send_lock:
-        wire.send(pipes.control.fileno(), message)
+        wire.send(pipes.control.fileno(), *messages)
 
 
 Bind = Callable[[Any], Any]

@@ -80,9 +80,8 @@ def _serve_run(spec: WorkerSpec, pipes: WorkerPipes, run: Run) -> None:
     except KeyboardInterrupt as exc:  # between the function's end and the line above
         outcome = failure_record(spec, exc, 1)
     flush_output()
-    send(pipes, outcome)
-    send(pipes, RunDone(collectives=_collectives(), broke_group=_broke_group(outcome),
-                        names=namespace.names()))
+    send(pipes, outcome, RunDone(collectives=_collectives(), broke_group=_broke_group(outcome),
+                                 names=namespace.names()))
 
 
 def join_process_group() -> None:
