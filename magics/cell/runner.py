@@ -108,7 +108,10 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
 def _in_worker_scope(line_one: types.CodeType, outer: dict[str, Any]) -> PulledNames | None:
     __tracebackhide__ = True  # noqa: F841 - read by the worker's traceback formatter
     with worker_scope(outer["_namespace"]) as scope:
-        return eval(line_one, {**outer, "_namespace": scope})  # noqa: S307 - the cell, as above
+        try:
+            return eval(line_one, {**outer, "_namespace": scope})  # noqa: S307 - as above
+        finally:
+            scope.pop(CELL_VALUE, None)  # the magic's, not a name of the user's
 
 
 def _show_figures() -> None:
