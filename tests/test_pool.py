@@ -205,3 +205,57 @@ def test_workers_die_with_the_kernel_even_holding_the_gil():
     proc.kill()
     proc.wait(10)
     assert _gone_within(pids, 15)
+
+
+LOAD = notebook("""
+    import os, time
+
+    def flood(megabytes):
+        line = b"x" * 1023 + b"\\n"
+        for _ in range(megabytes * 1024):
+            os.write(1, line)  # C-level output, as a library's would be
+        return megabytes
+
+    def nap(seconds):
+        time.sleep(seconds)
+
+    def noop():
+        return None
+""")
+
+
+def test_ten_megabytes_of_output_per_rank_stream_without_blocking_the_workers(pool, capfd):
+    start = time.monotonic()
+    assert pool.run(LOAD["flood"], 10) == 10
+    assert time.monotonic() - start < 20
+    assert "not shown: too much output" in capfd.readouterr().out
+    assert pool.run(CELLS["reduce_rank"]) == 3.0
+
+
+def test_a_run_past_its_timeout_is_stopped_and_the_pool_stays():
+    with WorkerPool(num_processes=2, timeout=1.0) as pool:
+        pids = [info.pid for info in pool.status()]
+        start = time.monotonic()
+        with pytest.raises(Exception, match="timed out after"):
+            pool.run(LOAD["nap"], 30)
+        assert time.monotonic() - start < 1.0 + 3.0
+        assert [info.pid for info in pool.status()] == pids
+        assert pool.run(CELLS["reduce_rank"]) == 3.0
+
+
+def test_five_hundred_runs_leave_fds_threads_and_memory_flat(pool):
+    def snapshot():
+        me = psutil.Process()
+        workers = [psutil.Process(info.pid) for info in pool.status()]
+        return (me.num_fds(), me.num_threads(), [w.num_fds() for w in workers],
+                [w.num_threads() for w in workers],
+                [p.memory_info().rss for p in (me, *workers)])
+
+    for _ in range(50):
+        pool.run(LOAD["noop"])
+    before = snapshot()
+    for _ in range(500):
+        pool.run(LOAD["noop"])
+    after = snapshot()
+    assert after[:4] == before[:4], (before, after)
+    assert all(a - b < 8 << 20 for a, b in zip(after[4], before[4], strict=True)), (before, after)
