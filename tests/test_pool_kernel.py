@@ -68,3 +68,28 @@ def test_a_killed_kernel_takes_its_pool_along(method):
     finally:
         k.shutdown()
     assert not left, (method, left)
+
+
+def test_rich_output_bars_and_the_live_view_are_a_launchs_on_the_pool(fresh_kernel):
+    from tests.test_rich_output_kernel import SETUP, every_iopub_message, sender_pid
+
+    k = fresh_kernel
+    k.ok(SETUP)
+    k.ok("from notebook_accel import WorkerPool\npool = WorkerPool(num_processes=2)")
+    for _ in range(2):  # the second run on the same workers behaves the same
+        msg_id = k.execute("print('result', pool.run(job))")
+        msgs = every_iopub_message(k, msg_id)
+        assert {sender_pid(m) for m in msgs} == {k.pid}
+        mine = [m for m in msgs if m["parent_header"].get("msg_id") == msg_id]
+        displays = [m["content"]["data"] for m in mine if m["msg_type"] == "display_data"]
+        assert [d["text/html"] for d in displays
+                if "rich from" in d.get("text/html", "")] == ["<b>rich from rank 0</b>"]
+        assert any("image/png" in d for d in displays)
+        text = "".join(m["content"]["text"] for m in mine if m["msg_type"] == "stream")
+        assert "result 0" in text and "[rank 0] after 0" in text and "[rank 1] after 1" in text
+        live = [m["content"]["data"]["text/html"] for m in mine
+                if m["msg_type"] in ("display_data", "update_display_data")
+                and "notebook-accel-live" in m["content"]["data"].get("text/html", "")]
+        assert any("steps" in block for block in live)  # tqdm.auto became the run's bar
+    k.ok("pool.close()")
+    assert not wait_no_workers(timeout=5)
