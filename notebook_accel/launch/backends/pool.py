@@ -89,10 +89,6 @@ class PoolBackend(Backend):
     def __init__(self, workers: PoolWorkers) -> None:
         self.workers = workers
 
-    def check(self, plan: LaunchPlan) -> None:
-        if self.workers.closed or self.workers.dead():
-            raise RuntimeError("the pool's workers are gone; restart the pool")
-
     def start(self, plan: LaunchPlan, payload: Payload) -> PoolRun:
         if isinstance(payload, InheritedPayload):  # pragma: no cover - the pool never asks for it
             raise TypeError("a warm pool's workers cannot inherit objects; send picklable values")
