@@ -136,14 +136,14 @@ def px(kernel: KernelTimer, cells: int) -> dict[str, float]:
         view.scatter("rank", [0, 1], flatten=True, block=True)
         view.push({"port": port}, block=True)
     """)
-    kernel.run("""%%px
+    kernel.run("""%%px --block
         import os, torch, torch.distributed as dist
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=2)
     """)
-    noop_cell = kernel.seconds(f"-n {cells} -r 5 get_ipython().run_cell_magic('px', '', 'pass')")
+    noop_cell = kernel.seconds(f"-n {cells} -r 5 get_ipython().run_cell_magic('px', '--block', 'pass')")
     reduce_cell = kernel.seconds(
-        f"-n {cells} -r 5 get_ipython().run_cell_magic('px', '', "
+        f"-n {cells} -r 5 get_ipython().run_cell_magic('px', '--block', "
         "'t = torch.ones(1); dist.all_reduce(t)')")
     kernel.run("cluster.stop_cluster_sync()")
     return {"start": started, "noop": noop_cell[0], "all_reduce": reduce_cell[0]}
