@@ -259,3 +259,44 @@ def test_five_hundred_runs_leave_fds_threads_and_memory_flat(pool):
     after = snapshot()
     assert after[:4] == before[:4], (before, after)
     assert all(a - b < 8 << 20 for a, b in zip(after[4], before[4], strict=True)), (before, after)
+
+
+SHARED = notebook("""
+    def touch(t):
+        import psutil
+        import torch.distributed as dist
+        from notebook_accel import PartialState
+        PartialState()  # the pool's group is up already; a one-off launch makes its own
+        before = psutil.Process().memory_full_info().uss
+        total = float(t.sum())  # reads every page
+        dist.barrier()  # both ranks mapped them all: a page only one rank maps counts as its own
+        grown = psutil.Process().memory_full_info().uss - before
+        dist.barrier()
+        if dist.get_rank() == 1:
+            t[0] = 5.0  # a write: this rank's own page from now on
+        dist.barrier()
+        return total, grown, float(t[0])
+""")
+
+
+@pytest.mark.parametrize("launch", ["pool", "notebook_launcher"])
+def test_a_big_tensor_reaches_the_workers_as_one_shared_copy(launch):
+    import torch
+
+    size = 256 << 20
+    big = torch.ones(size // 4)
+    if launch == "pool":
+        with WorkerPool(num_processes=2, return_all=True) as pool:
+            fds = psutil.Process().num_fds()
+            results = pool.run(SHARED["touch"], big)
+            assert psutil.Process().num_fds() == fds  # the memory files are closed
+    else:
+        notebook_launcher(SHARED["touch"], (torch.ones(4),), num_processes=2)  # warm-up
+        fds = psutil.Process().num_fds()
+        results = notebook_launcher(SHARED["touch"], (big,), num_processes=2, return_all=True)
+        assert psutil.Process().num_fds() == fds
+    assert [total for total, _, _ in results] == [size / 4] * 2
+    # the pages were mapped, not copied: reading them all made neither worker's own memory grow
+    assert all(grown < size / 10 for _, grown, _ in results), results
+    assert [first for _, _, first in results] == [1.0, 5.0]  # copy-on-write: each its own value
+    assert big[0].item() == 1.0

@@ -17,6 +17,7 @@ from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan
 from notebook_accel.launch.record import LaunchRecord, remember
+from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.supervisor import Supervisor
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views import make_view
@@ -136,19 +137,21 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
         config_file=config_file, fsdp=fsdp, notes=notes, timeout=timeout, output=output,
         return_all=return_all, max_restarts=max_restarts)
     inherit = plan.start.method == "fork" and plan.device_type != "xla"  # multiprocessing queues, locks
-    payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit)
-    warn_missing_globals(function)
-    print_notes(plan, notes)
-    backend = backend_for(plan)
-    backend.check(plan)
-    for attempt in range(plan.max_restarts + 1):
-        try:
-            return launch_once(backend, plan, payload)
-        except WorkerError as error:
-            if attempt == plan.max_restarts:
-                raise
-            print(f"[notebook_accel] {error.args[0]}; restarting "
-                  f"({attempt + 1}/{plan.max_restarts})", file=sys.stderr, flush=True)
+    with SharedTensors() as shared:  # big tensors: one shared copy, not one per worker
+        payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit,
+                                    shared=shared)
+        warn_missing_globals(function)
+        print_notes(plan, notes)
+        backend = backend_for(plan)
+        backend.check(plan)
+        for attempt in range(plan.max_restarts + 1):
+            try:
+                return launch_once(backend, plan, payload)
+            except WorkerError as error:
+                if attempt == plan.max_restarts:
+                    raise
+                print(f"[notebook_accel] {error.args[0]}; restarting "
+                      f"({attempt + 1}/{plan.max_restarts})", file=sys.stderr, flush=True)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -27,6 +27,7 @@ from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.worker.serve import join_process_group
 
@@ -170,17 +171,22 @@ class WorkerPool:
                     raise TypeError(f"function={function!r} is not callable; pass the function "
                                     "to run")
                 workers = self._usable()
-                payload = serialise_payload(function, args, kwargs)
-            except (TypeError, ValueError, RuntimeError) as error:
+            except (TypeError, RuntimeError) as error:
                 hide_our_frames(error)
                 raise
-            failed = True
-            try:
-                value = launch_once(PoolBackend(workers), self.plan, payload)
-                failed = False
-                return value
-            finally:
-                self._after_run(workers, failed)
+            with SharedTensors() as shared:  # big tensors: one shared copy, not one per rank
+                try:
+                    payload = serialise_payload(function, args, kwargs, shared=shared)
+                except TypeError as error:
+                    hide_our_frames(error)
+                    raise
+                failed = True
+                try:
+                    value = launch_once(PoolBackend(workers), self.plan, payload)
+                    failed = False
+                    return value
+                finally:
+                    self._after_run(workers, failed)
 
     def restart(self) -> None:
         """Replace the workers with fresh ones (their state is dropped)."""
