@@ -1,9 +1,10 @@
 """Warm pool: start, a no-op run, a 1-element all_reduce run, a %%accelerate cell on the pool,
 beside a one-off notebook_launcher launch and ipyparallel's %%px, measured in one run.
 
-Also the workers' CPU time over 10 idle seconds (an idle pool must not poll).
+Also the workers' CPU time over 10 idle seconds (an idle pool must not poll), and the
+time and extra memory of a 1 GiB tensor argument (shared memory, not one copy per rank).
 
-    python benchmarks/warm_pool.py [--runs 500] [--cells 200] [--no-px]
+    python benchmarks/warm_pool.py [--runs 500] [--cells 200] [--no-px] [--gib 1]
 """
 
 from __future__ import annotations
@@ -38,6 +39,28 @@ def one_off_allreduce() -> float:
 
     PartialState()
     return one_allreduce()
+
+
+def hold(tensor) -> tuple[float, int]:
+    """Read the whole tensor; then the machine's available memory, while every rank holds it."""
+    import torch.distributed as dist
+
+    total = float(tensor.sum())
+    dist.barrier()
+    return total, psutil.virtual_memory().available
+
+
+def big_argument(gib: float) -> tuple[float, float]:
+    """(seconds, extra GiB) for a ``gib`` GiB tensor argument to a 2-rank pool run."""
+    import torch
+
+    tensor = torch.ones(int(gib * (1 << 30)) // 4)
+    with WorkerPool(num_processes=2, return_all=True, output="none") as pool:
+        before = psutil.virtual_memory().available
+        start = time.perf_counter()
+        values = pool.run(hold, tensor)
+        seconds = time.perf_counter() - start
+    return seconds, (before - min(available for _, available in values)) / (1 << 30)
 
 
 def timed(function, count: int) -> list[float]:
@@ -154,6 +177,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--cells", type=int, default=200)
     parser.add_argument("--no-px", action="store_true", help="skip ipyparallel's %%px")
+    parser.add_argument("--gib", type=float, default=1.0, help="size of the big tensor argument")
     options = parser.parse_args()
 
     rows: list[tuple[str, float, float | None]] = []  # name, median s, p99 s
@@ -172,6 +196,8 @@ def main() -> None:
     rows.append(("one-off notebook_launcher (all_reduce)", *summary(launches)))
     cpu = idle_cpu(pool)
     pool.close()
+    big_seconds, big_extra = big_argument(options.gib)
+    rows.append((f"pool.run with a {options.gib:g} GiB tensor argument", big_seconds, None))
 
     kernel = KernelTimer()
     try:
@@ -197,6 +223,8 @@ def main() -> None:
     figures = {name: median for name, median, _ in rows}
     noop_run = figures["pool.run(noop)"]
     print(f"  idle pool: workers' CPU over 10 s = {cpu * 100:.3f}% of one core")
+    print(f"  the {options.gib:g} GiB argument took {big_extra:.2f} GiB of extra memory on 2 ranks "
+          "(the machine's available memory, so other programs add noise)")
     print("ratios:")
     print(f"  one-off launch / pool all_reduce run: "
           f"{figures['one-off notebook_launcher (all_reduce)'] / figures['pool.run(1-element all_reduce)']:.0f}x")
