@@ -120,7 +120,13 @@ class AccelerateMagics(Magics):
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
                        pooled=pool is not None)
         if pool is not None:
-            result = pool.run(job)
+            from notebook_accel.launch import PoolUnavailable
+
+            try:
+                result = pool.run(job)
+            except PoolUnavailable as error:  # said in the magic's words
+                raise UsageError(f"{error.reason}; %accelerate restart starts new ones, or "
+                                 "%%accelerate --fresh runs this cell on fresh workers") from None
         else:
             from notebook_accel.launch import notebook_launcher
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from tests.kernel_harness import Kernel, wait_no_workers
@@ -94,6 +98,19 @@ def test_flags_on_a_pool_cell_are_refused_and_fresh_runs_apart(k):
     k.ok("%%accelerate --fresh -n 2\nimport os\nfresh_pid = os.getpid()\nfresh_steps = steps")
     assert k.value("pool_pid != fresh_pid")
     assert k.value("fresh_steps") == 3  # the notebook's, shipped as for any fresh cell
+
+
+def test_a_cell_on_a_pool_whose_workers_are_gone_says_what_to_do(k):
+    status = k.ok("%accelerate status").stdout
+    pid = int(status.split("rank 1: pid ")[1].split(",")[0])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while "gone (exit code" not in k.ok("%accelerate status").stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
+    result = k.run("%%accelerate\nsteps += 1")
+    assert "UsageError: the pool's workers are gone (rank 1 was killed by SIGKILL, while idle)" \
+        in result.stderr
+    assert "%accelerate restart starts new ones" in result.stderr and "model" in result.stderr
 
 
 def test_restart_and_stop(k):

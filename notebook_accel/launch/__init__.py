@@ -14,6 +14,7 @@ from typing import Any
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
     "WorkerPool": "notebook_accel.launch.pool",
+    "PoolUnavailable": "notebook_accel.launch.pool",
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchRecord": "notebook_accel.launch.record",
     "last_launch": "notebook_accel.launch.record",

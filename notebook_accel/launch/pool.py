@@ -42,6 +42,19 @@ _NOT_FOR_A_POOL = {
 }
 
 
+class PoolUnavailable(RuntimeError):
+    """The pool cannot run anything: it is closed, or its workers are gone.
+
+    Attributes:
+        reason: what happened, without the advice (``"rank 1 was killed by SIGKILL"``).
+        closed: True for a closed pool (make a new one), False for lost workers (restart).
+    """
+
+    def __init__(self, message: str, reason: str, closed: bool) -> None:
+        super().__init__(message)
+        self.reason, self.closed = reason, closed
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """One worker of a pool, for ``%accelerate status``."""
@@ -160,7 +173,7 @@ class WorkerPool:
 
         Raises:
             TypeError: ``function`` is not callable, or a value cannot be pickled.
-            RuntimeError: the pool is closed, or its workers are gone.
+            PoolUnavailable: the pool is closed, or its workers are gone (a RuntimeError).
             WorkerError: the run failed on a rank (root cause named); the pool stays up,
                 or its workers are replaced when its process group cannot be trusted (said).
             KeyboardInterrupt: interrupted; every rank stopped its run.
@@ -171,7 +184,7 @@ class WorkerPool:
                     raise TypeError(f"function={function!r} is not callable; pass the function "
                                     "to run")
                 workers = self._usable()
-            except (TypeError, RuntimeError) as error:
+            except (TypeError, PoolUnavailable) as error:
                 hide_our_frames(error)
                 raise
             with SharedTensors() as shared:  # big tensors: one shared copy, not one per rank
@@ -223,41 +236,51 @@ class WorkerPool:
     def _usable(self) -> PoolWorkers:
         workers = self._current.workers
         if self.closed or workers is None:
-            raise RuntimeError("this WorkerPool is closed; create a new one, e.g. "
-                               f"WorkerPool(num_processes={self.plan.num_processes})")
+            raise PoolUnavailable("this WorkerPool is closed; create a new one, e.g. "
+                                  f"WorkerPool(num_processes={self.plan.num_processes})",
+                                  "the pool is closed", closed=True)
         dead = workers.dead()
         if dead:
             gone = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
-            raise RuntimeError(f"the pool's workers are gone ({gone}, while idle); call "
-                               f"pool.restart() to start new ones{_lost(self._names)}")
+            lost = f" (the names on them were lost: {_listed(self._names)})" if self._names else ""
+            reason = f"the pool's workers are gone ({gone}, while idle){lost}"
+            raise PoolUnavailable(f"{reason}; call pool.restart() to start new ones", reason,
+                                  closed=False)
         return workers
 
     def _after_run(self, workers: PoolWorkers, failed: bool) -> None:
         """Keep the workers when every rank is idle with a group it can trust; else replace them."""
-        reports = [h.last_report for h in workers.handles]
-        dead = workers.dead()
-        counts = {r.collectives for r in reports if r is not None}
-        if dead:
-            reason = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
-        elif any(r is None for r in reports):
-            reason = "a rank did not end its run"
-        elif any(r.broke_group for r in reports):
-            ranks = [h.rank for h, r in zip(workers.handles, reports, strict=True) if r.broke_group]
-            reason = f"the run ended inside a collective on rank {', '.join(map(str, ranks))}"
-        elif len(counts) > 1:
-            reason = ("the ranks' process groups disagree (collectives issued: "
-                      f"{', '.join(str(r.collectives) for r in reports)})")
-        elif failed and -1 in counts:
-            reason = "the run failed and the process group cannot be checked"
-        else:
-            self._names = reports[0].names
+        reason = _distrust(workers, failed)
+        rank0 = workers.handles[0].last_report
+        if reason is None:
+            self._names = rank0.names
             return
-        lost = self._names
+        lost = rank0.names if rank0 is not None else self._names
         self._current.close()
         self._start()
         print(f"[notebook_accel] the pool's workers were replaced ({reason}; a process group "
               f"that may pair later collectives wrongly is never reused): their state was "
-              f"lost{_lost(lost, prefix=': ')}", file=sys.stderr, flush=True)
+              f"lost{': ' + _listed(lost) if lost else ''}", file=sys.stderr, flush=True)
+
+
+def _distrust(workers: PoolWorkers, failed: bool) -> str | None:
+    """Why the workers' process group cannot be trusted after a run (None: it can)."""
+    dead = workers.dead()
+    if dead:
+        return ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
+    reports = [h.last_report for h in workers.handles]
+    if any(r is None for r in reports):
+        return "a rank did not end its run"
+    broke = [h.rank for h, r in zip(workers.handles, reports, strict=True) if r.broke_group]
+    if broke:
+        return f"the run ended inside a collective on rank {', '.join(map(str, broke))}"
+    counts = {r.collectives for r in reports}
+    if len(counts) > 1:
+        return ("the ranks' process groups disagree (collectives issued: "
+                f"{', '.join(str(r.collectives) for r in reports)})")
+    if failed and -1 in counts:
+        return "the run failed and the process group cannot be checked"
+    return None
 
 
 def _ended(exitcode: int | None) -> str:
@@ -269,9 +292,7 @@ def _ended(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _lost(names: tuple[str, ...], prefix: str = " (the names on them were lost: ") -> str:
-    if not names:
-        return ""
-    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
-    return f"{prefix}{listed}{')' if prefix.startswith(' (') else ''}"
+def _listed(names: tuple[str, ...], most: int = 20) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
