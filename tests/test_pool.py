@@ -151,7 +151,7 @@ def test_a_pool_whose_workers_are_gone_is_refused_until_restarted():
         deadline = time.monotonic() + 5
         while pool.status()[1].alive and time.monotonic() < deadline:
             time.sleep(0.02)
-        with pytest.raises(RuntimeError, match=r"rank 1 was killed by SIGKILL.*pool.restart\(\).*data"):
+        with pytest.raises(RuntimeError, match=r"rank 1 was killed by SIGKILL, while idle; the names on them were lost: data\); call pool.restart\(\)"):
             pool.run(CELLS["reduce_rank"])
         with pytest.raises(TypeError, match="not callable"):
             pool.run(42)

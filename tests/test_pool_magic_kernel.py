@@ -108,7 +108,7 @@ def test_a_cell_on_a_pool_whose_workers_are_gone_says_what_to_do(k):
     while "gone (exit code" not in k.ok("%accelerate status").stdout and time.monotonic() < deadline:
         time.sleep(0.1)
     result = k.run("%%accelerate\nsteps += 1")
-    assert "UsageError: the pool's workers are gone (rank 1 was killed by SIGKILL, while idle)" \
+    assert "UsageError: the pool's workers are gone (rank 1 was killed by SIGKILL, while idle;" \
         in result.stderr
     assert "%accelerate restart starts new ones" in result.stderr and "model" in result.stderr
 

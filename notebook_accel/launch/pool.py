@@ -242,8 +242,8 @@ class WorkerPool:
         dead = workers.dead()
         if dead:
             gone = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
-            lost = f" (the names on them were lost: {_listed(self._names)})" if self._names else ""
-            reason = f"the pool's workers are gone ({gone}, while idle){lost}"
+            lost = f"; the names on them were lost: {_listed(self._names)}" if self._names else ""
+            reason = f"the pool's workers are gone ({gone}, while idle{lost})"
             raise PoolUnavailable(f"{reason}; call pool.restart() to start new ones", reason,
                                   closed=False)
         return workers
