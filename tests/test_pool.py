@@ -300,3 +300,15 @@ def test_a_big_tensor_reaches_the_workers_as_one_shared_copy(launch):
     assert all(grown < size / 10 for _, grown, _ in results), results
     assert [first for _, _, first in results] == [1.0, 5.0]  # copy-on-write: each its own value
     assert big[0].item() == 1.0
+
+
+def test_a_pool_started_from_a_thread_outlives_that_thread():
+    import threading
+
+    made = []
+    thread = threading.Thread(target=lambda: made.append(WorkerPool(num_processes=2)))
+    thread.start()
+    thread.join()
+    with made[0] as pool:
+        time.sleep(0.5)
+        assert pool.run(CELLS["reduce_rank"]) == 3.0

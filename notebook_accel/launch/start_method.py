@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 from dataclasses import dataclass
 
 from notebook_accel.contract import OPTIONS, START_METHODS
@@ -100,9 +101,13 @@ def choose_start_method(requested: str) -> StartChoice:
 
 def starter_pid(method: str) -> int | None:
     """The pid of the process that will be the parent of workers started with ``method``:
-    this one for fork and spawn, the forkserver (started now if need be) for forkserver."""
+    this one for fork and spawn, the forkserver (started now if need be) for forkserver.
+
+    None when started from a thread other than the main one: the OS's parent-death signal
+    follows the *thread* that forked, which may end long before the workers (a pool).
+    """
     if method != "forkserver":
-        return os.getpid()
+        return os.getpid() if threading.current_thread() is threading.main_thread() else None
     from multiprocessing import forkserver
 
     get_context(method)  # its preload list, before it starts
