@@ -46,13 +46,13 @@ class PoolUnavailable(RuntimeError):
     """The pool cannot run anything: it is closed, or its workers are gone.
 
     Attributes:
-        reason: what happened, without the advice (``"rank 1 was killed by SIGKILL"``).
-        closed: True for a closed pool (make a new one), False for lost workers (restart).
+        reason: what happened, without the advice (``"the pool is closed"``), for a
+            front end to add its own (``%accelerate restart``).
     """
 
-    def __init__(self, message: str, reason: str, closed: bool) -> None:
+    def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
-        self.reason, self.closed = reason, closed
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,8 @@ class WorkerPool:
     def restart(self) -> None:
         """Replace the workers with fresh ones (their state is dropped)."""
         if self.closed:
-            raise RuntimeError("this WorkerPool is closed; create a new one instead of restarting")
+            raise PoolUnavailable("this WorkerPool is closed; create a new one instead of "
+                                  "restarting it", "the pool is closed")
         with deferred_interrupts():
             self._current.close()
             self._start()
@@ -238,14 +239,13 @@ class WorkerPool:
         if self.closed or workers is None:
             raise PoolUnavailable("this WorkerPool is closed; create a new one, e.g. "
                                   f"WorkerPool(num_processes={self.plan.num_processes})",
-                                  "the pool is closed", closed=True)
+                                  "the pool is closed")
         dead = workers.dead()
         if dead:
             gone = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
             lost = f"; the names on them were lost: {_listed(self._names)}" if self._names else ""
             reason = f"the pool's workers are gone ({gone}, while idle{lost})"
-            raise PoolUnavailable(f"{reason}; call pool.restart() to start new ones", reason,
-                                  closed=False)
+            raise PoolUnavailable(f"{reason}; call pool.restart() to start new ones", reason)
         return workers
 
     def _after_run(self, workers: PoolWorkers, failed: bool) -> None:
