@@ -93,3 +93,15 @@ def test_rich_output_bars_and_the_live_view_are_a_launchs_on_the_pool(fresh_kern
         assert any("steps" in block for block in live)  # tqdm.auto became the run's bar
     k.ok("pool.close()")
     assert not wait_no_workers(timeout=5)
+
+
+def test_a_restarted_kernel_leaves_no_pool_behind():
+    k = Kernel()
+    try:
+        k.ok("%load_ext notebook_accel\n%accelerate start -n 2")
+        assert len(worker_processes()) == 2
+        k.manager.restart_kernel(now=False)  # the notebook's "Restart kernel"
+        left = wait_no_workers(timeout=15)
+    finally:
+        k.shutdown()
+    assert not left, left
