@@ -86,6 +86,8 @@ if dist.get_rank() == 1:
     raise ValueError("only rank 1 fails")
 """)
     assert result.error is not None and "rank 1 failed: ValueError: only rank 1 fails" in result.error["evalue"]
+    # the cell's own line, quoted: its source reached the workers (each cell's is sent once)
+    assert 'raise ValueError("only rank 1 fails")' in "\n".join(result.error["traceback"])
     k.ok("%%accelerate\nsteps += 1")
     assert k.value("steps") == 3
 

@@ -40,7 +40,8 @@ Payload = bytes | InheritedPayload  # what the workers get
 
 
 def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = False,
-                      shared: SharedTensors | None = None) -> Payload:
+                      shared: SharedTensors | None = None,
+                      sources_sent: set[str] | None = None) -> Payload:
     """Serialise ``(function, args, kwargs)`` plus the notebook cell sources.
 
     Args:
@@ -48,12 +49,18 @@ def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = 
             (which only travel by inheritance) is inherited instead.
         shared: big CPU tensors go into its shared memory (the workers map one copy);
             close it once the workers have run.
+        sources_sent: the cells whose sources these workers already have (warm workers keep
+            them); only the others are sent, and added to it.
 
     Raises:
         TypeError: a value cannot be serialised (and cannot be inherited); the message names its path.
     """
     try:
-        return _dumps((function, tuple(args), dict(kwargs), _cell_sources()), shared=shared)
+        sources = _cell_sources(sources_sent or set())
+        data = _dumps((function, tuple(args), dict(kwargs), sources), shared=shared)
+        if sources_sent is not None:
+            sources_sent.update(sources)
+        return data
     except Exception as exc:  # cloudpickle raises TypeError, PicklingError, AttributeError...
         if inherit and isinstance(exc, RuntimeError) and "through inheritance" in str(exc):
             return InheritedPayload(function, args, kwargs)
@@ -113,11 +120,12 @@ def load_payload(data: Payload) -> tuple[Any, tuple, dict]:
     return function, args, kwargs
 
 
-def _cell_sources() -> dict[str, tuple]:
+def _cell_sources(skip: set[str]) -> dict[str, tuple]:
     """linecache entries of notebook cells (they exist in memory only), for tracebacks."""
     sources, total = {}, 0
     for filename, entry in list(linecache.cache.items()):
-        if len(entry) != 4 or entry[1] is not None or os.path.exists(filename):
+        if (filename in skip or len(entry) != 4 or entry[1] is not None
+                or os.path.exists(filename)):
             continue  # a real file: the worker reads it itself
         size = sum(len(line) for line in entry[2])
         if total + size > _MAX_SOURCE_BYTES:

@@ -189,7 +189,8 @@ class WorkerPool:
                 raise
             with SharedTensors() as shared:  # big tensors: one shared copy, not one per rank
                 try:
-                    payload = serialise_payload(function, args, kwargs, shared=shared)
+                    payload = serialise_payload(function, args, kwargs, shared=shared,
+                                                sources_sent=workers.sources_sent)
                 except TypeError as error:
                     hide_our_frames(error)
                     raise

@@ -41,6 +41,7 @@ class PoolWorkers:
         except BaseException:
             self.rendezvous.close()
             raise
+        self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
         self._kept_out = [self.alive_fd, self.rendezvous.fd,
                           *(fd for handle in self.handles for fd in handle.kernel_fds())]
         keep_out_of_forks(self._kept_out)
