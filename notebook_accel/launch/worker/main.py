@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import functools
 import io
 import os
 import re
@@ -258,6 +259,11 @@ def _run(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> int:
     return code
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)  # loaded once: a pool worker flushes after every run
+
+
 def flush_output() -> None:
     """Flush Python's and C's buffered output, so none is lost at ``os._exit``."""
     for stream in (sys.stdout, sys.stderr):
@@ -266,7 +272,7 @@ def flush_output() -> None:
         except Exception:  # noqa: BLE001
             pass
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).fflush(None)
+        _libc().fflush(None)
 
 
 def worker_main(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> None:
