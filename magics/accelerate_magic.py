@@ -3,6 +3,10 @@
 Data flows one way: cell -> names it reads (``names``) -> checked shipment
 (``shipping``) -> ``notebook_launcher`` running ``cell_runner.cell_job`` on every
 worker -> rank 0's assigned names (``pulling``) -> the notebook namespace.
+
+While the notebook's pool is up (``%accelerate start``, :mod:`magics.pool`) the cell
+runs on its warm workers instead, in each worker's namespace; only the names the
+workers lack are shipped.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import parse_argstring
 
 from magics import commands
+from magics import pool as notebook_pool
 from magics.cell import pulling
-from magics.cell.arguments import COMMANDS, launch_options, magic_flags
+from magics.cell.arguments import COMMANDS, flags_given, launch_options, magic_flags
 from magics.cell.flag_check import check_words
 from magics.cell.names import analyse_cell
 from magics.cell.runner import CELL_VALUE, cell_job
@@ -66,6 +71,10 @@ class AccelerateMagics(Magics):
             %accelerate env      versions, devices and the config in force
             %accelerate test     a short training sanity check on the workers (-n N)
             %accelerate config   the configuration panel
+            %accelerate start    start the notebook's warm pool (-n N, launch flags):
+                                 later cells run on its workers, whose state stays
+            %accelerate status   its ranks, pids, memory, the names living on them
+            %accelerate restart  fresh workers for the pool; %accelerate stop ends it
 
         Unset flags fall back to NOTEBOOK_ACCEL_* environment variables, then the
         config file (--config, else the default one), then auto-detection.
@@ -83,28 +92,48 @@ class AccelerateMagics(Magics):
             raise UsageError("%accelerate needs a command: env, test or config; "
                              "use %%accelerate at the top of a cell to run the cell on the "
                              "workers (%%accelerate? for help)")
-        runner = {"env": commands.env, "test": commands.test, "config": commands.config}
+        runner = {"env": commands.env, "test": commands.test, "config": commands.config,
+                  "start": notebook_pool.start, "status": notebook_pool.status,
+                  "restart": notebook_pool.restart, "stop": notebook_pool.stop}
         return runner[args.command](args)
 
     def _cell(self, args: Any, line: str, body: str) -> Any:
         raw_cell, self._raw_cell = self._raw_cell, None
         code, tree = make_cell_code(self.shell, line, body, raw_cell)
         names = analyse_cell(tree)
+        pool = None if args.fresh else notebook_pool.current()
+        on_workers = set(pool.names) if pool is not None else set()
+        if pool is not None and flags_given(args):
+            raise UsageError(f"{', '.join(flags_given(args))}: this cell would run on the pool, "
+                             "which keeps the flags it was started with; add --fresh to run it "
+                             "on fresh workers with these flags, or %accelerate stop and start "
+                             "the pool again with them")
         if not any(isinstance(node, ast.ImportFrom) and node.names[0].name == "*"
                    for node in ast.walk(tree)):  # `import *` binds names we cannot know
-            check_defined(names.reads, names.assigns, self.shell.user_ns)
-        shipment = collect_names(names.reads, self.shell.user_ns, self.shell.user_ns_hidden)
+            check_defined(names.reads, names.assigns,
+                          {**dict.fromkeys(on_workers), **self.shell.user_ns})
+        reads = [name for name in names.reads if name not in on_workers]  # theirs win
+        shipment = collect_names(reads, self.shell.user_ns, self.shell.user_ns_hidden)
         pull = names.assigns if args.pull is None else args.pull
         if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):
             pull = (*pull, CELL_VALUE)
-        options = launch_options(args)
-        from notebook_accel.launch import notebook_launcher
+        job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
+                       pooled=pool is not None)
+        if pool is not None:
+            from notebook_accel.launch import PoolUnavailable
 
-        job = cell_job(code, shipment.values, shipment.modules, tuple(pull))
-        try:
-            result = notebook_launcher(job, **options)
-        except ValueError as error:  # a bad option or config value: no traceback needed
-            raise UsageError(str(error)) from None
+            try:
+                result = pool.run(job)
+            except PoolUnavailable as error:  # said in the magic's words
+                raise UsageError(f"{error.reason}; %accelerate restart starts new ones, or "
+                                 "%%accelerate --fresh runs this cell on fresh workers") from None
+        else:
+            from notebook_accel.launch import notebook_launcher
+
+            try:
+                result = notebook_launcher(job, **launch_options(args))
+            except ValueError as error:  # a bad option or config value: no traceback needed
+                raise UsageError(str(error)) from None
         values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)
         value = values.pop(CELL_VALUE, None)
         if CELL_VALUE in failed:

@@ -17,6 +17,7 @@ _peer_paths.install()  # notebook_accel.state, .data_loader, .fsdp...: the peer'
 
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
+    "WorkerPool": "notebook_accel.launch.pool",
     "WorkerError": "notebook_accel.launch.errors",
     "last_launch": "notebook_accel.launch.record",
     "tqdm": "notebook_accel.observe.progress",

@@ -89,6 +89,7 @@ class EventChannel:
         self.queue.clear()
         if self.dropped:
             self._write(encode(Dropped(self.dropped)))
+            self.dropped = 0  # a pool worker's next run counts afresh
 
 
 _channel: EventChannel | None = None

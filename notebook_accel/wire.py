@@ -10,7 +10,11 @@ one :class:`Kind`, over two private channels:
   :class:`Metrics`, :class:`Memory` and :class:`Dropped`; small (one atomic pipe
   write each), coalesced or dropped and counted when the kernel lags.
 
-One framing for both (:func:`encode` and :func:`send` write it, :class:`FrameReader`
+A warm pool's worker (``launch/pool.py``) also reads a third, **commands** channel
+from the kernel: :class:`Run` (run this payload); after each run's outcome it sends
+:class:`RunDone` on its control channel (it stays up, idle, for the next run).
+
+One framing for all (:func:`encode` and :func:`send` write it, :class:`FrameReader`
 reads it): an 8-byte little-endian length, then a pickle of ``(kind value, timestamp,
 field values)``. One clock:
 every timestamp is ``time.time()`` of the process that made it (the sender for a
@@ -54,6 +58,8 @@ class Kind(str, enum.Enum):
     DISPLAY = "display"  # a rich display of rank 0 (display(), plt.show())
     RESULT = "result"  # the function returned; its pickled value
     ERROR = "error"  # the function raised (or could not send its value): a FailureRecord
+    RUN = "run"  # kernel -> a pool worker: run this payload (the pool's commands channel)
+    RUN_DONE = "run_done"  # a pool worker finished a run (after its result or failure)
 
     @property
     def reliable(self) -> bool:
@@ -61,7 +67,7 @@ class Kind(str, enum.Enum):
         return self in _RELIABLE
 
 
-_RELIABLE = frozenset({Kind.DISPLAY, Kind.RESULT, Kind.ERROR})
+_RELIABLE = frozenset({Kind.DISPLAY, Kind.RESULT, Kind.ERROR, Kind.RUN, Kind.RUN_DONE})
 
 _TYPES: dict[str, type] = {}  # Kind value -> message class
 _FIELDS: dict[type, tuple[str, ...]] = {}  # message class -> its fields in wire order
@@ -212,8 +218,43 @@ class FailureRecord:
         return f"rank {self.rank}: {textwrap.shorten(first, 300, placeholder=' …')}"
 
 
-Message = Progress | Metrics | Memory | Dropped | Display | Result | FailureRecord
-"""Any message a worker sends."""
+@_message
+@dataclass(slots=True)
+class Run:
+    """Kernel -> a warm pool worker: run this payload (``serialise_payload``'s bytes) now.
+
+    ``send_result``: this rank sends its return value back (rank 0, or all with ``return_all``).
+    """
+
+    kind: ClassVar[Kind] = Kind.RUN
+    payload: bytes
+    send_result: bool
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(slots=True)
+class RunDone:
+    """A pool worker ended a run (sent after its :class:`Result` or :class:`FailureRecord`);
+    it is idle again, its Python state kept.
+
+    Attributes:
+        collectives: the collectives its default process group has issued so far (None: no
+            group; -1: a group that does not count them); ranks that differ cannot share it.
+        broke_group: the run ended inside a collective (an interrupt or a broken peer there):
+            the group may pair later collectives wrongly and must not be used again.
+        names: the names living in its namespace (what later runs see; what a replacement loses).
+    """
+
+    kind: ClassVar[Kind] = Kind.RUN_DONE
+    collectives: int | None
+    broke_group: bool
+    names: tuple[str, ...] = ()
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+Message = Progress | Metrics | Memory | Dropped | Display | Result | FailureRecord | Run | RunDone
+"""Any message on the wire (all from a worker, except :class:`Run`)."""
 
 
 # ---- the framing -------------------------------------------------------------------------------
@@ -314,12 +355,43 @@ class FrameReader:
         return messages, self.open
 
 
-def send(fd: int, message: Message) -> None:
-    """Write one message to a blocking ``fd`` (the control channel), stamped now unless it
-    has a timestamp; the caller keeps other writers of ``fd`` out meanwhile."""
-    body = _body(message)
-    _write_all(fd, HEADER.pack(len(body)))
-    _write_all(fd, body)  # not joined to the header: a large result is not copied again
+def send(fd: int, *messages: Message) -> None:
+    """Write messages to a blocking ``fd`` (the control channel), each stamped now unless it
+    has a timestamp; the caller keeps other writers of ``fd`` out meanwhile. Small ones
+    go in one write (one wake-up of the reader)."""
+    pending = bytearray()
+    for message in messages:
+        body = _body(message)
+        pending += HEADER.pack(len(body))
+        if len(body) < _BIG:
+            pending += body
+            continue
+        _write_all(fd, pending)
+        pending = bytearray()
+        _write_all(fd, body)  # not joined to its header: a large result is not copied again
+    if pending:
+        _write_all(fd, pending)
+
+
+def receive(fd: int) -> Message | None:
+    """Read one message from a blocking ``fd`` (a pool worker's commands channel); None once
+    the other end is closed (or a frame of an unknown kind arrived)."""
+    header = _read_exactly(fd, HEADER.size)
+    if header is None:
+        return None
+    (size,) = HEADER.unpack(header)
+    body = _read_exactly(fd, size)
+    return None if body is None else _decode(body)
+
+
+def _read_exactly(fd: int, size: int) -> bytearray | None:
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), 1 << 20))
+        if not chunk:
+            return None
+        data += chunk
+    return data
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -22,9 +22,27 @@ def isolated_config(tmp_path, monkeypatch):
     isolate_config(monkeypatch, tmp_path)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_process_left_behind_by_the_module(request):
+    """The leak check at module scope, for modules whose tests share long-lived workers (a warm
+    pool, a kernel holding one): such a module sets ``SHARED_WORKERS = True``."""
+    if not getattr(request.module, "SHARED_WORKERS", False):
+        yield
+        return
+    yield from _leak_check()
+
+
 @pytest.fixture(autouse=True)
-def no_process_left_behind():
-    """No process this test started outlives it: waits ``LEAK_GRACE_S``, then kills and fails."""
+def no_process_left_behind(request):
+    """No process this test started outlives it: waits ``LEAK_GRACE_S``, then kills and fails
+    (checked per module instead where the module says ``SHARED_WORKERS = True``)."""
+    if getattr(request.module, "SHARED_WORKERS", False):
+        yield
+        return
+    yield from _leak_check()
+
+
+def _leak_check():
     before = {(p.pid, p.info["create_time"]) for p in psutil.process_iter(["create_time"])}
     yield
     deadline = time.monotonic() + LEAK_GRACE_S

@@ -16,7 +16,7 @@ from IPython.core.magic_arguments import argument, argument_group, magic_argumen
 
 from notebook_accel.contract import OPTIONS, LaunchOption, check_flags
 
-COMMANDS = ("env", "test", "config")
+COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -51,11 +51,14 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate the magic with its flags (IPython's ``magic_arguments``; they make ``?`` help)."""
     decorators = [
         magic_arguments(),
-        argument("command", nargs="?", choices=COMMANDS, metavar="{env,test,config}",
+        argument("command", nargs="?", choices=COMMANDS,
+                 metavar="{env,test,config,start,status,restart,stop}",
                  help="line magic only: 'env' reports versions, devices and the config in "
                       "force; 'test' runs a short training sanity check on the workers; "
-                      "'config' opens the config panel. Without it (cell magic) the cell "
-                      "runs on every worker."),
+                      "'config' opens the config panel; 'start' starts the notebook's warm "
+                      "pool (with the launch flags), 'status' shows it, 'restart' gives it "
+                      "fresh workers, 'stop' ends it. Without it (cell magic) the cell "
+                      "runs on every worker (on the pool's, while one is up)."),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
         *(_flag(OPTIONS[name]) for name in _LAUNCH_GROUP),
         argument("--fsdp", dest="fsdp", action="store_const", const=True, default=None,
@@ -66,6 +69,8 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
         _flag(OPTIONS["output"]),
         argument("--main-only", dest="output", action="store_const", const="main",
                  help="show only rank 0's output (same as --output main)"),
+        argument("--fresh", action="store_true",
+                 help="run this cell on fresh workers even while a pool is up"),
         argument_group("names out (default: every name the cell assigns comes back from rank 0)"),
         argument("--pull", type=_names, default=None, metavar="NAMES",
                  help="bring back only these names (comma-separated)"),
@@ -75,6 +80,13 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     for decorate in reversed(decorators):
         function = decorate(function)
     return function
+
+
+def flags_given(args: argparse.Namespace) -> list[str]:
+    """The launch flags set on the line (``--num-processes``...), as written in ``--help``."""
+    given = [option.magic_flag for option in OPTIONS.values()
+             if option.magic_flag and getattr(args, _dest(option)) is not None]
+    return given
 
 
 def launch_options(args: argparse.Namespace) -> dict[str, Any]:

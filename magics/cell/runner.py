@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch import dumps_result
+from notebook_accel.launch import dumps_result, worker_scope
 
 CELL_VALUE = "_accelerate_cell_value_"  # the value of a cell's last expression, on rank 0
 
@@ -72,7 +72,7 @@ class PulledNames:
 
 
 def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
-             pull: tuple[str, ...]) -> Callable[[], PulledNames | None]:
+             pull: tuple[str, ...], pooled: bool = False) -> Callable[[], PulledNames | None]:
     """The callable the launcher runs on every worker: run the cell, then pack the names.
 
     The cell runs in a fresh namespace holding the shipped names (modules travel as
@@ -86,6 +86,8 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
         values: names sent by value.
         modules: name -> module name.
         pull: names to send back from the node's first worker; empty: none.
+        pooled: the cell runs on a warm pool's workers: in each worker's namespace, whose
+            names win over the shipped ones, and what the cell assigns stays there.
     Returns:
         A picklable callable returning :class:`PulledNames` on the node's first
         worker (None elsewhere, or when ``pull`` is empty).
@@ -98,7 +100,18 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     # exec() is built in, so no Python frame stands between the magic line and the cell.
     line_one = compile("(exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[2]",
                        cell.filename, "eval")
+    if pooled:
+        return functools.partial(_in_worker_scope, line_one, outer)
     return functools.partial(eval, line_one, outer)
+
+
+def _in_worker_scope(line_one: types.CodeType, outer: dict[str, Any]) -> PulledNames | None:
+    __tracebackhide__ = True  # noqa: F841 - read by the worker's traceback formatter
+    with worker_scope(outer["_namespace"]) as scope:
+        try:
+            return eval(line_one, {**outer, "_namespace": scope})  # noqa: S307 - as above
+        finally:
+            scope.pop(CELL_VALUE, None)  # the magic's, not a name of the user's
 
 
 def _show_figures() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
+    "WorkerPool": "notebook_accel.launch.pool",
+    "PoolUnavailable": "notebook_accel.launch.pool",
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchRecord": "notebook_accel.launch.record",
     "last_launch": "notebook_accel.launch.record",
@@ -29,6 +31,7 @@ _EXPORTS = {
     "launch_in_force": "notebook_accel.launch.in_force",
     "fork_unsafe_reason": "notebook_accel.launch.start_method",
     "deferred_interrupts": "notebook_accel.launch.interrupts",
+    "worker_scope": "notebook_accel.launch.worker.namespace",
 }
 
 __all__ = sorted(_EXPORTS)

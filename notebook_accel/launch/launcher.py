@@ -17,6 +17,7 @@ from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan
 from notebook_accel.launch.record import LaunchRecord, remember
+from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.supervisor import Supervisor
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views import make_view
@@ -129,39 +130,56 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
             "rendezvous is supported; give master_addr and use_port (the same on every node)"
         )
     notes: list[str] = []
-    options = fill_options(
+    plan = plan_launch(
         {"num_processes": num_processes, "mixed_precision": mixed_precision,
          "use_port": use_port, "master_addr": master_addr, "node_rank": node_rank,
          "num_nodes": num_nodes, "start_method": start_method, "device": device},
-        config_file, notes,
-    )
+        config_file=config_file, fsdp=fsdp, notes=notes, timeout=timeout, output=output,
+        return_all=return_all, max_restarts=max_restarts)
+    inherit = plan.start.method == "fork" and plan.device_type != "xla"  # multiprocessing queues, locks
+    with SharedTensors() as shared:  # big tensors: one shared copy, not one per worker
+        payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit,
+                                    shared=shared)
+        warn_missing_globals(function)
+        print_notes(plan, notes)
+        backend = backend_for(plan)
+        backend.check(plan)
+        for attempt in range(plan.max_restarts + 1):
+            try:
+                return launch_once(backend, plan, payload)
+            except WorkerError as error:
+                if attempt == plan.max_restarts:
+                    raise
+                print(f"[notebook_accel] {error.args[0]}; restarting "
+                      f"({attempt + 1}/{plan.max_restarts})", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def plan_launch(explicit: dict[str, Any], *, config_file: str | os.PathLike | None, fsdp: Any,
+                notes: list[str], **settings: Any) -> LaunchPlan:
+    """The plan of a launch (or a pool): ``explicit`` options filled from the environment and
+    the config file, the FSDP choice, checked against the options table.
+
+    Raises:
+        TypeError, ValueError: a bad option, named with its valid values.
+    """
+    options = fill_options(explicit, config_file, notes)
     if fsdp is not None:
         from notebook_accel.strategies.fsdp.config import launch_environment
 
         options["worker_env"] = launch_environment(fsdp, options["worker_env"])
-    plan = make_plan(**options, timeout=timeout, output=output, return_all=return_all,
-                     max_restarts=max_restarts)
-    inherit = plan.start.method == "fork" and plan.device_type != "xla"  # multiprocessing queues, locks
-    payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit)
-    warn_missing_globals(function)
+    return make_plan(**options, **settings)
+
+
+def print_notes(plan: LaunchPlan, notes: list[str]) -> None:
+    """The launch's first lines: what decided its settings."""
     if plan.start.reason:
         notes.append(f"start method: {plan.start.method} ({plan.start.reason})")
-    for note in notes:  # the launch's first lines: what decided its settings
+    for note in notes:
         print(f"[notebook_accel] {note}", flush=True)
-    backend = backend_for(plan)
-    backend.check(plan)
-    for attempt in range(plan.max_restarts + 1):
-        try:
-            return _launch_once(backend, plan, payload)
-        except WorkerError as error:
-            if attempt == plan.max_restarts:
-                raise
-            print(f"[notebook_accel] {error.args[0]}; restarting "
-                  f"({attempt + 1}/{plan.max_restarts})", file=sys.stderr, flush=True)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
+def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
     """Start the workers through ``backend``, supervise them, collect their values."""
     check_interrupt("launch interrupted before any worker started")
     relay = OutputRelay(show=plan.output)

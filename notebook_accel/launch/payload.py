@@ -6,7 +6,8 @@ serialised we find *where* it is (``args[0].lock``) and say so before any worker
 starts. One exception: ``multiprocessing`` queues, locks, events... refuse
 pickling because they "should only be shared between processes through
 inheritance"; under ``fork`` the payload is then handed over as it is (an
-``InheritedPayload``), so they work as with the peer's launcher.
+``InheritedPayload``), so they work as with the peer's launcher. Big CPU tensors
+travel as shared memory when the caller gives a :class:`SharedTensors`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 import cloudpickle
 
+from notebook_accel.launch.shared_tensors import SharedTensors
+
 _MAX_DEPTH = 12
 _MAX_SOURCE_BYTES = 4 << 20
 
@@ -36,18 +39,28 @@ class InheritedPayload:
 Payload = bytes | InheritedPayload  # what the workers get
 
 
-def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = False) -> Payload:
+def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = False,
+                      shared: SharedTensors | None = None,
+                      sources_sent: set[str] | None = None) -> Payload:
     """Serialise ``(function, args, kwargs)`` plus the notebook cell sources.
 
     Args:
         inherit: the workers are forked: a payload holding ``multiprocessing`` objects
             (which only travel by inheritance) is inherited instead.
+        shared: big CPU tensors go into its shared memory (the workers map one copy);
+            close it once the workers have run.
+        sources_sent: the cells whose sources these workers already have (warm workers keep
+            them); only the others are sent, and added to it.
 
     Raises:
         TypeError: a value cannot be serialised (and cannot be inherited); the message names its path.
     """
     try:
-        return _dumps((function, tuple(args), dict(kwargs), _cell_sources()))
+        sources = _cell_sources(sources_sent or set())
+        data = _dumps((function, tuple(args), dict(kwargs), sources), shared=shared)
+        if sources_sent is not None:
+            sources_sent.update(sources)
+        return data
     except Exception as exc:  # cloudpickle raises TypeError, PicklingError, AttributeError...
         if inherit and isinstance(exc, RuntimeError) and "through inheritance" in str(exc):
             return InheritedPayload(function, args, kwargs)
@@ -75,9 +88,25 @@ class _PayloadPickler(cloudpickle.CloudPickler):
     )
 
 
-def _dumps(obj: Any, pickler_class: type | None = None) -> bytes:
+class _SharingPickler(_PayloadPickler):
+    """Sends big CPU tensors through shared memory (see :mod:`.shared_tensors`)."""
+
+    shared: SharedTensors
+
+    def reducer_override(self, obj):
+        reduced = self.shared.reduce(obj)
+        return reduced if reduced is not None else super().reducer_override(obj)
+
+
+def _dumps(obj: Any, pickler_class: type | None = None,
+           shared: SharedTensors | None = None) -> bytes:
     buffer = io.BytesIO()
-    (pickler_class or _PayloadPickler)(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    if shared is not None:
+        pickler = _SharingPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.shared = shared
+    else:
+        pickler = (pickler_class or _PayloadPickler)(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dump(obj)
     return buffer.getvalue()
 
 
@@ -91,11 +120,12 @@ def load_payload(data: Payload) -> tuple[Any, tuple, dict]:
     return function, args, kwargs
 
 
-def _cell_sources() -> dict[str, tuple]:
+def _cell_sources(skip: set[str]) -> dict[str, tuple]:
     """linecache entries of notebook cells (they exist in memory only), for tracebacks."""
     sources, total = {}, 0
     for filename, entry in list(linecache.cache.items()):
-        if len(entry) != 4 or entry[1] is not None or os.path.exists(filename):
+        if (filename in skip or len(entry) != 4 or entry[1] is not None
+                or os.path.exists(filename)):
             continue  # a real file: the worker reads it itself
         size = sum(len(line) for line in entry[2])
         if total + size > _MAX_SOURCE_BYTES:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 from dataclasses import dataclass
 
 from notebook_accel.contract import OPTIONS, START_METHODS
 
 __all__ = ["FORKSERVER_PRELOAD", "START_METHODS", "StartChoice", "choose_start_method",
-           "fork_unsafe_reason"]
+           "fork_unsafe_reason", "get_context", "starter_pid"]
 
 # Modules the forkserver imports once, so workers forked from it start warm.
 FORKSERVER_PRELOAD = ["notebook_accel.launch.warm"]
@@ -96,6 +97,22 @@ def choose_start_method(requested: str) -> StartChoice:
             "process; no kernel restart needed."
         )
     return StartChoice("forkserver", f"{reason}, so workers start from a warm forkserver")
+
+
+def starter_pid(method: str) -> int | None:
+    """The pid of the process that will be the parent of workers started with ``method``:
+    this one for fork and spawn, the forkserver (started now if need be) for forkserver.
+
+    None when started from a thread other than the main one: the OS's parent-death signal
+    follows the *thread* that forked, which may end long before the workers (a pool).
+    """
+    if method != "forkserver":
+        return os.getpid() if threading.current_thread() is threading.main_thread() else None
+    from multiprocessing import forkserver
+
+    get_context(method)  # its preload list, before it starts
+    forkserver.ensure_running()
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def get_context(method: str) -> multiprocessing.context.BaseContext:

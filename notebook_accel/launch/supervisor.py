@@ -4,6 +4,11 @@ The kernel waits on every worker at once (output pipes, control pipes, process
 sentinels). On the first failure it waits a moment for other reports, stops the
 rest and raises one ``WorkerError`` naming the earliest real failure; errors of
 peers whose collectives broke because of it are listed, not headlined.
+
+Workers of a warm pool (``handle.persistent``) do not exit at the end of a run: a
+rank's run ends with its ``RunDone`` report, and stopping a run interrupts the ranks
+still in it (KeyboardInterrupt), killing only those that do not answer within
+``INTERRUPT_GRACE`` (a rank blocked in a C++ collective).
 """
 
 from __future__ import annotations
@@ -18,17 +23,22 @@ from dataclasses import dataclass, field
 
 from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.interrupts import LaunchInterrupted, check_interrupt
+from notebook_accel.launch.interrupts import (
+    LaunchInterrupted,
+    check_interrupt,
+    interrupt_requested,
+)
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.text_view import format_duration
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
-from notebook_accel.wire import Display, FailureRecord, FrameReader, Result
+from notebook_accel.wire import Display, FailureRecord, FrameReader, Result, RunDone
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
 _STACK_DUMP_WAIT = 0.5
+INTERRUPT_GRACE = 1.5  # seconds a persistent worker has to end its run after an interrupt
 
 
 @dataclass
@@ -42,6 +52,7 @@ class Worker:
     exited: bool = False
     exit_time: float | None = None  # time.time() when the kernel saw it exit
     stopped: bool = False  # we stopped it (after another rank failed, a timeout, an interrupt)
+    run_done: bool = False  # a persistent worker reported the end of its run
     control: FrameReader = field(init=False)
     events: FrameReader = field(init=False)
 
@@ -52,6 +63,22 @@ class Worker:
     @property
     def rank(self) -> int:
         return self.handle.rank
+
+    @property
+    def finished(self) -> bool:
+        """Its part of the run is over: it exited, or (a persistent worker) reported the end."""
+        return self.exited or (self.handle.persistent and self.run_done)
+
+    @property
+    def succeeded(self) -> bool:
+        if self.handle.persistent:
+            return self.returned and self.run_done and not self.exited
+        return self.exitcode == 0
+
+    @property
+    def interrupted(self) -> bool:
+        """We stopped it and its only report is the KeyboardInterrupt we caused."""
+        return self.stopped and (self.error is None or self.error.exc_type == "KeyboardInterrupt")
 
     @property
     def pid(self) -> int | None:
@@ -102,7 +129,8 @@ class Supervisor:
         self.timeout = timeout
         self.record = record
         self.view = view
-        self._next_sample = 0.0
+        # memory: sampled once a second; a warm pool's runs are often far shorter than that
+        self._next_sample = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         for w in workers:
             record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid)
         self.by_rank = {w.rank: w for w in workers}
@@ -151,6 +179,9 @@ class Supervisor:
                 self._failed()
             elif type(message) is Display:
                 self.relay.display(message)
+            elif type(message) is RunDone:
+                worker.handle.last_report = message
+                self._run_ended(worker)
         if not still_open:
             self._unregister(worker.control_fd)
 
@@ -168,6 +199,23 @@ class Supervisor:
         if worker.returned and worker.exitcode == 0:
             status.state = "finished"
         elif worker.stopped:
+            status.state = "stopped"
+        else:
+            status.state = "failed"
+            self._failed()
+
+    def _run_ended(self, worker: Worker) -> None:
+        """A persistent worker reported the end of its run (its output is all in its pipes)."""
+        worker.run_done = True
+        self._read_output(worker, "stdout")
+        self._read_output(worker, "stderr")
+        self._read_events(worker)
+        self.relay.finish(worker.rank)
+        status = self.record.ranks[worker.rank]
+        status.ended = time.time()
+        if worker.returned:
+            status.state = "finished"
+        elif worker.interrupted:
             status.state = "stopped"
         else:
             status.state = "failed"
@@ -219,7 +267,7 @@ class Supervisor:
             self._read_events(w)  # polled here, not woken per event: the pipe holds ~10k
             status = self.record.ranks[w.rank]
             status.last_line = self.relay.last_line(w.rank)
-            if status.state == "starting" and not w.exited:
+            if status.state == "starting" and not w.finished:
                 status.state = "running"
             if sample and not w.exited:
                 status.rss = w.handle.rss() or status.rss
@@ -252,7 +300,7 @@ class Supervisor:
         self._register()
         start = time.monotonic()
         try:
-            while any(not w.exited for w in self.workers):
+            while any(not w.finished for w in self.workers):
                 now = time.monotonic()
                 if self.first_failure is not None and now - self.first_failure >= _COLLECT_AFTER_FAILURE:
                     break
@@ -263,19 +311,48 @@ class Supervisor:
         except KeyboardInterrupt:
             self._stop()
             self._finish()
-            raise LaunchInterrupted(f"stopped {len(self.workers)} workers") from None
-        if self.first_failure is not None or any(w.exitcode != 0 for w in self.workers):
+            raise LaunchInterrupted(self._interrupted_line()) from None
+        if self.first_failure is not None or not all(w.succeeded for w in self.workers):
             self._stop()
             self._finish()
             raise self._root_cause()
         self._finish()
 
+    def _interrupted_line(self) -> str:
+        if not any(w.handle.persistent for w in self.workers):
+            return f"stopped {len(self.workers)} workers"
+        killed = [w.rank for w in self.workers if w.exited]
+        if not killed:
+            return f"interrupted the run on {len(self.workers)} ranks; the pool keeps its state"
+        return (f"interrupted the run; {_ranks_label(killed)} did not answer within "
+                f"{INTERRUPT_GRACE:g} s and {'was' if len(killed) == 1 else 'were'} killed")
+
     def _stop(self) -> None:
         """Stop every worker still running (marked stopped), relaying their output meanwhile."""
+        if any(w.handle.persistent for w in self.workers):
+            self._interrupt()
+            return
         for w in self.workers:
             if w.exitcode is None:
                 w.stopped = True
         stop_workers([w.handle for w in self.workers], on_wait=self._drain)
+
+    def _interrupt(self) -> None:
+        """End the run of every persistent worker still in it: a KeyboardInterrupt, then a kill
+        for those that do not report within ``INTERRUPT_GRACE`` (blocked in C++ code)."""
+        live = [w for w in self.workers if not w.finished]
+        for w in live:
+            w.stopped = True
+            w.handle.interrupt()
+        deadline = time.monotonic() + INTERRUPT_GRACE
+        while (any(not w.finished for w in live) and time.monotonic() < deadline
+               and not interrupt_requested()):
+            self._poll(0.05)
+        stuck = [w for w in live if not w.finished]
+        for w in stuck:
+            w.handle.kill()
+        for w in stuck:
+            w.handle.reap(timeout=5.0)
 
     def _finish(self) -> None:
         for w in self.workers:
@@ -292,7 +369,7 @@ class Supervisor:
     def _timed_out(self) -> WorkerError:
         self.timed_out_at = time.time()
         elapsed = self.timed_out_at - self.record.started  # the figure the live view shows
-        running = [w for w in self.workers if not w.exited]
+        running = [w for w in self.workers if not w.finished]
         marks = {w.rank: self.relay.line_count(w.rank) for w in running}
         for w in running:
             self.relay.hold(w.rank)  # the dump is shown once, in the error, cleaned up
@@ -322,7 +399,7 @@ class Supervisor:
     def _root_cause(self) -> WorkerError:
         candidates = []
         for w in self.workers:
-            if w.error is not None:
+            if w.error is not None and not w.interrupted:
                 tier = 2 if w.error.secondary else 0
                 candidates.append((tier, w.error.timestamp, w))
             elif w.exited and not w.stopped and not (w.returned and w.exitcode == 0):
@@ -335,7 +412,7 @@ class Supervisor:
         failure = self._failure(cause)
         others = [self._failure(w) for _, _, w in candidates[1:]]
         others += [self._failure(w, headline="stopped") for w in self.workers
-                   if w.stopped and w.error is None and w is not cause]
+                   if w.interrupted and w is not cause]
         headline = f"failed: {failure.headline}" if cause.error is not None else failure.headline
         return WorkerError(
             f"rank {cause.rank} {headline}", rank=cause.rank, exitcode=cause.exitcode,
@@ -345,10 +422,13 @@ class Supervisor:
     def _failure(self, worker: Worker, headline: str | None = None) -> FailureRecord:
         """How ``worker`` failed: the record it sent (with the exit code seen here), else one
         made here from its exit (its traceback: the last lines of its stderr)."""
-        if worker.error is not None:
+        if worker.error is not None and headline is None:
             if worker.exitcode is None:
                 return worker.error
             return dataclasses.replace(worker.error, exitcode=worker.exitcode)
+        if headline and worker.handle.persistent and worker.exited:
+            headline = (f"stopped: killed, as it did not answer the interrupt within "
+                        f"{INTERRUPT_GRACE:g} s (blocked in C++ code, e.g. a collective)")
         return FailureRecord(
             rank=worker.rank, pid=worker.pid, exitcode=worker.exitcode, exc_type=None,
             headline=headline or _describe_exit(worker.exitcode),

@@ -50,6 +50,15 @@ def test_demo_notebook_runs(path):
         images = [output for cell in notebook.cells for output in cell.get("outputs", [])
                   if output.output_type == "display_data" and "image/png" in output.data]
         assert len(images) == 2, "rank 0's figure, once per training launch"
+    if path.name == "05_warm_workers.ipynb":
+        text = _text(notebook)
+        assert "pool up: 2 ranks" in text and "[rank 0] epoch 7: loss" in text
+        assert float(text.split("held-out accuracy in the notebook:")[1].split()[0]) > 0.9
+        assert "the workers still hold 7 epochs of losses" in text  # the failing cell kept them
+        assert "sum over both ranks: 90.0" in text and "pool stopped" in text
+        images = [output for cell in notebook.cells for output in cell.get("outputs", [])
+                  if output.output_type == "display_data" and "image/png" in output.data]
+        assert len(images) == 1, "the loss plot"
     if path.name == "03_config_panel.ipynb":
         text = _text(notebook)
         assert "sanity check passed: True" in text

@@ -152,10 +152,13 @@ def test_wire_round_trips_every_message_kind_in_one_framing():
         wire.Result(b"x" * 200_000, timestamp=4.0),
         wire.FailureRecord(rank=1, pid=9, exitcode=1, exc_type="KeyError", headline="KeyError: 'a'",
                            traceback="Traceback ...", secondary=True, timestamp=4.5),
+        wire.Run(b"payload", True, timestamp=5.0),
+        wire.RunDone(12, False, ("model", "loader"), timestamp=5.5),
     ]
     assert {type(m).kind for m in messages} == set(wire.Kind)  # every kind has its message
     assert {k for k in wire.Kind if k.reliable} == {wire.Kind.DISPLAY, wire.Kind.RESULT,
-                                                   wire.Kind.ERROR}
+                                                   wire.Kind.ERROR, wire.Kind.RUN,
+                                                   wire.Kind.RUN_DONE}
     assert [wire.decode(wire.encode(m)) for m in messages] == messages
     read_fd, write_fd = os.pipe()
     try:
@@ -174,6 +177,11 @@ def test_wire_round_trips_every_message_kind_in_one_framing():
         os.close(read_fd)
         if write_fd >= 0:
             os.close(write_fd)
+    read_fd, write_fd = os.pipe()  # a pool worker's commands channel: blocking reads
+    os.write(write_fd, wire.encode(messages[-2]))
+    os.close(write_fd)
+    assert wire.receive(read_fd) == messages[-2] and wire.receive(read_fd) is None
+    os.close(read_fd)
     stamped = wire.decode(wire.encode_data(wire.Kind.METRICS, {"step": 1, "values": {"a": 1.0}}))
     assert stamped == wire.Metrics(1, {"a": 1.0}, timestamp=stamped.timestamp)
     assert abs(stamped.timestamp - time.time()) < 60  # the sender's wall clock

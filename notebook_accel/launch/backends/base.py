@@ -13,6 +13,12 @@ Channels are the kernel's ends of four non-blocking file descriptors per rank, a
 (lossy framed messages: progress, metrics). A backend whose workers are not local
 children (a pool kept across calls, actors on other nodes) gives the same four
 descriptors, e.g. by relaying its own connection into local pipes.
+
+A backend whose workers outlive a call (the warm pool) marks its handles
+``persistent``: a rank's run then ends with its :class:`~notebook_accel.wire.RunDone`
+report (kept in ``last_report``), not with its exit, and the supervisor stops a run by
+interrupting the rank (:meth:`WorkerHandle.interrupt`), killing it only when it does
+not answer.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from notebook_accel.launch.payload import Payload
     from notebook_accel.launch.plan import LaunchPlan
+    from notebook_accel.wire import RunDone
 
 
 class WorkerHandle(abc.ABC):
@@ -34,6 +41,8 @@ class WorkerHandle(abc.ABC):
     stderr_fd: int
     control_fd: int
     events_fd: int
+    persistent: bool = False  # it outlives the run: the run ends with a RunDone, not an exit
+    last_report: RunDone | None = None  # a persistent worker's report of its latest run
 
     @property
     @abc.abstractmethod
@@ -53,6 +62,10 @@ class WorkerHandle(abc.ABC):
     @abc.abstractmethod
     def terminate(self) -> None:
         """Ask the worker (and whatever it started) to stop."""
+
+    def interrupt(self) -> None:
+        """Stop the current run of a persistent worker (a KeyboardInterrupt in it)."""
+        self.terminate()
 
     @abc.abstractmethod
     def kill(self) -> None:

@@ -2,7 +2,11 @@
 
 Each worker gets private pipes for its four channels, leads its own session (so
 stopping it stops its children) and watches a kernel-alive pipe (so it ends when
-the kernel does). On rank 0's node the kernel hosts the rendezvous store.
+the kernel does; the OS also kills it when the process that started it dies). On
+rank 0's node the kernel hosts the rendezvous store.
+
+:func:`start_workers` also starts a warm pool's workers (``serve=True``): each then
+reads runs from a fifth pipe, its commands channel (see ``launch/pool.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from notebook_accel.launch.environment import network_environment, worker_enviro
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous
-from notebook_accel.launch.start_method import get_context
+from notebook_accel.launch.start_method import get_context, starter_pid
 from notebook_accel.launch.views import in_kernel
 from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, worker_main
 from notebook_accel.launch.worker.main_module import main_module_hidden
+from notebook_accel.launch.worker.serve import serve_main
 
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -37,15 +42,29 @@ def enlarge_pipe(fd: int) -> None:
         fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
 
 
+_long_lived_fds: set[int] = set()  # kernel fds of warm pools, closed in every forked worker
+
+
+def keep_out_of_forks(fds: list[int] | tuple[int, ...], keep_out: bool = True) -> None:
+    """Have every worker forked from now on close ``fds`` (``keep_out=False``: no longer):
+    a pool's pipe ends must not live on in another launch's workers."""
+    if keep_out:
+        _long_lived_fds.update(fds)
+    else:
+        _long_lived_fds.difference_update(fds)
+
+
 class ProcessHandle(WorkerHandle):
     """A worker that is a child process of this kernel."""
 
     def __init__(self, rank: int, process: BaseProcess, stdout_fd: int, stderr_fd: int,
-                 control_fd: int, events_fd: int) -> None:
+                 control_fd: int, events_fd: int, commands_fd: int | None = None) -> None:
         self.rank = rank
         self.process = process
         self.stdout_fd, self.stderr_fd = stdout_fd, stderr_fd
         self.control_fd, self.events_fd = control_fd, events_fd
+        self.commands_fd = commands_fd  # a pool worker's runs (the kernel's write end)
+        self.persistent = commands_fd is not None
 
     @property
     def pid(self) -> int | None:
@@ -77,6 +96,11 @@ class ProcessHandle(WorkerHandle):
     def terminate(self) -> None:
         self.signal(signal.SIGTERM)
 
+    def interrupt(self) -> None:
+        if self.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGINT)  # the worker only: not its children
+
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
 
@@ -94,9 +118,14 @@ class ProcessHandle(WorkerHandle):
             return psutil.Process(self.process.pid).memory_info().rss
         return None
 
+    def kernel_fds(self) -> list[int]:
+        """The kernel's ends of the worker's pipes."""
+        fds = [self.stdout_fd, self.stderr_fd, self.control_fd, self.events_fd]
+        return fds if self.commands_fd is None else [*fds, self.commands_fd]
+
     def close(self) -> None:
         """Close the kernel's ends of the worker's pipes."""
-        for fd in (self.stdout_fd, self.stderr_fd, self.control_fd, self.events_fd):
+        for fd in self.kernel_fds():
             _close(fd)
 
 
@@ -146,11 +175,13 @@ def _pipe() -> tuple[int, int]:
 
 
 def start_workers(
-    plan: LaunchPlan, payload: Payload, port: int, kernel_only: tuple[int, ...] = ()
+    plan: LaunchPlan, payload: Payload | None, port: int, kernel_only: tuple[int, ...] = (),
+    serve: bool = False,
 ) -> tuple[list[ProcessHandle], int]:
     """Start one process per local rank; returns the workers and the kernel-alive fd.
 
     ``kernel_only``: other kernel fds that forked workers must close (the store's socket).
+    ``serve``: warm pool workers, which take runs from a commands pipe (``payload`` unused).
 
     Worker-side pipe ends are closed in the kernel only after every worker has
     started, so a forked worker never closes an fd number that got reused.
@@ -160,18 +191,24 @@ def start_workers(
     ends = [(_pipe(), _pipe(), _pipe(), _pipe()) for _ in range(plan.num_processes)]
     for triple in ends:
         enlarge_pipe(triple[3][1])
-    kernel_fds = [alive_w, *kernel_only] + [pair[0] for triple in ends for pair in triple]
+    commands = [_pipe() for _ in ends] if serve else []  # (worker's read end, kernel's write end)
+    kernel_fds = [alive_w, *kernel_only, *_long_lived_fds] + [
+        pair[0] for triple in ends for pair in triple] + [w for _, w in commands]
     alive = Connection(alive_r, writable=False)
     worker_side = [alive] + [
         Connection(pair[1], readable=False) for triple in ends for pair in triple
-    ]
+    ] + [Connection(r, writable=False) for r, _ in commands]
     threads = plan.threads_per_worker()
     rich = plan.output != "none" and in_kernel()
+    parent = starter_pid(plan.start.method)
     workers: list[ProcessHandle] = []
     try:
         for local_rank, (out, err, ctl, ev) in enumerate(ends):
             own = {out[1], err[1], ctl[1], ev[1], alive_r}
-            every = {fd for triple in ends for pair in triple for fd in pair} | set(kernel_fds)
+            if serve:
+                own.add(commands[local_rank][0])
+            every = ({fd for triple in ends for pair in triple for fd in pair} | set(kernel_fds)
+                     | {fd for pair in commands for fd in pair})
             close_fds = tuple(sorted(every - own)) if plan.start.method == "fork" else ()
             rank = plan.global_rank(local_rank)
             env = worker_environment(
@@ -184,19 +221,22 @@ def start_workers(
             env.update(plan.worker_env)
             spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
                               send_result=plan.return_all or local_rank == 0, close_fds=close_fds,
-                              rich_output=rich)
+                              rich_output=rich, parent_pid=parent)
             base = 1 + 4 * local_rank
             pipes = WorkerPipes(stdout=worker_side[base], stderr=worker_side[base + 1],
                                 control=worker_side[base + 2], events=worker_side[base + 3],
-                                alive=alive)
-            process = context.Process(target=worker_main, args=(spec, payload, pipes),
+                                alive=alive,
+                                commands=worker_side[1 + 4 * len(ends) + local_rank] if serve else None)
+            process = context.Process(target=serve_main if serve else worker_main,
+                                      args=(spec, payload, pipes),
                                       name=f"notebook-accel-rank{rank}", daemon=False)
             with main_module_hidden(plan.start.method != "fork"):
                 process.start()
             for fd in (out[0], err[0], ctl[0], ev[0]):
                 os.set_blocking(fd, False)
             workers.append(ProcessHandle(rank, process, stdout_fd=out[0], stderr_fd=err[0],
-                                         control_fd=ctl[0], events_fd=ev[0]))
+                                         control_fd=ctl[0], events_fd=ev[0],
+                                         commands_fd=commands[local_rank][1] if serve else None))
     except BaseException:
         _close(alive_w)
         kill_all(workers)
@@ -205,6 +245,8 @@ def start_workers(
         for local_rank in range(len(workers), plan.num_processes):
             for pair in ends[local_rank]:
                 _close(pair[0])
+            if serve:
+                _close(commands[local_rank][1])
         raise
     finally:
         for connection in worker_side:

@@ -4,7 +4,12 @@ Runs first thing in every worker, whatever the start method. Output goes to the
 pipes the kernel reads (file descriptors 1 and 2, so C-level output is caught);
 the outcome and rank 0's displays go over a private control pipe, as messages of
 the wire protocol (:mod:`notebook_accel.wire`); a watchdog thread ends the worker
-(and everything it started) when the kernel goes away.
+(and everything it started) when the kernel goes away, and the OS kills it when
+the process that started it dies (``PR_SET_PDEATHSIG``: also a worker whose threads
+cannot run any more, e.g. one stuck holding the GIL in torch's gloo teardown).
+
+A warm pool's worker starts at :func:`.serve.serve_main` instead: the same set-up, then
+it serves runs until the kernel closes its commands channel.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import functools
 import io
 import os
 import re
@@ -20,8 +26,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 from notebook_accel import events, wire
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
@@ -47,6 +55,7 @@ class WorkerSpec:
     send_result: bool
     close_fds: tuple[int, ...] = field(default_factory=tuple)
     rich_output: bool = False  # the launching kernel shows rank 0's displays in the cell
+    parent_pid: int | None = None  # the process that starts this worker (the kernel, a forkserver)
 
 
 @dataclass
@@ -58,6 +67,7 @@ class WorkerPipes:
     control: Connection
     events: Connection
     alive: Connection
+    commands: Connection | None = None  # a pool worker's runs, from the kernel
 
 
 def _set_process_name(rank: int, world_size: str) -> None:
@@ -91,6 +101,22 @@ def _watch_kernel(alive_fd: int) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
     threading.Thread(target=watch, name="notebook-accel-watchdog", daemon=True).start()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Have the OS kill this worker when its parent dies (Linux), even if no thread of ours
+    can run then; if the parent is already gone (the race before the call), exit now."""
+    if parent_pid is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def _report_gpu_memory(device: int, every: float = 1.0) -> None:
@@ -133,7 +159,9 @@ def _reset_signals() -> None:
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
-def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
+def setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
+    """Make this process a worker: its session, output, watchdogs, signals, environment."""
+    _die_with_parent(spec.parent_pid)
     try:
         os.setsid()  # our own session: the kernel's process-group SIGINT does not reach us
     except OSError:
@@ -144,7 +172,7 @@ def _setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _redirect_output(pipes.stdout.fileno(), pipes.stderr.fileno())
     _watch_kernel(pipes.alive.fileno())
     events.install(pipes.events.fileno())
-    worker_display.install(lambda display: _send(pipes, display),
+    worker_display.install(lambda display: send(pipes, display),
                            main=spec.rank == 0, rich=spec.rich_output)
     if spec.env.get(DEVICE_TYPE) == "cuda":
         _report_gpu_memory(int(spec.env[LOCAL_RANK]))
@@ -168,7 +196,7 @@ def _format_exception(exc: BaseException) -> str:
     return "".join(summary.format())
 
 
-def _failure(spec: WorkerSpec, exc: BaseException, exitcode: int,
+def failure_record(spec: WorkerSpec, exc: BaseException, exitcode: int,
              headline: str | None = None) -> FailureRecord:
     """This rank's failure record (stamped now); the kernel sets the exit code it sees."""
     message = str(exc)
@@ -183,41 +211,60 @@ def _failure(spec: WorkerSpec, exc: BaseException, exitcode: int,
 _send_lock = threading.Lock()  # displays may come from any thread
 
 
-def _send(pipes: WorkerPipes, message: Message) -> None:
-    """Send one message on the control channel (blocks until the kernel has room)."""
+def send(pipes: WorkerPipes, *messages: Message) -> None:
+    """Send messages on the control channel (blocks until the kernel has room)."""
     with _send_lock:
-        wire.send(pipes.control.fileno(), message)
+        wire.send(pipes.control.fileno(), *messages)
 
 
-def _run(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> int:
+Bind = Callable[[Any], Any]
+
+
+def execute(spec: WorkerSpec, payload: Payload,
+            bind: Bind | None = None) -> tuple[int, Result | FailureRecord]:
+    """Run the payload's function; returns the exit code it earns and the outcome to send.
+
+    Args:
+        bind: applied to the loaded function before the call (a pool binds it to its
+            namespace).
+    """
     try:
         function, args, kwargs = load_payload(payload)
+        if bind is not None:
+            function = bind(function)
         value = function(*args, **kwargs)
     except SystemExit as exc:
         events.close()
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code == 0:
-            value = None
-        else:
-            _send(pipes, _failure(spec, exc, code, f"called sys.exit({exc.code!r})"))
-            return code
+        if code != 0:
+            return code, failure_record(spec, exc, code, f"called sys.exit({exc.code!r})")
+        value = None
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the kernel
         events.close()
-        _send(pipes, _failure(spec, exc, 1))
-        return 1
+        return 1, failure_record(spec, exc, 1)
     events.close()
     try:
         data = dumps_result(value) if spec.send_result else None
     except Exception as exc:
         headline = f"its return value could not be pickled: {type(exc).__name__}: {exc}"
-        _send(pipes, _failure(spec, exc, 1, headline))
-        return 1
-    _flush_output()
-    _send(pipes, Result(data))
-    return 0
+        return 1, failure_record(spec, exc, 1, headline)
+    return 0, Result(data)
 
 
-def _flush_output() -> None:
+def _run(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> int:
+    code, outcome = execute(spec, payload)
+    if type(outcome) is Result:
+        flush_output()
+    send(pipes, outcome)
+    return code
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)  # loaded once: a pool worker flushes after every run
+
+
+def flush_output() -> None:
     """Flush Python's and C's buffered output, so none is lost at ``os._exit``."""
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -225,17 +272,17 @@ def _flush_output() -> None:
         except Exception:  # noqa: BLE001
             pass
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).fflush(None)
+        _libc().fflush(None)
 
 
 def worker_main(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> None:
     """Entry point of every worker process; never returns."""
     code = 1
     try:
-        _setup(spec, pipes)
+        setup(spec, pipes)
         code = _run(spec, payload, pipes)
     except BaseException:  # noqa: BLE001 - a broken setup is still reported as output
         traceback.print_exc()
     finally:
-        _flush_output()
+        flush_output()
         os._exit(code)

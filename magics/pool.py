@@ -1,0 +1,81 @@
+"""The notebook's warm pool: ``%accelerate start|status|restart|stop``.
+
+One pool per kernel. While it is up, ``%%accelerate`` cells run on it (``--fresh``: on
+fresh workers, as without a pool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from IPython.core.error import UsageError
+
+from magics.cell.arguments import launch_options
+from notebook_accel.launch import WorkerPool, format_bytes
+
+_pool: WorkerPool | None = None
+
+
+def current() -> WorkerPool | None:
+    """The notebook's pool, if one is up."""
+    return _pool if _pool is not None and not _pool.closed else None
+
+
+def start(args: argparse.Namespace) -> None:
+    """``%accelerate start -n 2 ...``: start the notebook's pool with the launch flags."""
+    global _pool
+    if current() is not None:
+        raise UsageError("a pool is already up; %accelerate restart gives it fresh workers, "
+                         "%accelerate stop ends it (then start one with other flags)")
+    started = time.perf_counter()
+    try:
+        _pool = WorkerPool(**launch_options(args))
+    except ValueError as error:  # a bad option or config value: no traceback needed
+        raise UsageError(str(error)) from None
+    plan = _pool.plan
+    print(f"[notebook_accel] pool up: {plan.num_processes} ranks on {plan.device_type} "
+          f"({plan.start.method}), process group ready, in {time.perf_counter() - started:.2f} s; "
+          "%%accelerate cells now run on it (--fresh: on fresh workers)")
+
+
+def _require() -> WorkerPool:
+    pool = current()
+    if pool is None:
+        raise UsageError("no pool is up; start one with %accelerate start -n N")
+    return pool
+
+
+def status(args: argparse.Namespace) -> None:
+    """``%accelerate status``: ranks, pids, memory and the names living on the workers."""
+    pool = current()
+    if pool is None:
+        print("no pool is up; %accelerate start -n N starts one (%%accelerate cells then run "
+              "on its warm workers)")
+        return
+    plan = pool.plan
+    print(f"pool: {plan.num_processes} ranks on {plan.device_type}, start method "
+          f"{plan.start.method}, mixed precision {plan.mixed_precision}")
+    for info in pool.status():
+        state = "alive" if info.alive else f"gone (exit code {info.exitcode})"
+        memory = format_bytes(info.rss) if info.rss else "-"
+        print(f"  rank {info.rank}: pid {info.pid}, {state}, memory {memory}")
+    print("names on the workers: " + (", ".join(pool.names) if pool.names else "(none yet)"))
+
+
+def restart(args: argparse.Namespace) -> None:
+    """``%accelerate restart``: fresh workers in the pool (their names are dropped)."""
+    pool = _require()
+    lost = pool.names
+    pool.restart()
+    print(f"[notebook_accel] pool restarted: {pool.plan.num_processes} fresh ranks"
+          + (f"; names dropped: {', '.join(lost)}" if lost else ""))
+
+
+def stop(args: argparse.Namespace) -> None:
+    """``%accelerate stop``: end the pool; nothing of it is left."""
+    global _pool
+    pool = _require()
+    pool.close()
+    _pool = None
+    print("[notebook_accel] pool stopped; %%accelerate cells start fresh workers again")

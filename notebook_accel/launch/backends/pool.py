@@ -1,0 +1,102 @@
+"""The warm-pool backend: workers started once, which run call after call.
+
+:class:`PoolWorkers` are local processes (started as the process backend starts its
+own, with a commands pipe each) around a rendezvous store of their own. For each
+run, :class:`PoolBackend` sends every rank a :class:`~notebook_accel.wire.Run` and
+hands the supervisor the same handles (``persistent``: a run ends with the rank's
+``RunDone``, not its exit); closing the run gives them back to the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from multiprocessing.connection import wait
+
+from notebook_accel import wire
+from notebook_accel.launch.backends.base import Backend, WorkerGroup, kill_all
+from notebook_accel.launch.backends.processes import (
+    ProcessHandle,
+    keep_out_of_forks,
+    start_workers,
+)
+from notebook_accel.launch.payload import InheritedPayload, Payload
+from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.rendezvous import Rendezvous
+from notebook_accel.wire import Run
+
+_CLOSE_GRACE = 2.0  # seconds workers have to leave once their commands pipe is closed
+
+
+class PoolWorkers:
+    """One set of warm workers: their handles, the kernel-alive pipe, the rendezvous store."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self.rendezvous = Rendezvous(plan.master_addr, plan.port or 0)
+        try:
+            self.handles, self.alive_fd = start_workers(
+                plan, None, self.rendezvous.port, (self.rendezvous.fd,), serve=True)
+        except BaseException:
+            self.rendezvous.close()
+            raise
+        self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
+        self._kept_out = [self.alive_fd, self.rendezvous.fd,
+                          *(fd for handle in self.handles for fd in handle.kernel_fds())]
+        keep_out_of_forks(self._kept_out)
+        self.closed = False
+
+    def dead(self) -> list[ProcessHandle]:
+        """The workers that have ended."""
+        return [handle for handle in self.handles if handle.exitcode is not None]
+
+    def close(self, grace: float = _CLOSE_GRACE) -> None:
+        """End every worker (they leave when their commands pipe closes; killed after
+        ``grace`` seconds) and release everything of the set. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for handle in self.handles:
+            with contextlib.suppress(OSError):
+                os.close(handle.commands_fd)
+        deadline = time.monotonic() + grace
+        alive = [h for h in self.handles if h.exitcode is None]
+        while alive and time.monotonic() < deadline:
+            wait([h.sentinel for h in alive], timeout=deadline - time.monotonic())
+            alive = [h for h in alive if h.exitcode is None]
+        kill_all(self.handles)
+        keep_out_of_forks(self._kept_out, keep_out=False)
+        for handle in self.handles:
+            handle.commands_fd = None  # closed above
+            handle.close()
+        with contextlib.suppress(OSError):
+            os.close(self.alive_fd)
+        self.rendezvous.close()
+
+
+class PoolRun(WorkerGroup):
+    """One run on the pool; closing it leaves the workers up, idle, for the next run."""
+
+    def close(self) -> None:
+        return None
+
+
+class PoolBackend(Backend):
+    """Runs each call on the same warm workers."""
+
+    name = "pool"
+
+    def __init__(self, workers: PoolWorkers) -> None:
+        self.workers = workers
+
+    def start(self, plan: LaunchPlan, payload: Payload) -> PoolRun:
+        if isinstance(payload, InheritedPayload):  # pragma: no cover - the pool never asks for it
+            raise TypeError("a warm pool's workers cannot inherit objects; send picklable values")
+        handles = self.workers.handles
+        for local_rank, handle in enumerate(handles):
+            handle.last_report = None
+            send_result = plan.return_all or local_rank == 0
+            with contextlib.suppress(BrokenPipeError):  # died just now: the supervisor reports it
+                wire.send(handle.commands_fd, Run(payload, send_result))
+        return PoolRun(plan, list(handles))

@@ -1,0 +1,299 @@
+"""``WorkerPool``: warm workers that keep their Python state and process group across calls.
+
+A pool starts one worker per rank once; ``pool.run(fn, ...)`` runs ``fn`` on every rank
+with the same contract as ``notebook_launcher`` (live output, rank 0's value, one
+``WorkerError`` naming the root-cause rank), through the same supervisor, relay and
+views. What a run assigns stays on the workers for the next run
+(``launch/worker/namespace.py``).
+
+Never a silently wrong result: a run that ends inside a collective (interrupted, or a
+broken peer), a rank killed, or ranks whose process groups disagree on how many
+collectives they issued, leave a group that could pair later collectives wrongly; the
+pool then replaces its workers before anything else runs, and says which names were lost.
+"""
+
+from __future__ import annotations
+
+import difflib
+import signal
+import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers
+from notebook_accel.launch.interrupts import deferred_interrupts
+from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
+from notebook_accel.launch.payload import serialise_payload
+from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.shared_tensors import SharedTensors
+from notebook_accel.launch.tracebacks import hide_our_frames
+from notebook_accel.launch.worker.serve import join_process_group
+
+POOL_OPTIONS = ("num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
+                "timeout", "return_all", "output", "device", "config_file", "fsdp")
+_NOT_FOR_A_POOL = {
+    "num_nodes": "a pool runs on this machine only; use notebook_launcher for multi-machine jobs",
+    "node_rank": "a pool runs on this machine only; use notebook_launcher for multi-machine jobs",
+    "max_restarts": "a pool does not relaunch; after a failure it keeps (or replaces) its workers",
+    "rdzv_backend": "a pool uses its own static rendezvous",
+    "rdzv_endpoint": "a pool uses its own static rendezvous",
+}
+
+
+class PoolUnavailable(RuntimeError):
+    """The pool cannot run anything: it is closed, or its workers are gone.
+
+    Attributes:
+        reason: what happened, without the advice (``"the pool is closed"``), for a
+            front end to add its own (``%accelerate restart``).
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One worker of a pool, for ``%accelerate status``."""
+
+    rank: int
+    pid: int | None
+    alive: bool
+    exitcode: int | None
+    rss: int | None  # bytes
+
+
+class _Current:
+    """The pool's current workers, apart from the pool so that its finaliser can close them."""
+
+    def __init__(self) -> None:
+        self.workers: PoolWorkers | None = None
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    for name in options:
+        if name in _NOT_FOR_A_POOL:
+            raise TypeError(f"WorkerPool does not take {name}: {_NOT_FOR_A_POOL[name]}")
+        if name not in POOL_OPTIONS:
+            close = difflib.get_close_matches(name, POOL_OPTIONS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise TypeError(f"WorkerPool got an unknown option {name!r}; {hint}"
+                            f"valid options: {', '.join(POOL_OPTIONS)}")
+
+
+class WorkerPool:
+    """Warm workers on this machine, which keep their state and process group across runs.
+
+    Takes the options of :func:`~notebook_accel.notebook_launcher` (``num_processes``,
+    ``mixed_precision``, ``use_port``, ``master_addr``, ``start_method``, ``timeout``,
+    ``return_all``, ``output``, ``device``, ``config_file``, ``fsdp``), resolved and checked
+    the same way; the workers start at once. Closed by :meth:`close`, at the end of a
+    ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
+    when the kernel dies.
+
+    Raises:
+        TypeError, ValueError: a bad or unknown option, before any worker starts.
+
+    Example:
+        >>> with WorkerPool(num_processes=2) as pool:  # doctest: +SKIP
+        ...     pool.run(load, "data/")      # `global data` in load: stays on the workers
+        ...     pool.run(train, epochs=1)    # train sees `data`; the process group is still up
+    """
+
+    def __init__(self, **options: Any) -> None:
+        with deferred_interrupts():
+            try:
+                _check_options(options)
+                self.plan = self._plan(options)
+            except (TypeError, ValueError) as error:
+                hide_our_frames(error)
+                raise
+            self._current = _Current()
+            self._finalizer = weakref.finalize(self, self._current.close)
+            self._names: tuple[str, ...] = ()
+            self._start()
+
+    @staticmethod
+    def _plan(options: dict[str, Any]) -> LaunchPlan:
+        explicit = {name: options.get(name) for name in (
+            "num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
+            "device")}
+        notes: list[str] = []
+        plan = plan_launch({**explicit, "node_rank": None, "num_nodes": None},
+                           config_file=options.get("config_file"), fsdp=options.get("fsdp"),
+                           notes=notes, timeout=options.get("timeout"),
+                           output=options.get("output", "all"),
+                           return_all=options.get("return_all", False), max_restarts=0)
+        if plan.num_nodes != 1:
+            raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool runs on "
+                             "this machine only; use notebook_launcher for multi-machine jobs")
+        if plan.device_type == "xla":
+            raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
+                             "notebook_launcher (or %%accelerate --fresh) on a TPU")
+        print_notes(plan, notes)
+        return plan
+
+    def _start(self) -> None:
+        self._current.workers = workers = PoolWorkers(self.plan)
+        self._names = ()
+        try:  # the process group is ready before the first run
+            launch_once(PoolBackend(workers), self.plan,
+                        serialise_payload(join_process_group, (), {}))
+        except BaseException:
+            self._current.close()
+            raise
+
+    # -- the public surface ----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return not self._finalizer.alive
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names living on the workers (rank 0's, after the latest run)."""
+        return self._names
+
+    def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` on every rank of the pool.
+
+        Same contract as ``notebook_launcher``: output live in the cell, rank 0's value
+        (every rank's with ``return_all=True``). A function defined in the notebook runs
+        in the worker's namespace: names that live there win over the notebook's copies,
+        and what it assigns (``global x; x = ...``) stays there for later runs.
+
+        Raises:
+            TypeError: ``function`` is not callable, or a value cannot be pickled.
+            PoolUnavailable: the pool is closed, or its workers are gone (a RuntimeError).
+            WorkerError: the run failed on a rank (root cause named); the pool stays up,
+                or its workers are replaced when its process group cannot be trusted (said).
+            KeyboardInterrupt: interrupted; every rank stopped its run.
+        """
+        with deferred_interrupts():
+            try:
+                if not callable(function):
+                    raise TypeError(f"function={function!r} is not callable; pass the function "
+                                    "to run")
+                workers = self._usable()
+            except (TypeError, PoolUnavailable) as error:
+                hide_our_frames(error)
+                raise
+            with SharedTensors() as shared:  # big tensors: one shared copy, not one per rank
+                try:
+                    payload = serialise_payload(function, args, kwargs, shared=shared,
+                                                sources_sent=workers.sources_sent)
+                except TypeError as error:
+                    hide_our_frames(error)
+                    raise
+                failed = True
+                try:
+                    value = launch_once(PoolBackend(workers), self.plan, payload)
+                    failed = False
+                    return value
+                finally:
+                    self._after_run(workers, failed)
+
+    def restart(self) -> None:
+        """Replace the workers with fresh ones (their state is dropped)."""
+        if self.closed:
+            raise PoolUnavailable("this WorkerPool is closed; create a new one instead of "
+                                  "restarting it", "the pool is closed")
+        with deferred_interrupts():
+            self._current.close()
+            self._start()
+
+    def close(self) -> None:
+        """Stop the workers and release everything of the pool. Idempotent."""
+        self._finalizer()
+
+    def status(self) -> list[RankInfo]:
+        """One :class:`RankInfo` per rank (none once closed)."""
+        workers = self._current.workers
+        if workers is None:
+            return []
+        return [RankInfo(rank=h.rank, pid=h.pid, alive=h.exitcode is None, exitcode=h.exitcode,
+                         rss=h.rss() if h.exitcode is None else None) for h in workers.handles]
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.plan.num_processes} ranks"
+        return f"<WorkerPool {state}, {self.plan.device_type}, start {self.plan.start.method}>"
+
+    # -- health ------------------------------------------------------------------------------
+
+    def _usable(self) -> PoolWorkers:
+        workers = self._current.workers
+        if self.closed or workers is None:
+            raise PoolUnavailable("this WorkerPool is closed; create a new one, e.g. "
+                                  f"WorkerPool(num_processes={self.plan.num_processes})",
+                                  "the pool is closed")
+        dead = workers.dead()
+        if dead:
+            gone = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
+            lost = f"; the names on them were lost: {_listed(self._names)}" if self._names else ""
+            reason = f"the pool's workers are gone ({gone}, while idle{lost})"
+            raise PoolUnavailable(f"{reason}; call pool.restart() to start new ones", reason)
+        return workers
+
+    def _after_run(self, workers: PoolWorkers, failed: bool) -> None:
+        """Keep the workers when every rank is idle with a group it can trust; else replace them."""
+        reason = _distrust(workers, failed)
+        rank0 = workers.handles[0].last_report
+        if reason is None:
+            self._names = rank0.names
+            return
+        lost = rank0.names if rank0 is not None else self._names
+        self._current.close()
+        self._start()
+        print(f"[notebook_accel] the pool's workers were replaced ({reason}; a process group "
+              f"that may pair later collectives wrongly is never reused): their state was "
+              f"lost{': ' + _listed(lost) if lost else ''}", file=sys.stderr, flush=True)
+
+
+def _distrust(workers: PoolWorkers, failed: bool) -> str | None:
+    """Why the workers' process group cannot be trusted after a run (None: it can)."""
+    dead = workers.dead()
+    if dead:
+        return ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
+    reports = [h.last_report for h in workers.handles]
+    if any(r is None for r in reports):
+        return "a rank did not end its run"
+    broke = [h.rank for h, r in zip(workers.handles, reports, strict=True) if r.broke_group]
+    if broke:
+        return f"the run ended inside a collective on rank {', '.join(map(str, broke))}"
+    counts = {r.collectives for r in reports}
+    if len(counts) > 1:
+        return ("the ranks' process groups disagree (collectives issued: "
+                f"{', '.join(str(r.collectives) for r in reports)})")
+    if failed and -1 in counts:
+        return "the run failed and the process group cannot be checked"
+    return None
+
+
+def _ended(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def _listed(names: tuple[str, ...], most: int = 20) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+

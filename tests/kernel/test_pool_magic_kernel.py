@@ -1,0 +1,114 @@
+"""``%accelerate start|status|restart|stop`` and ``%%accelerate`` cells on the pool, in a real kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.kernel_harness import Kernel, wait_no_workers
+
+pytestmark = pytest.mark.slow
+SHARED_WORKERS = True  # the kernel's pool outlives each test: conftest checks for leaks per module
+
+
+@pytest.fixture(scope="module")
+def k():
+    """One kernel whose pool lives across the tests of this module (in order)."""
+    kernel = Kernel()
+    kernel.ok("%load_ext notebook_accel")
+    yield kernel
+    kernel.shutdown()
+
+
+def test_status_without_a_pool_says_how_to_start_one(k):
+    assert "no pool is up; %accelerate start -n N" in k.ok("%accelerate status").stdout
+    assert "UsageError: no pool is up" in k.run("%accelerate stop").stderr
+
+
+def test_cells_on_the_pool_keep_their_state(k):
+    assert "pool up: 2 ranks on cpu" in k.ok("%accelerate start -n 2").stdout
+    k.ok("""%%accelerate
+import torch
+from notebook_accel import Accelerator
+accelerator = Accelerator()
+torch.manual_seed(0)
+model = accelerator.prepare(torch.nn.Linear(2, 1))
+steps = 0
+""")
+    assert k.value("type(model).__name__") == "Linear"  # rank 0's unwrapped copy came back
+    again = k.ok("""%%accelerate
+steps += 1
+type(model).__name__
+""")
+    # the workers' own model (the prepared one) was used, not the notebook's copy
+    assert "'DistributedDataParallel'" in str(again.outputs)
+    assert k.value("steps") == 1
+
+
+def test_notebook_copies_are_refreshed_but_never_replace_worker_names(k):
+    k.ok("lr = 0.5")
+    k.ok("%%accelerate\nlr2 = lr * 2")
+    k.ok("lr = 0.25\nsteps = 100")  # the notebook's steps must not replace the workers'
+    k.ok("%%accelerate\nlr3 = lr * 2\nsteps += 1")
+    assert k.value("(lr2, lr3, steps)") == (1.0, 0.5, 2)
+
+
+def test_a_function_from_one_cell_sees_names_of_later_cells(k):
+    k.ok("%%accelerate\nlater = 0\ndef read_later():\n    return later")
+    k.ok("%%accelerate\nlater = 7\nseen = read_later()")
+    assert k.value("seen") == 7
+
+
+def test_status_lists_ranks_pids_memory_and_names(k):
+    out = k.ok("%accelerate status").stdout
+    assert "rank 0: pid" in out and "rank 1: pid" in out and "alive, memory" in out
+    names = out.split("names on the workers: ")[1]
+    for name in ("accelerator", "model", "steps", "later"):
+        assert name in names
+
+
+def test_a_failing_cell_names_its_rank_and_the_pool_stays(k):
+    result = k.run("""%%accelerate
+import torch.distributed as dist
+if dist.get_rank() == 1:
+    raise ValueError("only rank 1 fails")
+""")
+    assert result.error is not None and "rank 1 failed: ValueError: only rank 1 fails" in result.error["evalue"]
+    # the cell's own line, quoted: its source reached the workers (each cell's is sent once)
+    assert 'raise ValueError("only rank 1 fails")' in "\n".join(result.error["traceback"])
+    k.ok("%%accelerate\nsteps += 1")
+    assert k.value("steps") == 3
+
+
+def test_flags_on_a_pool_cell_are_refused_and_fresh_runs_apart(k):
+    refused = k.run("%%accelerate -n 1\nx = 1")
+    assert "UsageError: --num-processes: this cell would run on the pool" in refused.stderr
+    assert "--fresh" in refused.stderr
+    k.ok("%%accelerate\nimport os\npool_pid = os.getpid()")
+    k.ok("%%accelerate --fresh -n 2\nimport os\nfresh_pid = os.getpid()\nfresh_steps = steps")
+    assert k.value("pool_pid != fresh_pid")
+    assert k.value("fresh_steps") == 3  # the notebook's, shipped as for any fresh cell
+
+
+def test_a_cell_on_a_pool_whose_workers_are_gone_says_what_to_do(k):
+    status = k.ok("%accelerate status").stdout
+    pid = int(status.split("rank 1: pid ")[1].split(",")[0])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while "gone (exit code" not in k.ok("%accelerate status").stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
+    result = k.run("%%accelerate\nsteps += 1")
+    assert "UsageError: the pool's workers are gone (rank 1 was killed by SIGKILL, while idle;" \
+        in result.stderr
+    assert "%accelerate restart starts new ones" in result.stderr and "model" in result.stderr
+
+
+def test_restart_and_stop(k):
+    out = k.ok("%accelerate restart").stdout
+    assert "pool restarted: 2 fresh ranks; names dropped:" in out and "model" in out
+    assert k.run("%%accelerate\nsteps += 1").error is None  # the notebook's steps shipped again
+    assert "pool stopped" in k.ok("%accelerate stop").stdout
+    assert not wait_no_workers(timeout=5)
