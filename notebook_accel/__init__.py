@@ -6,10 +6,10 @@ kernel and does not import torch until something needs it.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from notebook_accel import _peer_paths
+from notebook_accel._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -67,20 +67,13 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'notebook_accel' has no attribute {name!r}")
+def _deferred_interrupts() -> Any:
     from notebook_accel.launch.interrupts import deferred_interrupts
 
-    with deferred_interrupts():  # a half-done import of torch would break the kernel
-        value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return deferred_interrupts()
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), guard=_deferred_interrupts)
 
 
 def _front_end() -> Any:

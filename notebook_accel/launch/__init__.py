@@ -8,8 +8,7 @@ internal and may move. They are imported lazily, so that importing
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from notebook_accel._lazy import lazy_exports
 
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
@@ -37,14 +36,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'notebook_accel.launch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
