@@ -61,7 +61,8 @@ class LaunchOption:
     ``notebook-accel launch``/``test`` flag (``cli_launch_only``: ``launch`` only);
     ``config_flag``: ``notebook-accel config`` writes it (as ``--file-key``);
     ``panel_field``: the config panel's attribute showing it; ``default``: the value a
-    launch uses when no argument, flag, variable or file sets it (None: auto-detected).
+    launch uses when no argument, flag, variable or file sets it (None: auto-detected);
+    ``not_for_pool``: why a warm pool refuses the option (None: a pool takes it too).
     """
 
     name: str
@@ -81,6 +82,7 @@ class LaunchOption:
     panel_field: str | None = None
     metavar: str | None = None  # in --help; default N for an int, else VALUE
     default: Any = None  # what a launch uses when no layer sets it (None: detected, or unset)
+    not_for_pool: str | None = None  # why a warm pool (WorkerPool, %accelerate start) refuses it
 
     def valid(self, short: bool = False) -> str:
         """The valid values in words: ``'no', 'fp16', 'bf16'`` or ``an integer >= 1``."""
@@ -137,6 +139,7 @@ class LaunchOption:
 
 
 _Opt = LaunchOption
+_ONE_MACHINE = "a pool runs on this machine only; use notebook_launcher for multi-machine jobs"
 _OPTIONS = (
     # name, type, help
     #     values (choices / bounds), default
@@ -167,11 +170,11 @@ _OPTIONS = (
          file_key="main_process_ip", config_flag=True,
          cli_flag="--main-process-ip", panel_field="main_process_ip"),
     _Opt("num_nodes", int, "machines in the job (run the same command on each)",
-         low=1, default=1,
+         low=1, default=1, not_for_pool=_ONE_MACHINE,
          file_key="num_machines", config_flag=True,
          cli_flag="--num-machines", panel_field="num_machines"),
     _Opt("node_rank", int, "this machine's rank, 0 on the main one", metavar="R",
-         low=0, default=0,
+         low=0, default=0, not_for_pool=_ONE_MACHINE,
          file_key="machine_rank", config_flag=True,
          cli_flag="--machine-rank", panel_field="machine_rank"),
     _Opt("gpu_ids", str, "GPUs to use: 'all' or a list such as 0,1", argument=False,
@@ -184,6 +187,7 @@ _OPTIONS = (
          magic_flag="--output", cli_flag="--output", cli_launch_only=True),
     _Opt("max_restarts", int, "relaunch the whole job up to N times after a failure",
          low=0, default=0,
+         not_for_pool="a pool does not relaunch; after a failure it keeps (or replaces) its workers",
          cli_flag="--max-restarts", cli_launch_only=True),
     _Opt("config_file", object, "config file to read instead of the default one", metavar="FILE",
          magic_flag="--config", cli_flag="--config-file"),

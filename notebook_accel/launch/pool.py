@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers
 from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
@@ -31,12 +32,10 @@ from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.worker.serve import join_process_group
 
-POOL_OPTIONS = ("num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
-                "timeout", "return_all", "output", "device", "config_file", "fsdp")
+# the options table's arguments a pool takes, plus notebook_launcher's keywords outside the table
+POOL_OPTIONS = (*(o.name for o in OPTIONS.values() if o.argument and o.not_for_pool is None), "return_all")
 _NOT_FOR_A_POOL = {
-    "num_nodes": "a pool runs on this machine only; use notebook_launcher for multi-machine jobs",
-    "node_rank": "a pool runs on this machine only; use notebook_launcher for multi-machine jobs",
-    "max_restarts": "a pool does not relaunch; after a failure it keeps (or replaces) its workers",
+    **{o.name: o.not_for_pool for o in OPTIONS.values() if o.not_for_pool},
     "rdzv_backend": "a pool uses its own static rendezvous",
     "rdzv_endpoint": "a pool uses its own static rendezvous",
 }
