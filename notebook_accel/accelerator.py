@@ -74,7 +74,8 @@ class Accelerator:
             ``NOTEBOOK_ACCEL_MIXED_PRECISION``, then ``ACCELERATE_MIXED_PRECISION``, then ``"no"``.
         gradient_accumulation_steps: micro-batches per optimizer step under ``accumulate``.
         cpu: use the CPU even when a GPU is present.
-        log_with: tracker names (``"jsonl"``, ``"tensorboard"``) or tracker objects.
+        log_with: tracker names (``"jsonl"``, ``"tensorboard"``, ``"wandb"``, ``"mlflow"``) or
+            tracker objects.
         project_dir: default place for logs and checkpoints (sets ``project_config.project_dir``).
         even_batches: see ``DataLoaderConfiguration``.
         step_scheduler_with_optimizer: step schedulers as the peer does (see ``optim``).
@@ -685,11 +686,19 @@ class Accelerator:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)
 
-    def get_tracker(self, name: str) -> Any:
-        """The started tracker called ``name``."""
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name`` (``unwrap``: the library's own run or writer).
+
+        On other processes, which start none, a blank tracker whose methods do nothing.
+
+        Raises:
+            ValueError: no started tracker has that name.
+        """
+        if not self.trackers:
+            return tracking.BlankTracker()
         for tracker in self.trackers:
             if tracker.name == name:
-                return tracker
+                return tracker.tracker if unwrap else tracker
         raise ValueError(f"no tracker {name!r} started; started: {[t.name for t in self.trackers]}")
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
