@@ -216,8 +216,8 @@ def test_jsonl_tracker_and_log(tmp_path):
     acc.end_training()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines == [{"config": {"lr": 0.1, "layers": 3}}, {"step": 1, "loss": 0.5, "note": "ok"}]
-    with pytest.raises(ValueError, match="'wandb' is not a known tracker"):
-        Accelerator(log_with="wandb").init_trackers("x")
+    with pytest.raises(ValueError, match="'comet' is not a known tracker"):
+        Accelerator(log_with="comet").init_trackers("x")
 
 
 def test_tensorboard_tracker_is_optional(tmp_path):
