@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import gc
 import os
 import warnings
 from collections import OrderedDict
@@ -43,10 +42,12 @@ from notebook_accel.data.prepare import (
     skip_first_batches,
 )
 from notebook_accel.observe import tracking
-from notebook_accel.runtime import ops, precision
+from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
 from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.memory import release_memory
 from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
+from notebook_accel.runtime.profiling import ProfileKwargs
 from notebook_accel.runtime.state import DistributedType
 from notebook_accel.strategies.base import StrategyContext
 from notebook_accel.strategies.registry import select
@@ -56,12 +57,28 @@ if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
     _SCHEDULER_TYPES += (torch.optim.lr_scheduler.ReduceLROnPlateau,)
 
 
+def _handler(handlers: list[Any] | None, class_name: str) -> Any:
+    """The kwargs handler (ours or the peer's) of that class name, or None."""
+    return next((h for h in handlers or [] if type(h).__name__ == class_name), None)
+
+
 def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, Any]:
     """Keyword arguments from a kwargs handler (ours or the peer's) of that class name."""
-    for handler in handlers or []:
-        if type(handler).__name__ == class_name:
-            return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
-    return {}
+    handler = _handler(handlers, class_name)
+    if handler is None:
+        return {}
+    return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
+
+
+def _comm_hook(handlers: list[Any] | None) -> tuple[str, str, dict]:
+    """DDP's communication hook from a ``DistributedDataParallelKwargs``: ``(hook, wrapper, options)``."""
+    handler = _handler(handlers, "DistributedDataParallelKwargs")
+
+    def name(value: Any) -> str:
+        return str(getattr(value, "value", value))
+
+    return (name(getattr(handler, "comm_hook", "no")), name(getattr(handler, "comm_wrapper", "no")),
+            dict(getattr(handler, "comm_state_option", None) or {}))
 
 
 class Accelerator:
@@ -86,7 +103,8 @@ class Accelerator:
             ``GradientAccumulationPlugin``; overrides ``gradient_accumulation_steps``.
         ddp_kwargs: extra ``DistributedDataParallel`` arguments.
         scaler_kwargs: extra ``GradScaler`` arguments.
-        kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` / ``GradScalerKwargs``
+        kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` (also its ``comm_hook``),
+            ``ProfileKwargs`` / ``GradScalerKwargs``
             objects are understood too.
         fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
             models with FSDP2 instead of DDP; default: one from the environment when
@@ -148,7 +166,9 @@ class Accelerator:
         # OrderedDict: RemovableHandle keeps a weak reference to it
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.print, ddp_kwargs)
+        self.profile_handler = _handler(kwargs_handlers, "ProfileKwargs")
+        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.print, ddp_kwargs,
+                                  _comm_hook(kwargs_handlers))
         # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
         self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
         self.fsdp_plugin = plugins["fsdp"]
@@ -658,6 +678,13 @@ class Accelerator:
         self.wait_for_everyone()
         return path
 
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Profile the block with ``torch.profiler`` (settings: ``profile_handler``, else the
+        ``ProfileKwargs`` among ``kwargs_handlers``); yields the profiler. With ``output_trace_dir``
+        each process writes ``profile_<process_index>.json`` there."""
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        return profiling.profile(handler, self.process_index, self.wait_for_everyone)
+
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget prepared objects, collect garbage, empty the CUDA cache; returns ``None`` for each object."""
         self.strategy.release()
@@ -666,10 +693,7 @@ class Accelerator:
         self._schedulers.clear()
         self._dataloaders.clear()
         self.step = 0
-        gc.collect()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-        return [None for _ in objects]
+        return release_memory(*objects)
 
     clear = free_memory
 
