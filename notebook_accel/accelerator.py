@@ -648,6 +648,7 @@ class Accelerator:
         target = config.resolve(output_dir, saving=True)
         items = self._checkpoint_items()
         if self._save_state_pre_hooks:
+            Path(target).mkdir(parents=True, exist_ok=True)  # hooks write into it (their files are kept)
             items.model_states = [self.unwrap_model(m).state_dict() for m in items.models]
             items.models = list(items.models)
             for hook in list(self._save_state_pre_hooks.values()):

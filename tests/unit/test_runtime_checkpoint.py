@@ -256,3 +256,30 @@ def test_automatic_checkpoint_naming_with_total_limit(tmp_path):
     assert fresh.get_state_dict(m2)["weight"].tolist() == [[2.0, 2.0]]
     with pytest.raises(FileNotFoundError, match="no automatic checkpoint"):
         Accelerator(project_config=ProjectConfiguration(tmp_path / "empty", automatic_checkpoint_naming=True)).load_state()
+
+
+def test_files_a_save_hook_writes_are_there_for_the_load_hook(tmp_path):
+    """The peer's test_save_load_model_with_hooks: the hook's data.json survives the atomic
+    replace (as in the peer, which writes in place), also over an older checkpoint."""
+    acc = Accelerator()
+    model = acc.prepare(torch.nn.Linear(2, 2))
+
+    def save_config(models, weights, output_dir):
+        with open(os.path.join(output_dir, "data.json"), "w") as f:
+            json.dump({"class_name": type(models[0]).__name__}, f)
+
+    def load_config(models, input_dir):
+        with open(os.path.join(input_dir, "data.json")) as f:
+            models[0].class_name = json.load(f)["class_name"]
+
+    acc.register_save_state_pre_hook(save_config)
+    acc.register_load_state_pre_hook(load_config)
+    target = tmp_path / "ckpt"
+    acc.save_state(target)  # a first checkpoint, then one over it, with a stale file of ours
+    torch.save({}, target / "model_3.pt")
+    (target / "notes.txt").write_text("mine")
+    acc.save_state(target)
+    model.class_name = "random"
+    acc.load_state(target)
+    assert model.class_name == "Linear"
+    assert (target / "notes.txt").read_text() == "mine" and not (target / "model_3.pt").exists()
