@@ -326,10 +326,10 @@ def load_state(
         items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
     for i, model in enumerate(items.models if items.sharded is None else ()):
         safe = path / _model_file(i, True)
-        if safe.is_file():
-            from safetensors.torch import load_file
+        if safe.is_file():  # load_model: tied weights were stored once, under one name
+            from safetensors.torch import load_model
 
-            _unwrap(model).load_state_dict(load_file(str(safe)))
+            load_model(_unwrap(model), str(safe))
         else:
             _unwrap(model).load_state_dict(read(_model_file(i, False)))
     for prefix, objs in (

@@ -283,3 +283,21 @@ def test_files_a_save_hook_writes_are_there_for_the_load_hook(tmp_path):
     acc.load_state(target)
     assert model.class_name == "Linear"
     assert (target / "notes.txt").read_text() == "mine" and not (target / "model_3.pt").exists()
+
+
+def test_a_model_with_tied_weights_loads_from_a_safetensors_checkpoint(tmp_path):
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(5, 3)
+            self.out = torch.nn.Linear(3, 5, bias=False)
+            self.out.weight = self.emb.weight
+
+    acc = Accelerator()
+    model = acc.prepare(Tied())
+    saved = model.emb.weight.detach().clone()
+    acc.save_state(tmp_path / "ckpt", safe_serialization=True)
+    with torch.no_grad():
+        model.emb.weight.zero_()
+    acc.load_state(tmp_path / "ckpt")
+    assert torch.equal(model.out.weight, saved) and model.out.weight is model.emb.weight
