@@ -70,6 +70,12 @@ def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, An
     return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
 
 
+def _mark_prepared(obj: Any) -> Any:
+    """Set the peer's ``_is_accelerate_prepared`` marker (transformers reads it); returns ``obj``."""
+    obj._is_accelerate_prepared = True
+    return obj
+
+
 def _comm_hook(handlers: list[Any] | None) -> tuple[str, str, dict]:
     """DDP's communication hook from a ``DistributedDataParallelKwargs``: ``(hook, wrapper, options)``."""
     handler = _handler(handlers, "DistributedDataParallelKwargs")
@@ -314,7 +320,7 @@ class Accelerator:
             [out[i] for i in models], [out[i] for i in optimizers], micro)
         self._models.append(model)
         self._optimizers.append(wrapped)
-        out[models[0]], out[optimizers[0]] = model, wrapped
+        out[models[0]], out[optimizers[0]] = _mark_prepared(model), _mark_prepared(wrapped)
 
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
         if isinstance(obj, torch.nn.Module):
@@ -335,16 +341,19 @@ class Accelerator:
         for prepared in self._models:
             if model is prepared or model is getattr(prepared, "module", None):
                 return prepared
+        if getattr(model, "_is_accelerate_prepared", False):  # by another Accelerator: never wrapped twice
+            self._models.append(model)
+            return model
         place = device_placement if device_placement is not None else self.device_placement
         model = self.strategy.setup_model(model, place, evaluation_mode, [opt.optimizer for opt in self._optimizers])
         self._models.append(model)
-        return model
+        return _mark_prepared(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
         wrapped = self.strategy.setup_optimizer(optimizer, self.scaler)
         self._optimizers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap ``scheduler`` (see ``optim.AcceleratedScheduler``)."""
@@ -354,7 +363,7 @@ class Accelerator:
             split_batches=self.split_batches, step_with_optimizer=self.step_scheduler_with_optimizer,
         )
         self._schedulers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_data_loader(self, loader: DataLoader, device_placement: bool | None = None) -> DataLoaderShard:
         """Shard ``loader`` across processes (see ``data``)."""
@@ -369,7 +378,7 @@ class Accelerator:
             dispatch_batches=bool(self.dataloader_config.dispatch_batches),
         )
         self._dataloaders.append(shard)
-        return shard
+        return _mark_prepared(shard)
 
     def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int | None = None) -> DataLoaderShard:
         """A loader that skips the first ``num_batches`` (default: where ``load_state`` left off)."""
