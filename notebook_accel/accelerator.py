@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import sys
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -575,8 +576,11 @@ class Accelerator:
         """The model's state dict (of the unwrapped model by default), on the CPU-visible device.
 
         Under FSDP: the full weights, gathered on the main process's CPU (``{}`` on the others);
-        every process must call it.
+        every process must call it. A dispatched model's offloaded weights are read in (to the CPU).
         """
+        dispatch = sys.modules.get("notebook_accel.big_model.dispatch")  # imported when one was dispatched
+        if dispatch is not None and dispatch.DISPATCHED in model.__dict__:
+            return dispatch.state_dict_with_offloaded(model)
         return self.strategy.model_state_dict(model, unwrap)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:

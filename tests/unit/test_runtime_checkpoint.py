@@ -301,3 +301,27 @@ def test_a_model_with_tied_weights_loads_from_a_safetensors_checkpoint(tmp_path)
         model.emb.weight.zero_()
     acc.load_state(tmp_path / "ckpt")
     assert torch.equal(model.out.weight, saved) and model.out.weight is model.emb.weight
+
+
+@pytest.mark.parametrize("offload", ["dispatch", "disk_offload"])
+def test_save_model_of_a_model_with_offloaded_weights(tmp_path, offload):
+    from notebook_accel import disk_offload, dispatch_model, load_checkpoint_in_model
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+    reference, x = make(), torch.ones(1, 3)
+    if offload == "dispatch":
+        model = dispatch_model(make(), device_map={"0": "cpu", "1": "cpu", "2": "disk"},
+                               offload_dir=tmp_path / "offload")
+    else:
+        model = disk_offload(make(), tmp_path / "offload", execution_device=torch.device("cpu"))
+    Accelerator().save_model(model, tmp_path / "saved")
+    restored = make()
+    for parameter in restored.parameters():
+        parameter.data.zero_()
+    load_checkpoint_in_model(restored, tmp_path / "saved")
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(),
+                                                 reference.state_dict().values(), strict=True))
+    assert torch.equal(model(x), reference(x))  # still dispatched, still runs
