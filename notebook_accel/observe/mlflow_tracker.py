@@ -69,11 +69,13 @@ class MLflowTracker(GeneralTracker):
             mlflow.log_params(dict(params[start:start + MAX_PARAMS_TAGS_PER_BATCH]))
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log the numeric ``values`` as metrics (MLflow takes numbers only; others are dropped)."""
+        """Log the numeric ``values`` (and one-element tensors) as metrics; MLflow takes numbers
+        only, so others are dropped, with a warning."""
         import mlflow
 
-        metrics = {key: value for key, value in values.items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        values = {key: value.item() if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1
+                  else value for key, value in values.items()}
+        metrics = {key: value for key, value in values.items() if isinstance(value, (int, float))}
         if len(metrics) < len(values):
             logger.warning("MLflow logs numbers only; dropped %s", sorted(set(values) - set(metrics)))
         mlflow.log_metrics(metrics, step=step, **kwargs)

@@ -16,9 +16,8 @@ def _model() -> torch.nn.Module:
 
 
 def _local_sgd() -> list[list[float]]:
-    from notebook_accel.local_sgd import LocalSGD
-
     from notebook_accel import Accelerator
+    from notebook_accel.local_sgd import LocalSGD
 
     accelerator = Accelerator()
     model = _model()

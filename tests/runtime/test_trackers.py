@@ -15,6 +15,7 @@ pytest.importorskip("mlflow")
 
 def _train(names: list[str], init_kwargs: dict) -> dict:
     import numpy as np
+    import torch
 
     from notebook_accel import Accelerator
 
@@ -22,7 +23,8 @@ def _train(names: list[str], init_kwargs: dict) -> dict:
     accelerator.init_trackers("proj", config={"lr": 0.1, "name": "tiny"}, init_kwargs=init_kwargs)
     rank = accelerator.process_index
     for step in range(3):
-        accelerator.log({"loss": 1.0 / (step + 1) + rank}, step=step)
+        loss = 1.0 / (step + 1) + rank
+        accelerator.log({"loss": torch.tensor(loss) if step == 0 else loss}, step=step)  # a tensor too
     tracker = accelerator.get_tracker(names[0])
     if "wandb" in names:
         tracker.log_table("preds", columns=["text", "score"], data=[["a", 1], ["b", 2]], step=3)
