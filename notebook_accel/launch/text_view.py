@@ -95,13 +95,13 @@ def metrics_text(record: LaunchRecord, limit: int = 4) -> str | None:
 
 
 def rich_hidden_text(record: LaunchRecord) -> str | None:
-    """``"rank 1 displayed 12 rich outputs (shown for rank 0 only)"``, or None when none."""
+    """``"rank 1 displayed 12 rich outputs (shown for rank 0, in a notebook)"``, or None when none."""
     counts = sorted((rank, count) for rank, count in record.rich_hidden.items() if count)
     if not counts:
         return None
     said = ", ".join(f"rank {rank} displayed {count} rich output{'s' if count > 1 else ''}"
                      for rank, count in counts)
-    return said + " (shown for rank 0 only)"
+    return said + " (shown for rank 0, in a notebook)"
 
 
 class TextView:

@@ -96,7 +96,7 @@ def test_rich_output_of_rank_zero_reaches_the_cell_and_no_worker_touches_a_socke
             if m["msg_type"] in ("display_data", "update_display_data")
             and "notebook-accel-live" in m["content"]["data"].get("text/html", "")]
     assert any("steps" in block for block in live)  # tqdm.auto became the job's bar
-    assert "rank 1 displayed 1 rich output (shown for rank 0 only)" in live[-1]
+    assert "rank 1 displayed 1 rich output (shown for rank 0, in a notebook)" in live[-1]
     assert not wait_no_workers(timeout=5)
 
 

@@ -247,7 +247,7 @@ def test_rich_displays_a_rank_could_not_show_are_counted_and_said():
     record = make_record()
     for _ in range(3):
         record.apply(1, RichHidden(1))
-    said = "rank 1 displayed 3 rich outputs (shown for rank 0 only)"
+    said = "rank 1 displayed 3 rich outputs (shown for rank 0, in a notebook)"
     assert said in render(record)["text/plain"] and said in render(record)["text/html"]
     record.finish("finished")
     assert said in TextView(record).summary_line(record)
