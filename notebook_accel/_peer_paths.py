@@ -32,6 +32,7 @@ PEER_PATHS: dict[str, str] = {
     "notebook_accel.tracking": "notebook_accel.observe.tracking",
     "notebook_accel.big_modeling": "notebook_accel.big_model",
     "notebook_accel.fsdp": "notebook_accel.strategies.fsdp",
+    "notebook_accel.local_sgd": "notebook_accel.strategies.local_sgd",
 }
 
 

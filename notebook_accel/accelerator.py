@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import gc
 import os
+import sys
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -43,10 +43,12 @@ from notebook_accel.data.prepare import (
     skip_first_batches,
 )
 from notebook_accel.observe import tracking
-from notebook_accel.runtime import ops, precision
+from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
 from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.memory import release_memory
 from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
+from notebook_accel.runtime.profiling import ProfileKwargs
 from notebook_accel.runtime.state import DistributedType
 from notebook_accel.strategies.base import StrategyContext
 from notebook_accel.strategies.registry import select
@@ -56,12 +58,34 @@ if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
     _SCHEDULER_TYPES += (torch.optim.lr_scheduler.ReduceLROnPlateau,)
 
 
+def _handler(handlers: list[Any] | None, class_name: str) -> Any:
+    """The kwargs handler (ours or the peer's) of that class name, or None."""
+    return next((h for h in handlers or [] if type(h).__name__ == class_name), None)
+
+
 def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, Any]:
     """Keyword arguments from a kwargs handler (ours or the peer's) of that class name."""
-    for handler in handlers or []:
-        if type(handler).__name__ == class_name:
-            return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
-    return {}
+    handler = _handler(handlers, class_name)
+    if handler is None:
+        return {}
+    return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
+
+
+def _mark_prepared(obj: Any) -> Any:
+    """Set the peer's ``_is_accelerate_prepared`` marker (transformers reads it); returns ``obj``."""
+    obj._is_accelerate_prepared = True
+    return obj
+
+
+def _comm_hook(handlers: list[Any] | None) -> tuple[str, str, dict]:
+    """DDP's communication hook from a ``DistributedDataParallelKwargs``: ``(hook, wrapper, options)``."""
+    handler = _handler(handlers, "DistributedDataParallelKwargs")
+
+    def name(value: Any) -> str:
+        return str(getattr(value, "value", value))
+
+    return (name(getattr(handler, "comm_hook", "no")), name(getattr(handler, "comm_wrapper", "no")),
+            dict(getattr(handler, "comm_state_option", None) or {}))
 
 
 class Accelerator:
@@ -74,7 +98,8 @@ class Accelerator:
             ``NOTEBOOK_ACCEL_MIXED_PRECISION``, then ``ACCELERATE_MIXED_PRECISION``, then ``"no"``.
         gradient_accumulation_steps: micro-batches per optimizer step under ``accumulate``.
         cpu: use the CPU even when a GPU is present.
-        log_with: tracker names (``"jsonl"``, ``"tensorboard"``) or tracker objects.
+        log_with: tracker names (``"jsonl"``, ``"tensorboard"``, ``"wandb"``, ``"mlflow"``) or
+            tracker objects.
         project_dir: default place for logs and checkpoints (sets ``project_config.project_dir``).
         even_batches: see ``DataLoaderConfiguration``.
         step_scheduler_with_optimizer: step schedulers as the peer does (see ``optim``).
@@ -85,7 +110,8 @@ class Accelerator:
             ``GradientAccumulationPlugin``; overrides ``gradient_accumulation_steps``.
         ddp_kwargs: extra ``DistributedDataParallel`` arguments.
         scaler_kwargs: extra ``GradScaler`` arguments.
-        kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` / ``GradScalerKwargs``
+        kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` (also its ``comm_hook``),
+            ``ProfileKwargs`` / ``GradScalerKwargs``
             objects are understood too.
         fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
             models with FSDP2 instead of DDP; default: one from the environment when
@@ -147,7 +173,9 @@ class Accelerator:
         # OrderedDict: RemovableHandle keeps a weak reference to it
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.print, ddp_kwargs)
+        self.profile_handler = _handler(kwargs_handlers, "ProfileKwargs")
+        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.print, ddp_kwargs,
+                                  _comm_hook(kwargs_handlers))
         # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
         self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
         self.fsdp_plugin = plugins["fsdp"]
@@ -293,7 +321,7 @@ class Accelerator:
             [out[i] for i in models], [out[i] for i in optimizers], micro)
         self._models.append(model)
         self._optimizers.append(wrapped)
-        out[models[0]], out[optimizers[0]] = model, wrapped
+        out[models[0]], out[optimizers[0]] = _mark_prepared(model), _mark_prepared(wrapped)
 
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
         if isinstance(obj, torch.nn.Module):
@@ -314,16 +342,19 @@ class Accelerator:
         for prepared in self._models:
             if model is prepared or model is getattr(prepared, "module", None):
                 return prepared
+        if getattr(model, "_is_accelerate_prepared", False):  # by another Accelerator: never wrapped twice
+            self._models.append(model)
+            return model
         place = device_placement if device_placement is not None else self.device_placement
         model = self.strategy.setup_model(model, place, evaluation_mode, [opt.optimizer for opt in self._optimizers])
         self._models.append(model)
-        return model
+        return _mark_prepared(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
         wrapped = self.strategy.setup_optimizer(optimizer, self.scaler)
         self._optimizers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap ``scheduler`` (see ``optim.AcceleratedScheduler``)."""
@@ -333,7 +364,7 @@ class Accelerator:
             split_batches=self.split_batches, step_with_optimizer=self.step_scheduler_with_optimizer,
         )
         self._schedulers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_data_loader(self, loader: DataLoader, device_placement: bool | None = None) -> DataLoaderShard:
         """Shard ``loader`` across processes (see ``data``)."""
@@ -348,7 +379,7 @@ class Accelerator:
             dispatch_batches=bool(self.dataloader_config.dispatch_batches),
         )
         self._dataloaders.append(shard)
-        return shard
+        return _mark_prepared(shard)
 
     def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int | None = None) -> DataLoaderShard:
         """A loader that skips the first ``num_batches`` (default: where ``load_state`` left off)."""
@@ -545,8 +576,11 @@ class Accelerator:
         """The model's state dict (of the unwrapped model by default), on the CPU-visible device.
 
         Under FSDP: the full weights, gathered on the main process's CPU (``{}`` on the others);
-        every process must call it.
+        every process must call it. A dispatched model's offloaded weights are read in (to the CPU).
         """
+        dispatch = sys.modules.get("notebook_accel.big_model.dispatch")  # imported when one was dispatched
+        if dispatch is not None and dispatch.DISPATCHED in model.__dict__:
+            return dispatch.state_dict_with_offloaded(model)
         return self.strategy.model_state_dict(model, unwrap)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
@@ -627,6 +661,7 @@ class Accelerator:
         target = config.resolve(output_dir, saving=True)
         items = self._checkpoint_items()
         if self._save_state_pre_hooks:
+            Path(target).mkdir(parents=True, exist_ok=True)  # hooks write into it (their files are kept)
             items.model_states = [self.unwrap_model(m).state_dict() for m in items.models]
             items.models = list(items.models)
             for hook in list(self._save_state_pre_hooks.values()):
@@ -657,6 +692,13 @@ class Accelerator:
         self.wait_for_everyone()
         return path
 
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Profile the block with ``torch.profiler`` (settings: ``profile_handler``, else the
+        ``ProfileKwargs`` among ``kwargs_handlers``); yields the profiler. With ``output_trace_dir``
+        each process writes ``profile_<process_index>.json`` there."""
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        return profiling.profile(handler, self.process_index, self.wait_for_everyone)
+
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget prepared objects, collect garbage, empty the CUDA cache; returns ``None`` for each object."""
         self.strategy.release()
@@ -665,10 +707,7 @@ class Accelerator:
         self._schedulers.clear()
         self._dataloaders.clear()
         self.step = 0
-        gc.collect()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-        return [None for _ in objects]
+        return release_memory(*objects)
 
     clear = free_memory
 
@@ -685,11 +724,19 @@ class Accelerator:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)
 
-    def get_tracker(self, name: str) -> Any:
-        """The started tracker called ``name``."""
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name`` (``unwrap``: the library's own run or writer).
+
+        On other processes, which start none, a blank tracker whose methods do nothing.
+
+        Raises:
+            ValueError: no started tracker has that name.
+        """
+        if not self.trackers:
+            return tracking.BlankTracker()
         for tracker in self.trackers:
             if tracker.name == name:
-                return tracker
+                return tracker.tracker if unwrap else tracker
         raise ValueError(f"no tracker {name!r} started; started: {[t.name for t in self.trackers]}")
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:

@@ -7,7 +7,7 @@ one :class:`Kind`, over two private channels:
   :class:`FailureRecord`) and rank 0's rich displays (:class:`Display`); never
   dropped, delivered in order;
 - the **events** channel (lossy, never blocks training): :class:`Progress`,
-  :class:`Metrics`, :class:`Memory` and :class:`Dropped`; small (one atomic pipe
+  :class:`Metrics`, :class:`Memory`, :class:`Dropped` and :class:`RichHidden`; small (one atomic pipe
   write each), coalesced or dropped and counted when the kernel lags.
 
 A warm pool's worker (``launch/pool.py``) also reads a third, **commands** channel
@@ -55,6 +55,7 @@ class Kind(str, enum.Enum):
     METRICS = "metrics"  # numeric values logged at a step (Accelerator.log)
     MEMORY = "memory"  # the worker's reserved GPU memory
     DROPPED = "dropped"  # how many events the worker dropped because the kernel lagged
+    RICH_HIDDEN = "rich_hidden"  # a non-main rank displayed rich output with no useful text form
     DISPLAY = "display"  # a rich display of rank 0 (display(), plt.show())
     RESULT = "result"  # the function returned; its pickled value
     ERROR = "error"  # the function raised (or could not send its value): a FailureRecord
@@ -137,6 +138,21 @@ class Dropped:
     @staticmethod
     def fields_of(data: dict[str, Any]) -> tuple:
         return (int(data.get("count", 0)),)
+
+
+@_message
+@dataclass(slots=True)
+class RichHidden:
+    """A non-main rank made ``count`` rich displays whose only text is a default repr
+    (``<IPython.core.display.HTML object>``): counted, never printed."""
+
+    kind: ClassVar[Kind] = Kind.RICH_HIDDEN
+    count: int
+    timestamp: float = field(default=0.0, kw_only=True)
+
+    @staticmethod
+    def fields_of(data: dict[str, Any]) -> tuple:
+        return (int(data.get("count", 1)),)
 
 
 @_message
@@ -253,7 +269,7 @@ class RunDone:
     timestamp: float = field(default=0.0, kw_only=True)
 
 
-Message = Progress | Metrics | Memory | Dropped | Display | Result | FailureRecord | Run | RunDone
+Message = Progress | Metrics | Memory | Dropped | RichHidden | Display | Result | FailureRecord | Run | RunDone
 """Any message on the wire (all from a worker, except :class:`Run`)."""
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from magics.view.plots import Plots
 from magics.view.progress import progress_html, progress_plain
 from magics.view.status import status_html, status_text
-from notebook_accel.launch import LaunchRecord
+from notebook_accel.launch import LaunchRecord, rich_hidden_text
 
 
 def render(record: LaunchRecord, plots: Plots | None = None,
@@ -37,7 +37,9 @@ def render(record: LaunchRecord, plots: Plots | None = None,
     plots.update(record.history)
     plain = [status_text(record), progress_plain(record), plots.text()]
     dropped = sum(record.dropped.values())
-    note = f"{dropped} events dropped (the kernel lagged)" if dropped else ""
+    notes = [f"{dropped} events dropped (the kernel lagged)" if dropped else "",
+             rich_hidden_text(record) or ""]
+    note = "; ".join(n for n in notes if n)
     html = ('<div class="notebook-accel-live" style="font-size:12px;line-height:1.35">'
             + status_html(record) + progress_html(record) + plots.html(as_images=final)
             + (f'<div style="color:#888">{note}</div>' if note else "") + "</div>")

@@ -253,3 +253,22 @@ def undispatch_model(model: nn.Module, device: DeviceKey | torch.device | None =
             done.add(other)
     model.__dict__.pop("hf_device_map", None)
     return model.to(target)
+
+
+def state_dict_with_offloaded(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()``, its offloaded weights (meta placeholders while it is dispatched)
+    read into CPU memory; tied names share one tensor. An undispatched model's own state dict."""
+    state = model.state_dict()
+    dispatch: _Dispatch | None = model.__dict__.get(DISPATCHED)
+    if dispatch is None:
+        return state
+    done: set[str] = set()
+    for name, source in dispatch.sources.items():
+        if name in done:
+            continue
+        value = source.materialize(torch.device("cpu"))
+        for other in dispatch.ties[name]:
+            done.add(other)
+            if other in state:
+                state[other] = value
+    return state

@@ -16,7 +16,10 @@ Atomicity: everything is written (and fsync'd) into ``<dir>.tmp``; only then doe
 the main process move the old ``<dir>`` aside to ``<dir>.old``, rename
 ``<dir>.tmp`` to ``<dir>`` and delete ``<dir>.old``. A crash while writing leaves
 the previous checkpoint untouched; a crash between the two renames leaves a
-complete ``<dir>.old``, which ``load_state`` falls back to. Processes that do
+complete ``<dir>.old``, which ``load_state`` falls back to. Other files in ``<dir>``
+(what a save-state pre-hook or the user wrote there) move into the new checkpoint,
+as they stay in the peer's, which writes in place; checkpoint files of the old
+state that the new one does not write (a model no longer prepared) do not. Processes that do
 not share the directory with the main process (a path per rank, machines without
 a shared file system) each get a complete copy: one process per file system
 claims it (``<dir>.claim-<token>``, created exclusively) and does the same there.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import uuid
 import warnings
@@ -63,6 +67,19 @@ class CheckpointItems:
     accelerator: Any = None  # an object with state_dict / load_state_dict
     model_states: list[dict[str, Any]] | None = None  # what save-state hooks left to write (else: the models')
     sharded: Any = None  # writes/reads models and optimizers itself (FSDP: fsdp.checkpointing), on every rank
+
+
+_CHECKPOINT_FILE = re.compile(  # what save_state itself writes (stale ones are not carried over)
+    r"(model|optimizer|scheduler|dataloader|custom_checkpoint|random_states)(_\d+)?\.(pt|bin|safetensors)"
+    r"|scaler\.pt|accelerator\.pt|(pytorch_model_fsdp|optimizer)_\d+")
+
+
+def _carry_over(final: Path, tmp: Path) -> None:
+    """Move the entries of ``final`` that are no checkpoint files of ours and that the new
+    checkpoint does not write into ``tmp`` (a pre-hook's ``data.json``, the user's notes)."""
+    for entry in final.iterdir():
+        if not _CHECKPOINT_FILE.fullmatch(entry.name) and not (tmp / entry.name).exists():
+            os.rename(entry, tmp / entry.name)
 
 
 def _name(prefix: str, index: int) -> str:
@@ -211,6 +228,8 @@ def save_state(
     _write(rng_state(on_xla), tmp / f"random_states_{state.process_index}.pt")
     state.wait_for_everyone()
     if owner:
+        if final.exists():
+            _carry_over(final, tmp)
         _fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -307,10 +326,10 @@ def load_state(
         items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
     for i, model in enumerate(items.models if items.sharded is None else ()):
         safe = path / _model_file(i, True)
-        if safe.is_file():
-            from safetensors.torch import load_file
+        if safe.is_file():  # load_model: tied weights were stored once, under one name
+            from safetensors.torch import load_model
 
-            _unwrap(model).load_state_dict(load_file(str(safe)))
+            load_model(_unwrap(model), str(safe))
         else:
             _unwrap(model).load_state_dict(read(_model_file(i, False)))
     for prefix, objs in (

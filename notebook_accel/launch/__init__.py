@@ -25,6 +25,7 @@ _EXPORTS = {
     "format_value": "notebook_accel.launch.text_view",
     "progress_text": "notebook_accel.launch.text_view",
     "rank_states": "notebook_accel.launch.text_view",
+    "rich_hidden_text": "notebook_accel.launch.text_view",
     "serialise_payload": "notebook_accel.launch.payload",
     "dumps_result": "notebook_accel.launch.payload",
     "launch_in_force": "notebook_accel.launch.in_force",

@@ -51,9 +51,11 @@ class LaunchPlan:
         return self.node_rank == 0
 
     def threads_per_worker(self) -> int | None:
-        """Intra-op threads per worker, so N workers do not oversubscribe the cores."""
-        if os.environ.get("OMP_NUM_THREADS"):
-            return None  # the user decided
+        """Intra-op threads per worker, so N workers do not oversubscribe the cores; the
+        user's ``OMP_NUM_THREADS`` when set (None when it is not a positive integer)."""
+        chosen = os.environ.get("OMP_NUM_THREADS", "").strip()
+        if chosen:
+            return int(chosen) if chosen.isdigit() and int(chosen) > 0 else None
         return max(1, hardware.detect().cpu_count // self.num_processes)
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.wire import Dropped, Memory, Message, Metrics, Progress
+from notebook_accel.wire import Dropped, Memory, Message, Metrics, Progress, RichHidden
 
 
 @dataclass
@@ -42,6 +42,8 @@ class LaunchRecord:
         history: metric name -> list of ``(step, value)`` logged by rank 0, in order.
         progress: rank -> the latest progress state it reported (a dict).
         dropped: rank -> events the worker dropped because the kernel lagged.
+        rich_hidden: rank -> rich displays of that (non-main) rank not shown: their only
+            text was a default repr such as ``<IPython.core.display.HTML object>``.
         outcome: None while running, then "finished", "failed", "interrupted" or
             "timed out".
         root_cause: the rank whose failure ended the job (set when one failed).
@@ -58,6 +60,7 @@ class LaunchRecord:
     history: dict[str, list[tuple[int | None, float]]] = field(default_factory=dict)
     progress: dict[int, dict[str, Any]] = field(default_factory=dict)
     dropped: dict[int, int] = field(default_factory=dict)
+    rich_hidden: dict[int, int] = field(default_factory=dict)
     outcome: str | None = None
     root_cause: int | None = None
     events: int = 0
@@ -79,6 +82,8 @@ class LaunchRecord:
             self.ranks[rank].gpu_memory = message.gpu
         elif type(message) is Dropped:
             self.dropped[rank] = self.dropped.get(rank, 0) + message.count
+        elif type(message) is RichHidden:
+            self.rich_hidden[rank] = self.rich_hidden.get(rank, 0) + message.count
 
     def finish(self, outcome: str, ended: float | None = None) -> None:
         """Set the outcome; ``ended`` (a ``time.time()``) defaults to now."""

@@ -94,6 +94,16 @@ def metrics_text(record: LaunchRecord, limit: int = 4) -> str | None:
     return text + (f" @ step {step}" if step is not None else "")
 
 
+def rich_hidden_text(record: LaunchRecord) -> str | None:
+    """``"rank 1 displayed 12 rich outputs (shown for rank 0, in a notebook)"``, or None when none."""
+    counts = sorted((rank, count) for rank, count in record.rich_hidden.items() if count)
+    if not counts:
+        return None
+    said = ", ".join(f"rank {rank} displayed {count} rich output{'s' if count > 1 else ''}"
+                     for rank, count in counts)
+    return said + " (shown for rank 0, in a notebook)"
+
+
 class TextView:
     """Plain text lines about a launch, for places where no notebook display renders.
 
@@ -168,6 +178,9 @@ class TextView:
         dropped = sum(record.dropped.values())
         if dropped:
             parts.append(f"{dropped} events dropped")
+        hidden = rich_hidden_text(record)
+        if hidden:
+            parts.append(hidden)
         return " | ".join(parts)
 
     def _write(self, line: str) -> None:

@@ -1,13 +1,16 @@
 """Experiment trackers behind ``Accelerator.init_trackers`` / ``log`` / ``end_training``.
 
 Built in: ``"jsonl"`` (keeps every record in memory as ``records`` and appends it
-to ``<logging_dir>/<project>/metrics.jsonl``) and ``"tensorboard"`` (needs the
-optional ``tensorboard`` package). Any object with ``store_init_configuration``,
-``log`` and ``finish`` methods (and a ``name``) can be passed as well.
+to ``<logging_dir>/<project>/metrics.jsonl``) and ``"tensorboard"``; ``"wandb"`` and
+``"mlflow"`` (``wandb_tracker.py``, ``mlflow_tracker.py``) need their optional
+packages. Any object with ``store_init_configuration``, ``log`` and ``finish``
+methods (and a ``name``) can be passed as well. Trackers are made on the main
+process only (``Accelerator.init_trackers``).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -16,7 +19,36 @@ from typing import Any
 from notebook_accel import events
 from notebook_accel.wire import Kind
 
-TRACKERS = ("jsonl", "tensorboard")
+LOGGER_TYPE_TO_CLASS = {  # the peer's name: tracker name -> its class, as "module:Class"
+    "jsonl": "notebook_accel.observe.tracking:JSONLTracker",
+    "tensorboard": "notebook_accel.observe.tracking:TensorBoardTracker",
+    "wandb": "notebook_accel.observe.wandb_tracker:WandBTracker",
+    "mlflow": "notebook_accel.observe.mlflow_tracker:MLflowTracker",
+}
+_NEEDS_LOGGING_DIR = ("jsonl", "tensorboard")
+TRACKERS = tuple(LOGGER_TYPE_TO_CLASS)
+
+
+def tracker_class(name: str) -> type:
+    """The class of the tracker called ``name`` (its optional package is imported when it is built).
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    if name not in LOGGER_TYPE_TO_CLASS:
+        raise ValueError(f"log_with={name!r} is not a known tracker; choose from {TRACKERS} "
+                         "or pass a tracker object")
+    module, _, cls = LOGGER_TYPE_TO_CLASS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def __getattr__(name: str) -> Any:
+    """``WandBTracker`` and ``MLflowTracker`` at the peer's path, ``accelerate.tracking``."""
+    for path in LOGGER_TYPE_TO_CLASS.values():
+        module, _, cls = path.partition(":")
+        if cls == name:
+            return getattr(importlib.import_module(module), cls)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def stream_to_kernel(values: dict[str, Any], step: int | None) -> None:
@@ -39,6 +71,11 @@ class GeneralTracker:
 
     name = "general"
 
+    @property
+    def tracker(self) -> Any:
+        """The library's own object behind this tracker (``get_tracker(name, unwrap=True)``)."""
+        return None
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Record the run's hyper-parameters."""
 
@@ -47,6 +84,16 @@ class GeneralTracker:
 
     def finish(self) -> None:
         """Flush and close."""
+
+
+class BlankTracker(GeneralTracker):
+    """What ``get_tracker`` gives the processes that start no tracker: every method is a no-op
+    (``log_table``, ``log_images``... too, so main-process-only calls need no guard)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
 
 
 def _jsonable(value: Any) -> Any:
@@ -118,6 +165,10 @@ class TensorBoardTracker(GeneralTracker):
         log_dir = Path(logging_dir or "runs") / run_name
         self.writer = SummaryWriter(str(log_dir), **kwargs)
 
+    @property
+    def tracker(self) -> Any:
+        return self.writer
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.writer.add_text("config", json.dumps({k: _jsonable(v) for k, v in values.items()}))
         self.writer.flush()
@@ -129,6 +180,12 @@ class TensorBoardTracker(GeneralTracker):
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
             elif isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
+        self.writer.flush()
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log each batch of images (``add_images``: N×C×H×W by default) under its key."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
         self.writer.flush()
 
     def finish(self) -> None:
@@ -152,10 +209,8 @@ def make_trackers(
     for item in wanted:
         if not isinstance(item, str):
             trackers.append(item)
-        elif item == "jsonl":
-            trackers.append(JSONLTracker(project_name, logging_dir, **init_kwargs.get("jsonl", {})))
-        elif item == "tensorboard":
-            trackers.append(TensorBoardTracker(project_name, logging_dir, **init_kwargs.get("tensorboard", {})))
-        else:
-            raise ValueError(f"log_with={item!r} is not a known tracker; choose from {TRACKERS} or pass a tracker object")
+            continue
+        cls = tracker_class(item)
+        args = (project_name, logging_dir) if item in _NEEDS_LOGGING_DIR else (project_name,)
+        trackers.append(cls(*args, **init_kwargs.get(item, {})))
     return trackers

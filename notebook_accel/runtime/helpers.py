@@ -118,17 +118,28 @@ def find_batch_size(data: Any) -> int:
     return tensor.shape[0]
 
 
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
 def concatenate(data: list[Any], dim: int = 0) -> Any:
     """Concatenate a list of same-shaped nested structures tensor by tensor along ``dim``.
 
+    Lists of plain values (strings, numbers: ``[["a", "b"], ["c"]]``) are joined into one
+    list; a single structure is returned as it is (as the peer does).
+
     Raises:
-        TypeError: ``data`` is not a non-empty list of structures of tensors.
+        TypeError: ``data`` is not a non-empty list of structures of tensors (or of plain values).
     """
     if not isinstance(data, (list, tuple)) or not data:
         raise TypeError(f"concatenate takes a non-empty list of tensor structures, not {data!r}")
     first = data[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(list(data), dim=dim)
+    if len(data) == 1 and not isinstance(first, (list, tuple, Mapping)):
+        return first
+    if (isinstance(first, list) or (isinstance(first, tuple) and not hasattr(first, "_fields"))) and all(
+            isinstance(d, type(first)) and all(isinstance(v, _PLAIN) for v in d) for d in data):
+        return type(first)(value for d in data for value in d)
     if isinstance(first, tuple) and hasattr(first, "_fields"):
         return type(first)(*(concatenate([d[i] for d in data], dim) for i in range(len(first))))
     if isinstance(first, (list, tuple)):

@@ -9,7 +9,8 @@ scaler, ``AutocastKwargs`` to ``autocast``).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -35,9 +36,30 @@ class KwargsHandler:
         return {k: v for k, v in self.to_dict().items() if defaults.get(k, object()) != v}
 
 
+class DDPCommunicationHookType(str, enum.Enum):
+    """A DDP communication hook: gradients compressed to fp16 / bf16 for the all-reduce, or
+    PowerSGD's low-rank approximation (``batched_power_sgd``: one matrix for all of them)."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+_COMM_FIELDS = ("comm_hook", "comm_wrapper", "comm_state_option")
+
+
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Arguments for ``torch.nn.parallel.DistributedDataParallel``."""
+    """Arguments for ``torch.nn.parallel.DistributedDataParallel``, and its communication hook.
+
+    Attributes:
+        comm_hook: the hook DDP all-reduces gradients with (a :class:`DDPCommunicationHookType`).
+        comm_wrapper: ``fp16`` / ``bf16``: compress what ``comm_hook`` sends (PowerSGD's factors).
+        comm_state_option: PowerSGD's settings (``PowerSGDState``'s arguments:
+            ``matrix_approximation_rank``, ``start_powerSGD_iter``...).
+    """
 
     dim: int = 0
     broadcast_buffers: bool = True
@@ -46,6 +68,13 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
+
+    def to_dict(self, ignore_keys: tuple[str, ...] = _COMM_FIELDS) -> dict[str, Any]:
+        """The DDP constructor's fields (the hook's are not its arguments)."""
+        return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
 
 
 @dataclass
@@ -90,4 +119,3 @@ class GradientAccumulationPlugin(KwargsHandler):
     def __post_init__(self) -> None:
         if not isinstance(self.num_steps, int) or self.num_steps < 1:
             raise ValueError(f"num_steps must be an integer >= 1, got {self.num_steps!r}")
-

@@ -41,6 +41,7 @@ class StrategyContext:
         gradient_state: the Accelerator's accumulation bookkeeping.
         say: prints a line in the cell (the Accelerator's ``print``).
         ddp_kwargs: extra ``DistributedDataParallel`` arguments.
+        ddp_comm_hook: DDP's communication hook: ``(hook, wrapper, PowerSGD options)``.
     """
 
     state: Any
@@ -48,6 +49,7 @@ class StrategyContext:
     gradient_state: GradientState = field(default_factory=GradientState)
     say: Callable[[str], None] = print
     ddp_kwargs: dict[str, Any] = field(default_factory=dict)
+    ddp_comm_hook: tuple[str, str, dict] = ("no", "no", {})
 
     @classmethod
     def on_device(cls, device: torch.device, mixed_precision: str = "no", num_processes: int = 1,

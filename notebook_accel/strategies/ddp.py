@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from notebook_accel.runtime.state import DistributedType
 from notebook_accel.strategies.base import Strategy, StrategyContext
+from notebook_accel.strategies.ddp_comm_hooks import register_comm_hook
 
 
 class DdpStrategy(Strategy):
@@ -28,12 +29,14 @@ class DdpStrategy(Strategy):
 
     def setup_model(self, model: torch.nn.Module, place: bool, evaluation_mode: bool,
                     optimizers: list[torch.optim.Optimizer]) -> torch.nn.Module:
-        """Placed and autocast; wrapped in DDP when several processes train it."""
+        """Placed and autocast; wrapped in DDP (with its communication hook) when several
+        processes train it."""
         model = super().setup_model(model, place, evaluation_mode, optimizers)
         trainable = any(p.requires_grad for p in model.parameters())
         if self.num_processes > 1 and trainable and not evaluation_mode and not isinstance(model, DistributedDataParallel):
             device_ids = [self.state.local_process_index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=device_ids, **self.context.ddp_kwargs)
+            register_comm_hook(model, self.context.ddp_comm_hook)
         return model
 
     @contextlib.contextmanager

@@ -44,6 +44,18 @@ def test_launcher_mixed_precision_reaches_the_accelerator():
     assert [r["mp"] for r in results] == ["bf16", "bf16"]
 
 
+def _threads() -> tuple[str | None, int]:
+    return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+
+
+def test_workers_get_omp_num_threads_as_torchrun_gives_it_unless_the_user_set_it(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = notebook_launcher(_threads, num_processes=2, return_all=True)
+    assert threads[0] == threads[1] and threads[0][0] == str(threads[0][1])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert notebook_launcher(_threads, num_processes=2, return_all=True) == [("1", 1)] * 2
+
+
 def test_two_workers_match_one_process_reference():
     results = notebook_launcher(same_code.train, args=(4, 2, False, 0.0), num_processes=2, return_all=True)
     ref = same_code.model(dropout=0.0)

@@ -148,6 +148,7 @@ def test_wire_round_trips_every_message_kind_in_one_framing():
         wire.Metrics(7, {"loss": 0.25}, timestamp=2.0),
         wire.Memory(1 << 30, timestamp=2.5),
         wire.Dropped(4, timestamp=3.0),
+        wire.RichHidden(2, timestamp=3.2),
         wire.Display({"text/plain": "hi"}, {}, {"display_id": "d"}, True, timestamp=3.5),
         wire.Result(b"x" * 200_000, timestamp=4.0),
         wire.FailureRecord(rank=1, pid=9, exitcode=1, exc_type="KeyError", headline="KeyError: 'a'",

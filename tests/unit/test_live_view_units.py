@@ -239,3 +239,24 @@ def test_plots_use_a_log_axis_over_two_decades_start_at_step_zero_and_smooth():
     encoded = re.search(r'src="data:image/svg\+xml;base64,([^"]+)"', image)[1]
     assert "(log scale)" in base64.b64decode(encoded).decode()
     assert 'alt="loss: last 0.0001 at step 999"' in image
+
+
+def test_rich_displays_a_rank_could_not_show_are_counted_and_said():
+    from notebook_accel.wire import RichHidden
+
+    record = make_record()
+    for _ in range(3):
+        record.apply(1, RichHidden(1))
+    said = "rank 1 displayed 3 rich outputs (shown for rank 0, in a notebook)"
+    assert said in render(record)["text/plain"] and said in render(record)["text/html"]
+    record.finish("finished")
+    assert said in TextView(record).summary_line(record)
+
+
+def test_only_a_default_repr_counts_as_no_useful_text():
+    from notebook_accel.launch.worker.display import _DEFAULT_REPR
+
+    assert _DEFAULT_REPR.fullmatch("<IPython.core.display.HTML object>")
+    assert _DEFAULT_REPR.fullmatch("<foo.Bar object at 0x7f00aa>")
+    assert not _DEFAULT_REPR.fullmatch("IntSlider(value=3)")
+    assert not _DEFAULT_REPR.fullmatch("<b>an html object</b>")

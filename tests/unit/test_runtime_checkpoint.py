@@ -216,8 +216,8 @@ def test_jsonl_tracker_and_log(tmp_path):
     acc.end_training()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines == [{"config": {"lr": 0.1, "layers": 3}}, {"step": 1, "loss": 0.5, "note": "ok"}]
-    with pytest.raises(ValueError, match="'wandb' is not a known tracker"):
-        Accelerator(log_with="wandb").init_trackers("x")
+    with pytest.raises(ValueError, match="'comet' is not a known tracker"):
+        Accelerator(log_with="comet").init_trackers("x")
 
 
 def test_tensorboard_tracker_is_optional(tmp_path):
@@ -256,3 +256,72 @@ def test_automatic_checkpoint_naming_with_total_limit(tmp_path):
     assert fresh.get_state_dict(m2)["weight"].tolist() == [[2.0, 2.0]]
     with pytest.raises(FileNotFoundError, match="no automatic checkpoint"):
         Accelerator(project_config=ProjectConfiguration(tmp_path / "empty", automatic_checkpoint_naming=True)).load_state()
+
+
+def test_files_a_save_hook_writes_are_there_for_the_load_hook(tmp_path):
+    """The peer's test_save_load_model_with_hooks: the hook's data.json survives the atomic
+    replace (as in the peer, which writes in place), also over an older checkpoint."""
+    acc = Accelerator()
+    model = acc.prepare(torch.nn.Linear(2, 2))
+
+    def save_config(models, weights, output_dir):
+        with open(os.path.join(output_dir, "data.json"), "w") as f:
+            json.dump({"class_name": type(models[0]).__name__}, f)
+
+    def load_config(models, input_dir):
+        with open(os.path.join(input_dir, "data.json")) as f:
+            models[0].class_name = json.load(f)["class_name"]
+
+    acc.register_save_state_pre_hook(save_config)
+    acc.register_load_state_pre_hook(load_config)
+    target = tmp_path / "ckpt"
+    acc.save_state(target)  # a first checkpoint, then one over it, with a stale file of ours
+    torch.save({}, target / "model_3.pt")
+    (target / "notes.txt").write_text("mine")
+    acc.save_state(target)
+    model.class_name = "random"
+    acc.load_state(target)
+    assert model.class_name == "Linear"
+    assert (target / "notes.txt").read_text() == "mine" and not (target / "model_3.pt").exists()
+
+
+def test_a_model_with_tied_weights_loads_from_a_safetensors_checkpoint(tmp_path):
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(5, 3)
+            self.out = torch.nn.Linear(3, 5, bias=False)
+            self.out.weight = self.emb.weight
+
+    acc = Accelerator()
+    model = acc.prepare(Tied())
+    saved = model.emb.weight.detach().clone()
+    acc.save_state(tmp_path / "ckpt", safe_serialization=True)
+    with torch.no_grad():
+        model.emb.weight.zero_()
+    acc.load_state(tmp_path / "ckpt")
+    assert torch.equal(model.out.weight, saved) and model.out.weight is model.emb.weight
+
+
+@pytest.mark.parametrize("offload", ["dispatch", "disk_offload"])
+def test_save_model_of_a_model_with_offloaded_weights(tmp_path, offload):
+    from notebook_accel import disk_offload, dispatch_model, load_checkpoint_in_model
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+    reference, x = make(), torch.ones(1, 3)
+    if offload == "dispatch":
+        model = dispatch_model(make(), device_map={"0": "cpu", "1": "cpu", "2": "disk"},
+                               offload_dir=tmp_path / "offload")
+    else:
+        model = disk_offload(make(), tmp_path / "offload", execution_device=torch.device("cpu"))
+    Accelerator().save_model(model, tmp_path / "saved")
+    restored = make()
+    for parameter in restored.parameters():
+        parameter.data.zero_()
+    load_checkpoint_in_model(restored, tmp_path / "saved")
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(),
+                                                 reference.state_dict().values(), strict=True))
+    assert torch.equal(model(x), reference(x))  # still dispatched, still runs

@@ -57,3 +57,14 @@ def test_object_collectives_on_an_xla_group_go_through_torch_xla(monkeypatch):
     monkeypatch.setattr(xla, "broadcast_object_list", lambda objects, src: objects + ["from core"])
     assert ops.gather_object([1]) == [1, 1] and ops.gather_object("x") == ["x", "x"]
     assert ops.broadcast_object_list([0]) == [0, "from core"]
+
+
+def test_concatenate_joins_lists_of_strings_and_keeps_a_single_batch():
+    from notebook_accel.utils import concatenate
+
+    assert concatenate([["a", "b"], ["c"]]) == ["a", "b", "c"]
+    assert concatenate([["a", "b"]]) == ["a", "b"]
+    joined = concatenate([{"x": torch.ones(1), "text": ["p"]}, {"x": torch.zeros(1), "text": ["q", "r"]}])
+    assert joined["text"] == ["p", "q", "r"] and torch.equal(joined["x"], torch.tensor([1.0, 0.0]))
+    with pytest.raises(TypeError, match="cannot concatenate"):
+        concatenate([object(), object()])

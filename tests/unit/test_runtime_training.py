@@ -195,3 +195,15 @@ def test_gradient_accumulation_plugin_and_process_decorators():
     m = acc.prepare(model())
     with acc.join_uneven_inputs([m], even_batches=False):
         pass
+
+
+def test_prepared_objects_carry_the_peers_marker_and_are_not_prepared_twice():
+    acc = Accelerator()
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    loader = DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2)
+    prepared = acc.prepare(model, optimizer, scheduler, loader)
+    assert all(getattr(obj, "_is_accelerate_prepared", False) for obj in prepared)
+    other = Accelerator()
+    assert other.prepare(prepared[0]) is prepared[0]  # marked: kept as it is

@@ -218,6 +218,8 @@ def start_workers(
                 mixed_precision=plan.mixed_precision, device_type=plan.device_type,
             )
             env.update(network_environment(plan))
+            if threads and plan.num_processes > 1:  # as torchrun: unless the user set it
+                env["OMP_NUM_THREADS"] = str(threads)
             env.update(plan.worker_env)
             spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
                               send_result=plan.return_all or local_rank == 0, close_fds=close_fds,

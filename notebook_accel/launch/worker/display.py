@@ -6,7 +6,9 @@ over them. Here the worker is cut off from all of that:
 
 - displays (``display(...)``, matplotlib's inline ``plt.show()``) of the main
   process are sent to the kernel, which shows them in the launching cell; other
-  ranks print their ``text/plain`` (relayed, or not, as ``output=`` says);
+  ranks print their ``text/plain`` (relayed, or not, as ``output=`` says), unless
+  it is only a default repr (``<IPython.core.display.HTML object>``): such displays
+  are counted for the live view instead;
 - ``tqdm.auto`` / ``tqdm.notebook`` bars report to the kernel's job bar (they
   would build ipywidgets that no frontend can reach);
 - ipykernel's streams held by old references (a logger made in the notebook)
@@ -22,14 +24,17 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from notebook_accel.wire import Display
+from notebook_accel import events
+from notebook_accel.wire import Display, Kind
 
 _WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 MAX_DISPLAY_BYTES = 16 << 20  # larger displays are sent as their text/plain only
+_DEFAULT_REPR = re.compile(r"<[A-Za-z_][\w.]* object(?: at 0x[0-9a-fA-F]+)?>")
 
 Send = Callable[[Display], None]
 
@@ -89,9 +94,7 @@ def _publisher_factory(send: Send, rich: bool) -> Callable[[Any], Any]:
                         **kwargs: Any) -> None:
                 data = {mime: value for mime, value in data.items() if mime != _WIDGET_MIME}
                 if not rich:
-                    text = data.get("text/plain")
-                    if text:
-                        print(text, flush=True)
+                    _print_text(data.get("text/plain"), update)
                     return
                 if _size(data) > MAX_DISPLAY_BYTES:
                     data = {"text/plain": data.get("text/plain", "(a display too large to show)")}
@@ -105,6 +108,18 @@ def _publisher_factory(send: Send, rich: bool) -> Callable[[Any], Any]:
         return RelayPublisher(shell=shell)
 
     return make
+
+
+def _print_text(text: str | None, update: bool) -> None:
+    """Print a display's text form; one that is only a default repr is counted instead
+    (an update of a display id is no new output)."""
+    if not text:
+        return
+    if _DEFAULT_REPR.fullmatch(text.strip()):
+        if not update:
+            events.emit(Kind.RICH_HIDDEN, {"count": 1})
+        return
+    print(text, flush=True)
 
 
 def _size(data: dict) -> int:

@@ -12,6 +12,7 @@ import types
 import notebook_accel
 from notebook_accel import accelerator as _accelerator
 from notebook_accel import data_loader
+from notebook_accel import local_sgd as _local_sgd
 from notebook_accel import state as _state
 from notebook_accel import test_utils as testing
 from notebook_accel import utils as _utils
@@ -36,5 +37,7 @@ data_loader = _view("data_loader", data_loader)
 utils = _view("utils", _utils)
 utils.dataclasses = _view("utils.dataclasses", _utils)
 utils.operations = _view("utils.operations", _utils)
+utils.memory = _view("utils.memory", _utils)
+local_sgd = _view("local_sgd", _local_sgd)
 test_utils = _view("test_utils", testing)
 test_utils.testing = _view("test_utils.testing", testing)

@@ -1,0 +1,104 @@
+"""``log_with="mlflow"``: an MLflow run (``MLFLOW_TRACKING_URI``: a server or a local store),
+as the peer's: the ``MLFLOW_*`` variables win over the arguments."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from notebook_accel.flags import str_to_bool
+from notebook_accel.observe.tracking import GeneralTracker
+
+logger = logging.getLogger(__name__)
+
+
+class MLflowTracker(GeneralTracker):
+    """One MLflow run in the experiment ``experiment_name`` (created when missing).
+
+    Args:
+        experiment_name: the experiment (``MLFLOW_EXPERIMENT_NAME`` wins).
+        logging_dir: the experiment's artifact location, when it is created.
+        run_id: resume this run (``MLFLOW_RUN_ID`` wins).
+        tags: the run's tags, a dict or its JSON (``MLFLOW_TAGS`` wins).
+        nested_run: nest the run in the active one (``MLFLOW_NESTED_RUN`` wins).
+        run_name: the new run's name.
+        description: the run's description.
+    Raises:
+        ImportError: when the ``mlflow`` package is missing.
+    """
+
+    name = "mlflow"
+
+    def __init__(self, experiment_name: str | None = None, logging_dir: str | os.PathLike[str] | None = None,
+                 run_id: str | None = None, tags: dict[str, Any] | str | None = None,
+                 nested_run: bool = False, run_name: str | None = None,
+                 description: str | None = None) -> None:
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise ImportError("log_with='mlflow' needs the mlflow package: pip install mlflow") from exc
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        tags = json.loads(tags) if isinstance(tags, str) else tags
+        nested = os.environ.get("MLFLOW_NESTED_RUN")
+        found = mlflow.search_experiments(filter_string=f"name = '{experiment_name}'")
+        experiment_id = found[0].experiment_id if found else mlflow.create_experiment(
+            name=experiment_name, artifact_location=None if logging_dir is None else str(logging_dir),
+            tags=tags)
+        self.active_run = mlflow.start_run(
+            run_id=os.environ.get("MLFLOW_RUN_ID", run_id), experiment_id=experiment_id,
+            run_name=run_name, nested=bool(str_to_bool(nested)) if nested is not None else nested_run,
+            tags=tags, description=description)
+
+    @property
+    def tracker(self) -> Any:
+        return self.active_run
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Log ``values`` as parameters (too long ones are dropped, with a warning)."""
+        import mlflow
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+
+        params = [(key, value) for key, value in values.items() if len(str(value)) <= MAX_PARAM_VAL_LENGTH]
+        if len(params) < len(values):
+            logger.warning("MLflow keeps parameters of at most %d characters; longer ones were dropped",
+                           MAX_PARAM_VAL_LENGTH)
+        for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
+            mlflow.log_params(dict(params[start:start + MAX_PARAMS_TAGS_PER_BATCH]))
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log the numeric ``values`` (and one-element tensors) as metrics; MLflow takes numbers
+        only, so others are dropped, with a warning."""
+        import mlflow
+
+        values = {key: value.item() if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1
+                  else value for key, value in values.items()}
+        metrics = {key: value for key, value in values.items() if isinstance(value, (int, float))}
+        if len(metrics) < len(values):
+            logger.warning("MLflow logs numbers only; dropped %s", sorted(set(values) - set(metrics)))
+        mlflow.log_metrics(metrics, step=step, **kwargs)
+
+    def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
+        """Save a matplotlib or plotly ``figure`` as the run's ``artifact_file``."""
+        import mlflow
+
+        mlflow.log_figure(figure=figure, artifact_file=artifact_file, **save_kwargs)
+
+    def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
+        """Copy everything in ``local_dir`` into the run's artifacts."""
+        import mlflow
+
+        mlflow.log_artifacts(local_dir=local_dir, artifact_path=artifact_path)
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        """Copy the file ``local_path`` into the run's artifacts."""
+        import mlflow
+
+        mlflow.log_artifact(local_path=local_path, artifact_path=artifact_path)
+
+    def finish(self) -> None:
+        import mlflow
+
+        mlflow.end_run()
