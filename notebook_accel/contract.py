@@ -40,6 +40,8 @@ MIXED_PRECISION_ENV = "NOTEBOOK_ACCEL_MIXED_PRECISION"  # also the workers' sett
 START_METHOD_ENV = "NOTEBOOK_ACCEL_START_METHOD"
 DEVICE_ENV = "NOTEBOOK_ACCEL_DEVICE"  # the workers' device type (set by the launcher)
 LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
+CLUSTER_ENV = "NOTEBOOK_ACCEL_CLUSTER"
+NODE_RANK = "NODE_RANK"  # torchrun's other name for GROUP_RANK
 
 
 class _BadValue(Exception):
@@ -81,6 +83,7 @@ class LaunchOption:
     panel_field: str | None = None
     metavar: str | None = None  # in --help; default N for an int, else VALUE
     default: Any = None  # what a launch uses when no layer sets it (None: detected, or unset)
+    valid_text: str = ""  # the valid values in words, where the kind does not say them
 
     def valid(self, short: bool = False) -> str:
         """The valid values in words: ``'no', 'fp16', 'bf16'`` or ``an integer >= 1``."""
@@ -93,6 +96,8 @@ class LaunchOption:
             return f"{word} >= {self.low}"
         if self.positive:
             return "a positive number of seconds"
+        if self.valid_text:
+            return self.valid_text
         return "a host name or IP address" if self.kind is str else f"a {self.kind.__name__}"
 
     def check(self, value: Any, source: str | None = None, key: str | None = None) -> Any:
@@ -166,10 +171,16 @@ _OPTIONS = (
          default="127.0.0.1",
          file_key="main_process_ip", config_flag=True,
          cli_flag="--main-process-ip", panel_field="main_process_ip"),
-    _Opt("num_nodes", int, "machines in the job (run the same command on each)",
+    _Opt("num_nodes", int, "machines in the job (with cluster: nodes of it; else run the same "
+         "command on each)",
          low=1, default=1,
          file_key="num_machines", config_flag=True,
-         cli_flag="--num-machines", panel_field="num_machines"),
+         magic_flag="--nodes", cli_flag="--num-machines", panel_field="num_machines"),
+    _Opt("cluster", str, "a Ray cluster to run on: any address ray.init takes ('head:6379', "
+         "'auto'); one kernel drives every node", metavar="ADDRESS",
+         valid_text="a Ray cluster address such as 'head:6379' or 'auto'",
+         env=CLUSTER_ENV, file_key="cluster",
+         magic_flag="--cluster"),
     _Opt("node_rank", int, "this machine's rank, 0 on the main one", metavar="R",
          low=0, default=0,
          file_key="machine_rank", config_flag=True,

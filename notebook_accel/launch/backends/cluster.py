@@ -1,0 +1,184 @@
+"""The cluster backend: ranks on the nodes of a Ray cluster, driven from this one kernel.
+
+Ray places one agent per rank (``launch/placement.py``: a placement group spread over the
+nodes, ranks numbered node by node), starts and keeps it, and reports its death. Each launch
+forks a worker from every agent; the worker runs our own runtime and connects its channels
+back to the kernel (``launch/channel_server.py``), so the supervisor, output relay, views and
+failure records are the same as for local processes. Rank 0's node hosts the rendezvous store,
+on a port that its agent found free there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from notebook_accel.contract import NODE_RANK
+from notebook_accel.launch import placement
+from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
+from notebook_accel.launch.channel_server import ChannelServer
+from notebook_accel.launch.environment import worker_environment
+from notebook_accel.launch.payload import Payload
+from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.views import in_kernel
+from notebook_accel.launch.worker.main import WorkerSpec
+
+CONNECT_TIMEOUT = 60.0  # seconds for every forked worker to connect back
+
+
+class ClusterHandle(WorkerHandle):
+    """A rank forked by its node's agent; its channels are TCP connections to this kernel."""
+
+    def __init__(self, rank: int, node: int, address: str, agent: Any, pid: int,
+                 channels: dict[str, socket.socket]) -> None:
+        self.rank, self.node, self.address = rank, node, address
+        self._agent, self._pid, self._channels = agent, pid, channels
+        self.stdout_fd = channels["stdout"].fileno()
+        self.stderr_fd = channels["stderr"].fileno()
+        self.control_fd = channels["control"].fileno()
+        self.events_fd = channels["events"].fileno()
+        self._exitcode: int | None = None
+        self._ended = threading.Event()
+        self.lost: str | None = None  # why no exit status came (its agent or node is gone)
+        self._gave_up = False
+        threading.Thread(target=self._wait, name=f"notebook-accel-rank{rank}-exit",
+                         daemon=True).start()
+
+    def _wait(self) -> None:
+        ray = placement.ray_module()
+        try:
+            self._exitcode = ray.get(self._agent.wait.remote(self._pid))
+        except Exception as exc:  # noqa: BLE001 - the agent (or its node) died
+            self.lost = f"{type(exc).__name__}"
+        finally:
+            self._ended.set()
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} on node {self.node} ({self.address})"
+
+    @property
+    def prefix(self) -> str:
+        return f"node {self.node} rank {self.rank}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def sentinel(self) -> int:
+        return self._channels["alive"].fileno()  # end of file when the worker is gone
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._exitcode
+
+    def describe_end(self) -> str | None:
+        if self._exitcode is not None:
+            return None
+        return (f"ended without an exit status from node {self.node} ({self.address}): the node "
+                "or its Ray worker was lost")
+
+    def _signal(self, sig: int, group: bool = True) -> None:
+        with contextlib.suppress(Exception):
+            self._agent.signal.remote(self._pid, int(sig), group)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self._channels["alive"].shutdown(socket.SHUT_WR)  # the worker's watchdog kills it
+        self._signal(signal.SIGKILL)
+
+    def dump_stacks(self) -> None:
+        self._signal(signal.SIGUSR1, group=False)
+
+    def reap(self, timeout: float) -> None:
+        if not self._gave_up and not self._ended.wait(timeout):
+            self._gave_up = True  # an agent that did not answer once is not waited for again
+
+    def close(self) -> None:
+        for conn in self._channels.values():
+            conn.close()
+
+
+class ClusterGroup(WorkerGroup):
+    """The ranks of one launch; closing it stops them (the agents stay placed for the next)."""
+
+    def __init__(self, plan: LaunchPlan, handles: list[ClusterHandle]) -> None:
+        super().__init__(plan, handles)
+
+    def close(self) -> None:
+        kill_all(self.handles, reap_timeout=2.0)
+        for handle in self.handles:
+            handle.close()
+        if any(handle.exitcode is None for handle in self.handles):
+            placement.discard(self.plan)  # an agent is lost: place afresh next time
+
+
+class ClusterBackend(Backend):
+    """Ranks on a Ray cluster's nodes (``plan.cluster``)."""
+
+    name = "cluster"
+
+    def check(self, plan: LaunchPlan) -> None:
+        placement.check_capacity(plan)
+
+    def start(self, plan: LaunchPlan, payload: Payload) -> ClusterGroup:
+        placed = placement.placement_for(plan)
+        ray = placement.ray_module()
+        master = placed.addresses[0]
+        port = ray.get(placed.agents[0].free_port.remote(master))
+        server = ChannelServer(ray.util.get_node_ip_address(), plan.world_size)
+        payload_ref = ray.put(payload)
+        pids: dict[int, int] = {}
+        try:
+            starts = [
+                agent.start.remote(self._spec(plan, rank, master, port), payload_ref,
+                                   server.address, server.token)
+                for rank, agent in enumerate(placed.agents)
+            ]
+            channels = server.accept(time.monotonic() + CONNECT_TIMEOUT,
+                                     lambda: _collect(ray, starts, pids))
+            _collect(ray, starts, pids, wait=True)
+        except BaseException:
+            for rank, pid in pids.items():
+                placed.agents[rank].signal.remote(pid, int(signal.SIGKILL), True)
+            placement.discard(plan)
+            raise
+        finally:
+            server.close()
+        handles = [
+            ClusterHandle(rank, rank // plan.num_processes, placed.addresses[rank],
+                          placed.agents[rank], pids[rank], channels[rank])
+            for rank in range(plan.world_size)
+        ]
+        return ClusterGroup(plan, handles)
+
+    @staticmethod
+    def _spec(plan: LaunchPlan, rank: int, master: str, port: int) -> WorkerSpec:
+        node = rank // plan.num_processes
+        env = worker_environment(
+            rank=rank, local_rank=rank % plan.num_processes, world_size=plan.world_size,
+            local_world_size=plan.num_processes, group_rank=node, master_addr=master,
+            master_port=port, mixed_precision=plan.mixed_precision, device_type=plan.device_type,
+        )
+        env[NODE_RANK] = str(node)
+        env.update(plan.worker_env)
+        return WorkerSpec(rank=rank, env=env, num_threads=None,
+                          send_result=plan.return_all or rank == 0,
+                          rich_output=plan.output != "none" and in_kernel())
+
+
+def _collect(ray: Any, starts: list, pids: dict[int, int], wait: bool = False) -> None:
+    """Record the pids of the workers the agents forked; raise if an agent failed to."""
+    done, _ = ray.wait(starts, num_returns=len(starts), timeout=None if wait else 0)
+    for ref in done:
+        rank = starts.index(ref)
+        if rank not in pids:
+            pids[rank] = ray.get(ref)
