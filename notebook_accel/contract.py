@@ -42,6 +42,7 @@ DEVICE_ENV = "NOTEBOOK_ACCEL_DEVICE"  # the workers' device type (set by the lau
 LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
 CLUSTER_ENV = "NOTEBOOK_ACCEL_CLUSTER"
 NODE_RANK = "NODE_RANK"  # torchrun's other name for GROUP_RANK
+TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's name for the rank's torch device
 
 
 class _BadValue(Exception):

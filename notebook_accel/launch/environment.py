@@ -21,6 +21,7 @@ from notebook_accel.contract import (
 from notebook_accel.contract import LAUNCHED_ENV as LAUNCHED
 from notebook_accel.contract import MIXED_PRECISION_ENV as MIXED_PRECISION
 from notebook_accel.contract import MIXED_PRECISIONS as MIXED_PRECISION_CHOICES
+from notebook_accel.contract import TORCH_DEVICE_ENV
 
 # The names (torchrun's and ours) and vocabularies live in notebook_accel.contract, imported above.
 __all__ = ["DEVICE_TYPE", "DEVICE_TYPE_CHOICES", "GROUP_RANK", "LAUNCHED", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
@@ -51,6 +52,7 @@ def worker_environment(
         MASTER_PORT: str(master_port),
         MIXED_PRECISION: mixed_precision,
         DEVICE_TYPE: device_type,
+        TORCH_DEVICE_ENV: f"cuda:{local_rank}" if device_type == "cuda" else device_type,
         LAUNCHED: "1",
     }
 

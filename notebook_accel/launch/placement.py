@@ -101,6 +101,13 @@ class Placement:
     agents: list[Any]  # ActorHandle of NodeAgent
     addresses: list[str]  # each rank's node address
     pids: list[int]  # each agent's pid on its node
+    gpus: list[list[str]]  # the GPUs Ray assigned each rank
+
+    def visible_gpus(self, rank: int, per_node: int) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for ``rank``: its node's ranks' GPUs in local-rank order, so
+        ``cuda:LOCAL_RANK`` is the one Ray gave this rank."""
+        first = rank - rank % per_node
+        return ",".join(g for gpus in self.gpus[first:first + per_node] for g in gpus)
 
     def close(self) -> None:
         """Stop the agents and free the placement group."""
@@ -152,7 +159,7 @@ def placement_for(plan: LaunchPlan) -> Placement:
         ).remote()
         for rank in range(plan.world_size)
     ]
-    placed = Placement(group, agents, [], [])
+    placed = Placement(group, agents, [], [], [])
     try:
         where = ray.get([agent.where.remote() for agent in agents], timeout=AGENT_TIMEOUT)
     except BaseException as exc:
@@ -161,8 +168,9 @@ def placement_for(plan: LaunchPlan) -> Placement:
             raise RuntimeError(f"cluster={plan.cluster!r}: the ranks' agents did not start: "
                                f"{type(exc).__name__}: {exc}") from None
         raise
-    placed.addresses = [address for address, _ in where]
-    placed.pids = [pid for _, pid in where]
+    placed.addresses = [address for address, _, _ in where]
+    placed.pids = [pid for _, pid, _ in where]
+    placed.gpus = [gpus for _, _, gpus in where]
     _placements[_key(plan)] = placed
     return placed
 

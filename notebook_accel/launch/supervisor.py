@@ -334,7 +334,7 @@ class Supervisor:
             self._interrupt()
             return
         for w in self.workers:
-            if w.exitcode is None:
+            if not w.exited and w.exitcode is None:  # (a lost rank has exited, with no code)
                 w.stopped = True
         stop_workers([w.handle for w in self.workers], on_wait=self._drain)
 

@@ -80,8 +80,7 @@ class ClusterHandle(WorkerHandle):
     def describe_end(self) -> str | None:
         if self._exitcode is not None:
             return None
-        return (f"ended without an exit status from node {self.node} ({self.address}): the node "
-                "or its Ray worker was lost")
+        return "ended without an exit status: its node or its Ray worker was lost"
 
     def _signal(self, sig: int, group: bool = True) -> None:
         with contextlib.suppress(Exception):
@@ -132,14 +131,13 @@ class ClusterBackend(Backend):
     def start(self, plan: LaunchPlan, payload: Payload) -> ClusterGroup:
         placed = placement.placement_for(plan)
         ray = placement.ray_module()
-        master = placed.addresses[0]
-        port = ray.get(placed.agents[0].free_port.remote(master))
+        port = ray.get(placed.agents[0].free_port.remote(placed.addresses[0]))
         server = ChannelServer(ray.util.get_node_ip_address(), plan.world_size)
         payload_ref = ray.put(payload)
         pids: dict[int, int] = {}
         try:
             starts = [
-                agent.start.remote(self._spec(plan, rank, master, port), payload_ref,
+                agent.start.remote(self._spec(plan, placed, rank, port), payload_ref,
                                    server.address, server.token)
                 for rank, agent in enumerate(placed.agents)
             ]
@@ -161,14 +159,16 @@ class ClusterBackend(Backend):
         return ClusterGroup(plan, handles)
 
     @staticmethod
-    def _spec(plan: LaunchPlan, rank: int, master: str, port: int) -> WorkerSpec:
+    def _spec(plan: LaunchPlan, placed: placement.Placement, rank: int, port: int) -> WorkerSpec:
         node = rank // plan.num_processes
         env = worker_environment(
             rank=rank, local_rank=rank % plan.num_processes, world_size=plan.world_size,
-            local_world_size=plan.num_processes, group_rank=node, master_addr=master,
+            local_world_size=plan.num_processes, group_rank=node, master_addr=placed.addresses[0],
             master_port=port, mixed_precision=plan.mixed_precision, device_type=plan.device_type,
         )
         env[NODE_RANK] = str(node)
+        if plan.device_type == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = placed.visible_gpus(rank, plan.num_processes)
         env.update(plan.worker_env)
         return WorkerSpec(rank=rank, env=env, num_threads=None,
                           send_result=plan.return_all or rank == 0,

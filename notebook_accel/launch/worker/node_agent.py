@@ -36,11 +36,11 @@ class NodeAgent:
     def __init__(self) -> None:
         import torch  # noqa: F401 - paid once per agent, not per launch
 
-    def where(self) -> tuple[str, int]:
-        """This node's address (as Ray knows it) and the agent's pid."""
+    def where(self) -> tuple[str, int, list[str]]:
+        """This node's address (as Ray knows it), the agent's pid and the GPUs Ray gave it."""
         import ray
 
-        return ray.util.get_node_ip_address(), os.getpid()
+        return ray.util.get_node_ip_address(), os.getpid(), [str(g) for g in ray.get_gpu_ids()]
 
     def free_port(self, host: str) -> int:
         """A port free on ``host`` now (rank 0's rendezvous store binds it next)."""
