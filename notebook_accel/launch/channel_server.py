@@ -15,17 +15,19 @@ import socket
 import time
 from collections.abc import Callable
 
-from notebook_accel.launch.worker.node_agent import CHANNELS, HELLO
+from notebook_accel.launch.worker.node_agent import CHANNELS, HELLO, RUN_CHANNELS
 
 _HELLO_TIMEOUT = 5.0
 
 
 class ChannelServer:
-    """Accepts the channels of ``world_size`` ranks on ``host``."""
+    """Accepts the channels of ``world_size`` ranks on ``host`` (``serve``: a pool's workers,
+    which also have a commands channel)."""
 
-    def __init__(self, host: str, world_size: int) -> None:
+    def __init__(self, host: str, world_size: int, serve: bool = False) -> None:
         self.token = secrets.token_bytes(32)
         self.world_size = world_size
+        self.channels = CHANNELS if serve else RUN_CHANNELS
         self._listener = socket.create_server((host, 0), backlog=5 * world_size + 8)
         self.address = (host, self._listener.getsockname()[1])
 
@@ -39,7 +41,7 @@ class ChannelServer:
             TimeoutError: not all arrived by ``deadline``, naming the ranks missing.
         """
         got: dict[int, dict[str, socket.socket]] = {}
-        expected = self.world_size * len(CHANNELS)
+        expected = self.world_size * len(self.channels)
         count = 0
         with selectors.DefaultSelector() as selector:
             selector.register(self._listener, selectors.EVENT_READ)
@@ -48,7 +50,7 @@ class ChannelServer:
                     check()
                     if time.monotonic() > deadline:
                         missing = sorted(r for r in range(self.world_size)
-                                         if len(got.get(r, {})) < len(CHANNELS))
+                                         if len(got.get(r, {})) < len(self.channels))
                         raise TimeoutError(f"ranks {missing} did not connect back to the kernel "
                                            f"at {self.address[0]}:{self.address[1]}")
                     if not selector.select(0.1):
@@ -60,7 +62,7 @@ class ChannelServer:
                         conn.close()
                         continue
                     rank, channel = hello
-                    conn.setblocking(channel == "alive")
+                    conn.setblocking(channel in ("alive", "commands"))
                     got.setdefault(rank, {})[channel] = conn
                     count += 1
             except BaseException:
@@ -74,9 +76,9 @@ class ChannelServer:
         token, rank, index = HELLO.unpack(data)
         if not hmac.compare_digest(token, self.token) or rank >= self.world_size:
             return None
-        if index >= len(CHANNELS):
+        if index >= len(self.channels):
             return None
-        return rank, CHANNELS[index]
+        return rank, self.channels[index]
 
     def close(self) -> None:
         """Stop listening (accepted connections live on in their handles)."""

@@ -16,12 +16,12 @@ from notebook_accel.contract import (
     MASTER_ADDR,
     MASTER_PORT,
     RANK,
+    TORCH_DEVICE_ENV,
     WORLD_SIZE,
 )
 from notebook_accel.contract import LAUNCHED_ENV as LAUNCHED
 from notebook_accel.contract import MIXED_PRECISION_ENV as MIXED_PRECISION
 from notebook_accel.contract import MIXED_PRECISIONS as MIXED_PRECISION_CHOICES
-from notebook_accel.contract import TORCH_DEVICE_ENV
 
 # The names (torchrun's and ours) and vocabularies live in notebook_accel.contract, imported above.
 __all__ = ["DEVICE_TYPE", "DEVICE_TYPE_CHOICES", "GROUP_RANK", "LAUNCHED", "LOCAL_RANK", "LOCAL_WORLD_SIZE",

@@ -41,6 +41,9 @@ class ClusterHandle(WorkerHandle):
         self.stderr_fd = channels["stderr"].fileno()
         self.control_fd = channels["control"].fileno()
         self.events_fd = channels["events"].fileno()
+        commands = channels.get("commands")
+        self.commands_fd = commands.fileno() if commands is not None else None  # a pool worker's
+        self.persistent = commands is not None
         self._exitcode: int | None = None
         self._ended = threading.Event()
         self.lost: str | None = None  # why no exit status came (its agent or node is gone)
@@ -89,10 +92,23 @@ class ClusterHandle(WorkerHandle):
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
 
+    def interrupt(self) -> None:
+        self._signal(signal.SIGINT, group=False)  # a KeyboardInterrupt in the worker only
+
     def kill(self) -> None:
         with contextlib.suppress(OSError):
             self._channels["alive"].shutdown(socket.SHUT_WR)  # the worker's watchdog kills it
         self._signal(signal.SIGKILL)
+
+    @property
+    def ended(self) -> bool:
+        """Its exit status came, or its agent is gone."""
+        return self._ended.is_set()
+
+    def end_commands(self) -> None:
+        """Close a pool worker's commands channel: it leaves its serve loop and exits."""
+        with contextlib.suppress(OSError, KeyError):
+            self._channels["commands"].shutdown(socket.SHUT_WR)
 
     def dump_stacks(self) -> None:
         self._signal(signal.SIGUSR1, group=False)
@@ -129,50 +145,55 @@ class ClusterBackend(Backend):
         placement.check_capacity(plan)
 
     def start(self, plan: LaunchPlan, payload: Payload) -> ClusterGroup:
-        placed = placement.placement_for(plan)
-        ray = placement.ray_module()
-        port = ray.get(placed.agents[0].free_port.remote(placed.addresses[0]))
-        server = ChannelServer(ray.util.get_node_ip_address(), plan.world_size)
-        payload_ref = ray.put(payload)
-        pids: dict[int, int] = {}
-        try:
-            starts = [
-                agent.start.remote(self._spec(plan, placed, rank, port), payload_ref,
-                                   server.address, server.token)
-                for rank, agent in enumerate(placed.agents)
-            ]
-            channels = server.accept(time.monotonic() + CONNECT_TIMEOUT,
-                                     lambda: _collect(ray, starts, pids))
-            _collect(ray, starts, pids, wait=True)
-        except BaseException:
-            for rank, pid in pids.items():
-                placed.agents[rank].signal.remote(pid, int(signal.SIGKILL), True)
-            placement.discard(plan)
-            raise
-        finally:
-            server.close()
-        handles = [
-            ClusterHandle(rank, rank // plan.num_processes, placed.addresses[rank],
-                          placed.agents[rank], pids[rank], channels[rank])
-            for rank in range(plan.world_size)
-        ]
-        return ClusterGroup(plan, handles)
+        return ClusterGroup(plan, start_ranks(plan, payload))
 
-    @staticmethod
-    def _spec(plan: LaunchPlan, placed: placement.Placement, rank: int, port: int) -> WorkerSpec:
-        node = rank // plan.num_processes
-        env = worker_environment(
-            rank=rank, local_rank=rank % plan.num_processes, world_size=plan.world_size,
-            local_world_size=plan.num_processes, group_rank=node, master_addr=placed.addresses[0],
-            master_port=port, mixed_precision=plan.mixed_precision, device_type=plan.device_type,
-        )
-        env[NODE_RANK] = str(node)
-        if plan.device_type == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = placed.visible_gpus(rank, plan.num_processes)
-        env.update(plan.worker_env)
-        return WorkerSpec(rank=rank, env=env, num_threads=None,
-                          send_result=plan.return_all or rank == 0,
-                          rich_output=plan.output != "none" and in_kernel())
+
+def start_ranks(plan: LaunchPlan, payload: Payload | None) -> list[ClusterHandle]:
+    """Fork one worker per rank from the placed agents (``payload`` None: warm pool workers,
+    serving runs from their commands channel); returns their handles once all connected."""
+    placed = placement.placement_for(plan)
+    ray = placement.ray_module()
+    port = ray.get(placed.agents[0].free_port.remote(placed.addresses[0]))
+    server = ChannelServer(ray.util.get_node_ip_address(), plan.world_size, serve=payload is None)
+    payload_ref = ray.put(payload)
+    pids: dict[int, int] = {}
+    try:
+        starts = [
+            agent.start.remote(_spec(plan, placed, rank, port), payload_ref, server.address,
+                               server.token)
+            for rank, agent in enumerate(placed.agents)
+        ]
+        channels = server.accept(time.monotonic() + CONNECT_TIMEOUT,
+                                 lambda: _collect(ray, starts, pids))
+        _collect(ray, starts, pids, wait=True)
+    except BaseException:
+        for rank, pid in pids.items():
+            placed.agents[rank].signal.remote(pid, int(signal.SIGKILL), True)
+        placement.discard(plan)
+        raise
+    finally:
+        server.close()
+    return [
+        ClusterHandle(rank, rank // plan.num_processes, placed.addresses[rank],
+                      placed.agents[rank], pids[rank], channels[rank])
+        for rank in range(plan.world_size)
+    ]
+
+
+def _spec(plan: LaunchPlan, placed: placement.Placement, rank: int, port: int) -> WorkerSpec:
+    node = rank // plan.num_processes
+    env = worker_environment(
+        rank=rank, local_rank=rank % plan.num_processes, world_size=plan.world_size,
+        local_world_size=plan.num_processes, group_rank=node, master_addr=placed.addresses[0],
+        master_port=port, mixed_precision=plan.mixed_precision, device_type=plan.device_type,
+    )
+    env[NODE_RANK] = str(node)
+    if plan.device_type == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = placed.visible_gpus(rank, plan.num_processes)
+    env.update(plan.worker_env)
+    return WorkerSpec(rank=rank, env=env, num_threads=None,
+                      send_result=plan.return_all or rank == 0,
+                      rich_output=plan.output != "none" and in_kernel())
 
 
 def _collect(ray: Any, starts: list, pids: dict[int, int], wait: bool = False) -> None:
@@ -182,3 +203,31 @@ def _collect(ray: Any, starts: list, pids: dict[int, int], wait: bool = False) -
         rank = starts.index(ref)
         if rank not in pids:
             pids[rank] = ray.get(ref)
+
+
+class ClusterPoolWorkers:
+    """A warm pool's workers on a cluster: one serving worker per rank, forked by the agents
+    (the surface of :class:`~.pool.PoolWorkers`: ``handles``, ``dead``, ``close``)."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self.handles = start_ranks(plan, None)
+        self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
+        self.closed = False
+
+    def dead(self) -> list[ClusterHandle]:
+        """The workers that have ended."""
+        return [handle for handle in self.handles if handle.ended]
+
+    def close(self, grace: float = 2.0) -> None:
+        """End every worker (they leave when their commands channel closes; killed after
+        ``grace`` seconds) and release everything of the set. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for handle in self.handles:
+            handle.end_commands()
+        deadline = time.monotonic() + grace
+        for handle in self.handles:
+            handle.reap(max(0.0, deadline - time.monotonic()))
+        ClusterGroup(self.plan, self.handles).close()

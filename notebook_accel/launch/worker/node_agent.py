@@ -20,8 +20,10 @@ from multiprocessing.connection import Connection
 
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, worker_main
+from notebook_accel.launch.worker.serve import serve_main
 
-CHANNELS = ("alive", "stdout", "stderr", "control", "events")  # in the order a worker opens them
+CHANNELS = ("alive", "stdout", "stderr", "control", "events", "commands")  # the order opened
+RUN_CHANNELS = CHANNELS[:-1]  # a one-off run's worker: all but a pool worker's commands
 HELLO = struct.Struct("!32sIB")  # token, global rank, channel index
 
 
@@ -48,17 +50,20 @@ class NodeAgent:
             sock.bind((host, 0))
             return sock.getsockname()[1]
 
-    def start(self, spec: WorkerSpec, payload: Payload, kernel: tuple[str, int],
+    def start(self, spec: WorkerSpec, payload: Payload | None, kernel: tuple[str, int],
               token: bytes) -> int:
-        """Fork the worker of ``spec``; returns its pid."""
+        """Fork the worker of ``spec``; returns its pid. Without a payload it is a warm pool's
+        worker: it serves the runs the kernel sends on its commands channel."""
         spec.parent_pid = os.getpid()
         pid = os.fork()
         if pid == 0:  # the worker: never returns
             try:
                 os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the agent's (Ray's) connections
-                pipes = _connect(kernel, token, spec.rank)
+                pipes = _connect(kernel, token, spec.rank, serve=payload is None)
             except BaseException:  # noqa: BLE001 - no kernel to tell: the agent reports the exit
                 os._exit(1)
+            if payload is None:
+                serve_main(spec, None, pipes)
             worker_main(spec, payload, pipes)
         return pid
 
@@ -79,16 +84,16 @@ class NodeAgent:
             os.kill(pid, sig)
 
 
-def _connect(kernel: tuple[str, int], token: bytes, rank: int) -> WorkerPipes:
+def _connect(kernel: tuple[str, int], token: bytes, rank: int, serve: bool) -> WorkerPipes:
     """Open the worker's connections to the kernel, one per channel."""
     ends = {}
-    for channel in CHANNELS:
+    for channel in CHANNELS if serve else RUN_CHANNELS:
         sock = socket.create_connection(kernel, timeout=30)
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(hello(token, rank, channel))
-        if channel != "alive":
+        if channel not in ("alive", "commands"):
             sock.shutdown(socket.SHUT_RD)  # output only: the kernel never writes there
         ends[channel] = Connection(sock.detach())
     return WorkerPipes(stdout=ends["stdout"], stderr=ends["stderr"], control=ends["control"],
-                       events=ends["events"], alive=ends["alive"])
+                       events=ends["events"], alive=ends["alive"], commands=ends.get("commands"))
