@@ -25,6 +25,7 @@ from typing import Any
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
+from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.shared_tensors import SharedTensors
@@ -130,14 +131,19 @@ class WorkerPool:
             "num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
             "device", "num_nodes", "cluster")}
         notes: list[str] = []
+        cluster = fill_options({"cluster": explicit["cluster"]}, options.get("config_file"))
+        if explicit["num_nodes"] not in (None, 1) and cluster["cluster"] is None:
+            raise ValueError(f"num_nodes={explicit['num_nodes']!r}: a pool spans several nodes "
+                             "only on a Ray cluster; give cluster= (e.g. 'head:6379'), or "
+                             "num_nodes=1")
         plan = plan_launch({**explicit, "node_rank": None},
                            config_file=options.get("config_file"), fsdp=options.get("fsdp"),
                            notes=notes, timeout=options.get("timeout"),
                            output=options.get("output", "all"),
                            return_all=options.get("return_all", False), max_restarts=0)
         if plan.num_nodes != 1 and plan.cluster is None:
-            raise ValueError(f"num_nodes={plan.num_nodes}: a pool spans several nodes only on a "
-                             "Ray cluster; give cluster= (e.g. 'head:6379'), or num_nodes=1")
+            raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool spans "
+                             "several nodes only on a Ray cluster; give cluster=, or num_nodes=1")
         if plan.device_type == "xla":
             raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
                              "notebook_launcher (or %%accelerate --fresh) on a TPU")
