@@ -128,6 +128,25 @@ def test_a_job_the_cluster_cannot_place_is_refused_naming_what_is_missing(cluste
     assert time.monotonic() - started < 30
 
 
+def _crash_once(marker):
+    import os
+    from pathlib import Path
+
+    if os.environ["RANK"] == "1" and not Path(marker).exists():
+        Path(marker).touch()
+        raise RuntimeError("first attempt")
+    return "second attempt"
+
+
+def test_max_restarts_recovers_from_a_crashed_rank_within_5s(cluster, tmp_path, capsys):
+    started = time.monotonic()
+    assert _launch(cluster, _crash_once, args=(str(tmp_path / "crashed"),),
+                   max_restarts=1) == "second attempt"
+    took = time.monotonic() - started
+    assert "rank 1 on node 1" in capsys.readouterr().err
+    assert took < 5.0, f"{took:.2f} s for the failed attempt and the restart"
+
+
 def _print_pid_and_wait():
     import os
     import time
