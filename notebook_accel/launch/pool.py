@@ -240,7 +240,7 @@ class WorkerPool:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{self.plan.num_processes} ranks"
+        state = "closed" if self.closed else f"{self.plan.world_size} ranks"
         return f"<WorkerPool {state}, {self.plan.device_type}, start {self.plan.start.method}>"
 
     # -- health ------------------------------------------------------------------------------
