@@ -28,7 +28,7 @@ CLONE_NEWNET = 0x40000000
 
 @dataclass
 class Node:
-    address: str
+    address: str  # as Ray reports it (see LocalCluster.resolve_addresses)
     process: subprocess.Popen
 
     def tree(self) -> list[psutil.Process]:
@@ -55,6 +55,16 @@ class LocalCluster:
     address: str
     nodes: list[Node] = field(default_factory=list)
     netns: int | None = None  # the namespace to return to (fd), when we entered a private one
+
+    def resolve_addresses(self) -> None:
+        """Take the nodes' addresses from Ray: outside a private network namespace Ray replaces
+        the head's 127.0.0.1 with this machine's address."""
+        import ray
+
+        nodes = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        head = nodes - {node.address for node in self.nodes[1:]}
+        if len(head) == 1:
+            self.nodes[0].address = head.pop()
 
     def stop(self) -> None:
         for node in reversed(self.nodes):

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 PLACE_TIMEOUT = 20.0  # seconds a placement group may stay pending before the launch is refused
 AGENT_TIMEOUT = 120.0  # seconds for the agents to start (each imports torch)
+PING_TIMEOUT = 10.0  # seconds placed agents have to answer before a launch places new ones
 _connected: list[str] = []  # the address this kernel's Ray connection was made with
 _placements: dict[tuple, Placement] = {}
 
@@ -130,11 +131,15 @@ def placement_for(plan: LaunchPlan) -> Placement:
         RuntimeError: the placement group stays pending for ``PLACE_TIMEOUT`` seconds (resources
             taken by other jobs), or the agents do not start.
     """
+    ray = ray_module()
     placed = _placements.get(_key(plan))
     if placed is not None:
-        return placed
+        try:  # one round trip: an agent lost while idle (its node gone) means placing afresh
+            ray.get([agent.where.remote() for agent in placed.agents], timeout=PING_TIMEOUT)
+            return placed
+        except Exception:  # noqa: BLE001 - any failure of the ping: the placement is stale
+            discard(plan)
     check_capacity(plan)
-    ray = ray_module()
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

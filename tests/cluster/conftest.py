@@ -23,6 +23,7 @@ def cluster(tmp_path_factory):
         while sum(1 for node in ray.nodes() if node["Alive"]) < len(local.nodes):
             assert time.monotonic() < deadline, "node B did not join the cluster"
             time.sleep(0.2)
+        local.resolve_addresses()
         yield local
     finally:
         placement.disconnect()
