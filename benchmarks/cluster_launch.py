@@ -1,8 +1,8 @@
 """Multi-node from one kernel: cold and warm launch, a warm pool cell, crash-to-error time on a
 2-node Ray cluster, beside Ray Train's ``TorchTrainer`` on the same cluster in the same run.
 
-The cluster is the tests' (tests/cluster_harness.py): head on 127.0.0.1, node B on 127.0.0.2,
-1 CPU each, inside a private network namespace when run as root; 2 nodes x 1 rank.
+The cluster is ``start_local_cluster``'s: head on 127.0.0.1, node B on 127.0.0.2, 1 CPU each;
+2 nodes x 1 rank.
 
     python benchmarks/cluster_launch.py [--warm 10] [--cells 200] [--no-ray-train]
 """
@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from notebook_accel import WorkerError, WorkerPool, notebook_launcher  # noqa: E402
-from notebook_accel.launch import placement  # noqa: E402
-from tests.cluster_harness import start_cluster  # noqa: E402
+from notebook_accel import WorkerError, WorkerPool, notebook_launcher
+from notebook_accel.launch import placement, start_local_cluster
 
 
 def rank() -> int:
@@ -123,20 +118,10 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=200)
     parser.add_argument("--no-ray-train", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as logs:
-        cluster = start_cluster(Path(logs))
-        try:
-            placement.connect(cluster.address)
-            import ray
-
-            while sum(1 for node in ray.nodes() if node["Alive"]) < 2:
-                time.sleep(0.2)
-            figures = ours(cluster.address, args.warm, args.cells)
-            if not args.no_ray_train:
-                figures.update(ray_train(cluster.address))
-        finally:
-            placement.disconnect()
-            cluster.stop()
+    with start_local_cluster(nodes=2) as cluster:
+        figures = ours(cluster.address, args.warm, args.cells)
+        if not args.no_ray_train:
+            figures.update(ray_train(cluster.address))
     for name, seconds in figures.items():
         shown = f"{seconds * 1e3:8.1f} ms" if seconds < 1 else f"{seconds:8.2f} s "
         print(f"{name:48s} {shown}")

@@ -64,6 +64,11 @@ def connect(address: str) -> Any:
     return ray
 
 
+def connected() -> str | None:
+    """The address of the cluster this kernel is connected to, if any."""
+    return _connected[0] if _connected else None
+
+
 def _needs(plan: LaunchPlan) -> dict[str, float]:
     need = {"CPU": float(plan.num_processes)}
     if plan.device_type == "cuda":

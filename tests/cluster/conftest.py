@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.cluster_harness import start_cluster
+from tests.cluster_harness import private_network
 
-ray = pytest.importorskip("ray", reason="the cluster tests need the ray extra")
+pytest.importorskip("ray", reason="the cluster tests need the ray extra")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Two raylets (127.0.0.1, 127.0.0.2; 1 CPU each); this process connects as the driver."""
-    from notebook_accel.launch import placement
+    """Two raylets (127.0.0.1, 127.0.0.2; 1 CPU each); this process is connected as the driver."""
+    from notebook_accel.launch import start_local_cluster
 
-    local = start_cluster(tmp_path_factory.mktemp("ray"))
-    try:
-        placement.connect(local.address)
-        deadline = time.monotonic() + 60
-        while sum(1 for node in ray.nodes() if node["Alive"]) < len(local.nodes):
-            assert time.monotonic() < deadline, "node B did not join the cluster"
-            time.sleep(0.2)
-        local.resolve_addresses()
-        yield local
-    finally:
-        placement.disconnect()
-        local.stop()
+    with private_network():
+        local = start_local_cluster(nodes=2, logs=tmp_path_factory.mktemp("ray"))
+        try:
+            yield local
+        finally:
+            local.stop()

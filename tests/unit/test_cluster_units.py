@@ -52,12 +52,12 @@ def test_bad_cluster_options_are_refused_naming_the_value(explicit, error, match
         _plan(**{"cluster": "head:6379", **explicit})
 
 
-def test_without_ray_a_cluster_launch_names_the_extra(monkeypatch):
-    from notebook_accel import notebook_launcher
+def test_without_ray_a_cluster_names_the_extra(monkeypatch):
+    from notebook_accel.launch import placement
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'notebook_accel\[ray\]'"):
-        notebook_launcher(print, num_nodes=2, cluster="head:6379")
+        placement.connect("head:6379")
 
 
 def test_a_workers_hello_carries_the_token_rank_and_channel():
