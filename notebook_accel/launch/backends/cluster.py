@@ -46,7 +46,6 @@ class ClusterHandle(WorkerHandle):
         self.persistent = commands is not None
         self._exitcode: int | None = None
         self._ended = threading.Event()
-        self.lost: str | None = None  # why no exit status came (its agent or node is gone)
         self._gave_up = False
         threading.Thread(target=self._wait, name=f"notebook-accel-rank{rank}-exit",
                          daemon=True).start()
@@ -54,9 +53,8 @@ class ClusterHandle(WorkerHandle):
     def _wait(self) -> None:
         ray = placement.ray_module()
         try:
-            self._exitcode = ray.get(self._agent.wait.remote(self._pid))
-        except Exception as exc:  # noqa: BLE001 - the agent (or its node) died
-            self.lost = f"{type(exc).__name__}"
+            with contextlib.suppress(Exception):  # the agent (or its node) died: no exit status
+                self._exitcode = ray.get(self._agent.wait.remote(self._pid))
         finally:
             self._ended.set()
 
@@ -124,9 +122,6 @@ class ClusterHandle(WorkerHandle):
 
 class ClusterGroup(WorkerGroup):
     """The ranks of one launch; closing it stops them (the agents stay placed for the next)."""
-
-    def __init__(self, plan: LaunchPlan, handles: list[ClusterHandle]) -> None:
-        super().__init__(plan, handles)
 
     def close(self) -> None:
         kill_all(self.handles, reap_timeout=2.0)
