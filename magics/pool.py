@@ -34,8 +34,10 @@ def start(args: argparse.Namespace) -> None:
     except ValueError as error:  # a bad option or config value: no traceback needed
         raise UsageError(str(error)) from None
     plan = _pool.plan
-    print(f"[notebook_accel] pool up: {plan.num_processes} ranks on {plan.device_type} "
-          f"({plan.start.method}), process group ready, in {time.perf_counter() - started:.2f} s; "
+    where = (f"{plan.num_nodes} nodes of the Ray cluster {plan.cluster}" if plan.cluster
+             else plan.start.method)
+    print(f"[notebook_accel] pool up: {plan.world_size} ranks on {plan.device_type} "
+          f"({where}), process group ready, in {time.perf_counter() - started:.2f} s; "
           "%%accelerate cells now run on it (--fresh: on fresh workers)")
 
 

@@ -40,6 +40,9 @@ MIXED_PRECISION_ENV = "NOTEBOOK_ACCEL_MIXED_PRECISION"  # also the workers' sett
 START_METHOD_ENV = "NOTEBOOK_ACCEL_START_METHOD"
 DEVICE_ENV = "NOTEBOOK_ACCEL_DEVICE"  # the workers' device type (set by the launcher)
 LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
+CLUSTER_ENV = "NOTEBOOK_ACCEL_CLUSTER"
+NODE_RANK = "NODE_RANK"  # torchrun's other name for GROUP_RANK
+TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's name for the rank's torch device
 
 
 class _BadValue(Exception):
@@ -83,6 +86,7 @@ class LaunchOption:
     metavar: str | None = None  # in --help; default N for an int, else VALUE
     default: Any = None  # what a launch uses when no layer sets it (None: detected, or unset)
     not_for_pool: str | None = None  # why a warm pool (WorkerPool, %accelerate start) refuses it
+    valid_text: str = ""  # the valid values in words, where the kind does not say them
 
     def valid(self, short: bool = False) -> str:
         """The valid values in words: ``'no', 'fp16', 'bf16'`` or ``an integer >= 1``."""
@@ -95,6 +99,8 @@ class LaunchOption:
             return f"{word} >= {self.low}"
         if self.positive:
             return "a positive number of seconds"
+        if self.valid_text:
+            return self.valid_text
         return "a host name or IP address" if self.kind is str else f"a {self.kind.__name__}"
 
     def check(self, value: Any, source: str | None = None, key: str | None = None) -> Any:
@@ -139,7 +145,6 @@ class LaunchOption:
 
 
 _Opt = LaunchOption
-_ONE_MACHINE = "a pool runs on this machine only; use notebook_launcher for multi-machine jobs"
 _OPTIONS = (
     # name, type, help
     #     values (choices / bounds), default
@@ -169,12 +174,20 @@ _OPTIONS = (
          default="127.0.0.1",
          file_key="main_process_ip", config_flag=True,
          cli_flag="--main-process-ip", panel_field="main_process_ip"),
-    _Opt("num_nodes", int, "machines in the job (run the same command on each)",
-         low=1, default=1, not_for_pool=_ONE_MACHINE,
+    _Opt("num_nodes", int, "machines in the job (with cluster: nodes of it; else run the same "
+         "command on each)",
+         low=1, default=1,
          file_key="num_machines", config_flag=True,
-         cli_flag="--num-machines", panel_field="num_machines"),
+         magic_flag="--nodes", cli_flag="--num-machines", panel_field="num_machines"),
+    _Opt("cluster", str, "a Ray cluster to run on: any address ray.init takes ('head:6379', "
+         "'auto'); one kernel drives every node", metavar="ADDRESS",
+         valid_text="a Ray cluster address such as 'head:6379' or 'auto'",
+         env=CLUSTER_ENV, file_key="cluster",
+         magic_flag="--cluster"),
     _Opt("node_rank", int, "this machine's rank, 0 on the main one", metavar="R",
-         low=0, default=0, not_for_pool=_ONE_MACHINE,
+         low=0, default=0,
+         not_for_pool="one kernel drives every node of a pool; a pool on several nodes takes "
+                      "num_nodes and cluster",
          file_key="machine_rank", config_flag=True,
          cli_flag="--machine-rank", panel_field="machine_rank"),
     _Opt("gpu_ids", str, "GPUs to use: 'all' or a list such as 0,1", argument=False,

@@ -29,7 +29,10 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 _LAUNCH_GROUP = ("num_processes", "mixed_precision", "start_method", "device", "use_port",
-                 "timeout", "config_file")  # in --help's order; output and fsdp: below
+                 "timeout", "config_file", "num_nodes", "cluster")  # in --help's order; output and fsdp: below
+
+
+_ONLY_WHEN_SET = ("num_nodes", "cluster")  # a pool or the sanity check on this machine: unset
 
 
 def _dest(option: LaunchOption) -> str:
@@ -101,4 +104,7 @@ def launch_options(args: argparse.Namespace) -> dict[str, Any]:
         options = check_flags(values, "magic")
     except ValueError as error:
         raise UsageError(str(error)) from None
+    for name in _ONLY_WHEN_SET:
+        if options[name] is None:
+            del options[name]
     return {**options, "output": options["output"] or "all"}

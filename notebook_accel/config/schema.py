@@ -98,6 +98,7 @@ class LaunchConfig:
     mixed_precision: str = "no"
     use_cpu: bool = False
     start_method: str = "auto"
+    cluster: str | None = None  # our own key: a Ray cluster's address
     extra: dict[str, Any] = field(default_factory=dict)
     source: Path | None = field(default=None, compare=False)  # the file it was read from
 
@@ -128,6 +129,9 @@ class LaunchConfig:
             raise KeyValueError(
                 "use_cpu", f"invalid value {self.use_cpu!r} for 'use_cpu'; valid values: true, false")
         self.start_method = choice("start_method", self.start_method, START_METHODS, str.lower)
+        if self.cluster is not None and not (isinstance(self.cluster, str) and self.cluster):
+            raise KeyValueError("cluster", f"invalid value {self.cluster!r} for 'cluster'; valid "
+                                "values: a Ray cluster address such as 'head:6379' or 'auto', or null")
 
     @property
     def device_type(self) -> str | None:

@@ -32,6 +32,7 @@ _EXPORTS = {
     "fork_unsafe_reason": "notebook_accel.launch.start_method",
     "deferred_interrupts": "notebook_accel.launch.interrupts",
     "worker_scope": "notebook_accel.launch.worker.namespace",
+    "start_local_cluster": "notebook_accel.launch.local_cluster",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,6 +16,7 @@ from notebook_accel.contract import (
     MASTER_ADDR,
     MASTER_PORT,
     RANK,
+    TORCH_DEVICE_ENV,
     WORLD_SIZE,
 )
 from notebook_accel.contract import LAUNCHED_ENV as LAUNCHED
@@ -51,6 +52,7 @@ def worker_environment(
         MASTER_PORT: str(master_port),
         MIXED_PRECISION: mixed_precision,
         DEVICE_TYPE: device_type,
+        TORCH_DEVICE_ENV: f"cuda:{local_rank}" if device_type == "cuda" else device_type,
         LAUNCHED: "1",
     }
 

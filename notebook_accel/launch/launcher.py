@@ -45,6 +45,7 @@ def notebook_launcher(
     config_file: str | os.PathLike | None = None,
     monitor_interval: float = 0.1,
     fsdp: Any = None,
+    cluster: str | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
 
@@ -80,6 +81,9 @@ def notebook_launcher(
             ``fsdp_config``, else the defaults), a ``FullyShardedDataParallelPlugin``, or
             ``False`` (not even when the config file says ``distributed_type: FSDP``);
             default: the config file decides.
+        cluster: run on a Ray cluster (``pip install notebook_accel[ray]``): any address
+            ``ray.init`` takes (``"head:6379"``, ``"auto"``). This kernel drives every node:
+            ``num_processes`` ranks on each of ``num_nodes`` nodes, numbered node by node.
 
     Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
     then the config file, then the defaults (``mixed_precision="no"``,
@@ -107,7 +111,7 @@ def notebook_launcher(
             return _launch(function, args, num_processes, mixed_precision, use_port,
                            master_addr, node_rank, num_nodes, rdzv_backend, rdzv_endpoint,
                            max_restarts, kwargs, start_method, timeout, return_all, output,
-                           device, config_file, monitor_interval, fsdp)
+                           device, config_file, monitor_interval, fsdp, cluster)
         except (TypeError, ValueError) as error:  # bad input: IPython shows no frame of ours
             hide_our_frames(error)
             raise
@@ -115,7 +119,7 @@ def notebook_launcher(
 
 def _launch(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
             num_nodes, rdzv_backend, rdzv_endpoint, max_restarts, kwargs, start_method, timeout,
-            return_all, output, device, config_file, monitor_interval, fsdp) -> Any:
+            return_all, output, device, config_file, monitor_interval, fsdp, cluster) -> Any:
     if not callable(function):
         raise TypeError(f"function={function!r} is not callable; pass the function to run")
     if not isinstance(args, (tuple, list)):
@@ -133,13 +137,15 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
     plan = plan_launch(
         {"num_processes": num_processes, "mixed_precision": mixed_precision,
          "use_port": use_port, "master_addr": master_addr, "node_rank": node_rank,
-         "num_nodes": num_nodes, "start_method": start_method, "device": device},
+         "num_nodes": num_nodes, "start_method": start_method, "device": device,
+         "cluster": cluster},
         config_file=config_file, fsdp=fsdp, notes=notes, timeout=timeout, output=output,
         return_all=return_all, max_restarts=max_restarts)
-    inherit = plan.start.method == "fork" and plan.device_type != "xla"  # multiprocessing queues, locks
-    with SharedTensors() as shared:  # big tensors: one shared copy, not one per worker
+    local = plan.cluster is None
+    inherit = local and plan.start.method == "fork" and plan.device_type != "xla"  # queues, locks
+    with SharedTensors() as shared:  # big tensors: one shared copy, not one per worker (locally)
         payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit,
-                                    shared=shared)
+                                    shared=shared if local else None)
         warn_missing_globals(function)
         print_notes(plan, notes)
         backend = backend_for(plan)
@@ -173,7 +179,7 @@ def plan_launch(explicit: dict[str, Any], *, config_file: str | os.PathLike | No
 
 def print_notes(plan: LaunchPlan, notes: list[str]) -> None:
     """The launch's first lines: what decided its settings."""
-    if plan.start.reason:
+    if plan.start.reason and plan.cluster is None:
         notes.append(f"start method: {plan.start.method} ({plan.start.reason})")
     for note in notes:
         print(f"[notebook_accel] {note}", flush=True)

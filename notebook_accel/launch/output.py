@@ -105,6 +105,7 @@ class OutputRelay:
         self._budgets: dict[int, _Budget] = {}
         self._last: dict[int, str] = {}
         self._held: set[int] = set()
+        self.prefixes: dict[int, str] = {}  # rank -> its lines' label, where not "rank N"
         self.snapshot_every = snapshot_every
 
     def _stream(self, rank: int, name: str) -> _Stream:
@@ -112,6 +113,10 @@ class OutputRelay:
         if key not in self._streams:
             self._streams[key] = _Stream()
         return self._streams[key]
+
+    def prefix(self, rank: int) -> str:
+        """``[rank N] ``, or the label its backend gave (``prefixes``: ``[node 1 rank 1] ``)."""
+        return f"[{self.prefixes.get(rank, f'rank {rank}')}] "
 
     def _visible(self, rank: int) -> bool:
         return self.show == "all" or (self.show == "main" and rank == 0)
@@ -128,12 +133,12 @@ class OutputRelay:
         if text.strip():
             self._last[rank] = text
         if self._visible(rank):
-            line = f"[rank {rank}] {text}\n"
+            line = f"{self.prefix(rank)}{text}\n"
             budget = self._budgets.setdefault(rank, _Budget())
             if budget.allow(len(line)):
                 notice = budget.notice()
                 if notice:
-                    self._pending.append((name, f"[rank {rank}] {notice}\n"))
+                    self._pending.append((name, f"{self.prefix(rank)}{notice}\n"))
                 self._pending.append((name, line))
 
     def feed(self, rank: int, name: str, data: bytes) -> None:
@@ -158,14 +163,14 @@ class OutputRelay:
             ):
                 stream.snapshot_at, stream.snapshot_text = now, current
                 if self._visible(rank) and rank not in self._held:
-                    self._pending.append((name, f"[rank {rank}] {current}\n"))
+                    self._pending.append((name, f"{self.prefix(rank)}{current}\n"))
 
     def finish(self, rank: int) -> None:
         """Flush the unfinished last line of ``rank`` (its process has ended)."""
         budget = self._budgets.get(rank)
         notice = budget.notice() if budget is not None else None
         if notice:
-            self._pending.append(("stderr", f"[rank {rank}] {notice}\n"))
+            self._pending.append(("stderr", f"{self.prefix(rank)}{notice}\n"))
         for name in ("stdout", "stderr"):
             stream = self._streams.get((rank, name))
             if stream is None:

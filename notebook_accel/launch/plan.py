@@ -37,6 +37,7 @@ class LaunchPlan:
     max_restarts: int
     xla: XlaJob | None = None  # device "xla": how torch_xla runs the cores (one host worker)
     worker_env: dict[str, str] = field(default_factory=dict)  # strategy settings (FSDP_*), from the config file
+    cluster: str | None = None  # a Ray cluster's address: the kernel drives every node through Ray
 
     @property
     def world_size(self) -> int:
@@ -47,8 +48,9 @@ class LaunchPlan:
 
     @property
     def hosts_rendezvous(self) -> bool:
-        """The main node's kernel hosts the store; other nodes' workers join it."""
-        return self.node_rank == 0
+        """The main node's kernel hosts the store; other nodes' workers join it (on a cluster,
+        rank 0 hosts it on its node)."""
+        return self.node_rank == 0 and self.cluster is None
 
     def threads_per_worker(self) -> int | None:
         """Intra-op threads per worker, so N workers do not oversubscribe the cores; the
@@ -100,6 +102,7 @@ def make_plan(
     max_restarts: object,
     device: str | None,
     worker_env: dict[str, str] | None = None,
+    cluster: str | None = None,
 ) -> LaunchPlan:
     """Validate the options of :func:`notebook_launcher` and build the plan.
 
@@ -116,6 +119,10 @@ def make_plan(
     max_restarts = OPTIONS["max_restarts"].check(max_restarts)
     if timeout is not None:
         timeout = OPTIONS["timeout"].check(timeout)
+    if cluster is not None:
+        return _cluster_plan(OPTIONS["cluster"].check(cluster), num_processes, num_nodes, node_rank,
+                             device, mixed_precision, start_method, timeout, output, return_all,
+                             max_restarts, worker_env)
     hw = hardware.detect()
     device_type = _device_type(device, hw.gpu_count, hw.tpu)
     xla = None
@@ -140,4 +147,26 @@ def make_plan(
         mixed_precision=mixed_precision, start=start, master_addr=master_addr, port=port,
         timeout=timeout, output=output, return_all=bool(return_all), max_restarts=max_restarts,
         xla=xla, worker_env=dict(worker_env or {}),
+    )
+
+
+def _cluster_plan(cluster: str, num_processes: object, num_nodes: int, node_rank: int,
+                  device: str | None, mixed_precision: str, start_method: str,
+                  timeout: float | None, output: str, return_all: bool, max_restarts: int,
+                  worker_env: dict[str, str] | None) -> LaunchPlan:
+    """A job on a Ray cluster: this kernel drives every node; Ray places the ranks, so this
+    machine's devices and addresses do not bound it (the cluster backend checks the nodes)."""
+    if node_rank != 0:
+        raise ValueError(f"node_rank={node_rank} with cluster={cluster!r}: one kernel drives every "
+                         "node of a cluster job, so leave node_rank unset (0)")
+    device_type = "cpu" if device is None else OPTIONS["device"].check(device)
+    if device_type == "xla":
+        raise ValueError(f"device='xla' with cluster={cluster!r}: a cluster job runs on 'cpu' or "
+                         "'cuda'")
+    count = 1 if num_processes is None else OPTIONS["num_processes"].check(num_processes)
+    return LaunchPlan(
+        num_processes=count, num_nodes=num_nodes, node_rank=0, device_type=device_type,
+        mixed_precision=mixed_precision, start=choose_start_method(start_method),
+        master_addr="", port=None, timeout=timeout, output=output, return_all=bool(return_all),
+        max_restarts=max_restarts, worker_env=dict(worker_env or {}), cluster=cluster,
     )

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.contract import OPTIONS
-from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers
+from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
+from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.shared_tensors import SharedTensors
@@ -89,11 +90,13 @@ def _check_options(options: dict[str, Any]) -> None:
 
 
 class WorkerPool:
-    """Warm workers on this machine, which keep their state and process group across runs.
+    """Warm workers (on this machine, or a Ray cluster's nodes with ``num_nodes`` and
+    ``cluster``), which keep their state and process group across runs.
 
     Takes the options of :func:`~notebook_accel.notebook_launcher` (``num_processes``,
     ``mixed_precision``, ``use_port``, ``master_addr``, ``start_method``, ``timeout``,
-    ``return_all``, ``output``, ``device``, ``config_file``, ``fsdp``), resolved and checked
+    ``return_all``, ``output``, ``device``, ``config_file``, ``fsdp``, ``num_nodes``,
+    ``cluster``), resolved and checked
     the same way; the workers start at once. Closed by :meth:`close`, at the end of a
     ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
     when the kernel dies.
@@ -124,16 +127,21 @@ class WorkerPool:
     def _plan(options: dict[str, Any]) -> LaunchPlan:
         explicit = {name: options.get(name) for name in (
             "num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
-            "device")}
+            "device", "num_nodes", "cluster")}
         notes: list[str] = []
-        plan = plan_launch({**explicit, "node_rank": None, "num_nodes": None},
+        cluster = fill_options({"cluster": explicit["cluster"]}, options.get("config_file"))
+        if explicit["num_nodes"] not in (None, 1) and cluster["cluster"] is None:
+            raise ValueError(f"num_nodes={explicit['num_nodes']!r}: a pool spans several nodes "
+                             "only on a Ray cluster; give cluster= (e.g. 'head:6379'), or "
+                             "num_nodes=1")
+        plan = plan_launch({**explicit, "node_rank": None},
                            config_file=options.get("config_file"), fsdp=options.get("fsdp"),
                            notes=notes, timeout=options.get("timeout"),
                            output=options.get("output", "all"),
                            return_all=options.get("return_all", False), max_restarts=0)
-        if plan.num_nodes != 1:
-            raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool runs on "
-                             "this machine only; use notebook_launcher for multi-machine jobs")
+        if plan.num_nodes != 1 and plan.cluster is None:
+            raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool spans "
+                             "several nodes only on a Ray cluster; give cluster=, or num_nodes=1")
         if plan.device_type == "xla":
             raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
                              "notebook_launcher (or %%accelerate --fresh) on a TPU")
@@ -141,7 +149,7 @@ class WorkerPool:
         return plan
 
     def _start(self) -> None:
-        self._current.workers = workers = PoolWorkers(self.plan)
+        self._current.workers = workers = pool_workers(self.plan)
         self._names = ()
         try:  # the process group is ready before the first run
             launch_once(PoolBackend(workers), self.plan,
@@ -188,8 +196,9 @@ class WorkerPool:
                 raise
             with SharedTensors() as shared:  # big tensors: one shared copy, not one per rank
                 try:
-                    payload = serialise_payload(function, args, kwargs, shared=shared,
-                                                sources_sent=workers.sources_sent)
+                    payload = serialise_payload(
+                        function, args, kwargs, shared=shared if self.plan.cluster is None else None,
+                        sources_sent=workers.sources_sent)
                 except TypeError as error:
                     hide_our_frames(error)
                     raise
@@ -229,7 +238,7 @@ class WorkerPool:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{self.plan.num_processes} ranks"
+        state = "closed" if self.closed else f"{self.plan.world_size} ranks"
         return f"<WorkerPool {state}, {self.plan.device_type}, start {self.plan.start.method}>"
 
     # -- health ------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ class Supervisor:
     ) -> None:
         self.workers = workers = [Worker(handle) for handle in handles]
         self.relay = relay
+        relay.prefixes.update({h.rank: h.prefix for h in handles})
         self.timeout = timeout
         self.record = record
         self.view = view
@@ -333,7 +334,7 @@ class Supervisor:
             self._interrupt()
             return
         for w in self.workers:
-            if w.exitcode is None:
+            if not w.exited and w.exitcode is None:  # (a lost rank has exited, with no code)
                 w.stopped = True
         stop_workers([w.handle for w in self.workers], on_wait=self._drain)
 
@@ -415,7 +416,7 @@ class Supervisor:
                    if w.interrupted and w is not cause]
         headline = f"failed: {failure.headline}" if cause.error is not None else failure.headline
         return WorkerError(
-            f"rank {cause.rank} {headline}", rank=cause.rank, exitcode=cause.exitcode,
+            f"{cause.handle.label} {headline}", rank=cause.rank, exitcode=cause.exitcode,
             remote_traceback=failure.traceback, other_failures=others, failure=failure,
         )
 
@@ -431,7 +432,7 @@ class Supervisor:
                         f"{INTERRUPT_GRACE:g} s (blocked in C++ code, e.g. a collective)")
         return FailureRecord(
             rank=worker.rank, pid=worker.pid, exitcode=worker.exitcode, exc_type=None,
-            headline=headline or _describe_exit(worker.exitcode),
+            headline=headline or worker.handle.describe_end() or _describe_exit(worker.exitcode),
             traceback="" if headline else self.relay.tail(worker.rank),
             timestamp=worker.exit_time or time.time(),
         )

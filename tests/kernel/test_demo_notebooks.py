@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 from pathlib import Path
 
 import pytest
+
+from tests.cluster_harness import private_network
 
 HAVE_OWN_TEST = {"02_cell_magic.ipynb"}  # tests/kernel/test_magic_demo.py runs it
 NOTEBOOKS = sorted(p for p in (Path(__file__).parents[2] / "demo_notebooks").glob("*.ipynb")
@@ -35,7 +39,10 @@ def _text(notebook) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_demo_notebook_runs(path):
-    notebook = _execute(path)  # raises CellExecutionError on any failing cell
+    if path.name == "06_cluster.ipynb":
+        pytest.importorskip("ray", reason="the cluster demo needs the ray extra")
+    with private_network() if path.name == "06_cluster.ipynb" else contextlib.nullcontext():
+        notebook = _execute(path)  # raises CellExecutionError on any failing cell
     assert _text(notebook).strip(), f"{path.name} printed nothing"
     if path.name == "01_quickstart.ipynb":
         text = _text(notebook)
@@ -50,6 +57,15 @@ def test_demo_notebook_runs(path):
         images = [output for cell in notebook.cells for output in cell.get("outputs", [])
                   if output.output_type == "display_data" and "image/png" in output.data]
         assert len(images) == 2, "rank 0's figure, once per training launch"
+    if path.name == "06_cluster.ipynb":
+        text = _text(notebook)
+        assert "[node 0 rank 0] rank 0 of 2 on node 0" in text
+        assert "[node 1 rank 1] rank 1 of 2 on node 1" in text
+        assert "[node 0 rank 0] epoch 4: loss" in text
+        assert float(text.split("held-out loss:")[1].split()[0]) < 0.3
+        assert "sum over both nodes: 30.0" in text and "cluster stopped" in text
+        assert re.search(r"caught WorkerError: rank 1 on node 1 \(127\.0\.0\.[12]\) failed: "
+                         r"ValueError: rank 1 found a bug", text), text
     if path.name == "05_warm_workers.ipynb":
         text = _text(notebook)
         assert "pool up: 2 ranks" in text and "[rank 0] epoch 7: loss" in text

@@ -74,7 +74,7 @@ results = {}
 for method in ("fork", "spawn"):
     results[method] = notebook_launcher(job, args=(method,), num_processes=2, start_method=method,
                                         return_all=True, timeout=120)
-kernel_side = sorted({m.split(".")[0] for m in sys.modules} & {"IPython", "ipywidgets", "magics"})
+kernel_side = sorted({m.split(".")[0] for m in sys.modules} & {"IPython", "ipywidgets", "magics", "ray"})
 print("RESULT " + json.dumps({"results": results, "kernel_side": kernel_side, "file": notebook_accel.__file__}))
 """
 

@@ -117,7 +117,8 @@ def test_restart_drops_the_state_and_close_leaves_nothing():
 @pytest.mark.parametrize(("options", "error", "match"), [
     ({"num_proceses": 2}, TypeError, "unknown option 'num_proceses'; did you mean 'num_processes'"),
     ({"num_processes": 0}, ValueError, "num_processes"),
-    ({"num_nodes": 2}, TypeError, "this machine only"),
+    ({"num_nodes": 2}, ValueError, "several nodes only on a Ray cluster; give cluster="),
+    ({"node_rank": 1}, TypeError, "one kernel drives every node"),
     ({"mixed_precision": "fp9"}, ValueError, "bf16"),
 ])
 def test_bad_options_are_refused_before_anything_starts(options, error, match):

@@ -17,7 +17,12 @@ __all__ = ["Backend", "WorkerGroup", "WorkerHandle", "backend_for"]
 
 
 def backend_for(plan: LaunchPlan) -> Backend:
-    """The backend that runs ``plan``: torch_xla's launcher for device "xla", else local processes."""
+    """The backend that runs ``plan``: Ray actors for a cluster, torch_xla's launcher for device
+    "xla", else local processes."""
+    if plan.cluster is not None:
+        from notebook_accel.launch.backends.cluster import ClusterBackend
+
+        return ClusterBackend()
     if plan.device_type == "xla":
         from notebook_accel.launch.backends.xla import XlaBackend
 

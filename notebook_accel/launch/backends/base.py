@@ -83,6 +83,20 @@ class WorkerHandle(abc.ABC):
         """The worker's resident memory in bytes, when the backend can tell."""
         return None
 
+    @property
+    def label(self) -> str:
+        """The rank as errors name it (a cluster adds its node: ``rank 1 on node 1 (10.0.0.2)``)."""
+        return f"rank {self.rank}"
+
+    @property
+    def prefix(self) -> str:
+        """The label of its output lines, in brackets (``rank 1``, ``node 1 rank 1``)."""
+        return f"rank {self.rank}"
+
+    def describe_end(self) -> str | None:
+        """How it ended, when the exit code cannot say (a lost node); None: the exit code says."""
+        return None
+
 
 def kill_all(handles: Sequence[WorkerHandle], reap_timeout: float = 5.0) -> None:
     """Kill every worker (stragglers included), then reap them."""

@@ -1,7 +1,8 @@
 """The warm-pool backend: workers started once, which run call after call.
 
 :class:`PoolWorkers` are local processes (started as the process backend starts its
-own, with a commands pipe each) around a rendezvous store of their own. For each
+own, with a commands pipe each) around a rendezvous store of their own; on a cluster
+(``plan.cluster``) the agents of ``backends/cluster.py`` fork them instead. For each
 run, :class:`PoolBackend` sends every rank a :class:`~notebook_accel.wire.Run` and
 hands the supervisor the same handles (``persistent``: a run ends with the rank's
 ``RunDone``, not its exit); closing the run gives them back to the pool.
@@ -73,6 +74,15 @@ class PoolWorkers:
         with contextlib.suppress(OSError):
             os.close(self.alive_fd)
         self.rendezvous.close()
+
+
+def pool_workers(plan: LaunchPlan) -> PoolWorkers:
+    """A pool's workers: local processes, or forked by the agents of a cluster (``plan.cluster``)."""
+    if plan.cluster is not None:
+        from notebook_accel.launch.backends.cluster import ClusterPoolWorkers
+
+        return ClusterPoolWorkers(plan)  # type: ignore[return-value] - the same surface
+    return PoolWorkers(plan)
 
 
 class PoolRun(WorkerGroup):

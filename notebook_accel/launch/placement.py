@@ -1,0 +1,201 @@
+"""Ranks placed on a Ray cluster: the connection, the capacity check and the nodes' agents.
+
+One placement group per job shape (STRICT_SPREAD: one bundle per node, ``num_processes`` CPUs,
+and as many GPUs on ``cuda``), one :class:`~.worker.node_agent.NodeAgent` actor per rank in
+its node's bundle. Placements are kept across launches (a warm launch forks from agents that
+are already placed) until one of their agents is lost or the kernel ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.plan import LaunchPlan
+
+PLACE_TIMEOUT = 20.0  # seconds a placement group may stay pending before the launch is refused
+AGENT_TIMEOUT = 120.0  # seconds for the agents to start (each imports torch)
+PING_TIMEOUT = 10.0  # seconds placed agents have to answer before a launch places new ones
+_connected: list[str] = []  # the address this kernel's Ray connection was made with
+_placements: dict[tuple, Placement] = {}
+
+
+def ray_module() -> Any:
+    """``ray``, or an ImportError naming the extra to install."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("cluster=... runs on Ray, which is not installed here; "
+                          "pip install 'notebook_accel[ray]'") from None
+    return ray
+
+
+def connect(address: str) -> Any:
+    """Connect this kernel to the cluster at ``address`` (once); returns ``ray``.
+
+    Ray's own SIGINT/SIGTERM handlers are undone: the kernel's stay in force.
+
+    Raises:
+        ValueError: the kernel is connected to another cluster already.
+        ConnectionError: no cluster answers at ``address``.
+    """
+    ray = ray_module()
+    if ray.is_initialized():
+        if _connected and _connected[0] != address:
+            raise ValueError(f"cluster={address!r}: this kernel is connected to the Ray cluster "
+                             f"{_connected[0]!r}; use that address, or restart the kernel")
+        return ray
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # a dead agent's unread replies
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        raise ConnectionError(f"cluster={address!r}: no Ray cluster answers there ({exc})") from None
+    finally:
+        for sig, handler in saved.items():
+            with contextlib.suppress(ValueError, TypeError):  # not the main thread / a C handler
+                signal.signal(sig, handler)
+    _connected[:] = [address]
+    return ray
+
+
+def connected() -> str | None:
+    """The address of the cluster this kernel is connected to, if any."""
+    return _connected[0] if _connected else None
+
+
+def _needs(plan: LaunchPlan) -> dict[str, float]:
+    need = {"CPU": float(plan.num_processes)}
+    if plan.device_type == "cuda":
+        need["GPU"] = float(plan.num_processes)
+    return need
+
+
+def check_capacity(plan: LaunchPlan) -> None:
+    """Refuse a job the cluster's nodes cannot hold, naming what is missing.
+
+    Raises:
+        RuntimeError: fewer than ``num_nodes`` alive nodes have the resources of one node's ranks.
+    """
+    ray = connect(plan.cluster)
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    need = _needs(plan)
+    fit = [n for n in nodes if all(n["Resources"].get(k, 0) >= v for k, v in need.items())]
+    if len(fit) >= plan.num_nodes:
+        return
+    each = ", ".join(f"{v:g} {k}" for k, v in need.items())
+    have = "; ".join(
+        f"{n['NodeManagerAddress']}: " + ", ".join(f"{n['Resources'].get(k, 0):g} {k}" for k in need)
+        for n in nodes) or "none"
+    raise RuntimeError(
+        f"cluster={plan.cluster!r} cannot place num_nodes={plan.num_nodes} x "
+        f"num_processes={plan.num_processes}: that needs {plan.num_nodes} nodes with {each} each, "
+        f"and {len(fit)} of its {len(nodes)} alive nodes have it ({have}); add nodes, or ask for "
+        f"num_nodes <= {len(fit)}")
+
+
+@dataclass
+class Placement:
+    """A job shape's placement group and one agent per rank (in rank order)."""
+
+    group: Any  # ray.util.placement_group.PlacementGroup
+    agents: list[Any]  # ActorHandle of NodeAgent
+    addresses: list[str]  # each rank's node address
+    pids: list[int]  # each agent's pid on its node
+    gpus: list[list[str]]  # the GPUs Ray assigned each rank
+
+    def visible_gpus(self, rank: int, per_node: int) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for ``rank``: its node's ranks' GPUs in local-rank order, so
+        ``cuda:LOCAL_RANK`` is the one Ray gave this rank."""
+        first = rank - rank % per_node
+        return ",".join(g for gpus in self.gpus[first:first + per_node] for g in gpus)
+
+    def close(self) -> None:
+        """Stop the agents and free the placement group."""
+        ray = ray_module()
+        for agent in self.agents:
+            with contextlib.suppress(Exception):
+                ray.kill(agent, no_restart=True)
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(self.group)
+
+
+def _key(plan: LaunchPlan) -> tuple:
+    return plan.cluster, plan.num_nodes, plan.num_processes, plan.device_type
+
+
+def placement_for(plan: LaunchPlan) -> Placement:
+    """The agents of ``plan``'s shape: those already placed, else placed now.
+
+    Raises:
+        RuntimeError: the placement group stays pending for ``PLACE_TIMEOUT`` seconds (resources
+            taken by other jobs), or the agents do not start.
+    """
+    ray = ray_module()
+    placed = _placements.get(_key(plan))
+    if placed is not None:
+        try:  # one round trip: an agent lost while idle (its node gone) means placing afresh
+            ray.get([agent.where.remote() for agent in placed.agents], timeout=PING_TIMEOUT)
+            return placed
+        except Exception:  # noqa: BLE001 - any failure of the ping: the placement is stale
+            discard(plan)
+    check_capacity(plan)
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from notebook_accel.launch.worker.node_agent import NodeAgent
+
+    need = _needs(plan)
+    group = placement_group([dict(need) for _ in range(plan.num_nodes)], strategy="STRICT_SPREAD")
+    ready, _ = ray.wait([group.ready()], timeout=PLACE_TIMEOUT)
+    if not ready:
+        ray.util.remove_placement_group(group)
+        each = ", ".join(f"{v:g} {k}" for k, v in need.items())
+        raise RuntimeError(
+            f"cluster={plan.cluster!r}: {plan.num_nodes} distinct nodes with {each} free each were "
+            f"not available within {PLACE_TIMEOUT:g} s (taken by other jobs?); free them, or ask "
+            "for fewer nodes or processes")
+    agent_class = ray.remote(NodeAgent)
+    agents = [
+        agent_class.options(
+            num_cpus=1, num_gpus=1 if plan.device_type == "cuda" else 0, max_concurrency=16,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=rank // plan.num_processes),
+        ).remote()
+        for rank in range(plan.world_size)
+    ]
+    placed = Placement(group, agents, [], [], [])
+    try:
+        where = ray.get([agent.where.remote() for agent in agents], timeout=AGENT_TIMEOUT)
+    except BaseException as exc:
+        placed.close()
+        if isinstance(exc, Exception):
+            raise RuntimeError(f"cluster={plan.cluster!r}: the ranks' agents did not start: "
+                               f"{type(exc).__name__}: {exc}") from None
+        raise
+    placed.addresses = [address for address, _, _ in where]
+    placed.pids = [pid for _, pid, _ in where]
+    placed.gpus = [gpus for _, _, gpus in where]
+    _placements[_key(plan)] = placed
+    return placed
+
+
+def discard(plan: LaunchPlan) -> None:
+    """Stop ``plan``'s agents (one was lost, or the group must not be reused)."""
+    placed = _placements.pop(_key(plan), None)
+    if placed is not None:
+        placed.close()
+
+
+def disconnect() -> None:
+    """Stop every placement of this kernel and leave the cluster (tests, the end of a notebook)."""
+    for key in list(_placements):
+        _placements.pop(key).close()
+    if _connected:
+        ray_module().shutdown()
+        _connected.clear()

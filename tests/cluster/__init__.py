@@ -1,0 +1,1 @@
+"""A real Ray cluster of two raylets on loopback addresses, driven from the test process."""

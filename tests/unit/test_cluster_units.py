@@ -1,0 +1,92 @@
+"""The cluster option without a cluster: where it comes from, what a cluster plan is, what is refused."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from notebook_accel.launch.launcher import plan_launch
+from notebook_accel.launch.worker.node_agent import HELLO, hello
+
+
+def _plan(**explicit):
+    options = {"num_processes": None, "mixed_precision": None, "use_port": None,
+               "master_addr": None, "node_rank": None, "num_nodes": None, "start_method": None,
+               "device": None, "cluster": None, **explicit}
+    return plan_launch(options, config_file=None, fsdp=None, notes=[], timeout=None,
+                       output="all", return_all=False, max_restarts=0)
+
+
+def test_a_cluster_plan_is_not_bound_by_this_machine():
+    plan = _plan(cluster="head:6379", num_nodes=4, num_processes=8, device="cuda")
+    assert (plan.cluster, plan.world_size, plan.device_type) == ("head:6379", 32, "cuda")
+    assert plan.global_rank(3) == 3 and not plan.hosts_rendezvous  # rank 0's node hosts it
+    assert _plan(cluster="auto", num_nodes=2).num_processes == 1  # default: one rank per node
+    assert _plan(cluster="auto").device_type == "cpu"
+
+
+def test_the_cluster_comes_from_the_environment_and_the_config_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("NOTEBOOK_ACCEL_CLUSTER", "env-head:6379")
+    assert _plan(num_nodes=2).cluster == "env-head:6379"
+    assert _plan(num_nodes=2, cluster="arg:1").cluster == "arg:1"
+    monkeypatch.delenv("NOTEBOOK_ACCEL_CLUSTER")
+    config = tmp_path / "c.yaml"
+    config.write_text("cluster: file-head:6379\nnum_machines: 2\n")
+    monkeypatch.setenv("NOTEBOOK_ACCEL_CONFIG_FILE", str(config))
+    plan = _plan()
+    assert (plan.cluster, plan.num_nodes) == ("file-head:6379", 2)
+    config.write_text("cluster: 5\n")
+    with pytest.raises(ValueError, match=r"'cluster'.*a Ray cluster address"):
+        _plan()
+
+
+@pytest.mark.parametrize(("explicit", "error", "match"), [
+    ({"node_rank": 1, "num_nodes": 2}, ValueError, "one kernel drives every node"),
+    ({"device": "xla"}, ValueError, "runs on 'cpu' or 'cuda'"),
+    ({"cluster": ""}, ValueError, "cluster='' must be a Ray cluster address such as 'head:6379'"),
+    ({"cluster": 6379}, ValueError, "cluster=6379 must be a Ray cluster address"),
+])
+def test_bad_cluster_options_are_refused_naming_the_value(explicit, error, match):
+    with pytest.raises(error, match=match):
+        _plan(**{"cluster": "head:6379", **explicit})
+
+
+def test_without_ray_a_cluster_names_the_extra(monkeypatch):
+    from notebook_accel.launch import placement
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ImportError, match=r"pip install 'notebook_accel\[ray\]'"):
+        placement.connect("head:6379")
+
+
+def test_a_workers_hello_carries_the_token_rank_and_channel():
+    token = bytes(range(32))
+    assert HELLO.unpack(hello(token, 5, "control")) == (token, 5, 3)
+
+
+def test_the_kernel_closes_a_connection_without_the_launchs_token_unread():
+    import socket
+    import time
+
+    from notebook_accel.launch.channel_server import ChannelServer
+    from notebook_accel.launch.worker.node_agent import RUN_CHANNELS
+
+    server = ChannelServer("127.0.0.1", world_size=1)
+    intruder = socket.create_connection(server.address)
+    intruder.sendall(hello(b"x" * 32, 0, "control"))
+    good = []
+    for channel in RUN_CHANNELS:
+        conn = socket.create_connection(server.address)
+        conn.sendall(hello(server.token, 0, channel))
+        good.append(conn)
+    channels: dict = {0: {}}
+    try:
+        channels = server.accept(time.monotonic() + 10, lambda: None)
+        assert sorted(channels[0]) == sorted(RUN_CHANNELS)
+        intruder.settimeout(5)
+        assert intruder.recv(1) == b""  # closed by the kernel
+    finally:
+        server.close()
+        for conn in [intruder, *good, *(c for c in channels[0].values())]:
+            conn.close()
