@@ -7,10 +7,15 @@
 source "$(dirname "$0")/_venv.sh"
 .venv/bin/ruff check .
 .venv/bin/lint-imports
-# The config panel's browser test needs Chromium (it skips, saying why, without it).
-if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
-        || echo "could not install chromium: the browser test will be skipped"
+# The config panel's browser test needs Chromium (it skips, saying why, without it); the cluster
+# tests run their raylets in a private network namespace, whose loopback iproute2's ip brings up
+# (without it they bind loopback addresses in the machine's namespace).
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v ip >/dev/null || missing+=(iproute2)
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; } \
+        || echo "could not install ${missing[*]}: the browser test skips, the cluster tests use loopback addresses"
 fi
 export TEST_ARTIFACTS_DIR="${TEST_ARTIFACTS_DIR:-$PWD/test-artifacts}"
 .venv/bin/python -m pytest -q "$@"
