@@ -195,15 +195,9 @@ class Supervisor:
         self._read_output(worker, "stdout")
         self._read_output(worker, "stderr")
         self.relay.finish(worker.rank)
-        status = self.record.ranks[worker.rank]
-        status.ended, status.exitcode = self.timed_out_at or time.time(), worker.exitcode
-        if worker.returned and worker.exitcode == 0:
-            status.state = "finished"
-        elif worker.stopped:
-            status.state = "stopped"
-        else:
-            status.state = "failed"
-            self._failed()
+        self.record.ranks[worker.rank].exitcode = worker.exitcode
+        self._settle(worker, self.timed_out_at or time.time(), finished=worker.returned and worker.exitcode == 0,
+                     stopped=worker.stopped)
 
     def _run_ended(self, worker: Worker) -> None:
         """A persistent worker reported the end of its run (its output is all in its pipes)."""
@@ -212,11 +206,15 @@ class Supervisor:
         self._read_output(worker, "stderr")
         self._read_events(worker)
         self.relay.finish(worker.rank)
+        self._settle(worker, time.time(), finished=worker.returned, stopped=worker.interrupted)
+
+    def _settle(self, worker: Worker, ended: float, finished: bool, stopped: bool) -> None:
+        """The rank's end in the record: finished, stopped, or failed (which may end the job)."""
         status = self.record.ranks[worker.rank]
-        status.ended = time.time()
-        if worker.returned:
+        status.ended = ended
+        if finished:
             status.state = "finished"
-        elif worker.interrupted:
+        elif stopped:
             status.state = "stopped"
         else:
             status.state = "failed"
