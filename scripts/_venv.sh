@@ -9,4 +9,4 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # DS_BUILD_OPS=0: DeepSpeed builds without CUDA, compiling its few CPU ops on first use.
-DS_BUILD_OPS=0 .venv/bin/python -m pip install -q -e ".[dev,notebook,browser,bench,deepspeed,clients,ray]"
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q -e ".[dev,notebook,browser,bench,deepspeed,clients,ray,slurm]"

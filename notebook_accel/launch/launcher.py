@@ -61,7 +61,9 @@ def notebook_launcher(
             one per CPU core (at most 8) without a GPU.
         mixed_precision: "no" (default), "fp16" or "bf16"; read by ``Accelerator()``.
         use_port: rendezvous port; default: a free one, picked per launch.
-        master_addr, node_rank, num_nodes: multi-machine jobs (same call on each node).
+        master_addr, node_rank, num_nodes: multi-machine jobs (same call on each node). The
+            nodes must meet within 300 s (or ``timeout``, if shorter), else a ``TimeoutError``
+            names the node that did not come.
         rdzv_backend, rdzv_endpoint: only the static rendezvous is supported.
         max_restarts: relaunch the whole job up to this many times after a failure.
         start_method: "auto" (fork when safe, else a warm forkserver), "fork",
@@ -96,6 +98,7 @@ def notebook_launcher(
     Raises:
         TypeError, ValueError: bad input, before any worker starts.
         WorkerError: a worker failed; names the root-cause rank with its traceback.
+        TimeoutError: a multi-node job whose other nodes did not come in time (named).
         KeyboardInterrupt: interrupted; every worker was stopped.
 
     Example:

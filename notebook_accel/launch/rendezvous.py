@@ -14,7 +14,8 @@ from datetime import timedelta
 
 
 class Rendezvous:
-    """A TCPStore server listening on ``host:port`` (port 0: any free port).
+    """A TCPStore server listening on ``host:port`` (port 0: any free port); ``store`` is its
+    client view (the kernel reads the nodes' join keys through it).
 
     Raises:
         ValueError: the port is taken.
@@ -37,7 +38,7 @@ class Rendezvous:
         self.host, self.port = host, self._socket.getsockname()[1]
         self.fd = self._socket.fileno()  # forked workers close their copy
         try:
-            self._store = dist.TCPStore(
+            self.store = dist.TCPStore(
                 host, self.port, None, True, timedelta(minutes=30), wait_for_workers=False,
                 master_listen_fd=self._socket.fileno(),
             )
@@ -48,4 +49,4 @@ class Rendezvous:
 
     def close(self) -> None:
         """Stop the server and release the port."""
-        self._store = None
+        self.store = None

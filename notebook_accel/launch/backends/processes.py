@@ -23,6 +23,7 @@ import psutil
 
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
 from notebook_accel.launch.environment import network_environment, worker_environment
+from notebook_accel.launch.node_join import announce, await_nodes
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous
@@ -159,6 +160,10 @@ class ProcessBackend(Backend):
             importlib.import_module("notebook_accel.launch.warm")
         rendezvous = Rendezvous(plan.master_addr, plan.port or 0) if plan.hosts_rendezvous else None
         try:
+            if rendezvous is not None and plan.num_nodes > 1:
+                await_nodes(rendezvous.store, plan)
+            elif rendezvous is None:
+                announce(plan)
             port = rendezvous.port if rendezvous is not None else plan.port
             kernel_only = (rendezvous.fd,) if rendezvous is not None else ()
             handles, alive_fd = start_workers(plan, payload, port, kernel_only)
