@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -80,3 +81,17 @@ def _title(proc: psutil.Process) -> str:
         return " ".join(proc.cmdline())[:120] or proc.name()
     except psutil.Error:
         return "?"
+
+
+def mark_every_test_in(folder_conftest: str, marker: pytest.MarkDecorator):
+    """A folder's ``pytest_collection_modifyitems``: every test under that conftest's folder gets
+    ``marker``, before ``-m`` selects by it (pyproject's addopts select or skip browser/xla)."""
+    here = Path(folder_conftest).parent
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(items):
+        for item in items:
+            if here in item.path.parents:
+                item.add_marker(marker)
+
+    return pytest_collection_modifyitems

@@ -1,16 +1,7 @@
-"""Every test in tests/browser/ is marked ``browser`` (pyproject's addopts select or skip them by it)."""
-
-from __future__ import annotations
-
-from pathlib import Path
+"""Every test in tests/browser/ is marked ``browser``."""
 
 import pytest
 
-HERE = Path(__file__).parent
+from tests.conftest import mark_every_test_in
 
-
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(pytest.mark.browser)
+pytest_collection_modifyitems = mark_every_test_in(__file__, pytest.mark.browser)
