@@ -12,7 +12,6 @@ the notebook. Every display carries ``text/plain`` too, for consoles and nbconve
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -93,14 +92,6 @@ class LiveView:
         """Redraw when due; with ``final``, draw the static summary (if shown at all)."""
         if self.done:
             return
-        try:
-            self._update(record, final)
-        except Exception as exc:  # noqa: BLE001 - a view must never break the job
-            self.done = True
-            print(f"[notebook_accel] live view stopped ({type(exc).__name__}: {exc})",
-                  file=sys.stderr, flush=True)
-
-    def _update(self, record: LaunchRecord, final: bool) -> None:
         if final:
             self.done = True
             if self.handle is None and record.elapsed < self.appear_after:

@@ -137,13 +137,6 @@ class TextView:
         """Print a status line when due, or the summary line when ``final``."""
         if self.done:
             return
-        try:
-            self._update(record, final)
-        except Exception as exc:  # noqa: BLE001 - a view must never break the job
-            self.done = True
-            self._write(f"live status disabled ({type(exc).__name__}: {exc})")
-
-    def _update(self, record: LaunchRecord, final: bool) -> None:
         if final:
             self.done = True
             if self.last_states is not None or record.elapsed >= self.quiet_for:

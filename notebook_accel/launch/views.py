@@ -74,16 +74,39 @@ def kernel_view() -> ViewFactory | None:
     return _kernel_view
 
 
+class GuardedView:
+    """A view that can never break the job: its first error stops it, said in one line."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self.broken = False
+
+    @property
+    def holds_output(self) -> bool:
+        return not self.broken and self.view.holds_output
+
+    def update(self, record: LaunchRecord, final: bool = False) -> None:
+        if self.broken:
+            return
+        try:
+            self.view.update(record, final)
+        except Exception as exc:  # noqa: BLE001 - a view must never break the job
+            self.broken = True
+            print(f"[notebook_accel] live view stopped ({type(exc).__name__}: {exc})",
+                  file=sys.stderr, flush=True)
+
+
 def make_view(record: LaunchRecord, show: str) -> View:
-    """The live display in a kernel, plain text lines elsewhere, nothing for ``show="none"``."""
+    """The live display in a kernel, plain text lines elsewhere, nothing for ``show="none"``;
+    guarded, so that a failing view stops itself and never the job."""
     if show == "none":
         return NullView()
     try:
         factory = kernel_view() if in_kernel() else None
         if factory is not None:
-            return factory(record)
+            return GuardedView(factory(record))
         from notebook_accel.launch.text_view import TextView
 
-        return TextView(record)
+        return GuardedView(TextView(record))
     except ImportError:
         return NullView()

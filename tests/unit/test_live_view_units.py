@@ -11,6 +11,7 @@ from magics.view.live_view import LiveView, render
 from magics.view.plots import MAX_POINTS, Plots, Series, metric_svg
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.text_view import TextView
+from notebook_accel.launch.views import GuardedView
 from notebook_accel.observe.progress import job_progress
 
 
@@ -160,10 +161,11 @@ def test_a_failing_display_never_breaks_the_job(capsys):
         raise RuntimeError("no frontend")
 
     record = make_record(age=2.0)
-    view = LiveView(record, display=broken)
+    view = GuardedView(LiveView(record, display=broken))
     view.update(record)
     view.update(record, final=True)
-    assert "live view stopped (RuntimeError: no frontend)" in capsys.readouterr().err
+    assert capsys.readouterr().err.count("live view stopped (RuntimeError: no frontend)") == 1
+    assert not view.holds_output  # output is never held for a view that is gone
 
 
 def test_text_view_lines_on_state_changes_every_ten_seconds_and_at_the_end():
