@@ -1,0 +1,247 @@
+"""Hugging Face clients on our Accelerator, for ``torchrun --nproc-per-node 2`` (gloo, CPU).
+
+Usage: ``hf_checks.py OUT_DIR train``. One launch covers: a transformers GPT-2 under DDP
+(trains, ranks agree, ``save_model`` / ``save_pretrained`` round trips); GPT-2 and Llama
+under FSDP2 with ``auto_wrap_policy="transformer_based_wrap"`` and no class names (the
+model's ``_no_split_modules`` are wrapped), matching a one-process reference, and their
+full state dicts loading into fresh models; a wrong class name's error; a peft LoRA adapter
+under DDP (only the adapter trains; ``save_state`` / ``load_state`` restore it and its
+optimizer; ``save_pretrained`` / ``PeftModel.from_pretrained`` round trip). Tiny models from
+configs, synthetic tokens: nothing is downloaded. Each rank writes ``OUT_DIR/train_rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
+
+from notebook_accel import Accelerator
+from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+
+faulthandler.dump_traceback_later(float(os.environ.get("DDP_CHECKS_TIMEOUT", "100")), exit=True)
+hf_logging.set_verbosity_error()
+
+OUT = Path(sys.argv[1])
+VOCAB, SEQ, PER_RANK, STEPS = 128, 16, 4, 8
+results: dict = {}
+
+
+def gpt2() -> GPT2LMHeadModel:
+    """Two GPT2Blocks, embeddings tied to the head, no dropout (so runs compare exactly)."""
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def llama() -> LlamaForCausalLM:
+    """Two LlamaDecoderLayers, untied head."""
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                        num_attention_heads=2, num_key_value_heads=2, vocab_size=VOCAB,
+                                        max_position_embeddings=SEQ))
+
+
+def tokens(n: int = 2 * PER_RANK * STEPS) -> TensorDataset:
+    """Arithmetic sequences modulo VOCAB (a learnable pattern), random starts and strides."""
+    g = torch.Generator().manual_seed(123)
+    start = torch.randint(0, VOCAB, (n, 1), generator=g)
+    stride = torch.randint(1, 4, (n, 1), generator=g)
+    return TensorDataset((start + stride * torch.arange(SEQ)) % VOCAB)
+
+
+def train(model: torch.nn.Module, acc: Accelerator | None, lr: float = 1e-2) -> tuple[torch.nn.Module, Any, list, list]:
+    """``STEPS`` steps of AdamW on the causal-LM loss, global batch ``2 * PER_RANK`` either way.
+
+    Returns the model, optimizer, losses and gradient norms (AdamW would hide a wrongly scaled
+    gradient; the norms do not).
+    """
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    loader = DataLoader(tokens(), batch_size=PER_RANK if acc else 2 * PER_RANK)
+    if acc is not None:
+        model, opt, loader = acc.prepare(model, opt, loader)
+    clip = acc.clip_grad_norm_ if acc else torch.nn.utils.clip_grad_norm_
+    losses, norms = [], []
+    for (ids,) in loader:
+        loss = model(input_ids=ids, labels=ids).loss
+        (acc.backward(loss) if acc else loss.backward())
+        norms.append(float(clip([p for p in model.parameters() if p.requires_grad], 1e6)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(acc.reduce(loss.detach(), "mean") if acc else loss.detach()))
+    return model, opt, losses, norms
+
+
+def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def seq_diff(a: list[float], b: list[float]) -> float:
+    return float((torch.tensor(a) - torch.tensor(b)).abs().max())
+
+
+def rel_diff(a: list[float], b: list[float]) -> float:
+    return float(((torch.tensor(a) - torch.tensor(b)).abs() / torch.tensor(b)).max())
+
+
+def check_ddp() -> None:
+    """GPT-2 under DDP: loss falls, matches one process, ranks agree; saved weights load back."""
+    _, _, ref_losses, ref_norms = train(ref := gpt2(), None)
+    acc = Accelerator()
+    model, _, losses, norms = train(gpt2(), acc)
+    plain = acc.unwrap_model(model)
+    flat = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
+    gathered = acc.gather(flat[None])
+    case = {
+        "distributed_type": acc.distributed_type.value, "wrapper": type(model).__name__,
+        "unwrapped": type(plain).__name__, "losses": losses, "loss_diff": seq_diff(losses, ref_losses),
+        "norm_rel": rel_diff(norms, ref_norms), "param_diff": max_diff(weights(plain), weights(ref)),
+        "rank_disagreement": float((gathered[0] - gathered[1]).abs().max()),
+    }
+    save_dir, pretrained_dir = OUT / "ddp_save_model", OUT / "ddp_pretrained"
+    written = acc.save_model(model, save_dir)
+    plain.save_pretrained(pretrained_dir, is_main_process=acc.is_main_process, save_function=acc.save)
+    acc.wait_for_everyone()
+    case["save_model_file"] = written.name if written else None
+    loaded = GPT2LMHeadModel.from_pretrained(pretrained_dir)
+    case["from_pretrained_diff"] = max_diff(weights(loaded), weights(plain))
+    case["from_pretrained_tied"] = loaded.lm_head.weight is loaded.transformer.wte.weight
+    if acc.is_main_process:  # save_model writes the weights only; transformers wants the config beside them
+        plain.config.save_pretrained(save_dir)
+    acc.wait_for_everyone()
+    from_file = GPT2LMHeadModel.from_pretrained(save_dir)
+    case["save_model_diff"] = max_diff(weights(from_file), weights(plain))
+    results["ddp"] = case
+
+
+def check_fsdp(name: str, build) -> None:
+    """FSDP2 wrapping the model's own ``_no_split_modules`` by name; a one-process reference;
+    the full state dict loads into a fresh model."""
+    _, _, ref_losses, ref_norms = train(ref := build(), None)
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap"))
+    model = build()
+    (block_class,) = model._no_split_modules  # a list or (transformers 5) a set
+    model, _, losses, norms = train(model, acc)
+    from torch.distributed.fsdp import FSDPModule
+
+    blocks = [m for m in model.modules() if type(m).__name__.endswith(block_class)]
+    full = acc.get_state_dict(model)  # rank 0: every weight, on the CPU
+    case = {
+        "distributed_type": acc.distributed_type.value, "block_class": block_class,
+        "blocks_sharded": [isinstance(b, FSDPModule) for b in blocks],
+        "root_sharded": isinstance(model, FSDPModule),
+        "losses": losses, "loss_diff": seq_diff(losses, ref_losses), "norm_rel": rel_diff(norms, ref_norms),
+    }
+    if acc.is_main_process:
+        fresh = build()
+        torch.manual_seed(1)
+        for p in fresh.parameters():
+            torch.nn.init.normal_(p)  # nothing of the old weights left
+        missing, unexpected = fresh.load_state_dict(full, strict=False)
+        case["full_state_dict_load"] = {"missing": missing, "unexpected": unexpected}
+        case["full_state_dict_diff"] = max_diff(weights(fresh), weights(ref))
+    plain = acc.unwrap_model(model)
+    case["unwrapped"] = type(plain).__name__
+    case["unwrapped_diff"] = max_diff(weights(plain), weights(ref))
+    results[f"fsdp_{name}"] = case
+
+
+def check_wrong_block_name() -> None:
+    """A class the model does not have is refused, naming it and the model's block classes."""
+    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP",
+                                            transformer_cls_names_to_wrap=["GPT2Blok"])
+    acc = Accelerator(fsdp_plugin=plugin)
+    try:
+        acc.prepare(gpt2())
+        results["wrong_block_name"] = None
+    except ValueError as error:
+        results["wrong_block_name"] = str(error)
+
+
+def lora_llama(seed: int):
+    from peft import LoraConfig, get_peft_model
+
+    base = llama()
+    torch.manual_seed(seed)  # the adapter's own initialisation
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    return get_peft_model(base, config)
+
+
+def adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in weights(model).items() if "lora_" in k}
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v.detach().clone() for state in opt.state_dict()["state"].values()
+            for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def check_peft() -> None:
+    """LoRA under DDP: only the adapter trains; save_state/load_state and save_pretrained round trip."""
+    from peft import PeftModel
+
+    acc = Accelerator()
+    model = lora_llama(seed=1)
+    base_before = {k: v for k, v in weights(model).items() if "lora_" not in k}
+    adapter_before = adapter(model)
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    model, opt, losses, _ = train(model, acc, lr=5e-2)
+    peft_model = acc.unwrap_model(model)
+    after = weights(peft_model)
+    case = {
+        "wrapper": type(model).__name__, "unwrapped": type(peft_model).__name__, "losses": losses,
+        "trainable_all_lora": bool(trainable) and all("lora_" in n for n in trainable),
+        "base_changed": max(float((after[k] - v).abs().max()) for k, v in base_before.items()),
+        "adapter_changed": max_diff(adapter(peft_model), adapter_before),
+    }
+    state_dir = OUT / "peft_state"
+    acc.save_state(state_dir)
+    saved_adapter, saved_opt = adapter(peft_model), optimizer_tensors(opt)
+
+    again = Accelerator()
+    fresh = lora_llama(seed=2)
+    fresh_opt = torch.optim.AdamW([p for p in fresh.parameters() if p.requires_grad], lr=5e-2)
+    fresh, fresh_opt = again.prepare(fresh, fresh_opt)
+    case["fresh_adapter_differs"] = max_diff(adapter(again.unwrap_model(fresh)), saved_adapter)
+    again.load_state(state_dir)
+    case["load_state_adapter_diff"] = max_diff(adapter(again.unwrap_model(fresh)), saved_adapter)
+    restored = optimizer_tensors(fresh_opt)
+    case["load_state_optimizer_diff"] = (
+        max(float((a - b).abs().max()) for a, b in zip(restored, saved_opt, strict=True))
+        if len(restored) == len(saved_opt) and restored else None)
+
+    adapter_dir = OUT / "peft_adapter"
+    peft_model.save_pretrained(adapter_dir, is_main_process=acc.is_main_process, save_function=acc.save)
+    acc.wait_for_everyone()
+    case["adapter_files"] = sorted(p.name for p in adapter_dir.iterdir())
+    loaded = PeftModel.from_pretrained(llama(), adapter_dir)
+    case["from_pretrained_adapter_diff"] = max_diff(adapter(loaded), saved_adapter)
+    results["peft"] = case
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    check_ddp()
+    check_fsdp("gpt2", gpt2)
+    check_fsdp("llama", llama)
+    check_wrong_block_name()
+    check_peft()
+    rank = int(os.environ["RANK"])
+    (OUT / f"train_rank{rank}.json").write_text(json.dumps(results, default=list))
+
+
+if __name__ == "__main__":
+    main()
