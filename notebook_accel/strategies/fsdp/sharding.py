@@ -13,6 +13,7 @@ group, so it survives sharding.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -51,13 +52,26 @@ def mixed_precision_policy(plugin: FullyShardedDataParallelPlugin, mixed_precisi
 def _wrap_predicate(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -> Callable[[torch.nn.Module], bool]:
     policy = plugin.auto_wrap_policy
     if callable(policy):
-        return policy
+        return _module_predicate(policy)
     if policy == "TRANSFORMER_BASED_WRAP":
         names = set(block_class_names(plugin, model))
         return lambda m: any(cls.__name__ in names for cls in type(m).__mro__)
     if policy == "SIZE_BASED_WRAP":
         return lambda m: sum(p.numel() for p in m.parameters()) >= plugin.min_num_params
     return lambda m: False
+
+
+def _module_predicate(policy: Callable[..., bool]) -> Callable[[torch.nn.Module], bool]:
+    """``policy(module) -> bool`` as it is; torch's FSDP1 policies (``transformer_auto_wrap_policy``,
+    ``size_based_auto_wrap_policy``, usually a ``functools.partial`` of one, as the peer's plugin holds
+    after ``set_auto_wrap_policy``) asked as FSDP1 asks about one module: ``recurse=False``."""
+    try:
+        fsdp1 = "recurse" in inspect.signature(policy).parameters
+    except (TypeError, ValueError):  # a builtin or a C callable: no signature to read
+        fsdp1 = False
+    if not fsdp1:
+        return policy
+    return lambda m: bool(policy(module=m, recurse=False, nonwrapped_numel=sum(p.numel() for p in m.parameters())))
 
 
 def block_class_names(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -> list[str]:

@@ -1,13 +1,16 @@
-"""Which layers ``TRANSFORMER_BASED_WRAP`` shards, chosen without processes: the plugin's class
-names, else the model's own ``_no_split_modules`` (real transformers models, built from configs)."""
+"""Which layers FSDP2 shards as their own groups, chosen without processes: ``TRANSFORMER_BASED_WRAP``
+with the plugin's class names, else the model's own ``_no_split_modules`` (real transformers models,
+built from configs); torch's FSDP1 policy functions, bare or partial, from us or from the peer's plugin."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
 
-from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
-from notebook_accel.strategies.fsdp.sharding import block_class_names
+from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin, resolve_plugin
+from notebook_accel.strategies.fsdp.sharding import _wrap_predicate, block_class_names
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,9 +55,37 @@ def test_a_default_class_the_model_lacks_is_refused_naming_the_source():
         block_class_names(plugin(), model)
 
 
-def test_subclasses_of_a_named_class_are_wrapped_too():
-    from notebook_accel.strategies.fsdp.sharding import _wrap_predicate
+def wrapped(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -> list[str]:
+    wants = _wrap_predicate(plugin, model)
+    return [type(m).__name__ for m in model.modules() if wants(m)]
 
+
+def test_torchs_fsdp1_policies_work_bare_or_partial():
+    from torch.distributed.fsdp.wrap import (
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    partial = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={GPT2Block})
+    assert wrapped(FullyShardedDataParallelPlugin(auto_wrap_policy=partial), gpt2()) == ["GPT2Block"] * 2
+    bare = FullyShardedDataParallelPlugin(auto_wrap_policy=transformer_auto_wrap_policy)
+    assert bare.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and wrapped(bare, gpt2()) == ["GPT2Block"] * 2
+    sized = functools.partial(size_based_auto_wrap_policy, min_num_params=3000)
+    assert wrapped(FullyShardedDataParallelPlugin(auto_wrap_policy=sized), gpt2()) == [
+        "GPT2LMHeadModel", "GPT2Model", "GPT2Block", "GPT2Block"]
+
+
+def test_the_peers_plugin_after_set_auto_wrap_policy_is_accepted():
+    accelerate = pytest.importorskip("accelerate")
+    model = gpt2()
+    peer = accelerate.FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+    peer.set_auto_wrap_policy(model)  # now a functools.partial(transformer_auto_wrap_policy, ...)
+    assert isinstance(peer.auto_wrap_policy, functools.partial)
+    assert wrapped(resolve_plugin(peer), model) == ["GPT2Block"] * 2
+
+
+def test_subclasses_of_a_named_class_are_wrapped_too():
     class MyLinear(torch.nn.Linear):
         pass
 
