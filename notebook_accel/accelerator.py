@@ -674,10 +674,13 @@ class Accelerator:
             self.wait_for_everyone()
         return path
 
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True) -> Path:
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True,
+                   *, strict: bool = True) -> Path:
         """Restore what ``save_state`` wrote (default: the latest automatic checkpoint, or ``<project_dir>/checkpoint``).
 
         ``weights_only=False`` can run code from the files: use it on trusted checkpoints only.
+        ``strict=False`` (the peer's ``load_model_func_kwargs``) accepts model weights missing from or
+        extra to the checkpoint, e.g. one a save hook cut down to a LoRA adapter; unsharded models only.
         """
         path = self.project_configuration.resolve(input_dir, saving=False)
         items = self._checkpoint_items()
@@ -685,7 +688,7 @@ class Accelerator:
             items.models = list(items.models)
             for hook in list(self._load_state_pre_hooks.values()):
                 hook(items.models, path)
-        path = checkpoint.load_state(path, items, self.state, weights_only)
+        path = checkpoint.load_state(path, items, self.state, weights_only, strict)
         suffix = path.name.removeprefix("checkpoint_")
         if self.project_configuration.automatic_checkpoint_naming and suffix.isdigit():
             self.project_configuration.iteration = int(suffix) + 1

@@ -93,3 +93,10 @@ def test_lora_save_pretrained_writes_the_adapter_and_peft_loads_it(ranks):
         peft = rank["peft"]
         assert {"adapter_config.json", "adapter_model.safetensors"} <= set(peft["adapter_files"])
         assert peft["from_pretrained_adapter_diff"] == 0.0
+
+
+def test_an_adapter_only_checkpoint_loads_with_strict_false(ranks):
+    for rank in ranks:
+        peft = rank["peft"]
+        assert "Missing key(s)" in peft["strict_refusal"] and "base_layer.weight" in peft["strict_refusal"]
+        assert peft["adapter_only_diff"] == 0.0

@@ -207,6 +207,7 @@ def check_peft() -> None:
         "base_changed": max(float((after[k] - v).abs().max()) for k, v in base_before.items()),
         "adapter_changed": max_diff(adapter(peft_model), adapter_before),
     }
+    results["peft"] = case
     state_dir = OUT / "peft_state"
     acc.save_state(state_dir)
     saved_adapter, saved_opt = adapter(peft_model), optimizer_tensors(opt)
@@ -223,13 +224,39 @@ def check_peft() -> None:
         max(float((a - b).abs().max()) for a, b in zip(restored, saved_opt, strict=True))
         if len(restored) == len(saved_opt) and restored else None)
 
+    check_adapter_only_checkpoint(acc, saved_adapter)
+
     adapter_dir = OUT / "peft_adapter"
     peft_model.save_pretrained(adapter_dir, is_main_process=acc.is_main_process, save_function=acc.save)
     acc.wait_for_everyone()
     case["adapter_files"] = sorted(p.name for p in adapter_dir.iterdir())
     loaded = PeftModel.from_pretrained(llama(), adapter_dir)
     case["from_pretrained_adapter_diff"] = max_diff(adapter(loaded), saved_adapter)
-    results["peft"] = case
+
+
+def check_adapter_only_checkpoint(acc: Accelerator, saved_adapter: dict[str, torch.Tensor]) -> None:
+    """A save hook keeps only the adapter's weights; ``load_state(strict=False)`` restores them into
+    a fresh model, ``strict=True`` refuses the checkpoint naming what is missing."""
+    def adapter_only(models, weights, output_dir):
+        for i, state in enumerate(weights):
+            weights[i] = {k: v for k, v in state.items() if "lora_" in k}
+
+    handle = acc.register_save_state_pre_hook(adapter_only)
+    folder = OUT / "peft_adapter_state"
+    acc.save_state(folder)
+    handle.remove()
+    again = Accelerator()
+    fresh = lora_llama(seed=3)
+    fresh_opt = torch.optim.AdamW([p for p in fresh.parameters() if p.requires_grad], lr=5e-2)
+    fresh, fresh_opt = again.prepare(fresh, fresh_opt)
+    case = results["peft"]
+    again.load_state(folder, strict=False)
+    case["adapter_only_diff"] = max_diff(adapter(again.unwrap_model(fresh)), saved_adapter)
+    try:
+        again.load_state(folder)
+        case["strict_refusal"] = None
+    except RuntimeError as error:
+        case["strict_refusal"] = str(error)[:300]
 
 
 def main() -> None:
