@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.runtime_support import torchrun
 
@@ -22,8 +23,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return torchrun(SCRIPT, tmp_path_factory.mktemp("hf"), "train", timeout=240)
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hf")
+
+
+@pytest.fixture(scope="module")
+def ranks(out: Path) -> list[dict]:
+    return torchrun(SCRIPT, out, "train", timeout=240)
 
 
 def test_gpt2_trains_under_ddp_like_one_process_and_ranks_agree(ranks):
@@ -65,6 +71,21 @@ def test_fsdp2_full_state_dict_loads_into_a_fresh_transformers_model(ranks, mode
     assert case["full_state_dict_load"] == {"missing": [], "unexpected": []}
     assert case["full_state_dict_diff"] == case["unwrapped_diff"]  # exactly the trained weights
     assert "full_state_dict_load" not in ranks[1][f"fsdp_{model}"]  # gathered on the main process only
+    assert [r[f"fsdp_{model}"]["save_model_diff"] for r in ranks] == [0.0, 0.0]  # save_model -> from_pretrained
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_fsdp2_sharded_checkpoint_merges_in_the_notebook_into_from_pretrained(ranks, out, model):
+    import transformers
+
+    from notebook_accel import merge_fsdp_weights
+
+    merged = out / f"fsdp_{model}_merged"  # the config is there already
+    merge_fsdp_weights(out / f"fsdp_{model}_state", merged)  # this process has no process group
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(merged)
+    trained = torch.load(out / f"fsdp_{model}_weights.pt", weights_only=True)
+    state = loaded.state_dict()
+    assert state.keys() == trained.keys() and all(torch.equal(state[k], trained[k]) for k in trained)
 
 
 def test_a_wrong_block_name_is_refused_naming_it_and_the_models_blocks(ranks):
@@ -100,3 +121,24 @@ def test_an_adapter_only_checkpoint_loads_with_strict_false(ranks):
         peft = rank["peft"]
         assert "Missing key(s)" in peft["strict_refusal"] and "base_layer.weight" in peft["strict_refusal"]
         assert peft["adapter_only_diff"] == 0.0
+
+
+def test_lora_under_fsdp2_wraps_the_base_models_blocks_and_trains_like_ddp(ranks):
+    for rank in ranks:
+        case = rank["peft_fsdp"]
+        assert case["blocks_sharded"] == [True, True] and case["unwrapped"] == "PeftModel", case
+        assert case["loss_diff_to_ddp"] <= 1e-5 and case["base_changed"] == 0.0, case
+        assert case["from_pretrained_adapter_diff"] == 0.0
+
+
+def test_a_lora_model_trained_in_workers_comes_back_to_the_notebook():
+    from notebook_accel import notebook_launcher
+    from tests.runtime_scripts import hf_models
+
+    model, start, losses = notebook_launcher(hf_models.lora_for_the_notebook, num_processes=2)
+    assert type(model).__name__ == "PeftModel" and losses[-1] < losses[0]
+    trained = hf_models.adapter(model)
+    assert trained.keys() == start.keys() and hf_models.max_diff(trained, start) > 0.01
+    ids = hf_models.tokens()[:2][0]
+    with torch.no_grad():
+        assert model(input_ids=ids).logits.shape == (2, hf_models.SEQ, hf_models.VOCAB)

@@ -6,8 +6,9 @@ under FSDP2 with ``auto_wrap_policy="transformer_based_wrap"`` and no class name
 model's ``_no_split_modules`` are wrapped), matching a one-process reference, and their
 full state dicts loading into fresh models; a wrong class name's error; a peft LoRA adapter
 under DDP (only the adapter trains; ``save_state`` / ``load_state`` restore it and its
-optimizer; ``save_pretrained`` / ``PeftModel.from_pretrained`` round trip). Tiny models from
-configs, synthetic tokens: nothing is downloaded. Each rank writes ``OUT_DIR/train_rank<r>.json``.
+optimizer, also from an adapter-only checkpoint; ``save_pretrained`` / ``PeftModel.from_pretrained``
+round trip) and under FSDP2. Tiny models from configs, synthetic tokens: nothing is downloaded.
+Each rank writes ``OUT_DIR/train_rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from hf_models import adapter, gpt2, llama, lora_llama, max_diff, train, weights
+from transformers import GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
 from notebook_accel import Accelerator
@@ -31,62 +31,7 @@ faulthandler.dump_traceback_later(float(os.environ.get("DDP_CHECKS_TIMEOUT", "10
 hf_logging.set_verbosity_error()
 
 OUT = Path(sys.argv[1])
-VOCAB, SEQ, PER_RANK, STEPS = 128, 16, 4, 8
 results: dict = {}
-
-
-def gpt2() -> GPT2LMHeadModel:
-    """Two GPT2Blocks, embeddings tied to the head, no dropout (so runs compare exactly)."""
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-
-
-def llama() -> LlamaForCausalLM:
-    """Two LlamaDecoderLayers, untied head."""
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
-                                        num_attention_heads=2, num_key_value_heads=2, vocab_size=VOCAB,
-                                        max_position_embeddings=SEQ))
-
-
-def tokens(n: int = 2 * PER_RANK * STEPS) -> TensorDataset:
-    """Arithmetic sequences modulo VOCAB (a learnable pattern), random starts and strides."""
-    g = torch.Generator().manual_seed(123)
-    start = torch.randint(0, VOCAB, (n, 1), generator=g)
-    stride = torch.randint(1, 4, (n, 1), generator=g)
-    return TensorDataset((start + stride * torch.arange(SEQ)) % VOCAB)
-
-
-def train(model: torch.nn.Module, acc: Accelerator | None, lr: float = 1e-2) -> tuple[torch.nn.Module, Any, list, list]:
-    """``STEPS`` steps of AdamW on the causal-LM loss, global batch ``2 * PER_RANK`` either way.
-
-    Returns the model, optimizer, losses and gradient norms (AdamW would hide a wrongly scaled
-    gradient; the norms do not).
-    """
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    loader = DataLoader(tokens(), batch_size=PER_RANK if acc else 2 * PER_RANK)
-    if acc is not None:
-        model, opt, loader = acc.prepare(model, opt, loader)
-    clip = acc.clip_grad_norm_ if acc else torch.nn.utils.clip_grad_norm_
-    losses, norms = [], []
-    for (ids,) in loader:
-        loss = model(input_ids=ids, labels=ids).loss
-        (acc.backward(loss) if acc else loss.backward())
-        norms.append(float(clip([p for p in model.parameters() if p.requires_grad], 1e6)))
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(acc.reduce(loss.detach(), "mean") if acc else loss.detach()))
-    return model, opt, losses, norms
-
-
-def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
 def seq_diff(a: list[float], b: list[float]) -> float:
@@ -156,6 +101,15 @@ def check_fsdp(name: str, build) -> None:
     plain = acc.unwrap_model(model)
     case["unwrapped"] = type(plain).__name__
     case["unwrapped_diff"] = max_diff(weights(plain), weights(ref))
+    saved = OUT / f"fsdp_{name}_save_model"
+    acc.save_model(model, saved)  # gathered on the main process, which writes it
+    acc.save_state(OUT / f"fsdp_{name}_state")  # sharded: the pytest side merges it, without processes
+    if acc.is_main_process:
+        plain.config.save_pretrained(saved)
+        plain.config.save_pretrained(OUT / f"fsdp_{name}_merged")
+        torch.save(weights(plain), OUT / f"fsdp_{name}_weights.pt")
+    acc.wait_for_everyone()
+    case["save_model_diff"] = max_diff(weights(type(plain).from_pretrained(saved)), weights(plain))
     results[f"fsdp_{name}"] = case
 
 
@@ -169,19 +123,6 @@ def check_wrong_block_name() -> None:
         results["wrong_block_name"] = None
     except ValueError as error:
         results["wrong_block_name"] = str(error)
-
-
-def lora_llama(seed: int):
-    from peft import LoraConfig, get_peft_model
-
-    base = llama()
-    torch.manual_seed(seed)  # the adapter's own initialisation
-    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
-    return get_peft_model(base, config)
-
-
-def adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in weights(model).items() if "lora_" in k}
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -259,6 +200,30 @@ def check_adapter_only_checkpoint(acc: Accelerator, saved_adapter: dict[str, tor
         case["strict_refusal"] = str(error)[:300]
 
 
+def check_peft_fsdp() -> None:
+    """The LoRA model under FSDP2: the PeftModel's ``_no_split_modules`` (its base model's) are
+    wrapped; it trains like under DDP, only the adapter; ``save_pretrained`` of the unwrapped copy."""
+    from peft import PeftModel
+    from torch.distributed.fsdp import FSDPModule
+
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap"))
+    model = lora_llama(seed=1)
+    base_before = {k: v for k, v in weights(model).items() if "lora_" not in k}
+    model, _, losses, _ = train(model, acc, lr=5e-2)
+    plain = acc.unwrap_model(model)
+    folder = OUT / "peft_fsdp_adapter"
+    plain.save_pretrained(folder, is_main_process=acc.is_main_process, save_function=acc.save)
+    acc.wait_for_everyone()
+    after = weights(plain)
+    results["peft_fsdp"] = {
+        "blocks_sharded": [isinstance(m, FSDPModule) for m in model.modules()
+                           if type(m).__name__.endswith("LlamaDecoderLayer")],
+        "unwrapped": type(plain).__name__, "loss_diff_to_ddp": seq_diff(losses, results["peft"]["losses"]),
+        "base_changed": max(float((after[k] - v).abs().max()) for k, v in base_before.items()),
+        "from_pretrained_adapter_diff": max_diff(adapter(PeftModel.from_pretrained(llama(), folder)), adapter(plain)),
+    }
+
+
 def main() -> None:
     torch.set_num_threads(1)
     check_ddp()
@@ -266,6 +231,7 @@ def main() -> None:
     check_fsdp("llama", llama)
     check_wrong_block_name()
     check_peft()
+    check_peft_fsdp()
     rank = int(os.environ["RANK"])
     (OUT / f"train_rank{rank}.json").write_text(json.dumps(results, default=list))
 
