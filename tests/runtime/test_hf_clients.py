@@ -65,6 +65,13 @@ def test_fsdp2_wraps_the_models_own_blocks_and_trains_like_one_process(ranks, mo
         assert max(abs(a - b) for a, b in zip(ranks[0]["fsdp_gpt2"]["losses"], ddp_losses, strict=True)) <= 1e-5
 
 
+def test_fsdp2_lands_on_the_same_weights_as_ddp(ranks, out):
+    ddp = torch.load(out / "ddp_weights.pt", weights_only=True)
+    fsdp = torch.load(out / "fsdp_gpt2_weights.pt", weights_only=True)
+    assert ddp.keys() == fsdp.keys()
+    assert max(float((ddp[k] - fsdp[k]).abs().max()) for k in ddp) <= 1e-6  # bit-identical here on gloo/CPU
+
+
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
 def test_fsdp2_full_state_dict_loads_into_a_fresh_transformers_model(ranks, model):
     case = ranks[0][f"fsdp_{model}"]

@@ -56,6 +56,8 @@ def check_ddp() -> None:
         "norm_rel": rel_diff(norms, ref_norms), "param_diff": max_diff(weights(plain), weights(ref)),
         "rank_disagreement": float((gathered[0] - gathered[1]).abs().max()),
     }
+    if acc.is_main_process:
+        torch.save(weights(plain), OUT / "ddp_weights.pt")  # FSDP's run is compared with it
     save_dir, pretrained_dir = OUT / "ddp_save_model", OUT / "ddp_pretrained"
     written = acc.save_model(model, save_dir)
     plain.save_pretrained(pretrained_dir, is_main_process=acc.is_main_process, save_function=acc.save)
