@@ -17,6 +17,7 @@ import faulthandler
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -74,7 +75,7 @@ def check_ddp() -> None:
     results["ddp"] = case
 
 
-def check_fsdp(name: str, build) -> None:
+def check_fsdp(name: str, build: Callable[[], torch.nn.Module]) -> None:
     """FSDP2 wrapping the model's own ``_no_split_modules`` by name; a one-process reference;
     the full state dict loads into a fresh model."""
     _, _, ref_losses, ref_norms = train(ref := build(), None)

@@ -71,7 +71,8 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def lora_llama(seed: int):
+def lora_llama(seed: int) -> torch.nn.Module:
+    """The Llama model with a LoRA adapter (r=4) on its attention q and v projections."""
     from peft import LoraConfig, get_peft_model
 
     base = llama()
