@@ -178,7 +178,7 @@ class Accelerator:
                                   _comm_hook(kwargs_handlers))
         # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
         self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
-        self.fsdp_plugin = plugins["fsdp"]
+        self.fsdp_plugin = self.state.fsdp_plugin = plugins["fsdp"]
         self.deepspeed_plugin = self.state.deepspeed_plugin = plugins["deepspeed"]
         self.scaler = self.strategy.loss_scaler(self.scaler)
 

@@ -130,12 +130,15 @@ def test_an_adapter_only_checkpoint_loads_with_strict_false(ranks):
         assert peft["adapter_only_diff"] == 0.0
 
 
-def test_lora_under_fsdp2_wraps_the_base_models_blocks_and_trains_like_ddp(ranks):
+@pytest.mark.parametrize("policy", ["transformer_based_wrap", "peft"])
+def test_lora_under_fsdp2_wraps_the_base_models_blocks_and_trains_like_ddp(ranks, policy):
     for rank in ranks:
-        case = rank["peft_fsdp"]
+        case = rank[f"peft_fsdp_{policy}"]
         assert case["blocks_sharded"] == [True, True] and case["unwrapped"] == "PeftModel", case
         assert case["loss_diff_to_ddp"] <= 1e-5 and case["base_changed"] == 0.0, case
         assert case["from_pretrained_adapter_diff"] == 0.0
+    lora_layers_sharded = "FSDPLinear" in ranks[0][f"peft_fsdp_{policy}"]["sharded"]
+    assert lora_layers_sharded == (policy == "peft")  # peft's policy also wraps each trainable LoRA layer
 
 
 def test_a_lora_model_trained_in_workers_comes_back_to_the_notebook():

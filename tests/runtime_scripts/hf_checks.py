@@ -203,22 +203,31 @@ def check_adapter_only_checkpoint(acc: Accelerator, saved_adapter: dict[str, tor
         case["strict_refusal"] = str(error)[:300]
 
 
-def check_peft_fsdp() -> None:
-    """The LoRA model under FSDP2: the PeftModel's ``_no_split_modules`` (its base model's) are
-    wrapped; it trains like under DDP, only the adapter; ``save_pretrained`` of the unwrapped copy."""
+def check_peft_fsdp(policy: str) -> None:
+    """The LoRA model under FSDP2, wrapped by ``policy``: ``transformer_based_wrap`` (the PeftModel's
+    ``_no_split_modules``: its base model's), or ``peft`` (peft's own ``fsdp_auto_wrap_policy``, an
+    FSDP1 policy that also wraps each trainable LoRA layer, set on ``accelerator.state.fsdp_plugin`` as
+    peft's examples do). It trains like under DDP, only the adapter; ``save_pretrained`` of the
+    unwrapped copy loads with ``PeftModel.from_pretrained``."""
     from peft import PeftModel
+    from peft.utils.other import fsdp_auto_wrap_policy
     from torch.distributed.fsdp import FSDPModule
 
-    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap"))
     model = lora_llama(seed=1)
+    if policy == "peft":
+        acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+        acc.state.fsdp_plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model)
+    else:
+        acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(auto_wrap_policy=policy))
     base_before = {k: v for k, v in weights(model).items() if "lora_" not in k}
     model, _, losses, _ = train(model, acc, lr=5e-2)
     plain = acc.unwrap_model(model)
-    folder = OUT / "peft_fsdp_adapter"
+    folder = OUT / f"peft_fsdp_{policy}_adapter"
     plain.save_pretrained(folder, is_main_process=acc.is_main_process, save_function=acc.save)
     acc.wait_for_everyone()
     after = weights(plain)
-    results["peft_fsdp"] = {
+    results[f"peft_fsdp_{policy}"] = {
+        "sharded": sorted({type(m).__name__ for m in model.modules() if isinstance(m, FSDPModule)}),
         "blocks_sharded": [isinstance(m, FSDPModule) for m in model.modules()
                            if type(m).__name__.endswith("LlamaDecoderLayer")],
         "unwrapped": type(plain).__name__, "loss_diff_to_ddp": seq_diff(losses, results["peft"]["losses"]),
@@ -234,7 +243,8 @@ def main() -> None:
     check_fsdp("llama", llama)
     check_wrong_block_name()
     check_peft()
-    check_peft_fsdp()
+    check_peft_fsdp("transformer_based_wrap")
+    check_peft_fsdp("peft")
     rank = int(os.environ["RANK"])
     (OUT / f"train_rank{rank}.json").write_text(json.dumps(results, default=list))
 

@@ -192,3 +192,12 @@ def test_config_panel_strategy_choice_round_trips_the_file(tmp_path):
     assert fields.options.layout.display == "none"
     saved = yaml.safe_load(panel.save().read_text())
     assert saved["distributed_type"] == "MULTI_CPU"
+
+
+def test_the_plugin_is_on_the_accelerators_state_as_in_the_peer():
+    from notebook_accel import Accelerator
+
+    plugin = FullyShardedDataParallelPlugin()
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    assert accelerator.state.fsdp_plugin is accelerator.fsdp_plugin is plugin  # peft's examples set its policy there
+    assert Accelerator().state.fsdp_plugin is None
