@@ -10,6 +10,7 @@ import importlib.util
 import os
 
 import torch
+from torch.torch_version import TorchVersion
 
 
 def _has(package: str) -> bool:
@@ -37,9 +38,10 @@ def is_rocm_available() -> bool:
     return torch.version.hip is not None and is_cuda_available()
 
 
-def is_mps_available() -> bool:
-    """Apple's MPS backend is built and usable."""
-    return torch.backends.mps.is_available() and torch.backends.mps.is_built()
+def is_mps_available(min_version: str = "1.12") -> bool:
+    """Apple's MPS backend is built and usable (and torch is at least ``min_version``)."""
+    return (TorchVersion(torch.__version__) >= min_version and torch.backends.mps.is_available()
+            and torch.backends.mps.is_built())
 
 
 def is_xpu_available() -> bool:
