@@ -49,9 +49,12 @@ def is_xpu_available() -> bool:
     return hasattr(torch, "xpu") and torch.xpu.is_available()
 
 
-def is_torch_xla_available() -> bool:
-    """torch_xla is installed (TPU / XLA devices)."""
-    return _has("torch_xla")
+def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+    """torch_xla is installed (TPU / XLA devices); with ``check_is_tpu`` / ``check_is_gpu``, and
+    ``PJRT_DEVICE`` names a TPU / a GPU (``CUDA``) as the XLA device."""
+    device = os.environ.get("PJRT_DEVICE", "").strip().upper()
+    return _has("torch_xla") and (not check_is_tpu or device == "TPU") and (
+        not check_is_gpu or device in ("CUDA", "GPU"))
 
 
 def is_hpu_available() -> bool:

@@ -76,6 +76,9 @@ class GeneralTracker:
         """The library's own object behind this tracker (``get_tracker(name, unwrap=True)``)."""
         return None
 
+    def start(self) -> None:
+        """Open the run (deferred initialisation): ``init_trackers`` calls it once, before anything is logged."""
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Record the run's hyper-parameters."""
 

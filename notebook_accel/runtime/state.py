@@ -236,6 +236,10 @@ class PartialState:
 
         op_checks.set_debug(enabled)
 
+    @classmethod
+    def _reset_state(cls) -> None:
+        """The peer's reset of its shared singleton; each state here reads the environment itself, so none."""
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the local main process only."""
         if self.is_local_main_process:

@@ -95,7 +95,7 @@ def run(files: tuple[str, ...] = FILES, work: Path | None = None, timeout: float
                OMP_NUM_THREADS="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", HOME=str(work / "home"))
     cmd = [sys.executable, "-m", "pytest", "-p", "peer_pytest_plugin", "-p", "no:cacheprovider",
-           "--rootdir", str(tests), "-c", os.devnull, "-q", "-rfE", f"--timeout={per_test_timeout}",
+           "--rootdir", str(tests), "-c", os.devnull, "-q", "-rfE", "--continue-on-collection-errors", f"--timeout={per_test_timeout}",
            *[str(tests / f) for f in files]]
     proc = subprocess.run(cmd, cwd=tests, env=env, capture_output=True, text=True, timeout=timeout)
     report_file = work / "report.json"

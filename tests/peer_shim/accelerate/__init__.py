@@ -13,8 +13,8 @@ Two things only for the peer's ``tests/`` files (``run_peer_tests.py``):
   (``DIR/test_utils``: its ``testing.py`` and ``training.py``, copied from the sdist at
   test time: skip decorators, TestCase bases, fixture models); it tests nothing itself,
   and what it imports from ``accelerate`` is ours.
-- A name of the peer's that ``accelerate.utils`` (or a view) lacks is a ``Missing``
-  stand-in: importing it works, so the rest of a test file runs; using it raises
+- A name of the peer's that ``accelerate.utils``, a view or an aliased module (in this
+  test process only) lacks is a ``Missing`` stand-in: importing it works, so the rest of a test file runs; using it raises
   ``NotImplementedError`` naming it, and the runner lists those tests as departures.
   A missing ``is_X_available`` answers ``False`` (we have no such integration).
 """
@@ -60,20 +60,41 @@ class Missing:
     def __repr__(self):
         return f"<Missing {self.qualname}>"
 
+    def __mro_entries__(self, bases):  # a class built on a missing one: fails when instantiated
+        return (type(self.qualname.rsplit(".", 1)[-1], (_MissingBase,), {"qualname": self.qualname}),)
+
+
+class _MissingBase:
+    qualname = "?"
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f"{self.qualname} is not part of notebook_accel (peer API not exposed)")
+
 
 def _not_available():
     return False
 
 
-def _missing_names(module):
+def _missing_names(module, peer_name=None):
+    """Absent names of ``module`` answer with stand-ins (after its own ``__getattr__``, if any)."""
+    own = module.__dict__.get("__getattr__")
+    peer_name = peer_name or module.__name__
+
     def __getattr__(name):
+        if own is not None:
+            try:
+                return own(name)
+            except AttributeError:
+                pass
         if name.startswith("__"):
             raise AttributeError(name)
         if name.startswith("is_") and name.endswith("_available"):
             return _not_available
-        return Missing(f"{module.__name__}.{name}")
+        return Missing(f"{peer_name}.{name}")
 
-    module.__getattr__ = __getattr__
+    if not getattr(own, "_peer_shim", False):
+        __getattr__._peer_shim = True
+        module.__getattr__ = __getattr__
     return module
 
 
@@ -126,7 +147,7 @@ class _Aliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return _view(spec.name[len(__name__) + 1:])
         module = importlib.import_module("notebook_accel" + spec.name[len(__name__):])
         spec.loader_state = module.__spec__  # the import system sets __spec__ to ours next
-        return module
+        return _missing_names(module, spec.name)  # in this test process only
 
     def exec_module(self, module):
         if isinstance(module.__spec__.loader_state, importlib.machinery.ModuleSpec):
