@@ -7,6 +7,7 @@ are in ``test_compat_distributed.py``.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -193,7 +194,7 @@ def test_split_between_processes_takes_any_sized_indexable():
 
 def test_register_for_checkpointing_lists_every_bad_object():
     acc = Accelerator()
-    with pytest.raises(ValueError, match=r"#1 \(object\).*#2 \(int\)"):
+    with pytest.raises(ValueError, match=r"Item at index 1 \(object\).*Item at index 2 \(int\)"):
         acc.register_for_checkpointing(torch.nn.Linear(1, 1), object(), 3)
     assert acc._custom_objects == []
 
@@ -232,3 +233,61 @@ def test_join_warns_when_even_batches_cannot_be_overridden_for_an_iterable_loade
         warnings.simplefilter("error")
         with acc.join_uneven_inputs([]):  # nothing overridden: no warning
             pass
+
+
+def test_a_dropped_accelerator_is_freed_without_the_cycle_collector():
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        acc = Accelerator()
+        loader = acc.prepare_data_loader(torch.utils.data.DataLoader(list(range(8)), batch_size=4))
+        next(iter(loader))
+        refs = weakref.ref(acc), weakref.ref(loader)
+        del acc, loader
+        assert [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()
+
+
+def test_init_trackers_starts_a_custom_tracker_before_recording_the_config():
+    from notebook_accel.tracking import GeneralTracker
+
+    class Recorder(GeneralTracker):
+        name = "recorder"
+
+        def __init__(self):
+            self.calls = []
+
+        def start(self):
+            self.calls.append("start")
+
+        def store_init_configuration(self, values):
+            self.calls.append(values)
+
+    tracker = Recorder()
+    Accelerator(log_with=tracker).init_trackers("run", {"lr": 0.1})
+    assert tracker.calls == ["start", {"lr": 0.1}]
+
+
+def test_version_checks_and_environment_purge(monkeypatch):
+    from notebook_accel.utils import (
+        compare_versions,
+        is_torch_version,
+        purge_accelerate_environment,
+    )
+
+    assert is_torch_version(">=", "2.2") and not is_torch_version("<", "2.2")
+    assert compare_versions("2.1.0", "<", "2.10") and compare_versions("torch", ">=", "2.2")
+    with pytest.raises(ValueError, match="operation must be one of"):
+        compare_versions("torch", "=>", "2.0")
+    monkeypatch.setenv("ACCELERATE_KEPT", "1")
+
+    @purge_accelerate_environment
+    def sets_variables():
+        os.environ["ACCELERATE_NEW"] = "1"
+        os.environ["ACCELERATE_KEPT"] = "2"
+
+    sets_variables()
+    assert "ACCELERATE_NEW" not in os.environ and os.environ["ACCELERATE_KEPT"] == "1"
