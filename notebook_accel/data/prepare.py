@@ -141,25 +141,29 @@ def shard_data_loader(
 
     Raises:
         ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``,
-            or an ``IterableDataset`` loader without a batch size.
+            or ``split_batches`` / ``dispatch_batches`` on an ``IterableDataset`` loader without a
+            batch size (``batch_size=None``: its samples are sharded one by one).
     """
     generator = torch.Generator()
     generator.manual_seed(_shared_seed(loader_index, seed, collective_device or device))
     common = dict(device=device, gradient_state=gradient_state, generator=generator, non_blocking=non_blocking,
                   auto_resume=auto_resume)
     if isinstance(loader.dataset, IterableDataset):
-        if loader.batch_size is None:
-            raise ValueError("prepare() needs a batch_size on a loader over an IterableDataset")
+        unbatched = loader.batch_size is None  # samples one by one (auto-batching off): shard them one by one
+        if unbatched and (split_batches or dispatch_batches):
+            raise ValueError("a loader over an IterableDataset with batch_size=None yields single samples: "
+                             "split_batches and dispatch_batches need a batch_size")
         if dispatch_batches:
             return _dispatcher(loader, None, num_processes, process_index, split_batches, even_batches, common,
                                batch_size=loader.batch_size, drop_last=loader.drop_last)
         shard_ds = IterableDatasetShard(
-            loader.dataset, loader.batch_size, loader.drop_last, num_processes, process_index, split_batches
+            loader.dataset, loader.batch_size or 1, loader.drop_last, num_processes, process_index, split_batches
         )
         known = hasattr(loader.dataset, "__len__") and not loader.drop_last
         return DataLoaderShard(
             shard_ds, None, remainder=len(loader.dataset) % shard_ds.chunk if known else None,
-            total_batch_size=shard_ds.chunk, batch_size=shard_ds.process_batch_size, drop_last=False,
+            total_batch_size=shard_ds.chunk, batch_size=None if unbatched else shard_ds.process_batch_size,
+            drop_last=False,
             **common, **loader_kwargs(loader),
         )
     sampler_is_batch_sampler = loader.batch_sampler is None and isinstance(loader.sampler, BatchSampler)

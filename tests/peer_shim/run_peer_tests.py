@@ -106,9 +106,6 @@ _depart("DataLoaderShard / DataLoaderDispatcher built directly with the peer's c
 _depart("a datasets IterableDataset whose n_shards equals the processes is sharded by datasets itself in "
         "the peer; ours always wraps it in IterableDatasetShard: not matched",
         "test_data_loader.py::*::test_iterable_dataset_native_sharding_when_n_shards_equals_num_processes")
-_depart("DataLoader(batch_size=None) over an IterableDataset: ours refuses it (ValueError naming "
-        "batch_size) instead of passing samples through unbatched",
-        "test_data_loader.py::*::test_iterable_dataset_using_none_batch_size")
 _depart("register_tracker_class (a registry of tracker classes by name): not implemented; pass the "
         "tracker object in log_with", "test_tracking.py::RegisterTrackerClassTest::*")
 _depart("peer utilities we do not have: check_os_kernel, convert_dict_to_env_variables, get_model_tp_size, "
@@ -118,11 +115,6 @@ _depart("peer utilities we do not have: check_os_kernel, convert_dict_to_env_var
             "named_tuples", "save_safetensor_shared_memory", "pad_across_processes")))
 _depart("error wording: ours says 'expected tensors or nested lists/tuples/dicts of tensors, found int' "
         "(the peer's 'Unsupported types ... passed to `tensor`')", "test_utils.py::*::test_honor_type")
-_depart("NOT FIXED: pickling the model after unwrap_model(keep_fp32_wrapper=False) under fp16 (the "
-        "peer restores the original forward; ours leaves a wrapper): open defect, see the report",
-        "test_utils.py::*::test_can_undo_convert_outputs")
-_depart("NOT FIXED: transformers' get_linear_schedule_with_warmup in debug_launcher's forked workers "
-        "raises torch's ForkedError (not investigated)", "test_scheduler.py::*::test_accumulation")
 _depart("torch.compile (TorchDynamoPlugin, compile_regions): another work item",
         "test_kwargs_handlers.py::*::test_torch_dynamo_plugin")
 

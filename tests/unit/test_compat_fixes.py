@@ -291,3 +291,31 @@ def test_version_checks_and_environment_purge(monkeypatch):
 
     sets_variables()
     assert "ACCELERATE_NEW" not in os.environ and os.environ["ACCELERATE_KEPT"] == "1"
+
+
+def test_an_unbatched_iterable_loader_is_sharded_sample_by_sample():
+    from notebook_accel.data_loader import prepare_data_loader
+
+    class Numbers(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(6.0))
+
+    shards = [[x.item() for x in prepare_data_loader(DataLoader(Numbers(), batch_size=None), num_processes=2,
+                                                      process_index=rank)] for rank in (0, 1)]
+    assert shards == [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
+    with pytest.raises(ValueError, match="batch_size=None yields single samples"):
+        prepare_data_loader(DataLoader(Numbers(), batch_size=None), num_processes=2, process_index=0,
+                            split_batches=True)
+
+
+def test_unwrap_undoes_a_forward_wrapped_by_hand_the_peers_way():
+    import pickle
+
+    from notebook_accel.utils import convert_outputs_to_fp32, extract_model_from_parallel
+
+    model = torch.nn.Linear(1, 1)
+    model._original_forward = model.forward
+    model.forward = convert_outputs_to_fp32(model.forward)
+    model = extract_model_from_parallel(model, keep_fp32_wrapper=False)
+    assert "forward" not in model.__dict__ and "_original_forward" not in model.__dict__
+    pickle.dumps(model)
