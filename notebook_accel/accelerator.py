@@ -161,6 +161,7 @@ class Accelerator:
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.project_dir = project_dir
+        tracking.check_log_with(log_with, self.logging_dir)
         self.trackers: list[Any] = []
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -243,6 +244,12 @@ class Accelerator:
     def project_dir(self) -> Path | None:
         directory = self.project_configuration.project_dir
         return None if directory is None else Path(directory)
+
+    @property
+    def logging_dir(self) -> str | os.PathLike[str] | None:
+        """Where trackers write: the project configuration's ``logging_dir``, else ``project_dir``."""
+        project = self.project_configuration
+        return project.logging_dir if project.logging_dir is not None else project.project_dir
 
     @property
     def split_batches(self) -> bool:
@@ -716,9 +723,7 @@ class Accelerator:
         """Start the ``log_with`` trackers on the main process and record ``config``."""
         if not self.is_main_process:
             return
-        project = self.project_configuration
-        logging_dir = project.logging_dir if project.logging_dir is not None else project.project_dir
-        self.trackers = tracking.make_trackers(self.log_with, project_name, logging_dir, init_kwargs)
+        self.trackers = tracking.make_trackers(self.log_with, project_name, self.logging_dir, init_kwargs)
         for tracker in self.trackers:
             if callable(getattr(tracker, "start", None)):  # a custom tracker's deferred start (the peer's hook)
                 tracker.start()

@@ -121,6 +121,16 @@ def is_wandb_available() -> bool:
     return _has("wandb")
 
 
+def is_mlflow_available() -> bool:
+    """``mlflow`` (or ``mlflow-skinny``) is installed."""
+    return _has("mlflow")
+
+
+def is_matplotlib_available() -> bool:
+    """The ``matplotlib`` package is installed."""
+    return _has("matplotlib")
+
+
 def is_safetensors_available() -> bool:
     """The ``safetensors`` package is installed."""
     return _has("safetensors")

@@ -319,3 +319,28 @@ def test_unwrap_undoes_a_forward_wrapped_by_hand_the_peers_way():
     model = extract_model_from_parallel(model, keep_fp32_wrapper=False)
     assert "forward" not in model.__dict__ and "_original_forward" not in model.__dict__
     pickle.dumps(model)
+
+
+def test_a_registered_tracker_class_is_used_by_its_name(tmp_path):
+    from notebook_accel.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, register_tracker_class
+
+    class Notes(GeneralTracker):
+        name = "notes"
+        requires_logging_directory = True
+
+        def __init__(self, run_name, logging_dir):
+            self.where = (run_name, logging_dir)
+
+    saved = dict(LOGGER_TYPE_TO_CLASS)
+    try:
+        register_tracker_class(Notes)
+        with pytest.raises(ValueError, match="log_with='notes' needs a logging directory"):
+            Accelerator(log_with="notes")
+        acc = Accelerator(log_with="notes", project_dir=tmp_path)
+        acc.init_trackers("run")
+        assert acc.get_tracker("notes").where == ("run", tmp_path)
+        with pytest.raises(ValueError, match="GeneralTracker subclass"):
+            register_tracker_class(dict)
+    finally:
+        LOGGER_TYPE_TO_CLASS.clear()
+        LOGGER_TYPE_TO_CLASS.update(saved)
