@@ -97,12 +97,9 @@ _depart("downloads a model from the Hub (no network in tests)",
 _depart("the peer's disk-offload format helpers (offload_state_dict, offload_weight, OffloadedWeightsLoader, "
         "extract_submodules_state_dict); ours stores offloaded weights as safetensors "
         "(big_model/safetensors_io.py), not a public API", "test_offload.py::*")
-_depart("DataLoaderShard / DataLoaderDispatcher built directly with the peer's constructor; ours are "
-        "built by prepare_data_loader (keyword-only internals)",
-        "test_data_loader.py::*::test_dataloader_inheritance", "test_data_loader.py::*::test_end_of_dataloader",
-        "test_data_loader.py::*::test_end_of_dataloader_dispatcher",
-        "test_data_loader.py::*::test_skip_first_batches_does_not_reset_sampler_epoch",
-        "test_data_loader.py::*::test_skip_first_batches_preserves_iteration")
+_depart("the peer's loader class tree (DataLoaderStateMixin, DataLoaderAdapter, SkipDataLoader): internals; "
+        "ours are DataLoader subclasses (DataLoaderShard, DataLoaderDispatcher) without those bases",
+        "test_data_loader.py::DataLoaderTester::test_dataloader_inheritance")
 _depart("a datasets IterableDataset whose n_shards equals the processes is sharded by datasets itself in "
         "the peer; ours always wraps it in IterableDatasetShard: not matched",
         "test_data_loader.py::*::test_iterable_dataset_native_sharding_when_n_shards_equals_num_processes")

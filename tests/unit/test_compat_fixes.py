@@ -344,3 +344,15 @@ def test_a_registered_tracker_class_is_used_by_its_name(tmp_path):
     finally:
         LOGGER_TYPE_TO_CLASS.clear()
         LOGGER_TYPE_TO_CLASS.update(saved)
+
+
+@pytest.mark.parametrize("dispatch", [True, False])
+def test_skip_first_batches_keeps_the_loader_kind(dispatch):
+    from notebook_accel.data_loader import DataLoaderDispatcher, skip_first_batches
+
+    acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
+    loader = acc.prepare(DataLoader(list(range(16)), batch_size=4))
+    loader.set_epoch(3)
+    rest = skip_first_batches(loader, 2)
+    assert isinstance(rest, DataLoaderDispatcher) == dispatch and rest.iteration == 3
+    assert [b.tolist() for b in rest] == [[8, 9, 10, 11], [12, 13, 14, 15]]
