@@ -89,9 +89,9 @@ _depart("our planner (big_model/planner.py) places modules by its own rule (larg
         "each GPU, tied groups together); the peer's exact maps, its fallback_allocation and its "
         "buffer warning differ: not matched",
         "test_modeling_utils.py::*::test_infer_auto_device_map", "test_modeling_utils.py::*::test_infer_auto_"
-        "device_map_with_*", "test_modeling_utils.py::*::test_get_balanced_memory_no_split_module_classes_set")
-_depart("load_checkpoint_in_model: the peer's offload_state_dict / weight_map index / unexpected-key "
-        "warnings are not matched by ours", "test_modeling_utils.py::*::test_load_checkpoint_in_model*")
+        "device_map_with_*")
+_depart("load_checkpoint_in_model: no offload_state_dict argument (ours streams tensor by tensor); "
+        "unexpected keys are reported with warnings.warn, not the peer's logger (assertLogs)", "test_modeling_utils.py::*::test_load_checkpoint_in_model_*")
 _depart("downloads a model from the Hub (no network in tests)",
         "test_modeling_utils.py::*::test_infer_auto_device_map_on_t0pp")
 _depart("the peer's disk-offload format helpers (offload_state_dict, offload_weight, OffloadedWeightsLoader, "

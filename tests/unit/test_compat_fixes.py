@@ -356,3 +356,20 @@ def test_skip_first_batches_keeps_the_loader_kind(dispatch):
     rest = skip_first_batches(loader, 2)
     assert isinstance(rest, DataLoaderDispatcher) == dispatch and rest.iteration == 3
     assert [b.tolist() for b in rest] == [[8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def test_load_checkpoint_in_model_reads_a_bare_index_in_a_folder(tmp_path):
+    import json
+
+    from notebook_accel.utils import load_checkpoint_in_model
+
+    source = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    index = {}
+    for part in ("0", "1"):
+        tensors = {k: v for k, v in source.state_dict().items() if k.startswith(part)}
+        torch.save(tensors, tmp_path / f"part{part}.bin")
+        index.update(dict.fromkeys(tensors, f"part{part}.bin"))
+    (tmp_path / "weights.index.json").write_text(json.dumps(index))  # the map alone, no "weight_map"
+    target = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    load_checkpoint_in_model(target, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
