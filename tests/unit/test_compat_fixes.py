@@ -372,4 +372,4 @@ def test_load_checkpoint_in_model_reads_a_bare_index_in_a_folder(tmp_path):
     (tmp_path / "weights.index.json").write_text(json.dumps(index))  # the map alone, no "weight_map"
     target = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     load_checkpoint_in_model(target, tmp_path)
-    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values(), strict=True))
