@@ -62,8 +62,6 @@ _depart(SINGLETON, "test_accelerator.py::*::test_accelerator_state_after_reset",
         "test_tracking.py::TrackerDeferredInitializationTest::*")  # PartialState._shared_state
 _depart("bitsandbytes 8-bit models (not installed; GPU only)",
         "test_accelerator.py::*::test_prepare_model_8bit_cpu_offload_raises_valueerror_not_typeerror")
-_depart("ACCELERATE_TORCH_DEVICE (a device override by environment): not implemented (the device comes "
-        "from LOCAL_RANK and the backend)", "test_accelerator.py::*::test_env_var_device")
 _depart("the peer's hook API (ModelHook, AlignDevicesHook, add_hook_to_module, layer-wise casting "
         "hooks) drives its big-model dispatch; ours dispatches through big_model/hooks.ModuleHook, "
         "not a public API", "test_hooks.py::*", "test_big_modeling.py::*::test_cpu_offload",

@@ -373,3 +373,14 @@ def test_load_checkpoint_in_model_reads_a_bare_index_in_a_folder(tmp_path):
     target = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     load_checkpoint_in_model(target, tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values(), strict=True))
+
+
+def test_accelerate_torch_device_overrides_the_device(monkeypatch):
+    from notebook_accel import PartialState
+
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:3")
+    assert Accelerator().device == torch.device("cpu:3")
+    assert PartialState(cpu=True).device == torch.device("cpu")
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "meta")
+    with pytest.raises(ValueError, match="ACCELERATE_TORCH_DEVICE='meta' is a meta device"):
+        PartialState()
