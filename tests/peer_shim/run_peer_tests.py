@@ -67,7 +67,7 @@ _depart("the peer's hook API (ModelHook, AlignDevicesHook, add_hook_to_module, l
         "not a public API", "test_hooks.py::*", "test_big_modeling.py::*::test_cpu_offload",
         "test_big_modeling.py::*::test_disk_offload")
 _depart("preload_module_classes (keeps a module's weights on the device through its forward) is not "
-        "implemented in our cpu_offload/disk_offload", "test_big_modeling.py::*_with_unused_submodules")
+        "implemented in our cpu_offload/disk_offload; the tests also call the peer's remove_hook_from_submodules", "test_big_modeling.py::*_with_unused_submodules")
 _depart("init_empty_weights: the peer leaves nn.Module.register_parameter alone on torch >= 2 (a meta "
         "device context); ours patches it inside the context (restored on exit): an internal",
         "test_big_modeling.py::*::test_init_empty_weights")
