@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import os
 import sys
@@ -162,6 +161,7 @@ class Accelerator:
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.project_dir = project_dir
+        tracking.check_log_with(log_with, self.logging_dir)
         self.trackers: list[Any] = []
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -174,7 +174,8 @@ class Accelerator:
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self.profile_handler = _handler(kwargs_handlers, "ProfileKwargs")
-        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.print, ddp_kwargs,
+        # the state's print, not self.print: a bound method here would keep this Accelerator alive in a cycle
+        context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.state.print, ddp_kwargs,
                                   _comm_hook(kwargs_handlers))
         # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
         self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
@@ -243,6 +244,12 @@ class Accelerator:
     def project_dir(self) -> Path | None:
         directory = self.project_configuration.project_dir
         return None if directory is None else Path(directory)
+
+    @property
+    def logging_dir(self) -> str | os.PathLike[str] | None:
+        """Where trackers write: the project configuration's ``logging_dir``, else ``project_dir``."""
+        project = self.project_configuration
+        return project.logging_dir if project.logging_dir is not None else project.project_dir
 
     @property
     def split_batches(self) -> bool:
@@ -499,8 +506,7 @@ class Accelerator:
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the local main process only."""
-        if self.is_local_main_process:
-            builtins.print(*args, **kwargs)
+        self.state.print(*args, **kwargs)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all processes."""
@@ -610,9 +616,9 @@ class Accelerator:
         """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``.
 
         Raises:
-            ValueError: listing every object (by position and type) that lacks them.
+            ValueError: listing every object ("Item at index i", with its type) that lacks them.
         """
-        bad = [f"#{i} ({type(obj).__name__})" for i, obj in enumerate(objects)
+        bad = [f"Item at index {i} ({type(obj).__name__})" for i, obj in enumerate(objects)
                if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
         if bad:
             raise ValueError(
@@ -720,9 +726,10 @@ class Accelerator:
         """Start the ``log_with`` trackers on the main process and record ``config``."""
         if not self.is_main_process:
             return
-        project = self.project_configuration
-        logging_dir = project.logging_dir if project.logging_dir is not None else project.project_dir
-        self.trackers = tracking.make_trackers(self.log_with, project_name, logging_dir, init_kwargs)
+        self.trackers = tracking.make_trackers(self.log_with, project_name, self.logging_dir, init_kwargs)
+        for tracker in self.trackers:
+            if callable(getattr(tracker, "start", None)):  # a custom tracker's deferred start (the peer's hook)
+                tracker.start()
         if config is not None:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)

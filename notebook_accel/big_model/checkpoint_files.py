@@ -21,24 +21,33 @@ _BIN_SUFFIXES = (".bin", ".pt", ".pth")
 
 def checkpoint_files(checkpoint: str | os.PathLike) -> list[Path]:
     """The weight files of ``checkpoint``: a ``.safetensors`` or torch ``.bin`` file, an index
-    (``*.index.json``), or a folder holding an index or a single ``model.safetensors`` /
-    ``pytorch_model.bin`` (the Hub's layouts).
+    (``*.index.json``: ``{"weight_map": {name: file}}``, or that map alone), or a folder holding
+    an index or a single ``model.safetensors`` / ``pytorch_model.bin`` (the Hub's layouts), else
+    exactly one ``*.index.json``.
 
     Raises:
         FileNotFoundError: naming what was looked for.
+        ValueError: a folder with several ``*.index.json`` files and none of the Hub's names.
     """
     path = Path(checkpoint)
     if path.is_dir():
         for name in (SAFE_INDEX, SAFE_SINGLE, BIN_INDEX, BIN_SINGLE):
             if (path / name).is_file():
                 return checkpoint_files(path / name)
+        indexes = sorted(path.glob("*.index.json"))
+        if len(indexes) == 1:
+            return checkpoint_files(indexes[0])
+        if indexes:
+            raise ValueError(f"{path} holds several indexes ({', '.join(p.name for p in indexes)}): "
+                             "pass the one to load")
         raise FileNotFoundError(
-            f"{path} holds none of {SAFE_INDEX}, {SAFE_SINGLE}, {BIN_INDEX}, {BIN_SINGLE}"
+            f"{path} holds none of {SAFE_INDEX}, {SAFE_SINGLE}, {BIN_INDEX}, {BIN_SINGLE}, *.index.json"
         )
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.name.endswith(".index.json"):
-        weight_map = json.loads(path.read_text())["weight_map"]
+        index = json.loads(path.read_text())
+        weight_map = index.get("weight_map", index)
         return [path.parent / name for name in dict.fromkeys(weight_map.values())]
     if path.suffix == ".safetensors" or path.suffix in _BIN_SUFFIXES:
         return [path]

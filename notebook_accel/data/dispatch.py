@@ -36,8 +36,11 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     def __init__(self, dataset: Any, batch_sampler: Any = None, *, split_batches: bool = False,
                  even_batches: bool = True, process_index: int = 0, num_processes: int = 1,
-                 per_process_batch: int, **kwargs: Any) -> None:
+                 per_process_batch: int | None = None, **kwargs: Any) -> None:
         super().__init__(dataset, batch_sampler, **kwargs)
+        if per_process_batch is None:  # built directly: the loader's (or its batch sampler's) batch size
+            size = self.batch_size if self.batch_size is not None else self.batch_sampler.batch_size
+            per_process_batch = size // num_processes if split_batches else size
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.process_index = process_index

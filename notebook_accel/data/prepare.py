@@ -93,21 +93,31 @@ def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> Da
         return skip_plain_batches(loader, num_batches or 0)
     skip = loader.resume_step if num_batches is None else num_batches
     loader._set_pending(0)  # resumed by hand: no automatic resume on top
-    old = loader.shard_sampler
     kwargs = loader_kwargs(loader)
-    sampler = None
-    if old is not None:
-        sampler = ShardBatchSampler(old.batch_sampler, old.num_processes, old.process_index, old.split_batches, old.even_batches)
-        sampler.skip_batches = skip
-    else:
+    kwargs.update(device=loader.device, gradient_state=loader.gradient_state, generator=loader.generator,
+                  remainder=loader._remainder, total_batch_size=loader.total_batch_size,
+                  non_blocking=loader.non_blocking, progress=loader.progress,
+                  synchronize_generator=loader.synchronize_generator)
+    iterable = isinstance(loader.dataset, IterableDataset)
+    if iterable:
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-    return DataLoaderShard(
-        loader.dataset, sampler, device=loader.device, gradient_state=loader.gradient_state,
-        generator=loader.generator, remainder=loader._remainder, total_batch_size=loader.total_batch_size,
-        non_blocking=loader.non_blocking, progress=loader.progress, skip_batches=0 if old else skip,
-        sampler_is_batch_sampler=loader.sampler_is_batch_sampler,
-        synchronize_generator=loader.synchronize_generator, **kwargs,
-    )
+    if isinstance(loader, DataLoaderDispatcher):  # rank 0 loads and skips; the user's batch sampler as it is
+        new = DataLoaderDispatcher(
+            loader.dataset, None if iterable else loader.batch_sampler, split_batches=loader.split_batches,
+            even_batches=loader.even_batches, process_index=loader.process_index,
+            num_processes=loader.num_processes, per_process_batch=loader.per_process_batch, skip_batches=skip,
+            **kwargs)
+    elif iterable:
+        new = DataLoaderShard(loader.dataset, None, skip_batches=skip, **kwargs)
+    else:  # a map-style dataset: the sampler skips, nothing is loaded for the skipped batches
+        old = loader.shard_sampler or ShardBatchSampler(loader.batch_sampler, 1, 0)  # (built directly: unsharded)
+        sampler = ShardBatchSampler(old.batch_sampler, old.num_processes, old.process_index, old.split_batches,
+                                    old.even_batches)
+        sampler.skip_batches = skip
+        new = DataLoaderShard(loader.dataset, sampler, sampler_is_batch_sampler=loader.sampler_is_batch_sampler,
+                              **kwargs)
+    new.iteration = loader.iteration
+    return new
 
 
 def _shared_seed(index: int, seed: int | None, device: torch.device | None) -> int:
@@ -141,25 +151,29 @@ def shard_data_loader(
 
     Raises:
         ValueError: ``split_batches`` with a batch size not divisible by ``num_processes``,
-            or an ``IterableDataset`` loader without a batch size.
+            or ``split_batches`` / ``dispatch_batches`` on an ``IterableDataset`` loader without a
+            batch size (``batch_size=None``: its samples are sharded one by one).
     """
     generator = torch.Generator()
     generator.manual_seed(_shared_seed(loader_index, seed, collective_device or device))
     common = dict(device=device, gradient_state=gradient_state, generator=generator, non_blocking=non_blocking,
                   auto_resume=auto_resume)
     if isinstance(loader.dataset, IterableDataset):
-        if loader.batch_size is None:
-            raise ValueError("prepare() needs a batch_size on a loader over an IterableDataset")
+        unbatched = loader.batch_size is None  # samples one by one (auto-batching off): shard them one by one
+        if unbatched and (split_batches or dispatch_batches):
+            raise ValueError("a loader over an IterableDataset with batch_size=None yields single samples: "
+                             "split_batches and dispatch_batches need a batch_size")
         if dispatch_batches:
             return _dispatcher(loader, None, num_processes, process_index, split_batches, even_batches, common,
                                batch_size=loader.batch_size, drop_last=loader.drop_last)
         shard_ds = IterableDatasetShard(
-            loader.dataset, loader.batch_size, loader.drop_last, num_processes, process_index, split_batches
+            loader.dataset, loader.batch_size or 1, loader.drop_last, num_processes, process_index, split_batches
         )
         known = hasattr(loader.dataset, "__len__") and not loader.drop_last
         return DataLoaderShard(
             shard_ds, None, remainder=len(loader.dataset) % shard_ds.chunk if known else None,
-            total_batch_size=shard_ds.chunk, batch_size=shard_ds.process_batch_size, drop_last=False,
+            total_batch_size=shard_ds.chunk, batch_size=None if unbatched else shard_ds.process_batch_size,
+            drop_last=False,
             **common, **loader_kwargs(loader),
         )
     sampler_is_batch_sampler = loader.batch_sampler is None and isinstance(loader.sampler, BatchSampler)

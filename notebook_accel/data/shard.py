@@ -68,17 +68,22 @@ class DataLoaderShard(DataLoader):
     """A ``DataLoader`` yielding this process's share, on its device.
 
     Created by ``Accelerator.prepare``; see the module docstring. Extra attributes:
-    ``end_of_dataloader``, ``remainder``, ``total_batch_size``, ``resume_step``.
+    ``end_of_dataloader``, ``remainder``, ``total_batch_size``, ``resume_step``. Built directly
+    (``DataLoaderShard(dataset, batch_size=4)``, as the peer's) it is a plain loader of this
+    process with its own ``GradientState``.
     """
 
     def __init__(
-        self, dataset: Any, batch_sampler: ShardBatchSampler | None = None, *, device: torch.device | None,
-        gradient_state: GradientState, generator: torch.Generator, remainder: int | None,
-        total_batch_size: int | None, non_blocking: bool = False,
+        self, dataset: Any, batch_sampler: ShardBatchSampler | None = None, *, device: torch.device | None = None,
+        gradient_state: GradientState | None = None, generator: torch.Generator | None = None,
+        remainder: int | None = None, total_batch_size: int | None = None, non_blocking: bool = False,
         progress: LoaderProgress | None = None, skip_batches: int = 0, auto_resume: bool = False,
         sampler_is_batch_sampler: bool = False, synchronize_generator: bool = False,
         **kwargs: Any,
     ) -> None:
+        if generator is None:  # built directly: seeded from the global RNG, as DataLoader's own would be
+            generator = torch.Generator()
+            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
         if batch_sampler is not None and sampler_is_batch_sampler:  # the user's sampler yields index lists
             super().__init__(dataset, sampler=batch_sampler, batch_size=None, generator=generator, **kwargs)
         elif batch_sampler is not None:
@@ -88,9 +93,9 @@ class DataLoaderShard(DataLoader):
         self.sampler_is_batch_sampler = sampler_is_batch_sampler
         self.synchronize_generator = synchronize_generator  # the user's generator: rank 0's state each epoch
         self.device = device
-        self.gradient_state = gradient_state
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self._remainder = remainder
-        self.total_batch_size = total_batch_size
+        self.total_batch_size = total_batch_size if total_batch_size is not None else self.batch_size
         self.non_blocking = non_blocking
         self.end_of_dataloader = False
         self.progress = progress if progress is not None else LoaderProgress(generator, self._inner_sampler())
@@ -183,14 +188,16 @@ class DataLoaderShard(DataLoader):
         return send_to_device(batch, self.device, self.non_blocking)
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward ``epoch`` to the sampler, batch sampler or iterable dataset that has ``set_epoch``.
+        """Forward ``epoch`` to the batch sampler, its sampler, or the iterable dataset that has ``set_epoch``.
 
         With ``use_seedable_sampler`` this (after ``set_seed``) replays that epoch's shuffle.
         Our own generator needs no epoch: its shuffle already differs per epoch.
         """
-        sampler = self._inner_sampler()
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
+        self.iteration = epoch  # the epoch counter (the peer's name), which __iter__ advances
+        inner = self._inner_sampler()
+        for target in (inner, getattr(inner, "sampler", None)):  # a batch sampler's own sampler too
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Generator state and position: replays an unfinished epoch, or starts the next."""

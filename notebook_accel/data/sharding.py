@@ -45,8 +45,8 @@ class ShardBatchSampler(Sampler[list[int]]):
         self.drop_last: bool = getattr(batch_sampler, "drop_last", False)
         if split_batches and (self.batch_size is None or self.batch_size % num_processes):
             raise ValueError(
-                f"split_batches=True needs a batch sampler with a batch_size divisible by the "
-                f"{num_processes} processes, got batch_size={self.batch_size} "
+                f"split_batches=True needs a batch sampler with a batch_size divisible by (a round multiple of) "
+                f"the {num_processes} processes, got batch_size={self.batch_size} "
                 f"({type(batch_sampler).__name__}); use split_batches=False for batches of varying size"
             )
         self.skip_batches = 0

@@ -10,6 +10,7 @@ import importlib.util
 import os
 
 import torch
+from torch.torch_version import TorchVersion
 
 
 def _has(package: str) -> bool:
@@ -37,9 +38,10 @@ def is_rocm_available() -> bool:
     return torch.version.hip is not None and is_cuda_available()
 
 
-def is_mps_available() -> bool:
-    """Apple's MPS backend is built and usable."""
-    return torch.backends.mps.is_available() and torch.backends.mps.is_built()
+def is_mps_available(min_version: str = "1.12") -> bool:
+    """Apple's MPS backend is built and usable (and torch is at least ``min_version``)."""
+    return (TorchVersion(torch.__version__) >= min_version and torch.backends.mps.is_available()
+            and torch.backends.mps.is_built())
 
 
 def is_xpu_available() -> bool:
@@ -47,9 +49,12 @@ def is_xpu_available() -> bool:
     return hasattr(torch, "xpu") and torch.xpu.is_available()
 
 
-def is_torch_xla_available() -> bool:
-    """torch_xla is installed (TPU / XLA devices)."""
-    return _has("torch_xla")
+def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+    """torch_xla is installed (TPU / XLA devices); with ``check_is_tpu`` / ``check_is_gpu``, and
+    ``PJRT_DEVICE`` names a TPU / a GPU (``CUDA``) as the XLA device."""
+    device = os.environ.get("PJRT_DEVICE", "").strip().upper()
+    return _has("torch_xla") and (not check_is_tpu or device == "TPU") and (
+        not check_is_gpu or device in ("CUDA", "GPU"))
 
 
 def is_hpu_available() -> bool:
@@ -114,6 +119,16 @@ def is_tensorboard_available() -> bool:
 def is_wandb_available() -> bool:
     """The ``wandb`` package is installed."""
     return _has("wandb")
+
+
+def is_mlflow_available() -> bool:
+    """``mlflow`` (or ``mlflow-skinny``) is installed."""
+    return _has("mlflow")
+
+
+def is_matplotlib_available() -> bool:
+    """The ``matplotlib`` package is installed."""
+    return _has("matplotlib")
 
 
 def is_safetensors_available() -> bool:

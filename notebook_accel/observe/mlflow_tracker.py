@@ -15,7 +15,8 @@ logger = logging.getLogger(__name__)
 
 
 class MLflowTracker(GeneralTracker):
-    """One MLflow run in the experiment ``experiment_name`` (created when missing).
+    """One MLflow run in the experiment ``experiment_name`` (created when missing), started by
+    ``start()`` (``init_trackers`` calls it), not when the tracker is built: as the peer's.
 
     Args:
         experiment_name: the experiment (``MLFLOW_EXPERIMENT_NAME`` wins).
@@ -36,21 +37,30 @@ class MLflowTracker(GeneralTracker):
                  nested_run: bool = False, run_name: str | None = None,
                  description: str | None = None) -> None:
         try:
-            import mlflow
+            import mlflow  # noqa: F401
         except ImportError as exc:
             raise ImportError("log_with='mlflow' needs the mlflow package: pip install mlflow") from exc
-        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        self.experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        self.logging_dir = logging_dir
+        self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
         tags = os.environ.get("MLFLOW_TAGS", tags)
-        tags = json.loads(tags) if isinstance(tags, str) else tags
+        self.tags = json.loads(tags) if isinstance(tags, str) else tags
         nested = os.environ.get("MLFLOW_NESTED_RUN")
-        found = mlflow.search_experiments(filter_string=f"name = '{experiment_name}'")
+        self.nested_run = bool(str_to_bool(nested)) if nested is not None else nested_run
+        self.run_name, self.description = run_name, description
+        self.active_run: Any = None
+
+    def start(self) -> None:
+        """Start (or resume) the run, creating the experiment when missing."""
+        import mlflow
+
+        found = mlflow.search_experiments(filter_string=f"name = '{self.experiment_name}'")
         experiment_id = found[0].experiment_id if found else mlflow.create_experiment(
-            name=experiment_name, artifact_location=None if logging_dir is None else str(logging_dir),
-            tags=tags)
+            name=self.experiment_name,
+            artifact_location=None if self.logging_dir is None else str(self.logging_dir), tags=self.tags)
         self.active_run = mlflow.start_run(
-            run_id=os.environ.get("MLFLOW_RUN_ID", run_id), experiment_id=experiment_id,
-            run_name=run_name, nested=bool(str_to_bool(nested)) if nested is not None else nested_run,
-            tags=tags, description=description)
+            run_id=self.run_id, experiment_id=experiment_id, run_name=self.run_name, nested=self.nested_run,
+            tags=self.tags, description=self.description)
 
     @property
     def tracker(self) -> Any:

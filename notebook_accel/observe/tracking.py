@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ LOGGER_TYPE_TO_CLASS = {  # the peer's name: tracker name -> its class, as "modu
     "mlflow": "notebook_accel.observe.mlflow_tracker:MLflowTracker",
 }
 _NEEDS_LOGGING_DIR = ("jsonl", "tensorboard")
-TRACKERS = tuple(LOGGER_TYPE_TO_CLASS)
 
 
 def tracker_class(name: str) -> type:
@@ -36,10 +36,52 @@ def tracker_class(name: str) -> type:
         ValueError: an unknown name, listing the known ones.
     """
     if name not in LOGGER_TYPE_TO_CLASS:
-        raise ValueError(f"log_with={name!r} is not a known tracker; choose from {TRACKERS} "
+        raise ValueError(f"log_with={name!r} is not a known tracker; choose from {list(LOGGER_TYPE_TO_CLASS)} "
                          "or pass a tracker object")
-    module, _, cls = LOGGER_TYPE_TO_CLASS[name].partition(":")
+    found = LOGGER_TYPE_TO_CLASS[name]
+    if isinstance(found, type):  # registered by register_tracker_class
+        return found
+    module, _, cls = found.partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def register_tracker_class(tracker_class: type) -> None:
+    """Make a ``GeneralTracker`` subclass usable by its ``name`` in ``log_with``, as a built-in one.
+
+    ``init_trackers`` builds it as ``cls(project_name, **init_kwargs.get(name, {}))``, with the
+    logging directory as second argument when its ``requires_logging_directory`` is true.
+
+    Raises:
+        ValueError: not a ``GeneralTracker`` subclass, or no ``name`` / ``requires_logging_directory``.
+    Warns ``UserWarning`` when it replaces a tracker of that name.
+    """
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        raise ValueError(f"register_tracker_class needs a GeneralTracker subclass, got {tracker_class!r}")
+    name = tracker_class.__dict__.get("name") or getattr(tracker_class, "name", None)
+    if not name or name == GeneralTracker.name:
+        raise ValueError(f"{tracker_class.__name__} needs a non-empty class attribute `name`")
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ValueError(f"{tracker_class.__name__} needs a class attribute `requires_logging_directory` "
+                         "(True when it is built with a logging directory)")
+    if name in LOGGER_TYPE_TO_CLASS:
+        warnings.warn(f"register_tracker_class: {tracker_class.__name__} replaces the tracker {name!r}",
+                      UserWarning, stacklevel=2)
+    LOGGER_TYPE_TO_CLASS[name] = tracker_class
+
+
+def _needs_logging_dir(name: str) -> bool:
+    found = LOGGER_TYPE_TO_CLASS.get(name)
+    return name in _NEEDS_LOGGING_DIR or bool(getattr(found, "requires_logging_directory", False))
+
+
+def check_log_with(log_with: Any, logging_dir: str | os.PathLike[str] | None) -> None:
+    """Refuse, when the Accelerator is made, a registered tracker that needs a logging directory
+    while none is set (``project_dir`` or ``ProjectConfiguration(logging_dir=...)``)."""
+    for item in log_with if isinstance(log_with, (list, tuple)) else [log_with]:
+        found = LOGGER_TYPE_TO_CLASS.get(item) if isinstance(item, str) else None
+        if getattr(found, "requires_logging_directory", False) and logging_dir is None:
+            raise ValueError(f"log_with={item!r} needs a logging directory: pass project_dir=... or "
+                             "project_config=ProjectConfiguration(logging_dir=...)")
 
 
 def __getattr__(name: str) -> Any:
@@ -75,6 +117,9 @@ class GeneralTracker:
     def tracker(self) -> Any:
         """The library's own object behind this tracker (``get_tracker(name, unwrap=True)``)."""
         return None
+
+    def start(self) -> None:
+        """Open the run (deferred initialisation): ``init_trackers`` calls it once, before anything is logged."""
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Record the run's hyper-parameters."""
@@ -211,6 +256,6 @@ def make_trackers(
             trackers.append(item)
             continue
         cls = tracker_class(item)
-        args = (project_name, logging_dir) if item in _NEEDS_LOGGING_DIR else (project_name,)
+        args = (project_name, logging_dir) if _needs_logging_dir(item) else (project_name,)
         trackers.append(cls(*args, **init_kwargs.get(item, {})))
     return trackers

@@ -8,7 +8,8 @@ from notebook_accel.observe.tracking import GeneralTracker
 
 
 class WandBTracker(GeneralTracker):
-    """One ``wandb`` run: ``wandb.init(project=run_name, **kwargs)`` (``init_kwargs["wandb"]``).
+    """One ``wandb`` run: ``wandb.init(project=run_name, **kwargs)`` (``init_kwargs["wandb"]``), made by
+    ``start()`` (``init_trackers`` calls it), not when the tracker is built: as the peer's.
 
     Raises:
         ImportError: when the ``wandb`` package is missing.
@@ -18,11 +19,18 @@ class WandBTracker(GeneralTracker):
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         try:
-            import wandb
+            import wandb  # noqa: F401
         except ImportError as exc:
             raise ImportError("log_with='wandb' needs the wandb package: pip install wandb") from exc
         self.run_name = run_name
-        self.run = wandb.init(project=run_name, **kwargs)
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    def start(self) -> None:
+        """Start the run."""
+        import wandb
+
+        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:

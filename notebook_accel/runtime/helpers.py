@@ -50,6 +50,32 @@ def clear_environment() -> Iterator[None]:
         os.environ.update(saved)
 
 
+@contextlib.contextmanager
+def _restored_accelerate_variables() -> Iterator[None]:
+    saved = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("ACCELERATE_")]:
+            os.environ.pop(key)
+        os.environ.update(saved)
+
+
+def purge_accelerate_environment(func_or_cls: Any) -> Any:
+    """Decorator: the ``ACCELERATE_*`` variables a function (each ``test*`` method of a class and of its
+    subclasses) sets are removed after it, changed ones restored; for tests that must not leak settings."""
+    if not isinstance(func_or_cls, type):
+        wrapped = _restored_accelerate_variables()(func_or_cls)
+        wrapped._purges_environment = True
+        return wrapped
+    for name in dir(func_or_cls):
+        method = getattr(func_or_cls, name)
+        if name.startswith("test") and callable(method) and not hasattr(method, "_purges_environment"):
+            setattr(func_or_cls, name, purge_accelerate_environment(method))
+    func_or_cls.__init_subclass__ = classmethod(lambda cls, **kwargs: purge_accelerate_environment(cls))
+    return func_or_cls
+
+
 def extract_model_from_parallel(
     model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
 ) -> torch.nn.Module:

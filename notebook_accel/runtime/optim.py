@@ -45,7 +45,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self.before_step = before_step
         self.after_step = after_step
-        self._step_was_skipped = False
+        self._is_overflow = False  # the peer's name: its tests set it to fake a skipped step
 
     def __getattr__(self, name: str) -> Any:
         if name == "optimizer":  # not yet set (e.g. during unpickling)
@@ -104,7 +104,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last ``step`` was skipped by the fp16 scaler (inf/NaN gradients)."""
-        return self._step_was_skipped
+        return self._is_overflow
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Step the optimizer, unless accumulating; through the scaler under fp16."""
@@ -113,7 +113,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.before_step is not None:
             self.before_step(self.optimizer)
         if self.scaler is None:
-            self._step_was_skipped = False
+            self._is_overflow = False
             result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         else:
             result = self._scaled_step(closure)
@@ -143,7 +143,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 self.optimizer.step = saved  # type: ignore[method-assign]
             else:
                 del self.optimizer.step
-        self._step_was_skipped = not called
+        self._is_overflow = not called
         return result
 
 

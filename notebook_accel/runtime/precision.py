@@ -119,12 +119,19 @@ def wrap_forward(model: torch.nn.Module, mixed_precision: str, device: torch.dev
 
 
 def unwrap_forward(model: torch.nn.Module) -> None:
-    """Remove the ``AutocastForward`` that ``wrap_forward`` installed, if any."""
+    """Remove the ``AutocastForward`` that ``wrap_forward`` installed, if any; or a wrapper set by
+    hand with the original kept in ``model._original_forward`` (the peer's convention)."""
     current = model.__dict__.get("forward")
+    by_hand = model.__dict__.pop("_original_forward", None)
     if isinstance(current, AutocastForward):
-        original = current.original
-        bound_here = getattr(original, "__self__", None) is model
-        if bound_here and getattr(original, "__func__", None) is type(model).forward:
-            del model.forward
-        else:
-            model.forward = original
+        _restore_forward(model, current.original)
+    elif by_hand is not None and current is not None:
+        _restore_forward(model, by_hand)
+
+
+def _restore_forward(model: torch.nn.Module, original: Any) -> None:
+    bound_here = getattr(original, "__self__", None) is model
+    if bound_here and getattr(original, "__func__", None) is type(model).forward:
+        del model.forward  # the class's own forward again (picklable)
+    else:
+        model.forward = original

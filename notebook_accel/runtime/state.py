@@ -88,6 +88,24 @@ def _device_type(cpu: bool) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _torch_device_from_env(device_type: str) -> torch.device | None:
+    """``ACCELERATE_TORCH_DEVICE`` (the peer's override of the rank's device), when set.
+
+    Raises ``ValueError`` when it is no torch device, or one of another type than ``device_type``.
+    """
+    value = os.environ.get(contract.TORCH_DEVICE_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        device = torch.device(value)
+    except RuntimeError as error:
+        raise ValueError(f"{contract.TORCH_DEVICE_ENV}={value!r} is not a torch device ({error})") from None
+    if device.type != device_type:
+        raise ValueError(f"{contract.TORCH_DEVICE_ENV}={value!r} is a {device.type} device, but this process "
+                         f"uses {device_type!r}; give a {device_type} device (e.g. {device_type}:0) or unset it")
+    return device
+
+
 BACKENDS = {"xla": "xla", "cuda": "nccl"}  # device type -> collective backend; any other device: gloo
 
 
@@ -170,16 +188,17 @@ class PartialState:
             self.process_index = _env_int(contract.RANK, 0)
             self.num_processes = _env_int(contract.WORLD_SIZE, 1)
             self.local_process_index = _env_int(contract.LOCAL_RANK, 0)
+            chosen = None if cpu else _torch_device_from_env(self.device_type)
             if self.device_type == "cuda":
                 if not torch.cuda.is_available():
                     raise RuntimeError(
                         f"{contract.DEVICE_ENV}=cuda, but this torch ({torch.__version__}) sees no CUDA "
                         f"device; set {contract.DEVICE_ENV}=cpu or pass cpu=True"
                     )
-                self.device = torch.device("cuda", self.local_process_index)
+                self.device = chosen or torch.device("cuda", self.local_process_index)
                 torch.cuda.set_device(self.device)
             else:
-                self.device = torch.device("cpu")
+                self.device = chosen or torch.device("cpu")
             if self.num_processes > 1:
                 self.distributed_type = (
                     DistributedType.MULTI_GPU if self.device_type == "cuda" else DistributedType.MULTI_CPU
@@ -235,6 +254,10 @@ class PartialState:
         from notebook_accel.runtime import op_checks
 
         op_checks.set_debug(enabled)
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """The peer's reset of its shared singleton; each state here reads the environment itself, so none."""
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the local main process only."""

@@ -7,6 +7,7 @@ are in ``test_compat_distributed.py``.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -193,7 +194,7 @@ def test_split_between_processes_takes_any_sized_indexable():
 
 def test_register_for_checkpointing_lists_every_bad_object():
     acc = Accelerator()
-    with pytest.raises(ValueError, match=r"#1 \(object\).*#2 \(int\)"):
+    with pytest.raises(ValueError, match=r"Item at index 1 \(object\).*Item at index 2 \(int\)"):
         acc.register_for_checkpointing(torch.nn.Linear(1, 1), object(), 3)
     assert acc._custom_objects == []
 
@@ -232,3 +233,154 @@ def test_join_warns_when_even_batches_cannot_be_overridden_for_an_iterable_loade
         warnings.simplefilter("error")
         with acc.join_uneven_inputs([]):  # nothing overridden: no warning
             pass
+
+
+def test_a_dropped_accelerator_is_freed_without_the_cycle_collector():
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        acc = Accelerator()
+        loader = acc.prepare_data_loader(torch.utils.data.DataLoader(list(range(8)), batch_size=4))
+        next(iter(loader))
+        refs = weakref.ref(acc), weakref.ref(loader)
+        del acc, loader
+        assert [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()
+
+
+def test_init_trackers_starts_a_custom_tracker_before_recording_the_config():
+    from notebook_accel.tracking import GeneralTracker
+
+    class Recorder(GeneralTracker):
+        name = "recorder"
+
+        def __init__(self):
+            self.calls = []
+
+        def start(self):
+            self.calls.append("start")
+
+        def store_init_configuration(self, values):
+            self.calls.append(values)
+
+    tracker = Recorder()
+    Accelerator(log_with=tracker).init_trackers("run", {"lr": 0.1})
+    assert tracker.calls == ["start", {"lr": 0.1}]
+
+
+def test_version_checks_and_environment_purge(monkeypatch):
+    from notebook_accel.utils import (
+        compare_versions,
+        is_torch_version,
+        purge_accelerate_environment,
+    )
+
+    assert is_torch_version(">=", "2.2") and not is_torch_version("<", "2.2")
+    assert compare_versions("2.1.0", "<", "2.10") and compare_versions("torch", ">=", "2.2")
+    with pytest.raises(ValueError, match="operation must be one of"):
+        compare_versions("torch", "=>", "2.0")
+    monkeypatch.setenv("ACCELERATE_KEPT", "1")
+
+    @purge_accelerate_environment
+    def sets_variables():
+        os.environ["ACCELERATE_NEW"] = "1"
+        os.environ["ACCELERATE_KEPT"] = "2"
+
+    sets_variables()
+    assert "ACCELERATE_NEW" not in os.environ and os.environ["ACCELERATE_KEPT"] == "1"
+
+
+def test_an_unbatched_iterable_loader_is_sharded_sample_by_sample():
+    from notebook_accel.data_loader import prepare_data_loader
+
+    class Numbers(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(6.0))
+
+    shards = [[x.item() for x in prepare_data_loader(DataLoader(Numbers(), batch_size=None), num_processes=2,
+                                                      process_index=rank)] for rank in (0, 1)]
+    assert shards == [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
+    with pytest.raises(ValueError, match="batch_size=None yields single samples"):
+        prepare_data_loader(DataLoader(Numbers(), batch_size=None), num_processes=2, process_index=0,
+                            split_batches=True)
+
+
+def test_unwrap_undoes_a_forward_wrapped_by_hand_the_peers_way():
+    import pickle
+
+    from notebook_accel.utils import convert_outputs_to_fp32, extract_model_from_parallel
+
+    model = torch.nn.Linear(1, 1)
+    model._original_forward = model.forward
+    model.forward = convert_outputs_to_fp32(model.forward)
+    model = extract_model_from_parallel(model, keep_fp32_wrapper=False)
+    assert "forward" not in model.__dict__ and "_original_forward" not in model.__dict__
+    pickle.dumps(model)
+
+
+def test_a_registered_tracker_class_is_used_by_its_name(tmp_path):
+    from notebook_accel.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, register_tracker_class
+
+    class Notes(GeneralTracker):
+        name = "notes"
+        requires_logging_directory = True
+
+        def __init__(self, run_name, logging_dir):
+            self.where = (run_name, logging_dir)
+
+    saved = dict(LOGGER_TYPE_TO_CLASS)
+    try:
+        register_tracker_class(Notes)
+        with pytest.raises(ValueError, match="log_with='notes' needs a logging directory"):
+            Accelerator(log_with="notes")
+        acc = Accelerator(log_with="notes", project_dir=tmp_path)
+        acc.init_trackers("run")
+        assert acc.get_tracker("notes").where == ("run", tmp_path)
+        with pytest.raises(ValueError, match="GeneralTracker subclass"):
+            register_tracker_class(dict)
+    finally:
+        LOGGER_TYPE_TO_CLASS.clear()
+        LOGGER_TYPE_TO_CLASS.update(saved)
+
+
+@pytest.mark.parametrize("dispatch", [True, False])
+def test_skip_first_batches_keeps_the_loader_kind(dispatch):
+    from notebook_accel.data_loader import DataLoaderDispatcher, skip_first_batches
+
+    acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
+    loader = acc.prepare(DataLoader(list(range(16)), batch_size=4))
+    loader.set_epoch(3)
+    rest = skip_first_batches(loader, 2)
+    assert isinstance(rest, DataLoaderDispatcher) == dispatch and rest.iteration == 3
+    assert [b.tolist() for b in rest] == [[8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def test_load_checkpoint_in_model_reads_a_bare_index_in_a_folder(tmp_path):
+    import json
+
+    from notebook_accel.utils import load_checkpoint_in_model
+
+    source = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    index = {}
+    for part in ("0", "1"):
+        tensors = {k: v for k, v in source.state_dict().items() if k.startswith(part)}
+        torch.save(tensors, tmp_path / f"part{part}.bin")
+        index.update(dict.fromkeys(tensors, f"part{part}.bin"))
+    (tmp_path / "weights.index.json").write_text(json.dumps(index))  # the map alone, no "weight_map"
+    target = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    load_checkpoint_in_model(target, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values(), strict=True))
+
+
+def test_accelerate_torch_device_overrides_the_device(monkeypatch):
+    from notebook_accel import PartialState
+
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:3")
+    assert Accelerator().device == torch.device("cpu:3")
+    assert PartialState(cpu=True).device == torch.device("cpu")
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "meta")
+    with pytest.raises(ValueError, match="ACCELERATE_TORCH_DEVICE='meta' is a meta device"):
+        PartialState()
