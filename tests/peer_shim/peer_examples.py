@@ -1,0 +1,142 @@
+"""The peer's ``examples/by_feature`` scripts on 2 processes against notebook_accel (kernel side).
+
+The scripts are not in the peer's wheel or sdist, only in its git repository:
+``NOTEBOOK_ACCEL_PEER_REPO`` (a checkout or a bare git directory), else the mirror at
+``DEFAULT_REPO``. They are copied at run time (never committed) and run under
+``torchrun --nproc-per-node 2`` through ``run_peer_example.py``, which replaces their
+data loading only. Usage: ``python tests/peer_shim/peer_examples.py [NAME...]`` prints
+each script's exit status and metric lines.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(HERE.parent.parent))
+from tests.peer_shim import run_all  # noqa: E402
+
+RUNNER = HERE / "run_peer_example.py"
+DEFAULT_REPO = Path("/work/.mirror/huggingface+accelerate/repo")
+FOLDERS = ("examples/by_feature", "examples/deepspeed_config_templates")
+EPOCH = r"epoch \d+: \{'accuracy': [\d.]+, 'f1': [\d.]+\}"  # the GLUE examples' accelerator.print
+
+
+@dataclass(frozen=True)
+class Example:
+    """How one example runs: its arguments, extra environment, and lines its rank 0 must print."""
+
+    args: tuple[str, ...] = ("--cpu",)
+    env: dict[str, str] = field(default_factory=dict)
+    prints: tuple[str, ...] = (EPOCH,)
+
+
+EXAMPLES = {
+    "automatic_gradient_accumulation": Example(),
+    "checkpointing": Example(("--cpu", "--checkpointing_steps", "epoch", "--output_dir", "{out}")),
+    "cross_validation": Example(prints=(EPOCH, r"Average test metrics from all folds: \{'accuracy'")),
+    "ddp_comm_hook": Example(("--cpu", "--ddp_comm_hook", "power_sgd")),
+    "early_stopping": Example(),
+    "gradient_accumulation": Example(("--cpu", "--gradient_accumulation_steps", "2")),
+    "gradient_accumulation_for_autoregressive_models": Example(
+        ("--cpu", "--gradient_accumulation_steps", "2", "--per_device_batch_size", "2"),
+        prints=(r"epoch 0 - update step 0:: grad norm: [\d.]+ ::train loss: [\d.]+",
+                r"epoch 2:: eval perplexity: [\d.]+ eval_loss: [\d.]+")),
+    "local_sgd": Example(("--cpu", "--local_sgd_steps", "2")),
+    "memory": Example(),
+    "multi_process_metrics": Example(),
+    "profiler": Example(("--cpu", "--record_shapes", "--output_trace_dir", "{out}/traces"),
+                        prints=(EPOCH, r"Self CPU time total")),
+    "schedule_free": Example(),
+    "tracking": Example(("--cpu", "--with_tracking", "--project_dir", "{out}/logs"),
+                        env={"WANDB_MODE": "offline"}),
+    "fsdp_with_peak_mem_tracking": Example(
+        ("--model_name_or_path", "bert-base-cased"),
+        prints=(r"FSDP", EPOCH, r"Peak Memory consumed during the train \(max-begin\): \d+")),
+    "deepspeed_with_config_support": Example(
+        ("--dataset_name", "Salesforce/wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
+         "--model_name_or_path", "gpt2", "--block_size", "16", "--per_device_train_batch_size", "4",
+         "--per_device_eval_batch_size", "4", "--num_train_epochs", "2", "--output_dir", "{out}/model"),
+        env={"ACCELERATE_USE_DEEPSPEED": "true",
+             "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/examples/deepspeed_config_templates/zero_stage2_config.json"},
+        prints=(r"New best metric: [\d.]+ at epoch 0", r"best_metric_checkpoint: ")),
+}
+
+
+def peer_repo() -> Path | None:
+    """The peer's repository: ``$NOTEBOOK_ACCEL_PEER_REPO``, else ``DEFAULT_REPO``; None when neither exists."""
+    given = os.environ.get("NOTEBOOK_ACCEL_PEER_REPO")
+    path = Path(given) if given else DEFAULT_REPO
+    return path if path.exists() else None
+
+
+def missing_reason() -> str:
+    given = os.environ.get("NOTEBOOK_ACCEL_PEER_REPO")
+    return (f"the peer's examples/by_feature scripts are only in its git repository: neither "
+            f"NOTEBOOK_ACCEL_PEER_REPO ({given or 'unset'}) nor {DEFAULT_REPO} exists "
+            "(git clone https://github.com/huggingface/accelerate and point NOTEBOOK_ACCEL_PEER_REPO at it)")
+
+
+def copy_examples(repo: Path, dest: Path) -> None:
+    """Copy ``FOLDERS`` from ``repo`` (a checkout: its files; a git directory: HEAD) into ``dest``."""
+    if (repo / FOLDERS[0]).is_dir():
+        for folder in FOLDERS:
+            shutil.copytree(repo / folder, dest / folder, dirs_exist_ok=True)
+        return
+    archive = subprocess.run(["git", "--git-dir", str(repo), "archive", "--format=tar", "HEAD", *FOLDERS],
+                             capture_output=True, check=True, timeout=60).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+def run_example(name: str, work: Path, timeout: float = 240) -> dict:
+    """Run example ``name`` (copied into ``work``) on 2 processes under torchrun.
+
+    Returns ``{"returncode", "output", "ranks": [each rank's report]}``; leaves no process behind.
+    """
+    example = EXAMPLES[name]
+    out = work / "runs" / name
+    out.mkdir(parents=True, exist_ok=True)
+    fill = {"out": str(out), "work": str(work)}
+    script = work / "examples" / "by_feature" / f"{name}.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(run_all._free_port()), str(RUNNER), str(out), str(script),
+           *(arg.format(**fill) for arg in example.args)]
+    env = run_all._env(**{k: v.format(**fill) for k, v in example.env.items()})
+    code, output = run_all._run(cmd, out, env, timeout)
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}_rank*.json"))]
+    return {"returncode": code, "output": output, "ranks": ranks}
+
+
+def main() -> int:
+    repo = peer_repo()
+    if repo is None:
+        print(missing_reason())
+        return 1
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="peer_examples_"))
+    copy_examples(repo, work)
+    bad = 0
+    for name in sys.argv[1:] or EXAMPLES:
+        result = run_example(name, work)
+        lines = [line for line in result["output"].splitlines() if "epoch" in line or "metric" in line]
+        print(f"== {name}: exit {result['returncode']}\n" + "\n".join(lines[-6:]))
+        if result["returncode"] != 0:
+            print(result["output"][-4000:])
+            bad += 1
+    print(f"(runs in {work})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

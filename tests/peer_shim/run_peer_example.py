@@ -1,0 +1,59 @@
+"""Run one of the peer's ``examples/by_feature`` scripts against notebook_accel, data loading replaced.
+
+Usage (in every worker, e.g. under ``torchrun``): ``run_peer_example.py OUT_DIR SCRIPT [ARGS...]``.
+``accelerate`` resolves to the shim package beside this file; ``stand_ins.install()``
+replaces what the script would download (datasets, metrics, tokenizer, weights); then
+the script's ``main()`` runs with ``sys.argv = [SCRIPT, *ARGS]``, its code unchanged
+except where ``CPU_CHANGES`` says why. Each rank writes ``OUT_DIR/<script>_rank<r>.json``
+(the shim's path, and the real accelerate modules imported, which must be none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+SHIM = Path(__file__).resolve().parent
+
+
+def _device_memory_zero_on_cpu(module: Any) -> None:
+    # fsdp_with_peak_mem_tracking's TorchTracemalloc reads the accelerator's allocator only
+    # (CUDA/XPU/NPU) and sets begin/end/peak only there, so on a CPU it fails with
+    # AttributeError. On a CPU that memory is 0; its CPU measurements (psutil) are unchanged.
+    module.TorchTracemalloc.begin = module.TorchTracemalloc.end = module.TorchTracemalloc.peak = 0
+
+
+CPU_CHANGES = {"fsdp_with_peak_mem_tracking.py": _device_memory_zero_on_cpu}
+
+
+def run(out_dir: Path, script: Path, args: list[str]) -> None:
+    """Run ``script``'s ``main()`` with ``args``; write this rank's report even when it fails."""
+    if str(SHIM) not in sys.path[:1]:
+        sys.path.insert(0, str(SHIM))
+    import stand_ins
+    from run_peer_script import _load, _peer_modules
+
+    stand_ins.install()
+    rank = int(os.environ.get("RANK", "0"))
+    report: dict[str, Any] = {"script": script.name, "rank": rank, "finished": False}
+    try:
+        sys.argv = [str(script), *args]
+        module = _load(script)
+        import accelerate  # the shim, as the script's own imports found it
+
+        report["shim"] = accelerate.__file__
+        if script.name in CPU_CHANGES:
+            CPU_CHANGES[script.name](module)
+            report["changed"] = CPU_CHANGES[script.name].__name__
+        module.main()
+        report["finished"] = True
+    finally:
+        report["leaked"] = _peer_modules()
+        (out_dir / f"{script.stem}_rank{rank}.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
