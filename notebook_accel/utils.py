@@ -25,6 +25,7 @@ from notebook_accel.machine.availability import (
     is_pytest_available,
     is_rocm_available,
     is_safetensors_available,
+    is_schedulefree_available,
     is_sdaa_available,
     is_tensorboard_available,
     is_torch_xla_available,
@@ -75,19 +76,20 @@ from notebook_accel.runtime.profiling import ProfileKwargs
 from notebook_accel.runtime.rng_sync import RNGType, synchronize_rng_state, synchronize_rng_states
 from notebook_accel.runtime.seeding import set_seed
 from notebook_accel.runtime.state import DistributedType
+from notebook_accel.strategies.deepspeed.plugin import DummyOptim, DummyScheduler
 
 __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
     "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "concatenate", "convert_outputs_to_fp32",
-    "convert_to_fp32", "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device",
+    "convert_to_fp32", "copy_tensor_to_devices", "DummyOptim", "DummyScheduler", "extract_model_from_parallel", "find_batch_size", "find_device",
     "find_executable_batch_size",
     "gather", "gather_object", "is_bf16_available", "is_bnb_available", "is_cuda_available",
     "is_datasets_available", "is_deepspeed_available", "is_fp16_available", "is_hpu_available",
     "is_ipex_available", "is_mlu_available", "is_mps_available", "is_musa_available", "is_npu_available",
     "is_numpy_available", "is_peft_available", "is_pytest_available", "is_rocm_available",
-    "is_safetensors_available", "is_sdaa_available", "is_tensorboard_available", "is_torch_xla_available",
+    "is_safetensors_available", "is_schedulefree_available", "is_sdaa_available", "is_tensorboard_available", "is_torch_xla_available",
     "is_transformers_available", "is_wandb_available", "is_xpu_available", "listify", "pad_across_processes",
     "pad_input_tensors", "patch_environment", "recursively_apply", "reduce", "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size",
     "str_to_bool", "synchronize_rng_state", "synchronize_rng_states", "wait_for_everyone",

@@ -11,6 +11,7 @@ process only (``Accelerator.init_trackers``).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -27,6 +28,16 @@ LOGGER_TYPE_TO_CLASS = {  # the peer's name: tracker name -> its class, as "modu
 }
 _NEEDS_LOGGING_DIR = ("jsonl", "tensorboard")
 TRACKERS = tuple(LOGGER_TYPE_TO_CLASS)
+_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",)}
+
+
+def available_trackers() -> list[str]:
+    """The trackers that can be built here (``jsonl`` always; the others when their package is installed).
+
+    ``log_with="all"`` means these, as in the peer.
+    """
+    return [name for name in TRACKERS
+            if any(importlib.util.find_spec(package) for package in _PACKAGES.get(name, ())) or name == "jsonl"]
 
 
 def tracker_class(name: str) -> type:
@@ -37,7 +48,7 @@ def tracker_class(name: str) -> type:
     """
     if name not in LOGGER_TYPE_TO_CLASS:
         raise ValueError(f"log_with={name!r} is not a known tracker; choose from {TRACKERS} "
-                         "or pass a tracker object")
+                         "or 'all' (those installed), or pass a tracker object")
     module, _, cls = LOGGER_TYPE_TO_CLASS[name].partition(":")
     return getattr(importlib.import_module(module), cls)
 
@@ -204,6 +215,8 @@ def make_trackers(
     if log_with is None:
         return []
     wanted = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    if "all" in wanted:
+        wanted = available_trackers() + [item for item in wanted if not isinstance(item, str)]
     init_kwargs = init_kwargs or {}
     trackers: list[Any] = []
     for item in wanted:

@@ -48,7 +48,7 @@ EXAMPLES = {
     "early_stopping": Example(),
     "gradient_accumulation": Example(("--cpu", "--gradient_accumulation_steps", "2")),
     "gradient_accumulation_for_autoregressive_models": Example(
-        ("--cpu", "--gradient_accumulation_steps", "2", "--per_device_batch_size", "2"),
+        ("--cpu", "--gradient_accumulation_steps", "2", "--per_device_batch_size", "8"),
         prints=(r"epoch 0 - update step 0:: grad norm: [\d.]+ ::train loss: [\d.]+",
                 r"epoch 2:: eval perplexity: [\d.]+ eval_loss: [\d.]+")),
     "local_sgd": Example(("--cpu", "--local_sgd_steps", "2")),
@@ -58,16 +58,15 @@ EXAMPLES = {
                         prints=(EPOCH, r"Self CPU time total")),
     "schedule_free": Example(),
     "tracking": Example(("--cpu", "--with_tracking", "--project_dir", "{out}/logs"),
-                        env={"WANDB_MODE": "offline"}),
+                        env={"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": "file://{out}/mlruns"}),
     "fsdp_with_peak_mem_tracking": Example(
         ("--model_name_or_path", "bert-base-cased"),
         prints=(r"FSDP", EPOCH, r"Peak Memory consumed during the train \(max-begin\): \d+")),
     "deepspeed_with_config_support": Example(
         ("--dataset_name", "Salesforce/wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
-         "--model_name_or_path", "gpt2", "--block_size", "16", "--per_device_train_batch_size", "4",
-         "--per_device_eval_batch_size", "4", "--num_train_epochs", "2", "--output_dir", "{out}/model"),
-        env={"ACCELERATE_USE_DEEPSPEED": "true",
-             "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/examples/deepspeed_config_templates/zero_stage2_config.json"},
+         "--model_name_or_path", "gpt2", "--block_size", "16", "--per_device_train_batch_size", "16",
+         "--per_device_eval_batch_size", "16", "--num_train_epochs", "2", "--output_dir", "{out}/model"),
+        env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/zero_stage2_cpu.json"},
         prints=(r"New best metric: [\d.]+ at epoch 0", r"best_metric_checkpoint: ")),
 }
 
@@ -87,15 +86,31 @@ def missing_reason() -> str:
 
 
 def copy_examples(repo: Path, dest: Path) -> None:
-    """Copy ``FOLDERS`` from ``repo`` (a checkout: its files; a git directory: HEAD) into ``dest``."""
+    """Copy ``FOLDERS`` from ``repo`` (a checkout: its files; a git directory: HEAD) into ``dest``,
+    and write the CPU DeepSpeed config beside them."""
     if (repo / FOLDERS[0]).is_dir():
         for folder in FOLDERS:
             shutil.copytree(repo / folder, dest / folder, dirs_exist_ok=True)
-        return
-    archive = subprocess.run(["git", "--git-dir", str(repo), "archive", "--format=tar", "HEAD", *FOLDERS],
-                             capture_output=True, check=True, timeout=60).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(dest, filter="data")
+    else:
+        archive = subprocess.run(["git", "--git-dir", str(repo), "archive", "--format=tar", "HEAD", *FOLDERS],
+                                 capture_output=True, check=True, timeout=60).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(dest, filter="data")
+    write_cpu_deepspeed_config(dest)
+
+
+def write_cpu_deepspeed_config(work: Path) -> None:
+    """``work/zero_stage2_cpu.json``: the peer's ZeRO-2 template without what we do not run here.
+
+    Its ``fp16`` is turned off (DeepSpeed's CPU accelerator has no fp16); its ``optimizer`` and
+    ``scheduler`` sections are removed (we do not support DeepSpeed's own optimizer and
+    scheduler: the script then makes a torch AdamW and a transformers scheduler, its other path).
+    """
+    template = work / "examples" / "deepspeed_config_templates" / "zero_stage2_config.json"
+    config = json.loads(template.read_text())
+    config["fp16"]["enabled"] = False
+    del config["optimizer"], config["scheduler"]
+    (work / "zero_stage2_cpu.json").write_text(json.dumps(config, indent=1))
 
 
 def run_example(name: str, work: Path, timeout: float = 240) -> dict:
@@ -117,6 +132,12 @@ def run_example(name: str, work: Path, timeout: float = 240) -> dict:
     return {"returncode": code, "output": output, "ranks": ranks}
 
 
+def failure(result: dict) -> str:
+    """The failed ranks' tracebacks (from their reports), else the end of the output."""
+    errors = [f"rank {r['rank']}: {r['error']}" for r in result["ranks"] if r.get("error")]
+    return "\n".join(errors) or result["output"][-6000:]
+
+
 def main() -> int:
     repo = peer_repo()
     if repo is None:
@@ -132,7 +153,7 @@ def main() -> int:
         lines = [line for line in result["output"].splitlines() if "epoch" in line or "metric" in line]
         print(f"== {name}: exit {result['returncode']}\n" + "\n".join(lines[-6:]))
         if result["returncode"] != 0:
-            print(result["output"][-4000:])
+            print(failure(result))
             bad += 1
     print(f"(runs in {work})")
     return 1 if bad else 0

@@ -5,7 +5,8 @@ Usage (in every worker, e.g. under ``torchrun``): ``run_peer_example.py OUT_DIR 
 replaces what the script would download (datasets, metrics, tokenizer, weights); then
 the script's ``main()`` runs with ``sys.argv = [SCRIPT, *ARGS]``, its code unchanged
 except where ``CPU_CHANGES`` says why. Each rank writes ``OUT_DIR/<script>_rank<r>.json``
-(the shim's path, and the real accelerate modules imported, which must be none).
+(the shim's path, the real accelerate modules imported, which must be none, and the
+traceback when it failed).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,9 @@ def run(out_dir: Path, script: Path, args: list[str]) -> None:
             report["changed"] = CPU_CHANGES[script.name].__name__
         module.main()
         report["finished"] = True
+    except BaseException:
+        report["error"] = traceback.format_exc()
+        raise
     finally:
         report["leaked"] = _peer_modules()
         (out_dir / f"{script.stem}_rank{rank}.json").write_text(json.dumps(report, indent=1))

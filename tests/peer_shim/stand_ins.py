@@ -7,7 +7,7 @@ accuracy/F1 metric with the ``add_batch``/``compute`` API, and the ``Auto*.from_
 the examples call build a tiny tokenizer (a ``tokenizers`` WordLevel model made in
 memory) and tiny models from configs (random weights). transformers runs as where
 accelerate is not installed (it would import the peer's internals, which the shim does
-not have). Hugging Face's offline switches are set, so anything not replaced fails
+not have), and without peft. Hugging Face's offline switches are set, so anything not replaced fails
 instead of downloading.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 WORDS = [f"w{i}" for i in range(60)]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "<eos>"]
 ROWS = {"train": 64, "validation": 32, "test": 32}  # a few steps per epoch on 2 processes
+WIKITEXT_ROWS = {"train": 500, "validation": 32, "test": 32}  # the autoregressive example selects 500
 MAX_LENGTH = 64
 
 
@@ -51,9 +52,9 @@ def wikitext(split: str, rows: int) -> dict[str, list]:
     return {"text": ["" if i % 5 == 4 else _sentence(rng) for i in range(rows)]}
 
 
-DATASETS = {("nyu-mll/glue", "mrpc"): mrpc, ("glue", "mrpc"): mrpc,
-            ("Salesforce/wikitext", "wikitext-2-v1"): wikitext, ("Salesforce/wikitext", "wikitext-2-raw-v1"): wikitext,
-            ("wikitext", "wikitext-2-raw-v1"): wikitext}
+DATASETS = {("nyu-mll/glue", "mrpc"): (mrpc, ROWS), ("glue", "mrpc"): (mrpc, ROWS),
+            ("Salesforce/wikitext", "wikitext-2-v1"): (wikitext, WIKITEXT_ROWS),
+            ("Salesforce/wikitext", "wikitext-2-raw-v1"): (wikitext, WIKITEXT_ROWS)}
 
 
 def load_dataset(path: str, name: str | None = None, *args: Any, split: str | None = None, **kwargs: Any) -> Any:
@@ -63,8 +64,8 @@ def load_dataset(path: str, name: str | None = None, *args: Any, split: str | No
     if (path, name) not in DATASETS or split is not None:
         raise ValueError(f"load_dataset({path!r}, {name!r}, split={split!r}): no synthetic stand-in "
                          f"(known: {sorted(DATASETS)}, whole DatasetDicts only)")
-    make = DATASETS[(path, name)]
-    return datasets.DatasetDict({s: datasets.Dataset.from_dict(make(s, n)) for s, n in ROWS.items()})
+    make, rows = DATASETS[(path, name)]
+    return datasets.DatasetDict({s: datasets.Dataset.from_dict(make(s, n)) for s, n in rows.items()})
 
 
 class GlueMetric:
@@ -81,7 +82,7 @@ class GlueMetric:
     def compute(self, *, predictions: Any = None, references: Any = None) -> dict[str, float]:
         if predictions is not None:
             self.add_batch(predictions=predictions, references=references)
-        pairs = list(zip(self.predictions, self.references))
+        pairs = list(zip(self.predictions, self.references, strict=True))
         self.predictions, self.references = [], []
         if not pairs:
             raise ValueError("compute() with no predictions: add_batch was never called")
@@ -154,16 +155,19 @@ def _model_loader(auto_class: Any) -> Any:
 
 
 def _transformers_without_accelerate() -> None:
-    # transformers imports accelerate's internals (accelerate.hooks, accelerate.utils.deepspeed)
-    # wherever the accelerate distribution is installed; the shim has only the public names. It runs
-    # here as where accelerate is not installed (what a user switching to notebook_accel has).
+    # transformers (and peft, which it imports when installed) import accelerate's internals
+    # (accelerate.hooks, accelerate.utils.deepspeed) wherever the accelerate distribution is
+    # installed; the shim has only the public names. transformers runs here as where accelerate
+    # is not installed (what a user switching to notebook_accel has); peft needs accelerate.
     import transformers.utils
     from transformers.utils import import_utils
 
-    def is_accelerate_available(min_version: str | None = None) -> bool:
+    def unavailable(*args: Any, **kwargs: Any) -> bool:
         return False
 
-    import_utils.is_accelerate_available = transformers.utils.is_accelerate_available = is_accelerate_available
+    for check in ("is_accelerate_available", "is_peft_available"):
+        setattr(import_utils, check, unavailable)
+        setattr(transformers.utils, check, unavailable)
 
 
 def install() -> None:

@@ -325,3 +325,19 @@ def test_save_model_of_a_model_with_offloaded_weights(tmp_path, offload):
     assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(),
                                                  reference.state_dict().values(), strict=True))
     assert torch.equal(model(x), reference(x))  # still dispatched, still runs
+
+
+
+def test_log_with_all_builds_every_installed_tracker(tmp_path, monkeypatch):
+    from notebook_accel.observe import tracking
+
+    with monkeypatch.context() as patch:  # only mlflow (and jsonl, always) installed
+        patch.setattr(tracking.importlib.util, "find_spec", lambda name: object() if name == "mlflow" else None)
+        assert tracking.available_trackers() == ["jsonl", "mlflow"]
+    monkeypatch.setattr(tracking, "available_trackers", lambda: ["jsonl"])
+    acc = Accelerator(log_with="all", project_dir=tmp_path)
+    acc.init_trackers("run", config={"lr": 0.1})
+    acc.log({"loss": 0.5}, step=1)
+    assert [t.name for t in acc.trackers] == ["jsonl"]
+    acc.end_training()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 2

@@ -13,6 +13,7 @@ import notebook_accel
 from notebook_accel import accelerator as _accelerator
 from notebook_accel import data_loader
 from notebook_accel import local_sgd as _local_sgd
+from notebook_accel import logging as _logging
 from notebook_accel import state as _state
 from notebook_accel import test_utils as testing
 from notebook_accel import utils as _utils
@@ -41,3 +42,4 @@ utils.memory = _view("utils.memory", _utils)
 local_sgd = _view("local_sgd", _local_sgd)
 test_utils = _view("test_utils", testing)
 test_utils.testing = _view("test_utils.testing", testing)
+logging = _view("logging", _logging)  # deepspeed_with_config_support: from accelerate.logging import get_logger
