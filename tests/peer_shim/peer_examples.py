@@ -33,41 +33,50 @@ EPOCH = r"epoch \d+: \{'accuracy': [\d.]+, 'f1': [\d.]+\}"  # the GLUE examples'
 
 @dataclass(frozen=True)
 class Example:
-    """How one example runs: its arguments, extra environment, and lines its rank 0 must print."""
+    """How one example runs: its arguments, extra environment, the lines it must print (the first
+    ``repeats`` times: once per epoch, from rank 0 only), and the files (globs in its run folder)
+    it must write."""
 
     args: tuple[str, ...] = ("--cpu",)
     env: dict[str, str] = field(default_factory=dict)
     prints: tuple[str, ...] = (EPOCH,)
+    repeats: int = 3  # the examples' config: 3 epochs
+    files: tuple[str, ...] = ()
 
 
 EXAMPLES = {
     "automatic_gradient_accumulation": Example(),
-    "checkpointing": Example(("--cpu", "--checkpointing_steps", "epoch", "--output_dir", "{out}")),
-    "cross_validation": Example(prints=(EPOCH, r"Average test metrics from all folds: \{'accuracy'")),
+    "checkpointing": Example(("--cpu", "--checkpointing_steps", "epoch", "--output_dir", "{out}"),
+                             files=("epoch_0/model.*", "epoch_1/optimizer.*", "epoch_2/random_states_1.*")),
+    "cross_validation": Example(prints=(EPOCH, r"Average test metrics from all folds: \{'accuracy'"),
+                                repeats=9),  # 3 folds
     "ddp_comm_hook": Example(("--cpu", "--ddp_comm_hook", "power_sgd")),
     "early_stopping": Example(),
     "gradient_accumulation": Example(("--cpu", "--gradient_accumulation_steps", "2")),
     "gradient_accumulation_for_autoregressive_models": Example(
         ("--cpu", "--gradient_accumulation_steps", "2", "--per_device_batch_size", "8"),
         prints=(r"epoch 0 - update step 0:: grad norm: [\d.]+ ::train loss: [\d.]+",
-                r"epoch 2:: eval perplexity: [\d.]+ eval_loss: [\d.]+")),
+                r"epoch 2:: eval perplexity: [\d.]+ eval_loss: [\d.]+"), repeats=1),
     "local_sgd": Example(("--cpu", "--local_sgd_steps", "2")),
     "memory": Example(),
     "multi_process_metrics": Example(),
     "profiler": Example(("--cpu", "--record_shapes", "--output_trace_dir", "{out}/traces"),
-                        prints=(EPOCH, r"Self CPU time total")),
+                        prints=(EPOCH, r"Self CPU time total"), files=("traces/profile_0.json",)),
     "schedule_free": Example(),
     "tracking": Example(("--cpu", "--with_tracking", "--project_dir", "{out}/logs"),
-                        env={"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": "file://{out}/mlruns"}),
+                        env={"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": "file://{out}/mlruns",
+                             "MLFLOW_ALLOW_FILE_STORE": "true"},
+                        files=("logs/tracking/metrics.jsonl", "wandb/offline-run-*/run-*.wandb", "mlruns/*/*/metrics/f1")),
     "fsdp_with_peak_mem_tracking": Example(
         ("--model_name_or_path", "bert-base-cased"),
-        prints=(r"FSDP", EPOCH, r"Peak Memory consumed during the train \(max-begin\): \d+")),
+        prints=(EPOCH, r"(?m)^(DistributedType\.)?FSDP$", r"Peak Memory consumed during the train \(max-begin\): \d+")),
     "deepspeed_with_config_support": Example(
         ("--dataset_name", "Salesforce/wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
          "--model_name_or_path", "gpt2", "--block_size", "16", "--per_device_train_batch_size", "16",
          "--per_device_eval_batch_size", "16", "--num_train_epochs", "2", "--output_dir", "{out}/model"),
         env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/zero_stage2_cpu.json"},
-        prints=(r"New best metric: [\d.]+ at epoch 0", r"best_metric_checkpoint: ")),
+        prints=(r"New best metric: [\d.]+ at epoch 0", r"Best model metrics: perplexity: [\d.]+"), repeats=1,
+        files=("model/all_results.json", "model/model.safetensors", "model/best_checkpoint/*")),
 }
 
 

@@ -1,0 +1,50 @@
+"""The peer's ``examples/by_feature`` scripts run on 2 processes (torchrun, gloo, CPU) against notebook_accel.
+
+Each script runs unchanged but for its data loading (``tests/peer_shim/stand_ins.py``:
+synthetic GLUE MRPC / wikitext, a local tokenizer, tiny models from configs, nothing
+downloaded), importing ``accelerate`` from ``tests/peer_shim``; every rank checks that
+the real accelerate was never imported. The scripts are copied at test time from the
+peer's git repository (``NOTEBOOK_ACCEL_PEER_REPO`` or the default mirror); without
+it the tests skip, saying so. ``python tests/peer_shim/peer_examples.py [NAME...]``
+runs them by hand. Megatron-LM's example is out of scope (it needs Megatron and GPUs).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.peer_shim import peer_examples
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    repo = peer_examples.peer_repo()
+    if repo is None:
+        pytest.skip(peer_examples.missing_reason())
+    path = tmp_path_factory.mktemp("peer_examples")
+    peer_examples.copy_examples(repo, path)
+    return path
+
+
+@pytest.mark.parametrize("name", peer_examples.EXAMPLES)
+def test_peer_example_runs_on_two_processes(work, name):
+    example = peer_examples.EXAMPLES[name]
+    result = peer_examples.run_example(name, work)
+    assert result["returncode"] == 0, peer_examples.failure(result)
+    assert [r["rank"] for r in result["ranks"]] == [0, 1], result["output"][-3000:]
+    for report in result["ranks"]:
+        assert report["finished"], report
+        assert report["shim"].endswith("peer_shim/accelerate/__init__.py")
+        assert report["leaked"] == [], "the real accelerate was imported"
+    output = result["output"]
+    first, *others = example.prints
+    assert len(re.findall(first, output)) == example.repeats, output[-3000:]  # rank 0 only, once per epoch
+    for line in others:
+        assert re.search(line, output), f"{line!r} not printed:\n{output[-3000:]}"
+    out = work / "runs" / name
+    for pattern in example.files:
+        assert list(out.glob(pattern)), f"{name} wrote no {pattern} in {out}"
