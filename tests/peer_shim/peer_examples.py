@@ -122,19 +122,21 @@ def write_cpu_deepspeed_config(work: Path) -> None:
     (work / "zero_stage2_cpu.json").write_text(json.dumps(config, indent=1))
 
 
-def run_example(name: str, work: Path, timeout: float = 240) -> dict:
-    """Run example ``name`` (copied into ``work``) on 2 processes under torchrun.
+def run_example(name: str, work: Path, timeout: float = 240, extra: tuple[str, ...] = (),
+                run: str | None = None) -> dict:
+    """Run example ``name`` (copied into ``work``) on 2 processes under torchrun, in the folder
+    ``work/runs/<run>`` (default: ``name``), with ``extra`` arguments after its own.
 
     Returns ``{"returncode", "output", "ranks": [each rank's report]}``; leaves no process behind.
     """
     example = EXAMPLES[name]
-    out = work / "runs" / name
+    out = work / "runs" / (run or name)
     out.mkdir(parents=True, exist_ok=True)
     fill = {"out": str(out), "work": str(work)}
     script = work / "examples" / "by_feature" / f"{name}.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(run_all._free_port()), str(RUNNER), str(out), str(script),
-           *(arg.format(**fill) for arg in example.args)]
+           *(arg.format(**fill) for arg in (*example.args, *extra))]
     env = run_all._env(**{k: v.format(**fill) for k, v in example.env.items()})
     code, output = run_all._run(cmd, out, env, timeout)
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}_rank*.json"))]

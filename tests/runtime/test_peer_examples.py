@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from tests.peer_shim import peer_examples
 
@@ -48,3 +49,31 @@ def test_peer_example_runs_on_two_processes(work, name):
     out = work / "runs" / name
     for pattern in example.files:
         assert list(out.glob(pattern)), f"{name} wrote no {pattern} in {out}"
+
+
+def _weights(folder):
+    """The model weights ``save_state`` wrote in ``folder`` (whatever its file format)."""
+    from safetensors.torch import load_file
+
+    path = next(folder.glob("model.*"))
+    return load_file(path) if path.suffix == ".safetensors" else torch.load(path, map_location="cpu")
+
+
+def test_checkpointing_example_resumes_where_it_stopped(work):
+    # As the peer's own tests do (test_examples.py, test_load_states_by_epoch), and more: the run
+    # resumed from epoch 1's checkpoint trains epoch 2 only, and lands bit for bit on the weights
+    # of the uninterrupted run (model, optimizer, scheduler, RNG and sampler states restored).
+    first = work / "runs" / "checkpointing"
+    if not (first / "epoch_2").is_dir():
+        assert peer_examples.run_example("checkpointing", work)["returncode"] == 0
+    result = peer_examples.run_example("checkpointing", work, run="checkpointing_resumed",
+                                       extra=("--resume_from_checkpoint", str(first / "epoch_1")))
+    assert result["returncode"] == 0, peer_examples.failure(result)
+    output = result["output"]
+    assert f"Resumed from checkpoint: {first / 'epoch_1'}" in output
+    assert "epoch 0:" not in output and "epoch 1:" not in output and "epoch 2:" in output, output[-3000:]
+    resumed, uninterrupted = _weights(work / "runs" / "checkpointing_resumed" / "epoch_2"), _weights(first / "epoch_2")
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    before = _weights(first / "epoch_1")  # epoch 2 did train: the comparison can fail
+    assert not all(torch.equal(before[k], resumed[k]) for k in resumed)
