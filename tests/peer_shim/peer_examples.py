@@ -10,6 +10,7 @@ each script's exit status and metric lines.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -42,6 +43,12 @@ class Example:
     prints: tuple[str, ...] = (EPOCH,)
     repeats: int = 3  # the examples' config: 3 epochs
     files: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # packages beyond datasets and transformers
+
+    def missing(self) -> list[str]:
+        """The packages this example needs that are not installed."""
+        return [p for p in ("datasets", "transformers", "tokenizers", *self.needs)
+                if importlib.util.find_spec(p) is None]
 
 
 EXAMPLES = {
@@ -49,7 +56,7 @@ EXAMPLES = {
     "checkpointing": Example(("--cpu", "--checkpointing_steps", "epoch", "--output_dir", "{out}"),
                              files=("epoch_0/model.*", "epoch_1/optimizer.*", "epoch_2/random_states_1.*")),
     "cross_validation": Example(prints=(EPOCH, r"Average test metrics from all folds: \{'accuracy'"),
-                                repeats=9),  # 3 folds
+                                repeats=9, needs=("sklearn",)),  # 3 folds
     "ddp_comm_hook": Example(("--cpu", "--ddp_comm_hook", "power_sgd")),
     "early_stopping": Example(),
     "gradient_accumulation": Example(("--cpu", "--gradient_accumulation_steps", "2")),
@@ -62,7 +69,7 @@ EXAMPLES = {
     "multi_process_metrics": Example(),
     "profiler": Example(("--cpu", "--record_shapes", "--output_trace_dir", "{out}/traces"),
                         prints=(EPOCH, r"Self CPU time total"), files=("traces/profile_0.json",)),
-    "schedule_free": Example(),
+    "schedule_free": Example(needs=("schedulefree",)),
     "tracking": Example(("--cpu", "--with_tracking", "--project_dir", "{out}/logs"),
                         env={"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": "file://{out}/mlruns",
                              "MLFLOW_ALLOW_FILE_STORE": "true"},
@@ -76,7 +83,8 @@ EXAMPLES = {
          "--per_device_eval_batch_size", "16", "--num_train_epochs", "2", "--output_dir", "{out}/model"),
         env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/zero_stage2_cpu.json"},
         prints=(r"New best metric: [\d.]+ at epoch 0", r"Best model metrics: perplexity: [\d.]+"), repeats=1,
-        files=("model/all_results.json", "model/model.safetensors", "model/best_checkpoint/*")),
+        files=("model/all_results.json", "model/model.safetensors", "model/best_checkpoint/*"),
+        needs=("deepspeed",)),
 }
 
 
