@@ -91,8 +91,7 @@ EXAMPLES = {
 def peer_repo() -> Path | None:
     """The peer's repository: ``$NOTEBOOK_ACCEL_PEER_REPO``, else ``DEFAULT_REPO``; None when neither exists."""
     given = os.environ.get("NOTEBOOK_ACCEL_PEER_REPO")
-    path = Path(given) if given else DEFAULT_REPO
-    return path if path.exists() else None
+    return next((path for path in (Path(given) if given else None, DEFAULT_REPO) if path and path.exists()), None)
 
 
 def missing_reason() -> str:
