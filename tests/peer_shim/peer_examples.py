@@ -2,10 +2,11 @@
 
 The scripts are not in the peer's wheel or sdist, only in its git repository:
 ``NOTEBOOK_ACCEL_PEER_REPO`` (a checkout or a bare git directory), else the mirror at
-``DEFAULT_REPO``. They are copied at run time (never committed) and run under
-``torchrun --nproc-per-node 2`` through ``run_peer_example.py``, which replaces their
-data loading only. Usage: ``python tests/peer_shim/peer_examples.py [NAME...]`` prints
-each script's exit status and metric lines.
+``DEFAULT_REPO``. They are copied at run time (never committed) and run on 2 processes
+(our ``notebook_launcher``, or ``torchrun``: see ``run_example``) through
+``run_peer_example.py``, which replaces their data loading only. Usage:
+``python tests/peer_shim/peer_examples.py [NAME...]`` prints each script's exit status and
+metric lines.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Example:
     repeats: int = 3  # the examples' config: 3 epochs
     files: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()  # packages beyond datasets and transformers
+    torchrun: bool = False  # started by torchrun, else by our notebook_launcher (see run_example)
 
     def missing(self) -> list[str]:
         """The packages this example needs that are not installed."""
@@ -75,7 +77,7 @@ EXAMPLES = {
                              "MLFLOW_ALLOW_FILE_STORE": "true"},
                         files=("logs/tracking/metrics.jsonl", "wandb/offline-run-*/run-*.wandb", "mlruns/*/*/metrics/f1")),
     "fsdp_with_peak_mem_tracking": Example(
-        ("--model_name_or_path", "bert-base-cased"),
+        ("--model_name_or_path", "bert-base-cased"), torchrun=True,
         prints=(EPOCH, r"(?m)^(DistributedType\.)?FSDP$", r"Peak Memory consumed during the train \(max-begin\): \d+")),
     "deepspeed_with_config_support": Example(
         ("--dataset_name", "Salesforce/wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
@@ -84,7 +86,7 @@ EXAMPLES = {
         env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/zero_stage2_cpu.json"},
         prints=(r"New best metric: [\d.]+ at epoch 0", r"Best model metrics: perplexity: [\d.]+"), repeats=1,
         files=("model/all_results.json", "model/model.safetensors", "model/best_checkpoint/*"),
-        needs=("deepspeed",)),
+        needs=("deepspeed",), torchrun=True),
 }
 
 
@@ -131,8 +133,12 @@ def write_cpu_deepspeed_config(work: Path) -> None:
 
 def run_example(name: str, work: Path, timeout: float = 240, extra: tuple[str, ...] = (),
                 run: str | None = None) -> dict:
-    """Run example ``name`` (copied into ``work``) on 2 processes under torchrun, in the folder
-    ``work/runs/<run>`` (default: ``name``), with ``extra`` arguments after its own.
+    """Run example ``name`` (copied into ``work``) on 2 processes, in the folder ``work/runs/<run>``
+    (default: ``name``), with ``extra`` arguments after its own.
+
+    Under ``torchrun`` when the example says so (the sharded ones: as ``accelerate launch`` starts
+    them, from the environment), else through our ``notebook_launcher``, whose forked workers
+    inherit the libraries their parent imported once (half the CPU time of torchrun's start).
 
     Returns ``{"returncode", "output", "ranks": [each rank's report]}``; leaves no process behind.
     """
@@ -141,9 +147,9 @@ def run_example(name: str, work: Path, timeout: float = 240, extra: tuple[str, .
     out.mkdir(parents=True, exist_ok=True)
     fill = {"out": str(out), "work": str(work)}
     script = work / "examples" / "by_feature" / f"{name}.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(run_all._free_port()), str(RUNNER), str(out), str(script),
-           *(arg.format(**fill) for arg in (*example.args, *extra))]
+    start = (["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(run_all._free_port()), str(RUNNER)] if example.torchrun else [str(RUNNER), "--launcher"])
+    cmd = [sys.executable, *start, str(out), str(script), *(arg.format(**fill) for arg in (*example.args, *extra))]
     env = run_all._env(**{k: v.format(**fill) for k, v in example.env.items()})
     code, output = run_all._run(cmd, out, env, timeout)
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}_rank*.json"))]

@@ -1,6 +1,8 @@
 """Run one of the peer's ``examples/by_feature`` scripts against notebook_accel, data loading replaced.
 
-Usage (in every worker, e.g. under ``torchrun``): ``run_peer_example.py OUT_DIR SCRIPT [ARGS...]``.
+Usage: ``run_peer_example.py OUT_DIR SCRIPT [ARGS...]`` in every worker (under ``torchrun``), or
+``run_peer_example.py --launcher OUT_DIR SCRIPT [ARGS...]`` once (our ``notebook_launcher`` forks
+2 workers).
 ``accelerate`` resolves to the shim package beside this file; ``stand_ins.install()``
 replaces what the script would download (datasets, metrics, tokenizer, weights); then
 the script's ``main()`` runs with ``sys.argv = [SCRIPT, *ARGS]``, its code unchanged
@@ -60,5 +62,21 @@ def run(out_dir: Path, script: Path, args: list[str]) -> None:
         (out_dir / f"{script.stem}_rank{rank}.json").write_text(json.dumps(report, indent=1))
 
 
+def launch(out_dir: Path, script: Path, args: list[str], num_processes: int = 2) -> None:
+    """``run`` on ``num_processes`` workers forked by our ``notebook_launcher`` once the libraries
+    the examples use are imported here (each worker inherits them instead of importing its own)."""
+    if str(SHIM) not in sys.path[:1]:
+        sys.path.insert(0, str(SHIM))
+    import stand_ins
+
+    stand_ins.install()  # imports datasets and transformers
+    from notebook_accel import notebook_launcher
+
+    notebook_launcher(run, (out_dir, script, args), num_processes=num_processes, start_method="fork")
+
+
 if __name__ == "__main__":
-    run(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
+    if sys.argv[1] == "--launcher":
+        launch(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:])
+    else:
+        run(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
