@@ -75,15 +75,18 @@ EXAMPLES = {
     "tracking": Example(("--cpu", "--with_tracking", "--project_dir", "{out}/logs"),
                         env={"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": "file://{out}/mlruns",
                              "MLFLOW_ALLOW_FILE_STORE": "true"},
-                        files=("logs/tracking/metrics.jsonl", "wandb/offline-run-*/run-*.wandb", "mlruns/*/*/metrics/f1")),
+                        files=("logs/tracking/metrics.jsonl", "wandb/offline-run-*/run-*.wandb",
+                               "mlruns/*/*/metrics/f1")),
     "fsdp_with_peak_mem_tracking": Example(
-        ("--model_name_or_path", "bert-base-cased"), torchrun=True,
-        prints=(EPOCH, r"(?m)^(DistributedType\.)?FSDP$", r"Peak Memory consumed during the train \(max-begin\): \d+")),
+        ("--model_name_or_path", "bert-base-cased"),
+        prints=(EPOCH, r"(?m)^(\[rank 0\] )?DistributedType\.FSDP$",
+                r"Peak Memory consumed during the train \(max-begin\): \d+")),
     "deepspeed_with_config_support": Example(
         ("--dataset_name", "Salesforce/wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
          "--model_name_or_path", "gpt2", "--block_size", "16", "--per_device_train_batch_size", "16",
          "--per_device_eval_batch_size", "16", "--num_train_epochs", "2", "--output_dir", "{out}/model"),
-        env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/zero_stage2_cpu.json"},
+        env={"ACCELERATE_USE_DEEPSPEED": "true",
+             "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/zero_stage2_cpu.json"},
         prints=(r"New best metric: [\d.]+ at epoch 0", r"Best model metrics: perplexity: [\d.]+"), repeats=1,
         files=("model/all_results.json", "model/model.safetensors", "model/best_checkpoint/*"),
         needs=("deepspeed",), torchrun=True),
@@ -136,8 +139,8 @@ def run_example(name: str, work: Path, timeout: float = 240, extra: tuple[str, .
     """Run example ``name`` (copied into ``work``) on 2 processes, in the folder ``work/runs/<run>``
     (default: ``name``), with ``extra`` arguments after its own.
 
-    Under ``torchrun`` when the example says so (the sharded ones: as ``accelerate launch`` starts
-    them, from the environment), else through our ``notebook_launcher``, whose forked workers
+    Under ``torchrun`` when the example says so (DeepSpeed's: as ``accelerate launch`` starts it,
+    configured by the environment), else through our ``notebook_launcher``, whose forked workers
     inherit the libraries their parent imported once (half the CPU time of torchrun's start).
 
     Returns ``{"returncode", "output", "ranks": [each rank's report]}``; leaves no process behind.
@@ -148,7 +151,8 @@ def run_example(name: str, work: Path, timeout: float = 240, extra: tuple[str, .
     fill = {"out": str(out), "work": str(work)}
     script = work / "examples" / "by_feature" / f"{name}.py"
     start = (["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-              "--master-port", str(run_all._free_port()), str(RUNNER)] if example.torchrun else [str(RUNNER), "--launcher"])
+              "--master-port", str(run_all._free_port()), str(RUNNER)]
+             if example.torchrun else [str(RUNNER), "--launcher"])
     cmd = [sys.executable, *start, str(out), str(script), *(arg.format(**fill) for arg in (*example.args, *extra))]
     env = run_all._env(**{k: v.format(**fill) for k, v in example.env.items()})
     code, output = run_all._run(cmd, out, env, timeout)
