@@ -3,7 +3,7 @@
 The scripts are not in the peer's wheel or sdist, only in its git repository:
 ``NOTEBOOK_ACCEL_PEER_REPO`` (a checkout or a bare git directory), else the mirror at
 ``DEFAULT_REPO``. They are copied at run time (never committed) and run on 2 processes
-(our ``notebook_launcher``, or ``torchrun``: see ``run_example``) through
+(our ``notebook_launcher``, or ``notebook-accel launch``: see ``run_example``) through
 ``run_peer_example.py``, which replaces their data loading only. Usage:
 ``python tests/peer_shim/peer_examples.py [NAME...]`` prints each script's exit status and
 metric lines.
@@ -45,13 +45,26 @@ class Example:
     repeats: int = 3  # the examples' config: 3 epochs
     files: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()  # packages beyond datasets and transformers
-    torchrun: bool = False  # started by torchrun, else by our notebook_launcher (see run_example)
+    config_file: str = ""  # a launch config (the peer's format): started by `notebook-accel launch`
 
     def missing(self) -> list[str]:
         """The packages this example needs that are not installed."""
         return [p for p in ("datasets", "transformers", "tokenizers", *self.needs)
                 if importlib.util.find_spec(p) is None]
 
+
+# What `accelerate config` writes for DeepSpeed with a JSON file (the peer's README for this example).
+DEEPSPEED_CONFIG = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+deepspeed_config:
+  deepspeed_config_file: {work}/zero_stage2_cpu.json
+  zero3_init_flag: false
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+use_cpu: true
+"""
 
 EXAMPLES = {
     "automatic_gradient_accumulation": Example(),
@@ -85,11 +98,12 @@ EXAMPLES = {
         ("--dataset_name", "Salesforce/wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
          "--model_name_or_path", "gpt2", "--block_size", "16", "--per_device_train_batch_size", "16",
          "--per_device_eval_batch_size", "16", "--num_train_epochs", "2", "--output_dir", "{out}/model"),
-        env={"ACCELERATE_USE_DEEPSPEED": "true",
-             "ACCELERATE_DEEPSPEED_CONFIG_FILE": "{work}/zero_stage2_cpu.json"},
+        config_file=DEEPSPEED_CONFIG,
         prints=(r"New best metric: [\d.]+ at epoch 0", r"Best model metrics: perplexity: [\d.]+"), repeats=1,
-        files=("model/all_results.json", "model/model.safetensors", "model/best_checkpoint/*"),
-        needs=("deepspeed",), torchrun=True),
+        # DeepSpeed's own checkpoint, its optimizer state in one ZeRO shard per rank
+        files=("model/all_results.json", "model/model.safetensors",
+               "model/best_checkpoint/pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+        needs=("deepspeed",)),
 }
 
 
@@ -139,9 +153,10 @@ def run_example(name: str, work: Path, timeout: float = 240, extra: tuple[str, .
     """Run example ``name`` (copied into ``work``) on 2 processes, in the folder ``work/runs/<run>``
     (default: ``name``), with ``extra`` arguments after its own.
 
-    Under ``torchrun`` when the example says so (DeepSpeed's: as ``accelerate launch`` starts it,
-    configured by the environment), else through our ``notebook_launcher``, whose forked workers
-    inherit the libraries their parent imported once (half the CPU time of torchrun's start).
+    With a ``config_file``, by ``notebook-accel launch --config-file`` (``accelerate launch
+    --config_file``'s equivalent), else through our ``notebook_launcher`` in a process that
+    imported the examples' libraries once: its forked workers inherit them (half the CPU time
+    of workers importing their own).
 
     Returns ``{"returncode", "output", "ranks": [each rank's report]}``; leaves no process behind.
     """
@@ -150,9 +165,12 @@ def run_example(name: str, work: Path, timeout: float = 240, extra: tuple[str, .
     out.mkdir(parents=True, exist_ok=True)
     fill = {"out": str(out), "work": str(work)}
     script = work / "examples" / "by_feature" / f"{name}.py"
-    start = (["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-              "--master-port", str(run_all._free_port()), str(RUNNER)]
-             if example.torchrun else [str(RUNNER), "--launcher"])
+    if example.config_file:
+        config = out / "launch_config.yaml"
+        config.write_text(example.config_file.format(**fill))
+        start = ["-m", "notebook_accel", "launch", "--config-file", str(config), str(RUNNER)]
+    else:
+        start = [str(RUNNER), "--launcher"]
     cmd = [sys.executable, *start, str(out), str(script), *(arg.format(**fill) for arg in (*example.args, *extra))]
     env = run_all._env(**{k: v.format(**fill) for k, v in example.env.items()})
     code, output = run_all._run(cmd, out, env, timeout)

@@ -1,6 +1,7 @@
 """Run one of the peer's ``examples/by_feature`` scripts against notebook_accel, data loading replaced.
 
-Usage: ``run_peer_example.py OUT_DIR SCRIPT [ARGS...]`` in every worker (under ``torchrun``), or
+Usage: ``run_peer_example.py OUT_DIR SCRIPT [ARGS...]`` in every worker (``torchrun``,
+``notebook-accel launch``), or
 ``run_peer_example.py --launcher OUT_DIR SCRIPT [ARGS...]`` once (our ``notebook_launcher`` forks
 2 workers).
 ``accelerate`` resolves to the shim package beside this file; ``stand_ins.install()``

@@ -1,7 +1,7 @@
 """The peer's ``examples/by_feature`` scripts run on 2 processes (gloo, CPU) against notebook_accel.
 
-Started by our ``notebook_launcher`` (DeepSpeed's by ``torchrun``, configured by the
-environment, as ``accelerate launch`` starts it): see ``peer_examples.run_example``.
+Started by our ``notebook_launcher``; DeepSpeed's by ``notebook-accel launch --config-file``
+with the peer's config format, as its README starts it with ``accelerate launch``.
 
 Each script runs unchanged but for its data loading (``tests/peer_shim/stand_ins.py``:
 synthetic GLUE MRPC / wikitext, a local tokenizer, tiny models from configs, nothing
