@@ -35,9 +35,9 @@ EPOCH = r"epoch \d+: \{'accuracy': [\d.]+, 'f1': [\d.]+\}"  # the GLUE examples'
 
 @dataclass(frozen=True)
 class Example:
-    """How one example runs: its arguments, extra environment, the lines it must print (the first
-    ``repeats`` times: once per epoch, from rank 0 only), and the files (globs in its run folder)
-    it must write."""
+    """How one example runs (its arguments, extra environment, launch config) and what it must do:
+    print ``prints`` (the first ``repeats`` times: once per epoch, from rank 0 only) and write
+    ``files`` (globs in its run folder). ``needs``: the packages it imports beyond the usual."""
 
     args: tuple[str, ...] = ("--cpu",)
     env: dict[str, str] = field(default_factory=dict)
@@ -83,7 +83,8 @@ EXAMPLES = {
     "memory": Example(),
     "multi_process_metrics": Example(),
     "profiler": Example(("--cpu", "--record_shapes", "--output_trace_dir", "{out}/traces"),
-                        prints=(EPOCH, r"Self CPU time total"), files=("traces/profile_0.json",)),
+                        prints=(EPOCH, r"Self CPU time total"),
+                        files=("traces/profile_0.json", "traces/profile_1.json")),
     "schedule_free": Example(needs=("schedulefree",)),
     "tracking": Example(("--cpu", "--with_tracking", "--project_dir", "{out}/logs"),
                         env={"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": "file://{out}/mlruns",
