@@ -116,6 +116,11 @@ def is_wandb_available() -> bool:
     return _has("wandb")
 
 
+def is_mlflow_available() -> bool:
+    """The ``mlflow`` package (or ``mlflow-skinny``) is installed."""
+    return _has("mlflow")
+
+
 def is_safetensors_available() -> bool:
     """The ``safetensors`` package is installed."""
     return _has("safetensors")

@@ -11,13 +11,13 @@ process only (``Accelerator.init_trackers``).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from notebook_accel import events
+from notebook_accel.machine import availability
 from notebook_accel.wire import Kind
 
 LOGGER_TYPE_TO_CLASS = {  # the peer's name: tracker name -> its class, as "module:Class"
@@ -28,7 +28,8 @@ LOGGER_TYPE_TO_CLASS = {  # the peer's name: tracker name -> its class, as "modu
 }
 _NEEDS_LOGGING_DIR = ("jsonl", "tensorboard")
 TRACKERS = tuple(LOGGER_TYPE_TO_CLASS)
-_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",)}
+_INSTALLED = {"jsonl": lambda: True, "tensorboard": availability.is_tensorboard_available,
+              "wandb": availability.is_wandb_available, "mlflow": availability.is_mlflow_available}
 
 
 def available_trackers() -> list[str]:
@@ -36,8 +37,7 @@ def available_trackers() -> list[str]:
 
     ``log_with="all"`` means these, as in the peer.
     """
-    return [name for name in TRACKERS
-            if any(importlib.util.find_spec(package) for package in _PACKAGES.get(name, ())) or name == "jsonl"]
+    return [name for name in TRACKERS if _INSTALLED[name]()]
 
 
 def tracker_class(name: str) -> type:

@@ -332,7 +332,8 @@ def test_log_with_all_builds_every_installed_tracker(tmp_path, monkeypatch):
     from notebook_accel.observe import tracking
 
     with monkeypatch.context() as patch:  # only mlflow (and jsonl, always) installed
-        patch.setattr(tracking.importlib.util, "find_spec", lambda name: object() if name == "mlflow" else None)
+        for name in ("tensorboard", "wandb", "mlflow"):
+            patch.setitem(tracking._INSTALLED, name, lambda name=name: name == "mlflow")
         assert tracking.available_trackers() == ["jsonl", "mlflow"]
     monkeypatch.setattr(tracking, "available_trackers", lambda: ["jsonl"])
     acc = Accelerator(log_with="all", project_dir=tmp_path)
