@@ -97,8 +97,8 @@ class Accelerator:
             ``NOTEBOOK_ACCEL_MIXED_PRECISION``, then ``ACCELERATE_MIXED_PRECISION``, then ``"no"``.
         gradient_accumulation_steps: micro-batches per optimizer step under ``accumulate``.
         cpu: use the CPU even when a GPU is present.
-        log_with: tracker names (``"jsonl"``, ``"tensorboard"``, ``"wandb"``, ``"mlflow"``) or
-            tracker objects.
+        log_with: tracker names (``"jsonl"``, ``"tensorboard"``, ``"wandb"``, ``"mlflow"``; ``"all"``:
+            every one installed) or tracker objects.
         project_dir: default place for logs and checkpoints (sets ``project_config.project_dir``).
         even_batches: see ``DataLoaderConfiguration``.
         step_scheduler_with_optimizer: step schedulers as the peer does (see ``optim``).

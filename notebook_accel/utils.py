@@ -34,6 +34,7 @@ from notebook_accel.machine.availability import (
     is_pytest_available,
     is_rocm_available,
     is_safetensors_available,
+    is_schedulefree_available,
     is_sdaa_available,
     is_tensorboard_available,
     is_torch_xla_available,
@@ -86,19 +87,20 @@ from notebook_accel.runtime.profiling import ProfileKwargs
 from notebook_accel.runtime.rng_sync import RNGType, synchronize_rng_state, synchronize_rng_states
 from notebook_accel.runtime.seeding import set_seed
 from notebook_accel.runtime.state import DistributedType
+from notebook_accel.strategies.deepspeed.plugin import DummyOptim, DummyScheduler
 
 __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
     "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",
-    "convert_to_fp32", "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device",
+    "convert_to_fp32", "copy_tensor_to_devices", "DummyOptim", "DummyScheduler", "extract_model_from_parallel", "find_batch_size", "find_device",
     "find_executable_batch_size", "get_balanced_memory", "get_max_memory", "infer_auto_device_map",
     "gather", "gather_object", "is_bf16_available", "is_bnb_available", "is_cuda_available",
     "is_datasets_available", "is_deepspeed_available", "is_fp16_available", "is_hpu_available",
     "is_ipex_available", "is_matplotlib_available", "is_mlflow_available", "is_mlu_available", "is_mps_available", "is_musa_available", "is_npu_available",
     "is_numpy_available", "is_peft_available", "is_pytest_available", "is_rocm_available",
-    "is_safetensors_available", "is_sdaa_available", "is_tensorboard_available", "is_torch_version", "is_torch_xla_available",
+    "is_safetensors_available", "is_schedulefree_available", "is_sdaa_available", "is_tensorboard_available", "is_torch_version", "is_torch_xla_available",
     "is_transformers_available", "is_wandb_available", "is_xpu_available", "listify", "load_checkpoint_in_model", "pad_across_processes",
     "pad_input_tensors", "patch_environment", "purge_accelerate_environment", "recursively_apply", "reduce", "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size",
     "str_to_bool", "synchronize_rng_state", "synchronize_rng_states", "wait_for_everyone",

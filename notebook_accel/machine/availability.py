@@ -151,6 +151,11 @@ def is_peft_available() -> bool:
     return _has("peft")
 
 
+def is_schedulefree_available() -> bool:
+    """The ``schedulefree`` package (Meta's schedule-free optimizers) is installed."""
+    return _has("schedulefree")
+
+
 def is_deepspeed_available() -> bool:
     """The ``deepspeed`` package is installed."""
     return _has("deepspeed")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from notebook_accel import events
+from notebook_accel.machine import availability
 from notebook_accel.wire import Kind
 
 LOGGER_TYPE_TO_CLASS = {  # the peer's name: tracker name -> its class, as "module:Class"
@@ -27,6 +28,17 @@ LOGGER_TYPE_TO_CLASS = {  # the peer's name: tracker name -> its class, as "modu
     "mlflow": "notebook_accel.observe.mlflow_tracker:MLflowTracker",
 }
 _NEEDS_LOGGING_DIR = ("jsonl", "tensorboard")
+TRACKERS = tuple(LOGGER_TYPE_TO_CLASS)
+_INSTALLED = {"jsonl": lambda: True, "tensorboard": availability.is_tensorboard_available,
+              "wandb": availability.is_wandb_available, "mlflow": availability.is_mlflow_available}
+
+
+def available_trackers() -> list[str]:
+    """The trackers that can be built here (``jsonl`` always; the others when their package is installed).
+
+    ``log_with="all"`` means these, as in the peer.
+    """
+    return [name for name in TRACKERS if _INSTALLED[name]()]
 
 
 def tracker_class(name: str) -> type:
@@ -37,7 +49,7 @@ def tracker_class(name: str) -> type:
     """
     if name not in LOGGER_TYPE_TO_CLASS:
         raise ValueError(f"log_with={name!r} is not a known tracker; choose from {list(LOGGER_TYPE_TO_CLASS)} "
-                         "or pass a tracker object")
+                         "or 'all' (those installed), or pass a tracker object")
     found = LOGGER_TYPE_TO_CLASS[name]
     if isinstance(found, type):  # registered by register_tracker_class
         return found
@@ -249,6 +261,8 @@ def make_trackers(
     if log_with is None:
         return []
     wanted = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    if "all" in wanted:
+        wanted = available_trackers() + [item for item in wanted if not isinstance(item, str)]
     init_kwargs = init_kwargs or {}
     trackers: list[Any] = []
     for item in wanted:

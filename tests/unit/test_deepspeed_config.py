@@ -143,3 +143,13 @@ def test_one_process_trains_through_deepspeed_too():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "DEEPSPEED 1 DeepSpeedEngine Linear True" in out.stdout
+
+
+def test_dummy_optim_and_scheduler_exist_and_say_what_to_do_instead():
+    from notebook_accel.utils import DummyOptim, DummyScheduler
+
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    with pytest.raises(ValueError, match=r"'optimizer' section.*torch.optim.AdamW\(params, lr=0.01\)"):
+        DummyOptim(params, lr=0.01)
+    with pytest.raises(ValueError, match="'scheduler' section.*torch LR scheduler"):
+        DummyScheduler(None, total_num_steps=10, warmup_num_steps=2)

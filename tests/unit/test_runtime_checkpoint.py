@@ -348,3 +348,19 @@ def test_strict_false_loads_a_checkpoint_with_missing_weights_and_is_refused_for
     fsdp.prepare(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"strict=False\) loads unsharded models only; FsdpCheckpointer"):
         fsdp.load_state(tmp_path / "part", strict=False)
+
+
+def test_log_with_all_builds_every_installed_tracker(tmp_path, monkeypatch):
+    from notebook_accel.observe import tracking
+
+    with monkeypatch.context() as patch:  # only mlflow (and jsonl, always) installed
+        for name in ("tensorboard", "wandb", "mlflow"):
+            patch.setitem(tracking._INSTALLED, name, lambda name=name: name == "mlflow")
+        assert tracking.available_trackers() == ["jsonl", "mlflow"]
+    monkeypatch.setattr(tracking, "available_trackers", lambda: ["jsonl"])
+    acc = Accelerator(log_with="all", project_dir=tmp_path)
+    acc.init_trackers("run", config={"lr": 0.1})
+    acc.log({"loss": 0.5}, step=1)
+    assert [t.name for t in acc.trackers] == ["jsonl"]
+    acc.end_training()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 2

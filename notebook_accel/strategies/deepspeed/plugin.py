@@ -260,3 +260,35 @@ def resolve_plugin(plugin: Any) -> DeepSpeedPlugin | None:
         return DeepSpeedPlugin(hf_ds_config=copy.deepcopy(getattr(plugin, "deepspeed_config", None)),
                                zero3_init_flag=getattr(plugin, "zero3_init_flag", None))
     return DeepSpeedPlugin() if deepspeed_requested() else None
+
+
+_CONFIG_SECTIONS_UNSUPPORTED = (
+    "{name} stands for the DeepSpeed config's {section!r} section, which notebook_accel does not support: "
+    "{instead} and remove that section from the config")
+
+
+class DummyOptim:
+    """The peer's placeholder for an optimizer defined in the DeepSpeed config (not supported here).
+
+    Raises:
+        ValueError: always, naming what to do instead (a torch optimizer passed to ``prepare``).
+    """
+
+    def __init__(self, params: Any, lr: float = 0.001, weight_decay: float = 0, **kwargs: Any) -> None:
+        raise ValueError(_CONFIG_SECTIONS_UNSUPPORTED.format(
+            name="DummyOptim", section="optimizer",
+            instead=f"create a torch optimizer (e.g. torch.optim.AdamW(params, lr={lr})) for prepare()"))
+
+
+class DummyScheduler:
+    """The peer's placeholder for a scheduler defined in the DeepSpeed config (not supported here).
+
+    Raises:
+        ValueError: always, naming what to do instead (a torch scheduler passed to ``prepare``).
+    """
+
+    def __init__(self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0,
+                 lr_scheduler_callable: Any = None, **kwargs: Any) -> None:
+        raise ValueError(_CONFIG_SECTIONS_UNSUPPORTED.format(
+            name="DummyScheduler", section="scheduler",
+            instead="create a torch LR scheduler (e.g. transformers.get_scheduler(...)) for prepare()"))
