@@ -151,12 +151,16 @@ def _wrap(name: str, function: Any, calls: dict[str, list[bool]]) -> Any:
 
 
 def _peer_modules() -> list[str]:
-    """Modules named ``accelerate*`` that are not our shim's views (the real package, if it leaked in)."""
+    """Modules named ``accelerate*`` that are neither our shim's views nor notebook_accel's modules the
+    shim aliases (``accelerate.logging`` is ``notebook_accel.logging``): the real package, if it leaked in."""
+    import notebook_accel
+
+    ours = (SHIM, Path(notebook_accel.__file__).resolve().parent)
     leaked = []
     for name, module in list(sys.modules.items()):
         if name == "accelerate" or name.startswith("accelerate."):
             where = getattr(module, "__file__", None)
-            if where is not None and not Path(where).resolve().is_relative_to(SHIM):
+            if where is not None and not any(Path(where).resolve().is_relative_to(root) for root in ours):
                 leaked.append(f"{name} ({where})")
     return leaked
 
