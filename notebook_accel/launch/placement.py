@@ -3,7 +3,9 @@
 One placement group per job shape (STRICT_SPREAD: one bundle per node, ``num_processes`` CPUs,
 and as many GPUs on ``cuda``), one :class:`~.worker.node_agent.NodeAgent` actor per rank in
 its node's bundle. Placements are kept across launches (a warm launch forks from agents that
-are already placed) until one of their agents is lost or the kernel ends.
+are already placed) until one of their agents is lost or the kernel ends. For a Ray Client
+address (``ray://``) a placement also holds a :class:`~.channel_relay.ChannelRelay` on the head
+node, which the workers connect to instead of the kernel.
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ def connect(address: str) -> Any:
     return ray
 
 
+def is_client_address(address: str) -> bool:
+    """Whether ``address`` is a Ray Client one (``ray://host:port``): the kernel is outside the
+    cluster's network, so its workers' channels go through a relay."""
+    return address.startswith("ray://")
+
+
 def connected() -> str | None:
     """The address of the cluster this kernel is connected to, if any."""
     return _connected[0] if _connected else None
@@ -108,6 +116,7 @@ class Placement:
     addresses: list[str]  # each rank's node address
     pids: list[int]  # each agent's pid on its node
     gpus: list[list[str]]  # the GPUs Ray assigned each rank
+    relay: Any = None  # ActorHandle of ChannelRelay, for a Ray Client address
 
     def visible_gpus(self, rank: int, per_node: int) -> str:
         """``CUDA_VISIBLE_DEVICES`` for ``rank``: its node's ranks' GPUs in local-rank order, so
@@ -118,7 +127,7 @@ class Placement:
     def close(self) -> None:
         """Stop the agents and free the placement group."""
         ray = ray_module()
-        for agent in self.agents:
+        for agent in (*self.agents, *([self.relay] if self.relay is not None else [])):
             with contextlib.suppress(Exception):
                 ray.kill(agent, no_restart=True)
         with contextlib.suppress(Exception):
@@ -169,7 +178,8 @@ def placement_for(plan: LaunchPlan) -> Placement:
         ).remote()
         for rank in range(plan.world_size)
     ]
-    placed = Placement(group, agents, [], [], [])
+    placed = Placement(group, agents, [], [], [],
+                       _start_relay(ray) if is_client_address(plan.cluster) else None)
     try:
         where = ray.get([agent.where.remote() for agent in agents], timeout=AGENT_TIMEOUT)
     except BaseException as exc:
@@ -183,6 +193,19 @@ def placement_for(plan: LaunchPlan) -> Placement:
     placed.gpus = [gpus for _, _, gpus in where]
     _placements[_key(plan)] = placed
     return placed
+
+
+def _start_relay(ray: Any) -> Any:
+    """A :class:`~.channel_relay.ChannelRelay` on the head node (no CPU of the job's)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from notebook_accel.launch.channel_relay import ChannelRelay
+
+    head = next(n["NodeID"] for n in ray.nodes()
+                if n.get("Alive") and "node:__internal_head__" in n["Resources"])
+    return ray.remote(ChannelRelay).options(
+        num_cpus=0, max_concurrency=64,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
 
 
 def discard(plan: LaunchPlan) -> None:

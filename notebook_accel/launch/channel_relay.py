@@ -1,0 +1,263 @@
+"""The workers' channels through Ray, for a kernel the nodes cannot reach (a Ray Client address).
+
+With ``cluster="ray://head:10001"`` the kernel talks to the cluster only through the Ray Client
+server, so the workers cannot connect back to it. A :class:`ChannelRelay` actor on the head node
+stands in for it: it accepts the workers' connections exactly as the kernel's
+:class:`~.channel_server.ChannelServer` does (it runs one), and :class:`RelayedChannels`, in the
+kernel, gives the supervisor one socket per rank and channel, pumped to and from the relay by
+Ray actor calls. The bytes are the one wire's, unchanged, so the supervisor, output relay, views
+and failure records are the same; an end of file travels as one too (a rank gone, a kill's closed
+*alive* channel, a pool's closed *commands* channel).
+
+Bounded: the relay reads a connection only while less than ``BUFFER_LIMIT`` bytes of it wait
+for the kernel (the worker then blocks in its write, as on a local pipe). A session ends when
+the kernel has closed every channel (or on failure); the actor ends with its placement, or with
+the kernel's Ray job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from notebook_accel.launch.channel_server import ChannelServer
+from notebook_accel.launch.worker.node_agent import CHANNELS, RUN_CHANNELS
+
+BUFFER_LIMIT = 1 << 20  # bytes of one connection held in the relay before it stops reading it
+PULL_LIMIT = 4 << 20  # bytes one pull carries at most
+PULL_WAIT = 0.5  # seconds a pull waits for data before returning empty
+Chunk = tuple[int, int, bytes]  # rank, channel index, bytes (b"": end of file)
+
+
+class _Session:
+    """One launch's connections in the relay: accepted, read into bounded buffers, written."""
+
+    def __init__(self, world_size: int, serve: bool) -> None:
+        import ray
+
+        self.server = ChannelServer(ray.util.get_node_ip_address(), world_size, serve,
+                                    owner="the kernel's relay on the head node")
+        self.socks: dict[tuple[int, int], socket.socket] = {}
+        self.buffers: dict[tuple[int, int], bytearray] = {}
+        self.ended: set[tuple[int, int]] = set()  # read to end of file
+        self.told: set[tuple[int, int]] = set()  # ... and that end of file pulled
+        self.closed = False
+        self.ready = threading.Condition()
+        self._wake_r, self._wake_w = socket.socketpair()
+
+    def accept(self, timeout: float) -> str | None:
+        """Take every rank's connections; None, or what is missing after ``timeout`` seconds."""
+        def check() -> None:
+            if self.closed:
+                raise ConnectionAbortedError("the launch was abandoned")
+        try:
+            got = self.server.accept(time.monotonic() + timeout, check)
+        except TimeoutError as exc:
+            return str(exc)
+        finally:
+            self.server.close()
+        for rank, channels in got.items():
+            for name, sock in channels.items():
+                sock.setblocking(True)
+                key = (rank, CHANNELS.index(name))
+                self.socks[key], self.buffers[key] = sock, bytearray()
+        threading.Thread(target=self._read, name="notebook-accel-relay", daemon=True).start()
+        return []
+
+    def _read(self) -> None:
+        while not self.closed:
+            with self.ready:
+                open_ = {self.socks[k]: k for k in self.socks
+                         if k not in self.ended and len(self.buffers[k]) < BUFFER_LIMIT}
+            readable, _, _ = select.select([*open_, self._wake_r], [], [], PULL_WAIT)
+            for sock in readable:
+                if sock is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+                    continue
+                key = open_[sock]
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                with self.ready:
+                    if data:
+                        self.buffers[key] += data
+                    else:
+                        self.ended.add(key)
+                    self.ready.notify_all()
+
+    def pull(self, wait: float) -> list[Chunk] | None:
+        """What the workers sent since the last pull (waits up to ``wait`` seconds for some);
+        None once the session is closed."""
+        with self.ready:
+            self.ready.wait_for(lambda: self.closed or self._pending(), wait)
+            if self.closed:
+                return None
+            chunks, size = [], 0
+            for key, buffer in self.buffers.items():
+                if buffer and size < PULL_LIMIT:
+                    data = bytes(buffer[:PULL_LIMIT - size])
+                    del buffer[:len(data)]
+                    chunks.append((*key, data))
+                    size += len(data)
+                if not buffer and key in self.ended and key not in self.told:
+                    chunks.append((*key, b""))
+                    self.told.add(key)
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"\0")  # buffers drained: read on
+            return chunks
+
+    def _pending(self) -> bool:
+        return any(buffer or (k in self.ended and k not in self.told)
+                   for k, buffer in self.buffers.items())
+
+    def push(self, rank: int, index: int, data: bytes) -> None:
+        """Write ``data`` to the worker's connection (b"": close its writing side)."""
+        sock = self.socks.get((rank, index))
+        if sock is None or sock.fileno() < 0:
+            return
+        with contextlib.suppress(OSError):
+            if data:
+                sock.sendall(data)
+            else:
+                sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        with self.ready:
+            self.closed = True
+            self.ready.notify_all()
+        self.server.close()
+        for sock in (*self.socks.values(), self._wake_r, self._wake_w):
+            sock.close()
+
+
+class ChannelRelay:
+    """The in-cluster end (a Ray actor on the head node; the kernel wraps it in ``ray.remote``):
+    one :class:`_Session` per launch."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[int, _Session] = {}
+        self._ids = itertools.count()
+
+    def open(self, world_size: int, serve: bool) -> tuple[int, tuple[str, int], bytes]:
+        """A new session: its id, and the address and token its workers connect with."""
+        session = _Session(world_size, serve)
+        key = next(self._ids)
+        self._sessions[key] = session
+        return key, session.server.address, session.server.token
+
+    def accept(self, key: int, timeout: float) -> str | None:
+        return self._sessions[key].accept(timeout)
+
+    def pull(self, key: int, wait: float) -> list[Chunk] | None:
+        session = self._sessions.get(key)
+        return None if session is None else session.pull(wait)
+
+    def push(self, key: int, rank: int, index: int, data: bytes) -> None:
+        session = self._sessions.get(key)
+        if session is not None:
+            session.push(rank, index, data)
+
+    def sessions(self) -> int:
+        """How many launches (or pools) it relays now."""
+        return len(self._sessions)
+
+    def close(self, key: int) -> None:
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            session.close()
+
+
+class RelayedChannels:
+    """The kernel's end of one session: a socket per rank and channel for the supervisor, the
+    surface of :class:`~.channel_server.ChannelServer` (``address``, ``token``, ``accept``,
+    ``close``)."""
+
+    def __init__(self, ray: Any, relay: Any, world_size: int, serve: bool) -> None:
+        self._ray, self._relay = ray, relay
+        self.world_size = world_size
+        self.channels = CHANNELS if serve else RUN_CHANNELS
+        self.key, self.address, self.token = ray.get(relay.open.remote(world_size, serve))
+        self._pumps: dict[socket.socket, tuple[int, int]] = {}  # our end -> (rank, channel index)
+        self._done = threading.Event()
+
+    def accept(self, deadline: float, check: Callable[[], None]) -> dict[int, dict[str, socket.socket]]:
+        """Every rank's channels (the kernel's ends), once the relay has all their connections.
+
+        Raises:
+            TimeoutError: not all arrived by ``deadline``, naming the ranks missing.
+        """
+        try:
+            pending = self._relay.accept.remote(self.key, max(0.0, deadline - time.monotonic()))
+            while not self._ray.wait([pending], timeout=0.1)[0]:
+                check()
+            missing = self._ray.get(pending)
+            if missing:
+                raise TimeoutError(missing)
+        except BaseException:
+            self._end()
+            raise
+        channels: dict[int, dict[str, socket.socket]] = {}
+        for rank in range(self.world_size):
+            for index, name in enumerate(self.channels):
+                ours, theirs = socket.socketpair()
+                theirs.setblocking(name in ("alive", "commands"))
+                channels.setdefault(rank, {})[name] = theirs
+                self._pumps[ours] = (rank, index)
+        threading.Thread(target=self._down, name="notebook-accel-relay-down", daemon=True).start()
+        threading.Thread(target=self._up, name="notebook-accel-relay-up", daemon=True).start()
+        return channels
+
+    def close(self) -> None:
+        """Stop taking connections (the session lives on until every channel is closed)."""
+
+    def _down(self) -> None:
+        """Workers -> kernel: write what the relay pulled into our ends."""
+        ends = {key: sock for sock, key in self._pumps.items()}
+        while not self._done.is_set():
+            try:
+                chunks = self._ray.get(self._relay.pull.remote(self.key, PULL_WAIT))
+            except Exception:  # noqa: BLE001 - the relay (its node) is gone: every channel ends
+                chunks = [(*key, b"") for key in ends]
+                self._done.set()
+            if chunks is None:
+                return
+            for rank, index, data in chunks:
+                with contextlib.suppress(OSError):
+                    if data:
+                        ends[(rank, index)].sendall(data)
+                    else:
+                        ends[(rank, index)].shutdown(socket.SHUT_WR)
+
+    def _up(self) -> None:
+        """Kernel -> workers: what the supervisor writes (a pool's runs) or closes (a kill, the
+        end of a pool's commands, the end of the job), in order; the session ends when every
+        channel is closed here."""
+        open_ = dict(self._pumps)
+        while open_ and not self._done.is_set():
+            readable, _, _ = select.select(list(open_), [], [], PULL_WAIT)
+            for sock in readable:
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    del open_[sock]
+                try:
+                    self._ray.get(self._relay.push.remote(self.key, *self._pumps[sock], data))
+                except Exception:  # noqa: BLE001 - the relay is gone: _down ends every channel
+                    open_.clear()
+                    break
+        self._end()
+
+    def _end(self) -> None:
+        self._done.set()
+        with contextlib.suppress(Exception):
+            self._relay.close.remote(self.key)
