@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 PLACE_TIMEOUT = 20.0  # seconds a placement group may stay pending before the launch is refused
 AGENT_TIMEOUT = 120.0  # seconds for the agents to start (each imports torch)
 PING_TIMEOUT = 10.0  # seconds placed agents have to answer before a launch places new ones
+CLIENT_ATTEMPTS = 3  # Ray Client connections tried (the head's per-client server can die starting:
+_CLIENT_SERVER_DIED = "Starting Ray client server failed"  # github.com/ray-project/ray/issues/63202)
 _connected: list[str] = []  # the address this kernel's Ray connection was made with
 _placements: dict[tuple, Placement] = {}
 
@@ -55,9 +57,15 @@ def connect(address: str) -> Any:
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # a dead agent's unread replies
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except ConnectionError as exc:
-        raise ConnectionError(f"cluster={address!r}: no Ray cluster answers there ({exc})") from None
+        for attempt in range(CLIENT_ATTEMPTS if is_client_address(address) else 1):
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+                break
+            except ConnectionError as exc:
+                if attempt + 1 < CLIENT_ATTEMPTS and _CLIENT_SERVER_DIED in str(exc):
+                    continue  # the head's per-client server died as it started: ask for another
+                raise ConnectionError(f"cluster={address!r}: no Ray cluster answers there "
+                                      f"({exc})") from None
     finally:
         for sig, handler in saved.items():
             with contextlib.suppress(ValueError, TypeError):  # not the main thread / a C handler
@@ -161,8 +169,7 @@ def placement_for(plan: LaunchPlan) -> Placement:
 
     need = _needs(plan)
     group = placement_group([dict(need) for _ in range(plan.num_nodes)], strategy="STRICT_SPREAD")
-    ready, _ = ray.wait([group.ready()], timeout=PLACE_TIMEOUT)
-    if not ready:
+    if not group.wait(PLACE_TIMEOUT):  # a call to the GCS: no task (and no worker) to start
         ray.util.remove_placement_group(group)
         each = ", ".join(f"{v:g} {k}" for k, v in need.items())
         raise RuntimeError(
