@@ -17,6 +17,7 @@ the kernel's Ray job.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import select
@@ -32,6 +33,7 @@ from notebook_accel.launch.worker.node_agent import CHANNELS, RUN_CHANNELS
 BUFFER_LIMIT = 1 << 20  # bytes of one connection held in the relay before it stops reading it
 PULL_LIMIT = 4 << 20  # bytes one pull carries at most
 PULL_WAIT = 0.5  # seconds a pull waits for data before returning empty
+PUSHES_IN_FLIGHT = 64  # pushes the kernel sends before waiting for the oldest
 Chunk = tuple[int, int, bytes]  # rank, channel index, bytes (b"": end of file)
 
 
@@ -48,6 +50,7 @@ class _Session:
         self.ended: set[tuple[int, int]] = set()  # read to end of file
         self.told: set[tuple[int, int]] = set()  # ... and that end of file pulled
         self.closed = False
+        self.pushed = 0  # pushes written: the next one's sequence number
         self.ready = threading.Condition()
         self._wake_r, self._wake_w = socket.socketpair()
 
@@ -75,7 +78,10 @@ class _Session:
             with self.ready:
                 open_ = {self.socks[k]: k for k in self.socks
                          if k not in self.ended and len(self.buffers[k]) < BUFFER_LIMIT}
-            readable, _, _ = select.select([*open_, self._wake_r], [], [], PULL_WAIT)
+            try:
+                readable, _, _ = select.select([*open_, self._wake_r], [], [], PULL_WAIT)
+            except (OSError, ValueError):  # closed under us: the session ended
+                return
             for sock in readable:
                 if sock is self._wake_r:
                     with contextlib.suppress(OSError):
@@ -118,16 +124,21 @@ class _Session:
         return any(buffer or (k in self.ended and k not in self.told)
                    for k, buffer in self.buffers.items())
 
-    def push(self, rank: int, index: int, data: bytes) -> None:
-        """Write ``data`` to the worker's connection (b"": close its writing side)."""
+    def push(self, seq: int, rank: int, index: int, data: bytes) -> None:
+        """Write ``data`` to the worker's connection (b"": close its writing side), after the
+        pushes numbered before ``seq`` (the kernel does not wait for each: calls may come out of
+        order)."""
+        with self.ready:
+            self.ready.wait_for(lambda: self.pushed == seq or self.closed)
         sock = self.socks.get((rank, index))
-        if sock is None or sock.fileno() < 0:
-            return
         with contextlib.suppress(OSError):
-            if data:
+            if sock is not None and data:
                 sock.sendall(data)
-            else:
+            elif sock is not None:
                 sock.shutdown(socket.SHUT_WR)
+        with self.ready:
+            self.pushed += 1
+            self.ready.notify_all()
 
     def close(self) -> None:
         with self.ready:
@@ -160,10 +171,10 @@ class ChannelRelay:
         session = self._sessions.get(key)
         return None if session is None else session.pull(wait)
 
-    def push(self, key: int, rank: int, index: int, data: bytes) -> None:
+    def push(self, key: int, seq: int, rank: int, index: int, data: bytes) -> None:
         session = self._sessions.get(key)
         if session is not None:
-            session.push(rank, index, data)
+            session.push(seq, rank, index, data)
 
     def sessions(self) -> int:
         """How many launches (or pools) it relays now."""
@@ -241,20 +252,25 @@ class RelayedChannels:
         end of a pool's commands, the end of the job), in order; the session ends when every
         channel is closed here."""
         open_ = dict(self._pumps)
-        while open_ and not self._done.is_set():
-            readable, _, _ = select.select(list(open_), [], [], PULL_WAIT)
-            for sock in readable:
-                try:
-                    data = sock.recv(65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    del open_[sock]
-                try:
-                    self._ray.get(self._relay.push.remote(self.key, *self._pumps[sock], data))
-                except Exception:  # noqa: BLE001 - the relay is gone: _down ends every channel
-                    open_.clear()
-                    break
+        numbers = itertools.count()
+        in_flight: collections.deque = collections.deque()
+        try:
+            while open_ and not self._done.is_set():
+                readable, _, _ = select.select(list(open_), [], [], PULL_WAIT)
+                for sock in readable:
+                    try:
+                        data = sock.recv(65536)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        del open_[sock]
+                    in_flight.append(self._relay.push.remote(self.key, next(numbers),
+                                                             *self._pumps[sock], data))
+                    if len(in_flight) > PUSHES_IN_FLIGHT:
+                        self._ray.get(in_flight.popleft())
+            self._ray.get(list(in_flight))
+        except Exception:  # noqa: BLE001, S110 - the relay is gone: _down ends every channel
+            pass
         self._end()
 
     def _end(self) -> None:
