@@ -160,3 +160,43 @@ def test_a_pool_across_two_nodes_then_nothing_is_left(client_cluster):
     while (ray.get(relay.sessions.remote()) or any(psutil.Process(p).children() for p in agents)):
         assert time.monotonic() < deadline, "a relay session or a worker was left"
         time.sleep(0.1)
+
+
+def _wait_in_a_collective():
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    print(f"pid={os.getpid()}", flush=True)
+    dist.init_process_group("gloo")
+    while True:
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.1)
+
+
+def test_losing_node_b_fails_the_job_within_10s_naming_it(client_cluster, capfd):
+    """Last in the module: node B (127.0.0.2) does not come back."""
+    lost: list[float] = []
+
+    def kill_raylet() -> None:
+        time.sleep(5)  # the ranks are in their collectives by then (agents are warm)
+        lost.append(time.monotonic())
+        client_cluster.nodes[1].raylet().kill()
+
+    killer = threading.Thread(target=kill_raylet)
+    killer.start()
+    with pytest.raises(WorkerError) as caught:
+        _launch(client_cluster, _wait_in_a_collective)
+    took = time.monotonic() - lost[0]
+    killer.join()
+    assert re.match(r"rank (\d) on node \1 \(127\.0\.0\.2\) ended without an exit status: "
+                    "its node or its Ray worker was lost", str(caught.value)), str(caught.value)
+    assert took < 10.0, f"{took:.2f} s from losing node B to the error"
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", capfd.readouterr().out)]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
