@@ -40,10 +40,8 @@ Chunk = tuple[int, int, bytes]  # rank, channel index, bytes (b"": end of file)
 class _Session:
     """One launch's connections in the relay: accepted, read into bounded buffers, written."""
 
-    def __init__(self, world_size: int, serve: bool) -> None:
-        import ray
-
-        self.server = ChannelServer(ray.util.get_node_ip_address(), world_size, serve,
+    def __init__(self, host: str, world_size: int, serve: bool) -> None:
+        self.server = ChannelServer(host, world_size, serve,
                                     owner="the kernel's relay on the head node")
         self.socks: dict[tuple[int, int], socket.socket] = {}
         self.buffers: dict[tuple[int, int], bytearray] = {}
@@ -71,7 +69,7 @@ class _Session:
                 key = (rank, CHANNELS.index(name))
                 self.socks[key], self.buffers[key] = sock, bytearray()
         threading.Thread(target=self._read, name="notebook-accel-relay", daemon=True).start()
-        return []
+        return None
 
     def _read(self) -> None:
         while not self.closed:
@@ -151,15 +149,20 @@ class _Session:
 
 class ChannelRelay:
     """The in-cluster end (a Ray actor on the head node; the kernel wraps it in ``ray.remote``):
-    one :class:`_Session` per launch."""
+    one :class:`_Session` per launch, listening on ``host`` (default: its node's address)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str | None = None) -> None:
+        if host is None:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        self._host = host
         self._sessions: dict[int, _Session] = {}
         self._ids = itertools.count()
 
     def open(self, world_size: int, serve: bool) -> tuple[int, tuple[str, int], bytes]:
         """A new session: its id, and the address and token its workers connect with."""
-        session = _Session(world_size, serve)
+        session = _Session(self._host, world_size, serve)
         key = next(self._ids)
         self._sessions[key] = session
         return key, session.server.address, session.server.token
