@@ -110,9 +110,10 @@ def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float =
     cluster = LocalCluster(f"ray://127.0.0.1:{client_port}" if client else gcs, logs=logs)
     deadline = time.monotonic() + timeout
     try:
+        serve_clients = [f"--ray-client-server-port={client_port}"] if client else []
         head = _start(["--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-                       f"--ray-client-server-port={client_port}", "--include-dashboard=false"],
-                      cpus_per_node, logs / "head.log")
+                       "--include-dashboard=false", *serve_clients], cpus_per_node,
+                      logs / "head.log")
         cluster.nodes.append(Node("127.0.0.1", head))
         for head_port in (port, client_port) if client else (port,):
             while True:
