@@ -34,6 +34,8 @@ BUFFER_LIMIT = 1 << 20  # bytes of one connection held in the relay before it st
 PULL_LIMIT = 4 << 20  # bytes one pull carries at most
 PULL_WAIT = 0.5  # seconds a pull waits for data before returning empty
 PUSHES_IN_FLIGHT = 64  # pushes the kernel sends before waiting for the oldest
+ALIVE_GRACE = 0.5  # seconds a rank's end (its *alive* channel's) may wait for its other channels
+_ALIVE = CHANNELS.index("alive")
 Chunk = tuple[int, int, bytes]  # rank, channel index, bytes (b"": end of file)
 
 
@@ -45,7 +47,7 @@ class _Session:
                                     owner="the kernel's relay on the head node")
         self.socks: dict[tuple[int, int], socket.socket] = {}
         self.buffers: dict[tuple[int, int], bytearray] = {}
-        self.ended: set[tuple[int, int]] = set()  # read to end of file
+        self.ended: dict[tuple[int, int], float] = {}  # read to end of file, when
         self.told: set[tuple[int, int]] = set()  # ... and that end of file pulled
         self.closed = False
         self.pushed = 0  # pushes written: the next one's sequence number
@@ -74,10 +76,10 @@ class _Session:
     def _read(self) -> None:
         while not self.closed:
             with self.ready:
-                open_ = {self.socks[k]: k for k in self.socks
-                         if k not in self.ended and len(self.buffers[k]) < BUFFER_LIMIT}
+                room = {self.socks[k]: (k, BUFFER_LIMIT - len(self.buffers[k])) for k in self.socks
+                        if k not in self.ended and len(self.buffers[k]) < BUFFER_LIMIT}
             try:
-                readable, _, _ = select.select([*open_, self._wake_r], [], [], PULL_WAIT)
+                readable, _, _ = select.select([*room, self._wake_r], [], [], PULL_WAIT)
             except (OSError, ValueError):  # closed under us: the session ended
                 return
             for sock in readable:
@@ -85,16 +87,16 @@ class _Session:
                     with contextlib.suppress(OSError):
                         self._wake_r.recv(4096)
                     continue
-                key = open_[sock]
+                key, free = room[sock]  # pulls only add room meanwhile
                 try:
-                    data = sock.recv(65536)
+                    data = sock.recv(min(65536, free))
                 except OSError:
                     data = b""
                 with self.ready:
                     if data:
                         self.buffers[key] += data
                     else:
-                        self.ended.add(key)
+                        self.ended[key] = time.monotonic()
                     self.ready.notify_all()
 
     def pull(self, wait: float) -> list[Chunk] | None:
@@ -111,16 +113,29 @@ class _Session:
                     del buffer[:len(data)]
                     chunks.append((*key, data))
                     size += len(data)
-                if not buffer and key in self.ended and key not in self.told:
-                    chunks.append((*key, b""))
-                    self.told.add(key)
+            ends = sorted(self._ends(), key=lambda key: key[1] == _ALIVE)  # a rank's end last
+            chunks += [(*key, b"") for key in ends]
+            self.told.update(ends)
             with contextlib.suppress(OSError):
                 self._wake_w.send(b"\0")  # buffers drained: read on
             return chunks
 
     def _pending(self) -> bool:
-        return any(buffer or (k in self.ended and k not in self.told)
-                   for k, buffer in self.buffers.items())
+        return any(self.buffers.values()) or bool(self._ends())
+
+    def _ends(self) -> list[tuple[int, int]]:
+        """The ends of file to tell now: after the data before them, and a rank's *alive* one
+        (its end, for the supervisor) after its other channels' (its result, its last output),
+        or ``ALIVE_GRACE`` seconds after it came (a child process may hold them open)."""
+        ends = {k for k in self.ended if k not in self.told and not self.buffers[k]}
+        done = ends | self.told
+        now = time.monotonic()
+
+        def rank_done(rank: int) -> bool:
+            return all(k in done for k in self.buffers if k[0] == rank and k[1] != _ALIVE)
+
+        return [k for k in ends if k[1] != _ALIVE or rank_done(k[0])
+                or now - self.ended[k] >= ALIVE_GRACE]
 
     def push(self, seq: int, rank: int, index: int, data: bytes) -> None:
         """Write ``data`` to the worker's connection (b"": close its writing side), after the
@@ -230,7 +245,8 @@ class RelayedChannels:
         return channels
 
     def close(self) -> None:
-        """Stop taking connections (the session lives on until every channel is closed)."""
+        """Nothing to do: the relay stops listening once every rank has connected, and the
+        session ends when every channel is closed here."""
 
     def _down(self) -> None:
         """Workers -> kernel: write what the relay pulled into our ends."""

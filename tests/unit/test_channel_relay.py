@@ -4,6 +4,7 @@ kernel does not read, and pushes that arrive out of order are written in order."
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -105,6 +106,29 @@ def test_the_relay_holds_at_most_its_limit_while_the_kernel_does_not_read():
     assert _read(channels[0]["stdout"], len(payload)) == payload
     sent.join(5)
     for sock in channels[0].values():
+        sock.close()
+
+
+def test_a_rank_ends_in_the_kernel_after_its_result_and_output_arrived():
+    """The supervisor reads a rank's result when its *alive* channel ends: that end comes last,
+    even when the relay reads it first."""
+    relay, channels, workers = _open()
+    result = b"r" * 50_000  # within a socket pair's buffer: the test reads it only at the end
+    workers[0]["alive"].close()  # the relay sees the end first...
+    time.sleep(0.2)
+    workers[0]["control"].sendall(result)  # ...then the result and the other channels' ends
+    for name in ("stdout", "stderr", "control", "events", "commands"):
+        workers[0][name].close()
+    kernel = channels[0]
+    kernel["alive"].settimeout(5)
+    assert kernel["alive"].recv(1) == b""
+    kernel["control"].setblocking(False)
+    got = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := kernel["control"].recv(1 << 20):
+            got += chunk
+    assert got == result  # all of it was there when the rank ended
+    for sock in kernel.values():
         sock.close()
 
 
