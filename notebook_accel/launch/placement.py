@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 PLACE_TIMEOUT = 20.0  # seconds a placement group may stay pending before the launch is refused
 AGENT_TIMEOUT = 120.0  # seconds for the agents to start (each imports torch)
 PING_TIMEOUT = 10.0  # seconds placed agents have to answer before a launch places new ones
-CLIENT_ATTEMPTS = 3  # Ray Client connections tried (the head's per-client server can die starting:
-_CLIENT_SERVER_DIED = "Starting Ray client server failed"  # github.com/ray-project/ray/issues/63202)
+CLIENT_ATTEMPTS = 3  # Ray Client connections tried: the head's per-client server can die as it
+# starts (github.com/ray-project/ray/issues/63202); the kernel then asks for another
+_CLIENT_SERVER_DIED = "Starting Ray client server failed"
 _connected: list[str] = []  # the address this kernel's Ray connection was made with
 _placements: dict[tuple, Placement] = {}
 
@@ -133,11 +134,12 @@ class Placement:
         return ",".join(g for gpus in self.gpus[first:first + per_node] for g in gpus)
 
     def close(self) -> None:
-        """Stop the agents and free the placement group."""
+        """Stop the agents (and the relay) and free the placement group."""
         ray = ray_module()
-        for agent in (*self.agents, *([self.relay] if self.relay is not None else [])):
-            with contextlib.suppress(Exception):
-                ray.kill(agent, no_restart=True)
+        for actor in (*self.agents, self.relay):
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
         with contextlib.suppress(Exception):
             ray.util.remove_placement_group(self.group)
 

@@ -5,8 +5,8 @@ nodes, ranks numbered node by node), starts and keeps it, and reports its death.
 forks a worker from every agent; the worker runs our own runtime and connects its channels
 back to the kernel (``launch/channel_server.py``), or, for a Ray Client address, to a relay on
 the head node that the kernel pumps through Ray (``launch/channel_relay.py``), so the
-supervisor, output relay, views and failure records are the same as for local processes. Rank 0's node hosts the rendezvous store,
-on a port that its agent found free there.
+supervisor, output relay, views and failure records are the same as for local processes.
+Rank 0's node hosts the rendezvous store, on a port that its agent found free there.
 """
 
 from __future__ import annotations
@@ -151,10 +151,11 @@ def start_ranks(plan: LaunchPlan, payload: Payload | None) -> list[ClusterHandle
     serving runs from their commands channel); returns their handles once all connected."""
     placed = placement.placement_for(plan)
     ray = placement.ray_module()
-    port = ray.get(placed.agents[0].free_port.remote(placed.addresses[0]))
+    port_ref = placed.agents[0].free_port.remote(placed.addresses[0])
     server = (ChannelServer(ray.util.get_node_ip_address(), plan.world_size, serve=payload is None)
-              if placed.relay is None else
+              if placed.relay is None else  # its session opens while the port is found
               RelayedChannels(ray, placed.relay, plan.world_size, serve=payload is None))
+    port = ray.get(port_ref)
     payload_ref = ray.put(payload)
     pids: dict[int, int] = {}
     try:
