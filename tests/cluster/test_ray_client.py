@@ -1,6 +1,7 @@
 """A Ray Client address (ray://): the workers reach the kernel through the relay on the head
-node (launch/channel_relay.py). Results, output, a crash on node B, the stop button and a warm
-pool, on 2 raylets (127.0.0.1, 127.0.0.2), with nothing left behind."""
+node (launch/channel_relay.py). The magic's pool from a kernel, results, output, a crash on node
+B, the stop button, a warm pool and a lost node, on 2 raylets (127.0.0.1, 127.0.0.2), with nothing
+left behind."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from notebook_accel import WorkerError, notebook_launcher
 from notebook_accel.launch import placement
 from notebook_accel.launch.pool import WorkerPool
+from tests.kernel_harness import Kernel
 
 pytestmark = pytest.mark.slow
 SHARED_WORKERS = True  # the cluster's raylets and placed agents live for the whole module
@@ -25,6 +27,23 @@ SHARED_WORKERS = True  # the cluster's raylets and placed agents live for the wh
 def _launch(cluster, function, **options):
     return notebook_launcher(function, num_processes=1, num_nodes=2, cluster=cluster.address,
                              **options)
+
+
+def test_the_notebooks_pool_through_the_magic_from_a_kernel(client_cluster):
+    """First in the module: the kernel is a second Ray Client of the cluster, and its pool
+    needs the nodes' CPUs, which this process's placements take later."""
+    kernel = Kernel()
+    try:
+        kernel.ok("%load_ext notebook_accel")
+        started = kernel.ok(f"%accelerate start -n 1 --nodes 2 --cluster {client_cluster.address}",
+                            timeout=180)
+        assert "pool up: 2 ranks" in started.stdout, started.stdout + started.stderr
+        lines = kernel.ok("%%accelerate\nimport os\nprint('hello from', os.environ['RANK'])").stdout
+        assert "[node 0 rank 0] hello from 0" in lines and "[node 1 rank 1] hello from 1" in lines
+        kernel.ok("%accelerate stop")
+    finally:
+        kernel.ok("from notebook_accel.launch import placement; placement.disconnect()")
+        kernel.shutdown()
 
 
 def _relay_and_agents():
