@@ -216,6 +216,8 @@ class RelayedChannels:
         self.key, self.address, self.token = ray.get(relay.open.remote(world_size, serve))
         self._pumps: dict[socket.socket, tuple[int, int]] = {}  # our end -> (rank, channel index)
         self._done = threading.Event()
+        self._pumping = 2  # threads still using our ends; the last one out closes them
+        self._lock = threading.Lock()
 
     def accept(self, deadline: float, check: Callable[[], None]) -> dict[int, dict[str, socket.socket]]:
         """Every rank's channels (the kernel's ends), once the relay has all their connections.
@@ -251,6 +253,12 @@ class RelayedChannels:
     def _down(self) -> None:
         """Workers -> kernel: write what the relay pulled into our ends."""
         ends = {key: sock for sock, key in self._pumps.items()}
+        try:
+            self._pull_into(ends)
+        finally:
+            self._leave()
+
+    def _pull_into(self, ends: dict[tuple[int, int], socket.socket]) -> None:
         while not self._done.is_set():
             try:
                 chunks = self._ray.get(self._relay.pull.remote(self.key, PULL_WAIT))
@@ -291,6 +299,15 @@ class RelayedChannels:
         except Exception:  # noqa: BLE001, S110 - the relay is gone: _down ends every channel
             pass
         self._end()
+        self._leave()
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._pumping -= 1
+            last = self._pumping == 0
+        if last:
+            for sock in self._pumps:
+                sock.close()
 
     def _end(self) -> None:
         self._done.set()

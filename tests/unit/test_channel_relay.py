@@ -39,7 +39,7 @@ class _Ray:
 
 
 def _open(world_size: int = 1):
-    """The kernel's channels and each rank's worker-side sockets, by channel name."""
+    """The relay, the kernel's end, its channels and each rank's worker-side sockets."""
     relay = ChannelRelay(host="127.0.0.1")
     kernel = RelayedChannels(_Ray, _Handle(relay), world_size, serve=True)
     workers: dict[int, dict[str, socket.socket]] = {}
@@ -58,7 +58,7 @@ def _open(world_size: int = 1):
     for by_name in channels.values():
         for sock in by_name.values():
             sock.setblocking(True)
-    return relay, channels, workers
+    return relay, kernel, channels, workers
 
 
 def _read(sock: socket.socket, size: int) -> bytes:
@@ -71,7 +71,7 @@ def _read(sock: socket.socket, size: int) -> bytes:
 
 
 def test_bytes_and_ends_of_file_travel_both_ways_and_the_session_ends_with_the_channels():
-    relay, channels, workers = _open()
+    relay, pumps, channels, workers = _open()
     kernel, worker = channels[0], workers[0]
     payload = bytes(range(256)) * 12_000  # 3 MiB: several pulls
     threading.Thread(target=worker["stdout"].sendall, args=(payload,)).start()
@@ -88,13 +88,15 @@ def test_bytes_and_ends_of_file_travel_both_ways_and_the_session_ends_with_the_c
     for sock in kernel.values():
         sock.close()
     deadline = time.monotonic() + 5
-    while relay.sessions() and time.monotonic() < deadline:
+    while (relay.sessions() or any(s.fileno() >= 0 for s in pumps._pumps)) and (
+            time.monotonic() < deadline):
         time.sleep(0.05)
     assert relay.sessions() == 0
+    assert all(sock.fileno() == -1 for sock in pumps._pumps)  # the kernel keeps no socket
 
 
 def test_the_relay_holds_at_most_its_limit_while_the_kernel_does_not_read():
-    relay, channels, workers = _open()
+    relay, _, channels, workers = _open()
     payload = b"x" * (16 << 20)
     sent = threading.Thread(target=workers[0]["stdout"].sendall, args=(payload,), daemon=True)
     sent.start()
@@ -112,7 +114,7 @@ def test_the_relay_holds_at_most_its_limit_while_the_kernel_does_not_read():
 def test_a_rank_ends_in_the_kernel_after_its_result_and_output_arrived():
     """The supervisor reads a rank's result when its *alive* channel ends: that end comes last,
     even when the relay reads it first."""
-    relay, channels, workers = _open()
+    relay, _, channels, workers = _open()
     result = b"r" * 50_000  # within a socket pair's buffer: the test reads it only at the end
     workers[0]["alive"].close()  # the relay sees the end first...
     time.sleep(0.2)
