@@ -2,9 +2,10 @@
 2-node Ray cluster, beside Ray Train's ``TorchTrainer`` on the same cluster in the same run.
 
 The cluster is ``start_local_cluster``'s: head on 127.0.0.1, node B on 127.0.0.2, 1 CPU each;
-2 nodes x 1 rank.
+2 nodes x 1 rank. ``--client`` connects through the head's Ray Client server instead
+(``cluster="ray://..."``: the workers' channels go through the relay on the head node).
 
-    python benchmarks/cluster_launch.py [--warm 10] [--cells 200] [--no-ray-train]
+    python benchmarks/cluster_launch.py [--warm 10] [--cells 200] [--no-ray-train] [--client]
 """
 
 from __future__ import annotations
@@ -117,8 +118,10 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--cells", type=int, default=200)
     parser.add_argument("--no-ray-train", action="store_true")
+    parser.add_argument("--client", action="store_true", help="connect with a ray:// address")
     args = parser.parse_args()
-    with start_local_cluster(nodes=2) as cluster:
+    with start_local_cluster(nodes=2, client=args.client) as cluster:
+        print(f"cluster={cluster.address!r}")
         figures = ours(cluster.address, args.warm, args.cells)
         if not args.no_ray_train:
             figures.update(ray_train(cluster.address))

@@ -180,8 +180,9 @@ _OPTIONS = (
          file_key="num_machines", config_flag=True,
          magic_flag="--nodes", cli_flag="--num-machines", panel_field="num_machines"),
     _Opt("cluster", str, "a Ray cluster to run on: any address ray.init takes ('head:6379', "
-         "'auto'); one kernel drives every node", metavar="ADDRESS",
-         valid_text="a Ray cluster address such as 'head:6379' or 'auto'",
+         "'auto', or 'ray://head:10001' from outside its network); one kernel drives every node",
+         metavar="ADDRESS",
+         valid_text="a Ray cluster address such as 'head:6379', 'auto' or 'ray://head:10001'",
          env=CLUSTER_ENV, file_key="cluster",
          magic_flag="--cluster"),
     _Opt("node_rank", int, "this machine's rank, 0 on the main one", metavar="R",

@@ -131,7 +131,8 @@ class LaunchConfig:
         self.start_method = choice("start_method", self.start_method, START_METHODS, str.lower)
         if self.cluster is not None and not (isinstance(self.cluster, str) and self.cluster):
             raise KeyValueError("cluster", f"invalid value {self.cluster!r} for 'cluster'; valid "
-                                "values: a Ray cluster address such as 'head:6379' or 'auto', or null")
+                                "values: a Ray cluster address such as 'head:6379', 'auto' or "
+                                "'ray://head:10001', or null")
 
     @property
     def device_type(self) -> str | None:

@@ -22,10 +22,12 @@ _HELLO_TIMEOUT = 5.0
 
 class ChannelServer:
     """Accepts the channels of ``world_size`` ranks on ``host`` (``serve``: a pool's workers,
-    which also have a commands channel)."""
+    which also have a commands channel) for ``owner`` (named when ranks do not come)."""
 
-    def __init__(self, host: str, world_size: int, serve: bool = False) -> None:
+    def __init__(self, host: str, world_size: int, serve: bool = False,
+                 owner: str = "the kernel") -> None:
         self.token = secrets.token_bytes(32)
+        self.owner = owner
         self.world_size = world_size
         self.channels = CHANNELS if serve else RUN_CHANNELS
         self._listener = socket.create_server((host, 0), backlog=5 * world_size + 8)
@@ -51,7 +53,7 @@ class ChannelServer:
                     if time.monotonic() > deadline:
                         missing = sorted(r for r in range(self.world_size)
                                          if len(got.get(r, {})) < len(self.channels))
-                        raise TimeoutError(f"ranks {missing} did not connect back to the kernel "
+                        raise TimeoutError(f"ranks {missing} did not connect back to {self.owner} "
                                            f"at {self.address[0]}:{self.address[1]}")
                     if not selector.select(0.1):
                         continue

@@ -91,9 +91,13 @@ def _start(args: list[str], cpus: int, log: Path) -> subprocess.Popen:
 
 
 def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float = 120.0,
-                        logs: Path | None = None) -> LocalCluster:
+                        logs: Path | None = None, client: bool = False) -> LocalCluster:
     """Start a head and ``nodes - 1`` more nodes on loopback addresses; returns once every node
     has joined and this kernel is connected (as ``cluster=`` would connect it).
+
+    With ``client`` the kernel connects through the head's Ray Client server, and
+    :attr:`LocalCluster.address` is its ``ray://`` address (as for a cluster outside the
+    kernel's network).
 
     Raises:
         RuntimeError: a node did not start within ``timeout`` seconds (its log is named).
@@ -101,24 +105,28 @@ def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float =
     from notebook_accel.launch import placement
 
     logs = Path(logs or tempfile.mkdtemp(prefix="notebook_accel_ray_"))
-    port = _free_port("127.0.0.1")
-    cluster = LocalCluster(f"127.0.0.1:{port}", logs=logs)
+    port, client_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+    gcs = f"127.0.0.1:{port}"
+    cluster = LocalCluster(f"ray://127.0.0.1:{client_port}" if client else gcs, logs=logs)
     deadline = time.monotonic() + timeout
     try:
+        serve_clients = [f"--ray-client-server-port={client_port}"] if client else []
         head = _start(["--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-                       "--include-dashboard=false"], cpus_per_node, logs / "head.log")
+                       "--include-dashboard=false", *serve_clients], cpus_per_node,
+                      logs / "head.log")
         cluster.nodes.append(Node("127.0.0.1", head))
-        while True:
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            if head.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Ray head did not start; see {logs / 'head.log'}")
-            time.sleep(0.2)
+        for head_port in (port, client_port) if client else (port,):
+            while True:
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", head_port), timeout=0.5).close()
+                    break
+                if head.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the Ray head did not start; see {logs / 'head.log'}")
+                time.sleep(0.2)
         for index in range(1, nodes):
             address = f"127.0.0.{index + 1}"
             cluster.nodes.append(Node(address, _start(
-                [f"--address={cluster.address}", f"--node-ip-address={address}"], cpus_per_node,
+                [f"--address={gcs}", f"--node-ip-address={address}"], cpus_per_node,
                 logs / f"node{index}.log")))
         ray = placement.connect(cluster.address)
         while len(alive := [n for n in ray.nodes() if n["Alive"]]) < nodes:

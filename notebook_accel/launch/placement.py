@@ -3,7 +3,9 @@
 One placement group per job shape (STRICT_SPREAD: one bundle per node, ``num_processes`` CPUs,
 and as many GPUs on ``cuda``), one :class:`~.worker.node_agent.NodeAgent` actor per rank in
 its node's bundle. Placements are kept across launches (a warm launch forks from agents that
-are already placed) until one of their agents is lost or the kernel ends.
+are already placed) until one of their agents is lost or the kernel ends. For a Ray Client
+address (``ray://``) a placement also holds a :class:`~.channel_relay.ChannelRelay` on the head
+node, which the workers connect to instead of the kernel.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
 PLACE_TIMEOUT = 20.0  # seconds a placement group may stay pending before the launch is refused
 AGENT_TIMEOUT = 120.0  # seconds for the agents to start (each imports torch)
 PING_TIMEOUT = 10.0  # seconds placed agents have to answer before a launch places new ones
+CLIENT_ATTEMPTS = 3  # Ray Client connections tried: the head's per-client server can die as it
+# starts (github.com/ray-project/ray/issues/63202); the kernel then asks for another
+_CLIENT_SERVER_DIED = "Starting Ray client server failed"
 _connected: list[str] = []  # the address this kernel's Ray connection was made with
 _placements: dict[tuple, Placement] = {}
 
@@ -53,15 +58,27 @@ def connect(address: str) -> Any:
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # a dead agent's unread replies
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except ConnectionError as exc:
-        raise ConnectionError(f"cluster={address!r}: no Ray cluster answers there ({exc})") from None
+        for attempt in range(CLIENT_ATTEMPTS if is_client_address(address) else 1):
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+                break
+            except ConnectionError as exc:
+                if attempt + 1 < CLIENT_ATTEMPTS and _CLIENT_SERVER_DIED in str(exc):
+                    continue  # the head's per-client server died as it started: ask for another
+                raise ConnectionError(f"cluster={address!r}: no Ray cluster answers there "
+                                      f"({exc})") from None
     finally:
         for sig, handler in saved.items():
             with contextlib.suppress(ValueError, TypeError):  # not the main thread / a C handler
                 signal.signal(sig, handler)
     _connected[:] = [address]
     return ray
+
+
+def is_client_address(address: str) -> bool:
+    """Whether ``address`` is a Ray Client one (``ray://host:port``): the kernel is outside the
+    cluster's network, so its workers' channels go through a relay."""
+    return address.startswith("ray://")
 
 
 def connected() -> str | None:
@@ -108,6 +125,7 @@ class Placement:
     addresses: list[str]  # each rank's node address
     pids: list[int]  # each agent's pid on its node
     gpus: list[list[str]]  # the GPUs Ray assigned each rank
+    relay: Any = None  # ActorHandle of ChannelRelay, for a Ray Client address
 
     def visible_gpus(self, rank: int, per_node: int) -> str:
         """``CUDA_VISIBLE_DEVICES`` for ``rank``: its node's ranks' GPUs in local-rank order, so
@@ -116,11 +134,12 @@ class Placement:
         return ",".join(g for gpus in self.gpus[first:first + per_node] for g in gpus)
 
     def close(self) -> None:
-        """Stop the agents and free the placement group."""
+        """Stop the agents (and the relay) and free the placement group."""
         ray = ray_module()
-        for agent in self.agents:
-            with contextlib.suppress(Exception):
-                ray.kill(agent, no_restart=True)
+        for actor in (*self.agents, self.relay):
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
         with contextlib.suppress(Exception):
             ray.util.remove_placement_group(self.group)
 
@@ -152,8 +171,7 @@ def placement_for(plan: LaunchPlan) -> Placement:
 
     need = _needs(plan)
     group = placement_group([dict(need) for _ in range(plan.num_nodes)], strategy="STRICT_SPREAD")
-    ready, _ = ray.wait([group.ready()], timeout=PLACE_TIMEOUT)
-    if not ready:
+    if not group.wait(PLACE_TIMEOUT):  # a call to the GCS: no task (and no worker) to start
         ray.util.remove_placement_group(group)
         each = ", ".join(f"{v:g} {k}" for k, v in need.items())
         raise RuntimeError(
@@ -169,7 +187,8 @@ def placement_for(plan: LaunchPlan) -> Placement:
         ).remote()
         for rank in range(plan.world_size)
     ]
-    placed = Placement(group, agents, [], [], [])
+    placed = Placement(group, agents, [], [], [],
+                       _start_relay(ray) if is_client_address(plan.cluster) else None)
     try:
         where = ray.get([agent.where.remote() for agent in agents], timeout=AGENT_TIMEOUT)
     except BaseException as exc:
@@ -183,6 +202,19 @@ def placement_for(plan: LaunchPlan) -> Placement:
     placed.gpus = [gpus for _, _, gpus in where]
     _placements[_key(plan)] = placed
     return placed
+
+
+def _start_relay(ray: Any) -> Any:
+    """A :class:`~.channel_relay.ChannelRelay` on the head node (no CPU of the job's)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from notebook_accel.launch.channel_relay import ChannelRelay
+
+    head = next(n["NodeID"] for n in ray.nodes()
+                if n.get("Alive") and "node:__internal_head__" in n["Resources"])
+    return ray.remote(ChannelRelay).options(
+        num_cpus=0, max_concurrency=64,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
 
 
 def discard(plan: LaunchPlan) -> None:

@@ -156,11 +156,6 @@ def _cluster_plan(cluster: str, num_processes: object, num_nodes: int, node_rank
                   worker_env: dict[str, str] | None) -> LaunchPlan:
     """A job on a Ray cluster: this kernel drives every node; Ray places the ranks, so this
     machine's devices and addresses do not bound it (the cluster backend checks the nodes)."""
-    if cluster.startswith("ray://"):
-        raise ValueError(f"cluster={cluster!r}: Ray Client addresses are not supported yet (the workers "
-                         "connect back to this kernel, which must be reachable from every node); run "
-                         "the notebook on a machine of the cluster's network and give the GCS address "
-                         "('head:6379', or 'auto' on a node of the cluster)")
     if node_rank != 0:
         raise ValueError(f"node_rank={node_rank} with cluster={cluster!r}: one kernel drives every "
                          "node of a cluster job, so leave node_rank unset (0)")

@@ -46,7 +46,6 @@ def test_the_cluster_comes_from_the_environment_and_the_config_file(monkeypatch,
     ({"device": "xla"}, ValueError, "runs on 'cpu' or 'cuda'"),
     ({"cluster": ""}, ValueError, "cluster='' must be a Ray cluster address such as 'head:6379'"),
     ({"cluster": 6379}, ValueError, "cluster=6379 must be a Ray cluster address"),
-    ({"cluster": "ray://head:10001"}, ValueError, "'ray://head:10001': Ray Client addresses are not supported"),
 ])
 def test_bad_cluster_options_are_refused_naming_the_value(explicit, error, match):
     with pytest.raises(error, match=match):

@@ -3,9 +3,10 @@
 Ray places one agent per rank (``launch/placement.py``: a placement group spread over the
 nodes, ranks numbered node by node), starts and keeps it, and reports its death. Each launch
 forks a worker from every agent; the worker runs our own runtime and connects its channels
-back to the kernel (``launch/channel_server.py``), so the supervisor, output relay, views and
-failure records are the same as for local processes. Rank 0's node hosts the rendezvous store,
-on a port that its agent found free there.
+back to the kernel (``launch/channel_server.py``), or, for a Ray Client address, to a relay on
+the head node that the kernel pumps through Ray (``launch/channel_relay.py``), so the
+supervisor, output relay, views and failure records are the same as for local processes.
+Rank 0's node hosts the rendezvous store, on a port that its agent found free there.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from notebook_accel.contract import NODE_RANK
 from notebook_accel.launch import placement
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
+from notebook_accel.launch.channel_relay import RelayedChannels
 from notebook_accel.launch.channel_server import ChannelServer
 from notebook_accel.launch.environment import worker_environment
 from notebook_accel.launch.payload import Payload
@@ -31,7 +33,8 @@ CONNECT_TIMEOUT = 60.0  # seconds for every forked worker to connect back
 
 
 class ClusterHandle(WorkerHandle):
-    """A rank forked by its node's agent; its channels are TCP connections to this kernel."""
+    """A rank forked by its node's agent; its channels are TCP connections to this kernel (or
+    sockets pumped from the relay that holds them)."""
 
     def __init__(self, rank: int, node: int, address: str, agent: Any, pid: int,
                  channels: dict[str, socket.socket]) -> None:
@@ -148,8 +151,11 @@ def start_ranks(plan: LaunchPlan, payload: Payload | None) -> list[ClusterHandle
     serving runs from their commands channel); returns their handles once all connected."""
     placed = placement.placement_for(plan)
     ray = placement.ray_module()
-    port = ray.get(placed.agents[0].free_port.remote(placed.addresses[0]))
-    server = ChannelServer(ray.util.get_node_ip_address(), plan.world_size, serve=payload is None)
+    port_ref = placed.agents[0].free_port.remote(placed.addresses[0])
+    server = (ChannelServer(ray.util.get_node_ip_address(), plan.world_size, serve=payload is None)
+              if placed.relay is None else  # its session opens while the port is found
+              RelayedChannels(ray, placed.relay, plan.world_size, serve=payload is None))
+    port = ray.get(port_ref)
     payload_ref = ray.put(payload)
     pids: dict[int, int] = {}
     try:
