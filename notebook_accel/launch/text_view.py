@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from notebook_accel.launch.record import LaunchRecord
+from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.observe.progress import bar_label, job_progress
 
 PREFIX = "[notebook_accel] "
@@ -52,12 +52,25 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def state_text(status: RankStatus) -> str:
+    """The rank's state, with the time spent in its phase: ``"compiling (12.0 s)"``, ``"running"``."""
+    seconds = status.phase_elapsed
+    if seconds is None or status.state in _ENDED:
+        return status.state
+    return f"{status.state} ({format_duration(seconds)})"
+
+
 def rank_states(record: LaunchRecord) -> str:
-    """``"2 running"``, or ``"1 finished, 1 failed (rank 1, exit code 1)"``."""
+    """``"2 running"``, ``"1 compiling (rank 0, 12.0 s), 1 running"``, or
+    ``"1 finished, 1 failed (rank 1, exit code 1)"``."""
     counts = Counter(status.state for status in record.ranks.values())
     parts = []
     for state, count in counts.items():
         part = f"{count} {state}"
+        in_phase = [s for s in record.ranks.values() if s.state == state and s.phase_elapsed is not None]
+        if in_phase and state not in _ENDED:
+            part += " (" + ", ".join(f"rank {s.rank}, {format_duration(s.phase_elapsed)}"
+                                     for s in in_phase[:4]) + ")"
         if state == "failed":
             failed = [s for s in record.ranks.values() if s.state == "failed"]
             part += " (" + ", ".join(
