@@ -9,8 +9,6 @@ the kernel's text view must say ``compiling`` while dynamo works.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 

@@ -15,7 +15,11 @@ from notebook_accel.launch.plan import make_plan
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.text_view import TextView, rank_states
 from notebook_accel.runtime.compilation import compile_regions
-from notebook_accel.utils import extract_model_from_parallel, has_compiled_regions, is_compiled_module
+from notebook_accel.utils import (
+    extract_model_from_parallel,
+    has_compiled_regions,
+    is_compiled_module,
+)
 from notebook_accel.wire import Phase, decode, encode_data
 from tests.runtime_scripts.compile_checks import Net
 
