@@ -103,6 +103,15 @@ def test_regional_compilation_compiles_the_repeated_blocks_and_shares_the_weight
     assert torch.equal(regional(x), model(x))
 
 
+def test_regions_inside_data_parallel_unwrap_as_the_peers_tests_expect():
+    model = Net()  # the peer's tests/test_compile.py, on this model instead of gpt2
+    regional = compile_regions(model, backend="eager")
+    assert regional._orig_mod is model and regional.head._orig_mod is model.head
+    wrapped = compile_regions(torch.nn.DataParallel(model), backend="eager")
+    assert extract_model_from_parallel(wrapped, keep_torch_compile=True)._orig_mod is model
+    assert extract_model_from_parallel(wrapped, keep_torch_compile=False) is model
+
+
 def test_compiled_around_ddp_unwraps_without_changing_the_prepared_model():
     class FakeDdp(torch.nn.parallel.DistributedDataParallel):
         def __init__(self, module):  # no process group: only the wrapping matters here
