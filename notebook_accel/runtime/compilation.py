@@ -105,7 +105,7 @@ def compile_model(model: torch.nn.Module, plugin: Any, in_place: bool = False) -
     if plugin is None or not plugin.enabled or is_compiled_module(model) or has_compiled_regions(model):
         return model
     kwargs = plugin.to_kwargs()
-    _check_backend(kwargs["backend"])
+    _check_backend(kwargs["backend"])  # always there: the plugin is enabled
     report_compiling()
     if plugin.use_regional_compilation:
         return (compile_regions_in_place if in_place else compile_regions)(model, **kwargs)

@@ -115,12 +115,13 @@ class TorchDynamoPlugin(KwargsHandler):
         return {**super().to_dict(), "backend": self.backend.value.lower()}
 
     def to_kwargs(self) -> dict[str, Any]:
-        """``torch.compile``'s keyword arguments (``mode`` left out when ``options`` are given,
-        which ``torch.compile`` refuses together)."""
-        kwargs = {"backend": self.backend.value.lower(), "fullgraph": self.fullgraph,
-                  "dynamic": self.dynamic, "disable": self.disable}
-        if self.options is not None:
-            kwargs["options"] = self.options
-        else:
-            kwargs["mode"] = self.mode
-        return kwargs
+        """``torch.compile``'s keyword arguments: the fields that differ from their defaults without
+        any variable set (as the peer), the backend by its lower-case name; never
+        ``use_regional_compilation`` (it is how ``prepare`` compiles, not an argument)."""
+        here = self.to_dict()
+        return {k: here[k] for k, default in _DEFAULTS.items() if here[k] != default}
+
+
+# the fields' values when neither the caller nor a variable sets them
+_DEFAULTS = {"backend": "no", "mode": "default", "fullgraph": False, "dynamic": None, "options": None,
+             "disable": False}

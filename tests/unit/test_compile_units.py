@@ -45,10 +45,12 @@ def test_plugin_reads_the_peers_variables(monkeypatch):
     plugin = TorchDynamoPlugin()
     assert (plugin.backend, plugin.mode, plugin.fullgraph, plugin.dynamic, plugin.use_regional_compilation) == (
         DynamoBackend.INDUCTOR, "max-autotune", True, False, True)
-    assert plugin.to_kwargs() == {"backend": "inductor", "fullgraph": True, "dynamic": False, "disable": False,
-                                  "mode": "max-autotune"}
-    assert TorchDynamoPlugin(backend="EAGER", options={"x": 1}).to_kwargs()["options"] == {"x": 1}
-    assert "mode" not in TorchDynamoPlugin(backend="eager", options={"x": 1}).to_kwargs()  # torch refuses both
+    # what differs from the defaults without variables, as the peer (its tests/test_kwargs_handlers.py)
+    assert plugin.to_kwargs() == {"backend": "inductor", "mode": "max-autotune", "fullgraph": True,
+                                  "dynamic": False}
+    monkeypatch.delenv("ACCELERATE_DYNAMO_MODE")
+    assert TorchDynamoPlugin(backend="EAGER", options={"x": 1}).to_kwargs() == {
+        "backend": "eager", "fullgraph": True, "dynamic": False, "options": {"x": 1}}
     assert Accelerator().state.dynamo_plugin.backend is DynamoBackend.INDUCTOR
 
 
