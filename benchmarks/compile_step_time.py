@@ -62,9 +62,10 @@ MODELS = {"mlp": (mlp, (64, 256)), "transformer blocks": (Blocks, (16, 64, 128))
 
 
 def warm_compiler() -> None:
-    """Pay the compiler's once-per-process start (imports, worker pool) before anything is timed."""
-    layer = torch.nn.Linear(4, 4)
-    torch.compile(layer, backend=BACKEND)(torch.randn(2, 4)).sum().backward()
+    """Pay the compiler's once-per-process start (imports, worker pool) before anything is timed; a
+    function, not a module, whose shapes would make the models' first compile dynamic."""
+    weight = torch.randn(4, 4, requires_grad=True)
+    torch.compile(lambda x: torch.tanh(x @ weight).sum(), backend=BACKEND)(torch.randn(2, 4)).backward()
 
 
 def prepared(build, shape, plugin: TorchDynamoPlugin):
