@@ -14,7 +14,7 @@ from typing import Any
 
 from notebook_accel.wire import Dropped, Memory, Message, Metrics, Phase, Progress, RichHidden
 
-_ENDED = ("finished", "failed", "stopped")  # states no phase replaces
+ENDED_STATES = ("finished", "failed", "stopped")  # how a rank ends (no phase replaces them)
 
 
 @dataclass
@@ -46,7 +46,7 @@ class RankStatus:
     def enter_phase(self, name: str | None, when: float) -> None:
         """Show the phase ``name`` as the rank's state from ``when`` on (None: back to running);
         a rank that has ended keeps its state."""
-        if self.state in _ENDED:
+        if self.state in ENDED_STATES:
             return
         if name is None:
             self.state, self.phase_started = "running", None

@@ -15,11 +15,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from notebook_accel.launch.record import ENDED_STATES as _ENDED
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.observe.progress import bar_label, job_progress
 
 PREFIX = "[notebook_accel] "
-_ENDED = ("finished", "failed", "stopped")
 NOTABLE_PHASE = 1.0  # seconds: a shorter phase (a small recompile) prints no line of its own
 
 
