@@ -192,7 +192,7 @@ class Accelerator:
                                   _comm_hook(kwargs_handlers))
         # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
         self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
-        self.fsdp_plugin = plugins["fsdp"]
+        self.fsdp_plugin = self.state.fsdp_plugin = plugins["fsdp"]
         self.deepspeed_plugin = self.state.deepspeed_plugin = plugins["deepspeed"]
         self.scaler = self.strategy.loss_scaler(self.scaler)
 
@@ -696,10 +696,13 @@ class Accelerator:
             self.wait_for_everyone()
         return path
 
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True) -> Path:
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True,
+                   *, strict: bool = True) -> Path:
         """Restore what ``save_state`` wrote (default: the latest automatic checkpoint, or ``<project_dir>/checkpoint``).
 
         ``weights_only=False`` can run code from the files: use it on trusted checkpoints only.
+        ``strict=False`` (the peer's ``load_model_func_kwargs``) accepts model weights missing from or
+        extra to the checkpoint, e.g. one a save hook cut down to a LoRA adapter; unsharded models only.
         """
         path = self.project_configuration.resolve(input_dir, saving=False)
         items = self._checkpoint_items()
@@ -707,7 +710,7 @@ class Accelerator:
             items.models = list(items.models)
             for hook in list(self._load_state_pre_hooks.values()):
                 hook(items.models, path)
-        path = checkpoint.load_state(path, items, self.state, weights_only)
+        path = checkpoint.load_state(path, items, self.state, weights_only, strict)
         suffix = path.name.removeprefix("checkpoint_")
         if self.project_configuration.automatic_checkpoint_naming and suffix.isdigit():
             self.project_configuration.iteration = int(suffix) + 1

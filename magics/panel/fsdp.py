@@ -90,8 +90,8 @@ def fsdp_messages(form: FsdpForm, processes: int, device: str) -> list[tuple[str
         return [("error", "FSDP does not run on TPU (xla); choose DDP there")]
     out = []
     if form.wrap == "TRANSFORMER_BASED_WRAP" and not form.classes.strip():
-        out.append(("error", "FSDP: name the layer classes to wrap (e.g. Block,DecoderLayer), "
-                             "or choose another wrap policy"))
+        out.append(("note", "FSDP: no layer classes named: each model's own block classes "
+                            "(its _no_split_modules, e.g. GPT2Block in transformers) are wrapped"))
     if processes == 1:
         out.append(("note", "FSDP with 1 process: nothing to shard; the model trains unsharded"))
     return out

@@ -307,14 +307,22 @@ def resolve_checkpoint(input_dir: str | os.PathLike[str]) -> Path:
 
 
 def load_state(
-    input_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, weights_only: bool = True
+    input_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, weights_only: bool = True,
+    strict: bool = True,
 ) -> Path:
     """Restore ``items`` and this process's RNGs from a ``save_state`` directory.
 
+    ``strict=False`` lets model weights be missing or extra (a checkpoint that holds only a
+    LoRA adapter, say); it applies to unsharded models, as in the peer.
+
     Raises:
         FileNotFoundError: missing directory or a missing file for a prepared object.
+        ValueError: ``strict=False`` with sharded (FSDP / DeepSpeed) models.
     """
     path = resolve_checkpoint(input_dir)
+    if not strict and items.sharded is not None:
+        raise ValueError(f"load_state(strict=False) loads unsharded models only; {type(items.sharded).__name__} "
+                         "restores sharded models whole: use strict=True (the default)")
 
     def read(name: str) -> Any:
         file = path / name
@@ -331,9 +339,9 @@ def load_state(
         if safe.is_file():  # load_model: tied weights were stored once, under one name
             from safetensors.torch import load_model
 
-            load_model(_unwrap(model), str(safe))
+            load_model(_unwrap(model), str(safe), strict=strict)
         else:
-            _unwrap(model).load_state_dict(read(_model_file(i, False)))
+            _unwrap(model).load_state_dict(read(_model_file(i, False)), strict=strict)
     for prefix, objs in (
         ("optimizer", items.optimizers if items.sharded is None else []), ("scheduler", items.schedulers),
         ("dataloader", items.dataloaders),

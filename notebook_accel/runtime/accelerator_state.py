@@ -28,7 +28,9 @@ class AcceleratorState(PartialState):
                  timeout: timedelta | None = None) -> None:
         super().__init__(cpu=cpu, timeout=timeout)
         self.mixed_precision = precision.resolve_mixed_precision(mixed_precision)
-        self.deepspeed_plugin: Any = None  # the Accelerator's, when it trains through DeepSpeed (the peer's name)
+        # the Accelerator's plugins (the peer's names; scripts test them, e.g. peft's FSDP examples)
+        self.deepspeed_plugin: Any = None  # when it trains through DeepSpeed
+        self.fsdp_plugin: Any = None  # when it trains through FSDP
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1].replace("PartialState(", "AcceleratorState(", 1) + (

@@ -177,7 +177,8 @@ def test_config_panel_strategy_choice_round_trips_the_file(tmp_path):
         "FSDP", "TRANSFORMER_BASED_WRAP", "Block,Layer", False, "FULL_STATE_DICT", True)
     assert fields.options.layout.display == "" and fields.min_num_params.layout.display == "none"
     fields.classes.value = ""
-    assert "name the layer classes to wrap" in panel.messages.value and panel.save_button.disabled
+    # As the peer: no classes named means the model's own _no_split_modules; a note, not an error.
+    assert "_no_split_modules" in panel.messages.value and not panel.save_button.disabled
     fields.wrap.value = "SIZE_BASED_WRAP"
     fields.min_num_params.value = 5000
     panel._show_code()
@@ -191,3 +192,12 @@ def test_config_panel_strategy_choice_round_trips_the_file(tmp_path):
     assert fields.options.layout.display == "none"
     saved = yaml.safe_load(panel.save().read_text())
     assert saved["distributed_type"] == "MULTI_CPU"
+
+
+def test_the_plugin_is_on_the_accelerators_state_as_in_the_peer():
+    from notebook_accel import Accelerator
+
+    plugin = FullyShardedDataParallelPlugin()
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    assert accelerator.state.fsdp_plugin is accelerator.fsdp_plugin is plugin  # peft's examples set its policy there
+    assert Accelerator().state.fsdp_plugin is None

@@ -325,3 +325,26 @@ def test_save_model_of_a_model_with_offloaded_weights(tmp_path, offload):
     assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(),
                                                  reference.state_dict().values(), strict=True))
     assert torch.equal(model(x), reference(x))  # still dispatched, still runs
+
+
+def test_strict_false_loads_a_checkpoint_with_missing_weights_and_is_refused_for_sharded_models(tmp_path):
+    acc, model, opt, _, sched = setup()
+    handle = acc.register_save_state_pre_hook(lambda models, weights, _: weights.__setitem__(0, {
+        k: v for k, v in weights[0].items() if k.startswith("2.")}))  # keep only the last layer
+    acc.save_state(tmp_path / "part")
+    handle.remove()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*0\.weight"):
+        acc.load_state(tmp_path / "part")
+    acc.load_state(tmp_path / "part", strict=False)
+    assert torch.equal(model[2].weight, saved["2.weight"]) and not model[0].weight.any()
+
+    from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+
+    fsdp = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    fsdp.prepare(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"strict=False\) loads unsharded models only; FsdpCheckpointer"):
+        fsdp.load_state(tmp_path / "part", strict=False)

@@ -25,6 +25,9 @@ from notebook_accel.flags import to_bool
 
 USE_FSDP = "ACCELERATE_USE_FSDP"
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+# torch's FSDP1 policy functions, given bare (the peer's plugin holds them so before set_auto_wrap_policy)
+_TORCH_POLICY_NAMES = {"transformer_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                       "size_based_auto_wrap_policy": "SIZE_BASED_WRAP"}
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 _RESHARD_OF_STRATEGY = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
@@ -52,8 +55,11 @@ class FullyShardedDataParallelPlugin:
             or keep them until backward (ZeRO-2).
         auto_wrap_policy: ``"TRANSFORMER_BASED_WRAP"`` (the classes in
             ``transformer_cls_names_to_wrap``), ``"SIZE_BASED_WRAP"`` (modules with at least
-            ``min_num_params`` parameters), ``"NO_WRAP"`` (one group for the whole model), or a
-            callable ``policy(module) -> bool``.
+            ``min_num_params`` parameters), ``"NO_WRAP"`` (one group for the whole model), a
+            callable ``policy(module) -> bool``, or one of torch's FSDP1 policies (e.g.
+            ``functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={GPT2Block})``).
+            Without ``transformer_cls_names_to_wrap``, ``TRANSFORMER_BASED_WRAP`` wraps the model's
+            own ``_no_split_modules`` (a transformers model's decoder layer class).
         mixed_precision_policy: a ``torch.distributed.fsdp.MixedPrecisionPolicy``; default: from
             the Accelerator's ``mixed_precision`` (low-precision compute, fp32 master weights,
             fp32 gradient reduction).
@@ -180,6 +186,8 @@ class FullyShardedDataParallelPlugin:
 
     def _check_wrap_policy(self) -> None:
         policy = self.auto_wrap_policy if self.auto_wrap_policy is not None else (_env("AUTO_WRAP_POLICY") or "NO_WRAP")
+        if getattr(policy, "__module__", None) == "torch.distributed.fsdp.wrap":  # torch's bare FSDP1 function
+            policy = _TORCH_POLICY_NAMES.get(getattr(policy, "__name__", ""), policy)
         if not callable(policy):
             if str(policy).upper() not in AUTO_WRAP_POLICIES:
                 raise ValueError(f"invalid auto_wrap_policy {policy!r}; valid values: {list(AUTO_WRAP_POLICIES)} "
@@ -222,12 +230,7 @@ def resolve_plugin(plugin: Any) -> FullyShardedDataParallelPlugin | None:
 
 
 def _from_peer(plugin: Any) -> FullyShardedDataParallelPlugin:
-    """Our plugin from the peer's (its enums become their names; its torch policy functions are dropped)."""
-    policy = getattr(plugin, "auto_wrap_policy", None)
-    if policy is not None and not isinstance(policy, str):
-        name = getattr(policy, "__name__", "")
-        policy = ("TRANSFORMER_BASED_WRAP" if "transformer" in name else
-                  "SIZE_BASED_WRAP" if "size" in name else policy)
+    """Our plugin from the peer's (its enums become their names)."""
     sdt = getattr(plugin, "state_dict_type", None)
     offload = getattr(plugin, "cpu_offload", False)  # a bool, or torch's (CPU)OffloadPolicy / CPUOffload
     if not isinstance(offload, bool):
@@ -236,7 +239,7 @@ def _from_peer(plugin: Any) -> FullyShardedDataParallelPlugin:
         reshard_after_forward=getattr(plugin, "reshard_after_forward", None) if isinstance(
             getattr(plugin, "reshard_after_forward", None), bool) else None,
         mixed_precision_policy=getattr(plugin, "mixed_precision_policy", None),
-        auto_wrap_policy=policy,
+        auto_wrap_policy=getattr(plugin, "auto_wrap_policy", None),
         cpu_offload=offload,
         ignored_modules=getattr(plugin, "ignored_modules", None),
         state_dict_type=getattr(sdt, "name", sdt),

@@ -13,6 +13,7 @@ group, so it survives sharding.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -51,21 +52,53 @@ def mixed_precision_policy(plugin: FullyShardedDataParallelPlugin, mixed_precisi
 def _wrap_predicate(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -> Callable[[torch.nn.Module], bool]:
     policy = plugin.auto_wrap_policy
     if callable(policy):
-        return policy
+        return _module_predicate(policy)
     if policy == "TRANSFORMER_BASED_WRAP":
-        names = plugin.transformer_cls_names_to_wrap or list(getattr(model, "_no_split_modules", None) or [])
-        if not names:
-            raise ValueError("auto_wrap_policy TRANSFORMER_BASED_WRAP needs transformer_cls_names_to_wrap "
-                             "(fsdp_transformer_layer_cls_to_wrap), e.g. ['Block']")
-        found = {type(m).__name__ for m in model.modules()}
-        missing = sorted(set(names) - found)
-        if missing:
-            raise ValueError(f"transformer_cls_names_to_wrap names {missing}, which the model does not contain; "
-                             f"its module classes are {sorted(found)}")
-        return lambda m: type(m).__name__ in names
+        names = set(block_class_names(plugin, model))
+        return lambda m: any(cls.__name__ in names for cls in type(m).__mro__)
     if policy == "SIZE_BASED_WRAP":
         return lambda m: sum(p.numel() for p in m.parameters()) >= plugin.min_num_params
     return lambda m: False
+
+
+def _module_predicate(policy: Callable[..., bool]) -> Callable[[torch.nn.Module], bool]:
+    """``policy(module) -> bool`` as it is; torch's FSDP1 policies (``transformer_auto_wrap_policy``,
+    ``size_based_auto_wrap_policy``, usually a ``functools.partial`` of one, as the peer's plugin holds
+    after ``set_auto_wrap_policy``) asked as FSDP1 asks about one module: ``recurse=False``."""
+    try:
+        fsdp1 = "recurse" in inspect.signature(policy).parameters
+    except (TypeError, ValueError):  # a builtin or a C callable: no signature to read
+        fsdp1 = False
+    if not fsdp1:
+        return policy
+    return lambda m: bool(policy(module=m, recurse=False, nonwrapped_numel=sum(p.numel() for p in m.parameters())))
+
+
+def block_class_names(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -> list[str]:
+    """The layer classes ``TRANSFORMER_BASED_WRAP`` shards one by one: the plugin's
+    ``transformer_cls_names_to_wrap``, else the model's own ``_no_split_modules`` (what every
+    transformers model declares: ``GPT2Block``, ``LlamaDecoderLayer``...), as the peer does.
+    A module is wrapped when its class or one of its base classes has one of these names.
+
+    Raises:
+        ValueError: no names from either, or a name no module of the model has; the message
+            names it, where it came from, the model's block classes and its module classes.
+    """
+    declared = sorted(getattr(model, "_no_split_modules", None) or [])  # a list, or a set in transformers 5
+    given = plugin.transformer_cls_names_to_wrap
+    names, source = (given, "transformer_cls_names_to_wrap (fsdp_transformer_layer_cls_to_wrap)") if given else (
+        declared, f"{type(model).__name__}._no_split_modules")
+    found = {cls.__name__ for m in model.modules() for cls in type(m).__mro__}
+    classes = sorted({type(m).__name__ for m in model.modules()})
+    if not names:
+        raise ValueError(f"auto_wrap_policy TRANSFORMER_BASED_WRAP needs layer classes to wrap: give "
+                         f"transformer_cls_names_to_wrap (fsdp_transformer_layer_cls_to_wrap), since "
+                         f"{type(model).__name__} declares no _no_split_modules; its module classes are {classes}")
+    missing = sorted(set(names) - found)
+    if missing:
+        raise ValueError(f"{source} names {missing}, which the model does not contain; its block classes "
+                         f"(_no_split_modules) are {declared}, its module classes {classes}")
+    return list(names)
 
 
 def _layers_to_wrap(model: torch.nn.Module, wants: Callable[[torch.nn.Module], bool]) -> list[torch.nn.Module]:
