@@ -45,7 +45,7 @@ from notebook_accel.data.prepare import (
 from notebook_accel.observe import tracking
 from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
-from notebook_accel.runtime.dynamo import TorchDynamoPlugin
+from notebook_accel.runtime.dynamo import TorchDynamoPlugin, parse_backend
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.memory import release_memory
 from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
@@ -158,6 +158,8 @@ class Accelerator:
                              "of them (the plugin has a backend field)")
         self.state = AcceleratorState(mixed_precision, cpu=cpu)
         # how prepare compiles models (the peer keeps it on its state)
+        if dynamo_backend is not None:
+            dynamo_backend = parse_backend(dynamo_backend, "Accelerator(dynamo_backend=...)")
         self.state.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
         self.mixed_precision = self.state.mixed_precision
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches, even_batches)

@@ -35,7 +35,12 @@ DynamoBackend = enum.Enum(  # type: ignore[misc]
 DynamoBackend.__doc__ = "A torch.compile backend as the peer names it; ``NO``: do not compile."
 
 
-def _backend(value: Any, source: str) -> Any:
+def parse_backend(value: Any, source: str) -> Any:
+    """``value`` (a ``DynamoBackend``, or its name in any case) as a ``DynamoBackend``.
+
+    Raises:
+        ValueError: naming ``source`` (where the value came from), the value and the valid names.
+    """
     text = getattr(value, "value", value)
     if isinstance(text, str) and text.lower() in DYNAMO_BACKENDS:
         return DynamoBackend(text.upper())
@@ -90,10 +95,10 @@ class TorchDynamoPlugin(KwargsHandler):
 
     def __post_init__(self) -> None:
         if self.backend is None:
-            self.backend = _backend(os.environ.get(DYNAMO_BACKEND_ENV, "no"),
+            self.backend = parse_backend(os.environ.get(DYNAMO_BACKEND_ENV, "no"),
                                     f"environment variable {DYNAMO_BACKEND_ENV}")
         else:
-            self.backend = _backend(self.backend, "TorchDynamoPlugin(backend=...)")
+            self.backend = parse_backend(self.backend, "TorchDynamoPlugin(backend=...)")
         source = "TorchDynamoPlugin(mode=...)"
         if self.mode is None:
             self.mode, source = os.environ.get(DYNAMO_MODE_ENV, "default"), f"environment variable {DYNAMO_MODE_ENV}"

@@ -3,8 +3,8 @@
 The launch takes its compile settings from a config file's ``dynamo_config`` (the peer's format),
 so the option table, the workers' ``ACCELERATE_DYNAMO_*`` variables and ``TorchDynamoPlugin()``
 are on the path. The workers (``runtime_scripts/compile_checks.py``) compare a compiled DDP run
-with an eager one, round-trip checkpoints, compile by regions and compile an FSDP2-sharded model;
-the kernel's text view must say ``compiling`` while dynamo works.
+with an eager one, round-trip checkpoints, compile by regions, compile an FSDP2-sharded model and
+a DeepSpeed engine's module; the kernel's text view must say ``compiling`` while dynamo works.
 """
 
 from __future__ import annotations
@@ -94,3 +94,12 @@ def test_fsdp2_sharded_then_compiled_trains(launch):
 
 def test_the_text_view_says_compiling(launch):
     assert "compiling (rank " in launch["view"], launch["view"][-3000:]
+
+
+def test_deepspeed_compiles_its_engines_module_in_place(launch):
+    for rank in launch["ranks"]:
+        case = rank["deepspeed"]
+        if case is None:
+            pytest.skip("deepspeed is not installed (pip install -e '.[deepspeed]', DS_BUILD_OPS=0)")
+        assert case["engine"] == "DeepSpeedEngine" and case["compiled_in_place"], case
+        assert case["second_epoch"] < case["first_epoch"] and case["keys_with_orig_mod"] == [], case

@@ -2,7 +2,7 @@
 
 ``run(out)`` is the workers' function (``tests/runtime/test_compile.py`` launches it with a
 config file whose ``dynamo_config`` says inductor): DDP compiled by the launch's settings vs
-eager, checkpoints of the compiled model, regional compilation, and FSDP2 compiled. It returns
+eager, checkpoints of the compiled model, regional compilation, FSDP2 and DeepSpeed compiled. It returns
 plain data for the test to check.
 """
 
@@ -129,6 +129,38 @@ def _fsdp(eager_losses: list[float]) -> dict:
     }
 
 
+def _deepspeed() -> dict | None:
+    """ZeRO-2 with its engine's module compiled in place (None where deepspeed is not installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return None
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from notebook_accel import Accelerator, DeepSpeedPlugin
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2), dynamo_backend="eager")
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(64, 16)
+    loader = DataLoader(TensorDataset(x, 0.3 * x.sum(-1, keepdim=True).sin()), batch_size=8)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    losses = []
+    for _ in range(2):
+        for inputs, targets in loader:
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    return {
+        "engine": type(model).__name__,
+        "compiled_in_place": getattr(model.module, "_compiled_call_impl", None) is not None,
+        "first_epoch": sum(losses[:4]), "second_epoch": sum(losses[4:]),
+        "keys_with_orig_mod": [k for k in accelerator.get_state_dict(model) if "_orig_mod" in k],
+    }
+
+
 def run(out: str) -> dict:
     """The workers' function: every check, as plain data."""
     from notebook_accel import Accelerator
@@ -149,4 +181,5 @@ def run(out: str) -> dict:
     result["checkpoints"] = _checkpoints(accelerator, compiled, Path(out))
     result["regional"] = _regional(eager_losses)
     result["fsdp"] = _fsdp(eager_losses)
+    result["deepspeed"] = _deepspeed()
     return result
