@@ -85,10 +85,12 @@ def test_regional_compilation_compiles_each_block(launch):
         assert regional["loss_diff"] <= 1e-6 and regional["keys_with_orig_mod"] == []
 
 
-def test_fsdp2_sharded_then_compiled_trains(launch):
+@pytest.mark.parametrize("case", ["fsdp", "fsdp_regional"])
+def test_fsdp2_sharded_then_compiled_trains(launch, case):
     for rank in launch["ranks"]:
-        fsdp = rank["fsdp"]
-        assert fsdp["distributed_type"] == "FSDP" and fsdp["sharded"] and fsdp["compiled_in_place"]
+        fsdp = rank[case]
+        assert fsdp["distributed_type"] == "FSDP" and fsdp["sharded"] and fsdp["compiled_in_place"], fsdp
+        assert fsdp["whole_compiled"] == (case == "fsdp"), fsdp  # regional: the blocks and the head only
         assert fsdp["loss_diff"] <= 1e-5 and fsdp["keys_with_orig_mod"] == []
 
 

@@ -114,15 +114,18 @@ def _regional(eager_losses: list[float]) -> dict:
     }
 
 
-def _fsdp(eager_losses: list[float]) -> dict:
-    from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
+def _fsdp(eager_losses: list[float], regional: bool = False) -> dict:
+    from notebook_accel import Accelerator, FullyShardedDataParallelPlugin, TorchDynamoPlugin
 
-    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), dynamo_backend="aot_eager")
+    plugin = TorchDynamoPlugin(backend="aot_eager", use_regional_compilation=regional)
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), dynamo_plugin=plugin)
     model, losses = _train(accelerator)
     state = accelerator.get_state_dict(model)
+    compiled = [model.blocks[0], model.blocks[1], model.head] if regional else [model]
     return {
         "distributed_type": str(accelerator.distributed_type.value),
-        "compiled_in_place": getattr(model, "_compiled_call_impl", None) is not None,
+        "compiled_in_place": all(getattr(m, "_compiled_call_impl", None) is not None for m in compiled),
+        "whole_compiled": getattr(model, "_compiled_call_impl", None) is not None,
         "sharded": accelerator.strategy.owns(model),
         "loss_diff": _max_diff(losses, eager_losses),
         "keys_with_orig_mod": [k for k in state if "_orig_mod" in k],
@@ -181,5 +184,6 @@ def run(out: str) -> dict:
     result["checkpoints"] = _checkpoints(accelerator, compiled, Path(out))
     result["regional"] = _regional(eager_losses)
     result["fsdp"] = _fsdp(eager_losses)
+    result["fsdp_regional"] = _fsdp(eager_losses, regional=True)
     result["deepspeed"] = _deepspeed()
     return result
