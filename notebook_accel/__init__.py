@@ -40,6 +40,8 @@ _EXPORTS = {
     "AutocastKwargs": "notebook_accel.runtime.plugins",
     "DDPCommunicationHookType": "notebook_accel.runtime.plugins",
     "ProfileKwargs": "notebook_accel.runtime.profiling",
+    "TorchDynamoPlugin": "notebook_accel.runtime.dynamo",
+    "DynamoBackend": "notebook_accel.runtime.dynamo",
     "find_executable_batch_size": "notebook_accel.runtime.memory",
     "synchronize_rng_states": "notebook_accel.runtime.rng_sync",
     "SeedableRandomSampler": "notebook_accel.data.samplers",

@@ -44,6 +44,7 @@ from notebook_accel.data.prepare import (
 from notebook_accel.observe import tracking
 from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
+from notebook_accel.runtime.dynamo import TorchDynamoPlugin, parse_backend
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.memory import release_memory
 from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
@@ -118,9 +119,15 @@ class Accelerator:
         deepspeed_plugin: a ``DeepSpeedPlugin`` (ours or the peer's): ``prepare`` gives the model and
             its optimizer to a DeepSpeed ZeRO engine; default: one from the environment when
             ``ACCELERATE_USE_DEEPSPEED`` is true (``distributed_type: DEEPSPEED``). Needs ``deepspeed``.
+        dynamo_backend: ``torch.compile`` prepared models with this backend (a ``DynamoBackend`` or
+            its name: ``"inductor"``, ``"aot_eager"``...; ``"no"``: not compiled); default:
+            ``ACCELERATE_DYNAMO_BACKEND`` (the launcher's ``dynamo_backend``), else ``"no"``.
+        dynamo_plugin: a ``TorchDynamoPlugin`` (backend, mode, fullgraph, dynamic, options,
+            regional compilation), instead of ``dynamo_backend``.
 
     Raises:
-        ValueError: an invalid mixed precision, or fp16 where no scaler exists.
+        ValueError: an invalid mixed precision, fp16 where no scaler exists, a bad dynamo
+            backend, or both ``dynamo_backend`` and ``dynamo_plugin``.
     """
 
     def __init__(
@@ -142,8 +149,17 @@ class Accelerator:
         kwargs_handlers: list[Any] | None = None,
         fsdp_plugin: Any = None,
         deepspeed_plugin: Any = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
     ) -> None:
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}, dynamo_plugin=...): give one "
+                             "of them (the plugin has a backend field)")
         self.state = AcceleratorState(mixed_precision, cpu=cpu)
+        # how prepare compiles models (the peer keeps it on its state)
+        if dynamo_backend is not None:
+            dynamo_backend = parse_backend(dynamo_backend, "Accelerator(dynamo_backend=...)")
+        self.state.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
         self.mixed_precision = self.state.mixed_precision
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches, even_batches)
         self.device_placement = device_placement
@@ -328,6 +344,7 @@ class Accelerator:
             [out[i] for i in models], [out[i] for i in optimizers], micro)
         self._models.append(model)
         self._optimizers.append(wrapped)
+        model = self.strategy.compile_model(model, self.state.dynamo_plugin)
         out[models[0]], out[optimizers[0]] = _mark_prepared(model), _mark_prepared(wrapped)
 
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
@@ -342,7 +359,9 @@ class Accelerator:
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
         """Move ``model`` to the device, autocast its forward, wrap it in DDP when distributed
-        (or shard it with FSDP2 when there is an FSDP plugin; mixed precision is then its policy).
+        (or shard it with FSDP2 when there is an FSDP plugin; mixed precision is then its policy),
+        then ``torch.compile`` it when the dynamo plugin says so (the whole wrapped model, or
+        each repeated block with ``use_regional_compilation``).
 
         A model prepared before (or the module inside one) is returned as prepared then.
         """
@@ -354,6 +373,7 @@ class Accelerator:
             return model
         place = device_placement if device_placement is not None else self.device_placement
         model = self.strategy.setup_model(model, place, evaluation_mode, [opt.optimizer for opt in self._optimizers])
+        model = self.strategy.compile_model(model, self.state.dynamo_plugin)
         self._models.append(model)
         return _mark_prepared(model)
 
@@ -569,9 +589,12 @@ class Accelerator:
 
     # ---- models and checkpoints ---------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
-                     keep_torch_compile: bool = False) -> torch.nn.Module:
-        """The user's module inside DDP (and ``torch.compile`` unless ``keep_torch_compile``);
-        optionally without the autocast forward.
+                     keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The user's module inside DDP; optionally without the autocast forward.
+
+        A compiled model (whole or regions) stays compiled around the unwrapped module with
+        ``keep_torch_compile`` (the default, as the peer), else comes back as the plain module:
+        its ``state_dict`` has no ``_orig_mod.`` prefixes.
 
         A model sharded by FSDP comes back as a full, plain copy (every process must call it):
         that is what a worker can return to the notebook.
@@ -668,7 +691,8 @@ class Accelerator:
         items = self._checkpoint_items()
         if self._save_state_pre_hooks:
             Path(target).mkdir(parents=True, exist_ok=True)  # hooks write into it (their files are kept)
-            items.model_states = [self.unwrap_model(m).state_dict() for m in items.models]
+            items.model_states = [self.unwrap_model(m, keep_torch_compile=False).state_dict()
+                                 for m in items.models]
             items.models = list(items.models)
             for hook in list(self._save_state_pre_hooks.values()):
                 hook(items.models, items.model_states, target)

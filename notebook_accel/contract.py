@@ -23,6 +23,11 @@ FILE_MIXED_PRECISIONS = (*MIXED_PRECISIONS, "fp8")  # what Accelerate's config f
 DEVICE_TYPES = ("cpu", "cuda", "xla")
 START_METHODS = ("auto", "fork", "forkserver", "spawn")
 OUTPUT_CHOICES = ("all", "main", "none")
+# torch.compile through the Accelerator: the peer's DynamoBackend values (lower case) and modes.
+DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser",
+                   "cudagraphs", "ofi", "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once",
+                   "torchxla_trace_once", "tvm", "hpu_backend", "neuron")
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # Environment variables: the kernel's inputs, and what every worker gets.
 # The torchrun-standard names every worker gets (the runtime reads only these and ours below).
@@ -43,6 +48,13 @@ LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by noteb
 CLUSTER_ENV = "NOTEBOOK_ACCEL_CLUSTER"
 NODE_RANK = "NODE_RANK"  # torchrun's other name for GROUP_RANK
 TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's name for the rank's torch device
+# torch.compile settings (the peer's names): read by TorchDynamoPlugin() in the workers; the
+# backend is also the launch option's variable, the others come from the file's dynamo_config.
+DYNAMO_BACKEND_ENV = "ACCELERATE_DYNAMO_BACKEND"
+DYNAMO_MODE_ENV = "ACCELERATE_DYNAMO_MODE"
+DYNAMO_FULLGRAPH_ENV = "ACCELERATE_DYNAMO_USE_FULLGRAPH"
+DYNAMO_DYNAMIC_ENV = "ACCELERATE_DYNAMO_USE_DYNAMIC"
+DYNAMO_REGIONAL_ENV = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"
 
 
 class _BadValue(Exception):
@@ -163,6 +175,12 @@ _OPTIONS = (
          choices=START_METHODS, default="auto",
          env=START_METHOD_ENV, file_key="start_method", config_flag=True,
          magic_flag="--start-method", cli_flag="--start-method", panel_field="start_method"),
+    _Opt("dynamo_backend", str, "torch.compile the prepared models with this backend (the "
+         "file's dynamo_config sets mode, fullgraph, dynamic, regional compilation)",
+         choices=DYNAMO_BACKENDS, default="no",
+         env=DYNAMO_BACKEND_ENV, file_key="dynamo_backend",  # in the file: dynamo_config's key
+         magic_flag="--dynamo-backend", cli_flag="--dynamo-backend",
+         panel_field="dynamo_backend"),
     _Opt("device", str, "default: CUDA when a GPU is visible, else XLA on a TPU, else CPU",
          choices=DEVICE_TYPES,  # in the file: distributed_type / use_cpu (LaunchConfig.device_type)
          magic_flag="--device", cli_flag="--device", panel_field="device"),

@@ -43,6 +43,14 @@ from notebook_accel.machine.availability import (
     is_xpu_available,
 )
 from notebook_accel.machine.versions import compare_versions, is_torch_version
+from notebook_accel.runtime.compilation import (
+    compile_regions,
+    has_compiled_regions,
+    is_compiled_module,
+)
+from notebook_accel.runtime.compilation import compile_regions_in_place as compile_regions_deepspeed
+from notebook_accel.runtime.compilation import compile_regions_in_place as compile_regions_fsdp2
+from notebook_accel.runtime.dynamo import DynamoBackend, TorchDynamoPlugin
 from notebook_accel.runtime.helpers import (
     clear_environment,
     concatenate,
@@ -91,12 +99,13 @@ from notebook_accel.strategies.deepspeed.plugin import DummyOptim, DummySchedule
 
 __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
-    "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProfileKwargs",
-    "ProjectConfiguration",
-    "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",
+    "DistributedType", "DynamoBackend", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProfileKwargs",
+    "ProjectConfiguration", "TorchDynamoPlugin",
+    "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compile_regions",
+    "compile_regions_deepspeed", "compile_regions_fsdp2", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",
     "convert_to_fp32", "copy_tensor_to_devices", "DummyOptim", "DummyScheduler", "extract_model_from_parallel", "find_batch_size", "find_device",
     "find_executable_batch_size", "get_balanced_memory", "get_max_memory", "infer_auto_device_map",
-    "gather", "gather_object", "is_bf16_available", "is_bnb_available", "is_cuda_available",
+    "gather", "gather_object", "has_compiled_regions", "is_bf16_available", "is_bnb_available", "is_compiled_module", "is_cuda_available",
     "is_datasets_available", "is_deepspeed_available", "is_fp16_available", "is_hpu_available",
     "is_ipex_available", "is_matplotlib_available", "is_mlflow_available", "is_mlu_available", "is_mps_available", "is_musa_available", "is_npu_available",
     "is_numpy_available", "is_peft_available", "is_pytest_available", "is_rocm_available",

@@ -54,6 +54,7 @@ class Kind(str, enum.Enum):
     PROGRESS = "progress"  # a progress bar's state (notebook_accel.tqdm)
     METRICS = "metrics"  # numeric values logged at a step (Accelerator.log)
     MEMORY = "memory"  # the worker's reserved GPU memory
+    PHASE = "phase"  # the worker entered a phase ("compiling") or left it (None)
     DROPPED = "dropped"  # how many events the worker dropped because the kernel lagged
     RICH_HIDDEN = "rich_hidden"  # a non-main rank displayed rich output with no useful text form
     DISPLAY = "display"  # a rich display of rank 0 (display(), plt.show())
@@ -124,6 +125,20 @@ class Memory:
     @staticmethod
     def fields_of(data: dict[str, Any]) -> tuple:
         return (data.get("gpu"),)
+
+
+@_message
+@dataclass(slots=True)
+class Phase:
+    """The worker entered the phase ``name`` (``"compiling"``: torch.compile at work), or left it (None)."""
+
+    kind: ClassVar[Kind] = Kind.PHASE
+    name: str | None
+    timestamp: float = field(default=0.0, kw_only=True)
+
+    @staticmethod
+    def fields_of(data: dict[str, Any]) -> tuple:
+        return (data.get("name"),)
 
 
 @_message

@@ -29,7 +29,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 _LAUNCH_GROUP = ("num_processes", "mixed_precision", "start_method", "device", "use_port",
-                 "timeout", "config_file", "num_nodes", "cluster")  # in --help's order; output and fsdp: below
+                 "timeout", "config_file", "num_nodes", "cluster", "dynamo_backend")  # in --help's order; output and fsdp: below
 
 
 _ONLY_WHEN_SET = ("num_nodes", "cluster")  # a pool or the sanity check on this machine: unset

@@ -129,6 +129,10 @@ class ConfigPanel(widgets.VBox):
             options=list(OPTIONS["start_method"].choices), value=state.start_method, description="Start method",
             style=_LABEL, layout=_wide(),
             tooltip="; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items()))
+        self.dynamo_backend = widgets.Dropdown(
+            options=list(OPTIONS["dynamo_backend"].choices), value=state.dynamo_backend,
+            description="torch.compile", style=_LABEL, layout=_wide(),
+            tooltip=OPTIONS["dynamo_backend"].help)
         self.num_machines = _int_field("Machines", state.num_machines, 1, 4096,
                                        "machines (nodes) in the job; more than 1 shows their "
                                        "settings")
@@ -143,7 +147,7 @@ class ConfigPanel(widgets.VBox):
                                         self.main_process_port])
         self.strategy = FsdpFields(state.fsdp, self._on_change)
         self.deepspeed = DeepSpeedFields(state.deepspeed, self._on_change)
-        for w in (self.device, self.num_processes, self.start_method, self.num_machines,
+        for w in (self.device, self.num_processes, self.start_method, self.dynamo_backend, self.num_machines,
                   self.machine_rank, self.main_process_ip, self.main_process_port,
                   *self.precision_buttons.values()):
             w.observe(self._on_change, names="value")
@@ -170,7 +174,7 @@ class ConfigPanel(widgets.VBox):
             width="150px")), *self.precision_buttons.values()])
         buttons = widgets.HBox([self.save_button, self.code_button, self.test_button])
         return [self.device, self.num_processes, self.clamp_note, precision, self.precision_note,
-                self.start_method, self.num_machines, self.multi_node, self.strategy.box,
+                self.start_method, self.dynamo_backend, self.num_machines, self.multi_node, self.strategy.box,
                 self.deepspeed.box, self.messages, buttons, self.saved, self.status, self.code, self.test_output]
 
     def __repr__(self) -> str:  # the text/plain of a saved notebook, instead of every child
@@ -187,7 +191,7 @@ class ConfigPanel(widgets.VBox):
         return FormState(
             device=self.device.value, num_processes=self.num_processes.value,
             mixed_precision=self.mixed_precision, start_method=self.start_method.value,
-            num_machines=self.num_machines.value, machine_rank=self.machine_rank.value,
+            dynamo_backend=self.dynamo_backend.value, num_machines=self.num_machines.value, machine_rank=self.machine_rank.value,
             main_process_ip=self.main_process_ip.value,
             main_process_port=self.main_process_port.value, fsdp=self.strategy.form(),
             deepspeed=self.deepspeed.form())

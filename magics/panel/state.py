@@ -43,6 +43,7 @@ class FormState:
     machine_rank: int = 0
     main_process_ip: str = ""
     main_process_port: int = 0
+    dynamo_backend: str = "no"  # torch.compile's backend (the file's dynamo_config)
     fsdp: FsdpForm = field(default_factory=FsdpForm)  # the strategy (DDP, FSDP, DEEPSPEED); FSDP's options
     deepspeed: DeepSpeedForm = field(default_factory=DeepSpeedForm)  # DeepSpeed's options
 
@@ -72,6 +73,7 @@ def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
         machine_rank=cfg.machine_rank,
         main_process_ip=cfg.main_process_ip or "",
         main_process_port=cfg.main_process_port or 0,
+        dynamo_backend=cfg.dynamo_backend or "no",
         fsdp=form_from_config(cfg),
         deepspeed=deepspeed_form_from_config(cfg),
     )
@@ -93,6 +95,8 @@ def config_from_state(state: FormState, base: LaunchConfig) -> LaunchConfig:
         machine_rank=state.machine_rank if multi else 0,
         main_process_ip=state.main_process_ip.strip() or None,
         main_process_port=state.main_process_port or None,
+        dynamo_backend=None if state.dynamo_backend == "no" and base.dynamo_backend is None
+        else state.dynamo_backend,
         extra=dict(base.extra),
     )
     cfg = apply_deepspeed_form(apply_form(cfg, state.fsdp), state.deepspeed, state.strategy)
@@ -175,6 +179,8 @@ def _launch_kwargs(state: FormState, config_file: Path | None) -> list[tuple[str
                    ("master_addr", state.main_process_ip.strip())]
     if state.main_process_port:
         kwargs.append(("use_port", state.main_process_port))
+    if state.dynamo_backend != "no":
+        kwargs.append(("dynamo_backend", state.dynamo_backend))
     if state.fsdp.strategy == "FSDP":
         kwargs.append(("fsdp", True))  # its options: the saved file's fsdp_config
     if state.strategy == "DEEPSPEED" and config_file and config_file != default_config_path():
@@ -205,6 +211,8 @@ def magic_line(state: FormState, config_file: Path | None = None) -> str:
         parts += ["--device", state.device]
     if state.main_process_port and state.num_machines == 1:
         parts += ["--port", str(state.main_process_port)]
+    if state.dynamo_backend != "no":
+        parts += ["--dynamo-backend", state.dynamo_backend]
     if state.fsdp.strategy == "FSDP":
         parts.append("--fsdp")
     if state.num_machines > 1 or state.device == "xla" or state.strategy == "DEEPSPEED":

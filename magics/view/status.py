@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from html import escape
 
-from notebook_accel.launch import LaunchRecord, format_bytes, format_duration, rank_states
+from notebook_accel.launch import (
+    LaunchRecord,
+    RankStatus,
+    format_bytes,
+    format_duration,
+    rank_states,
+    state_text,
+)
 
 STATE_COLOURS = {
     "starting": "#888888",
     "running": "#1f77b4",
+    "compiling": "#9467bd",
     "finished": "#2ca02c",
     "failed": "#d62728",
     "stopped": "#ff7f0e",
@@ -38,8 +46,9 @@ def _shows_gpu(record: LaunchRecord) -> bool:
     return any(status.gpu_memory is not None for status in record.ranks.values())
 
 
-def _state_label(state: str, exitcode: int | None, root_cause: bool = False) -> str:
-    label = state
+def _state_label(status: RankStatus, root_cause: bool = False) -> str:
+    state, exitcode = status.state, status.exitcode
+    label = state_text(status)
     if state in ("failed", "stopped") and exitcode is not None:
         label = f"{state} (exit {exitcode})"
     return f"{label} · root cause" if root_cause else label
@@ -60,7 +69,7 @@ def status_text(record: LaunchRecord) -> str:
         memory = f"RSS {format_bytes(status.rss)}"
         if gpu:
             memory += f", GPU {format_bytes(status.gpu_memory)}"
-        label = _state_label(status.state, status.exitcode, rank == record.root_cause)
+        label = _state_label(status, rank == record.root_cause)
         line = (f"  rank {rank}: {label}, "
                 f"pid {status.pid}, {format_duration(status.elapsed)}, {memory}")
         if status.last_line.strip():
@@ -77,7 +86,7 @@ def status_html(record: LaunchRecord) -> str:
     rows = ["<tr>" + "".join(f"<th {cell}>{h}</th>" for h in heads) + "</tr>"]
     for rank, status in sorted(record.ranks.items()):
         colour = _colour(record, rank, status.state)
-        label = _state_label(status.state, status.exitcode, rank == record.root_cause)
+        label = _state_label(status, rank == record.root_cause)
         values = [
             str(rank),
             f'<span style="color:{colour};font-weight:bold">{escape(label)}</span>',

@@ -50,6 +50,7 @@ from notebook_accel.checkpoint.weight_shards import (
     save_shards,
     split_state,
 )
+from notebook_accel.runtime.helpers import extract_model_from_parallel
 from notebook_accel.runtime.ops import broadcast_object_list
 from notebook_accel.runtime.state import PartialState
 
@@ -136,7 +137,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    """The module whose state dict is saved and loaded: no DDP, no ``torch.compile`` (no ``_orig_mod.`` keys)."""
+    return extract_model_from_parallel(model, keep_torch_compile=False)
 
 
 def _claim_tmp(final: Path, tmp: Path, state: PartialState) -> Path | None:

@@ -81,7 +81,7 @@ def _train_on_workers() -> WorkerReport:
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-    plain = accelerator.unwrap_model(model)
+    plain = accelerator.unwrap_model(model, keep_torch_compile=False)
     weights = _flat_weights(plain)
     every_rank = accelerator.gather(weights.unsqueeze(0))
     ranks = accelerator.gather(torch.tensor([accelerator.process_index], device=weights.device))

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from notebook_accel.config.dynamo import SECTION as DYNAMO_SECTION
 from notebook_accel.config.schema import (
     STRATEGY_SECTIONS,
     UNSUPPORTED_DISTRIBUTED_TYPES,
@@ -26,7 +27,7 @@ _PEER_INERT: dict[str, tuple[Any, ...]] = {
     "rdzv_backend": ("static",), "same_network": (True, False),
     "main_training_function": ("main",), "tpu_use_cluster": (False,), "tpu_use_sudo": (False,),
     **{k: () for k in ("deepspeed_config", "fsdp_config", "megatron_lm_config", "mpirun_config",
-                       "fp8_config", "parallelism_config", "dynamo_config", "ipex_config",
+                       "fp8_config", "parallelism_config", "ipex_config",
                        "tpu_name", "tpu_zone", "command_file", "commands", "tpu_vm", "tpu_env")},
 }
 _reported: set[tuple[str, tuple[str, ...]]] = set()
@@ -81,7 +82,7 @@ def where_in_file(path: Path, key: str) -> str:
 
 def _report_unused(cfg: LaunchConfig, path: Path) -> None:
     """Warn once per file about keys we keep but do not act on."""
-    known = {f.name for f in dataclasses.fields(LaunchConfig)} | set(_PEER_INERT)
+    known = {f.name for f in dataclasses.fields(LaunchConfig)} | set(_PEER_INERT) | {DYNAMO_SECTION}
     unknown = sorted(str(k) for k in cfg.extra if k not in known)
     ignored = sorted(k for k, v in cfg.extra.items() if k in _PEER_INERT
                      and v not in (None, {}, [], "") and v not in _PEER_INERT[k]

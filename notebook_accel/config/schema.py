@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from notebook_accel.contract import DEVICE_TYPES, OPTIONS, START_METHODS
+from notebook_accel.config import dynamo
+from notebook_accel.contract import DEVICE_TYPES, DYNAMO_BACKENDS, OPTIONS, START_METHODS
 from notebook_accel.contract import FILE_MIXED_PRECISIONS as MIXED_PRECISIONS
 from notebook_accel.strategies.registry import config_sections
 
@@ -79,6 +80,8 @@ class LaunchConfig:
     ``None`` means "not set": the launcher detects it. ``distributed_type`` and
     ``use_cpu`` are the peer's way to name the device; :attr:`device_type` is ours.
     ``start_method`` is our own key (``auto``, ``fork``, ``forkserver``, ``spawn``).
+    ``dynamo_backend`` is kept in the file's ``dynamo_config`` section, as the peer does
+    (its other keys stay in ``extra``, checked: ``notebook_accel.config.dynamo``).
     ``extra`` holds keys of the file we do not use; they are written back on save.
     Bad values raise :class:`ValueError` naming the key and the valid values.
 
@@ -99,6 +102,7 @@ class LaunchConfig:
     use_cpu: bool = False
     start_method: str = "auto"
     cluster: str | None = None  # our own key: a Ray cluster's address
+    dynamo_backend: str | None = None  # in the file: dynamo_config's dynamo_backend (the peer's format)
     extra: dict[str, Any] = field(default_factory=dict)
     source: Path | None = field(default=None, compare=False)  # the file it was read from
 
@@ -133,6 +137,12 @@ class LaunchConfig:
             raise KeyValueError("cluster", f"invalid value {self.cluster!r} for 'cluster'; valid "
                                 "values: a Ray cluster address such as 'head:6379', 'auto' or "
                                 "'ray://head:10001', or null")
+        if self.dynamo_backend is not None:
+            self.dynamo_backend = choice("dynamo_backend", self.dynamo_backend, DYNAMO_BACKENDS, str.lower)
+        try:
+            dynamo.check_section(self.extra.get(dynamo.SECTION))
+        except ValueError as err:
+            raise KeyValueError(dynamo.SECTION, str(err)) from None
 
     @property
     def device_type(self) -> str | None:
@@ -160,8 +170,11 @@ class LaunchConfig:
         data = dict(self.extra)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("extra", "source") and value is not None:
+            if f.name not in ("extra", "source", "dynamo_backend") and value is not None:
                 data[f.name] = value
+        if self.dynamo_backend is not None:
+            data[dynamo.SECTION] = {**(data.get(dynamo.SECTION) or {}),
+                                    dynamo.BACKEND_KEY: self.dynamo_backend.upper()}
         if data.get("start_method") == "auto":
             del data["start_method"]
         return dict(sorted(data.items()))
@@ -169,7 +182,11 @@ class LaunchConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: Path | None = None) -> LaunchConfig:
         """Build from a file's mapping; keys that are not fields go to :attr:`extra`."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "source"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "source", "dynamo_backend"}
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names}
+        section = extra.get(dynamo.SECTION)
+        if isinstance(section, Mapping) and dynamo.BACKEND_KEY in section:
+            extra[dynamo.SECTION] = {k: v for k, v in section.items() if k != dynamo.BACKEND_KEY}
+            known["dynamo_backend"] = section[dynamo.BACKEND_KEY]
         return cls(**known, extra=extra, source=source)

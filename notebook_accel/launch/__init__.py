@@ -25,6 +25,8 @@ _EXPORTS = {
     "format_value": "notebook_accel.launch.text_view",
     "progress_text": "notebook_accel.launch.text_view",
     "rank_states": "notebook_accel.launch.text_view",
+    "state_text": "notebook_accel.launch.text_view",
+    "RankStatus": "notebook_accel.launch.record",
     "rich_hidden_text": "notebook_accel.launch.text_view",
     "serialise_payload": "notebook_accel.launch.payload",
     "dumps_result": "notebook_accel.launch.payload",

@@ -46,6 +46,7 @@ def notebook_launcher(
     monitor_interval: float = 0.1,
     fsdp: Any = None,
     cluster: str | None = None,
+    dynamo_backend: str | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
 
@@ -86,6 +87,10 @@ def notebook_launcher(
         cluster: run on a Ray cluster (``pip install notebook_accel[ray]``): any address
             ``ray.init`` takes (``"head:6379"``, ``"auto"``). This kernel drives every node:
             ``num_processes`` ranks on each of ``num_nodes`` nodes, numbered node by node.
+        dynamo_backend: ``torch.compile`` the models ``prepare`` returns, with this backend
+            (``"inductor"``, ``"aot_eager"``, ``"eager"``..., ``"no"``: default); the workers get
+            it as ``ACCELERATE_DYNAMO_BACKEND``. The config file's ``dynamo_config`` sets the
+            mode, ``fullgraph``, ``dynamic`` and regional compilation.
 
     Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
     then the config file, then the defaults (``mixed_precision="no"``,
@@ -114,7 +119,7 @@ def notebook_launcher(
             return _launch(function, args, num_processes, mixed_precision, use_port,
                            master_addr, node_rank, num_nodes, rdzv_backend, rdzv_endpoint,
                            max_restarts, kwargs, start_method, timeout, return_all, output,
-                           device, config_file, monitor_interval, fsdp, cluster)
+                           device, config_file, monitor_interval, fsdp, cluster, dynamo_backend)
         except (TypeError, ValueError) as error:  # bad input: IPython shows no frame of ours
             hide_our_frames(error)
             raise
@@ -122,7 +127,8 @@ def notebook_launcher(
 
 def _launch(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
             num_nodes, rdzv_backend, rdzv_endpoint, max_restarts, kwargs, start_method, timeout,
-            return_all, output, device, config_file, monitor_interval, fsdp, cluster) -> Any:
+            return_all, output, device, config_file, monitor_interval, fsdp, cluster,
+            dynamo_backend) -> Any:
     if not callable(function):
         raise TypeError(f"function={function!r} is not callable; pass the function to run")
     if not isinstance(args, (tuple, list)):
@@ -141,7 +147,7 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
         {"num_processes": num_processes, "mixed_precision": mixed_precision,
          "use_port": use_port, "master_addr": master_addr, "node_rank": node_rank,
          "num_nodes": num_nodes, "start_method": start_method, "device": device,
-         "cluster": cluster},
+         "cluster": cluster, "dynamo_backend": dynamo_backend},
         config_file=config_file, fsdp=fsdp, notes=notes, timeout=timeout, output=output,
         return_all=return_all, max_restarts=max_restarts)
     local = plan.cluster is None

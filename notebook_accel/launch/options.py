@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from notebook_accel import contract
-from notebook_accel.config import LaunchConfig, load_config
+from notebook_accel.config import LaunchConfig, dynamo, load_config
 from notebook_accel.config.resolve import layered_options
 from notebook_accel.config.schema import STRATEGY_SECTIONS
 from notebook_accel.strategies import registry
@@ -24,7 +24,8 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
 
     ``explicit`` holds ``num_processes``, ``mixed_precision``, ``start_method``,
     ``use_port``, ``master_addr``, ``num_nodes``, ``node_rank`` and ``device``; the result also
-    has ``worker_env``, the file's strategy variables (see ``worker_strategy_environment``).
+    has ``worker_env``, the file's strategy variables (see ``worker_strategy_environment``) and
+    its ``dynamo_config`` variables (``config.dynamo.section_environment``).
     Explicit values pass through untouched (the plan validates them); values that
     come from the config file are checked there, with the file's name in the error.
 
@@ -36,7 +37,8 @@ def fill_options(explicit: dict[str, Any], config_file: str | os.PathLike | None
     given = [key for key, value in explicit.items() if value is not None]
     layered = layered_options(config, given)  # a file's bad value the caller overrides: no error
     blank = layered_options(LaunchConfig(), given)  # what a file that sets nothing gives
-    filled: dict[str, Any] = {"worker_env": worker_strategy_environment(config)}
+    filled: dict[str, Any] = {"worker_env": {**worker_strategy_environment(config),
+                                             **dynamo.section_environment(config.extra.get(dynamo.SECTION))}}
     from_file: dict[str, Any] = {}
     for key, value in explicit.items():
         if value is None:

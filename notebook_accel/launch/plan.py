@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from notebook_accel.contract import OPTIONS
+from notebook_accel.contract import DYNAMO_BACKEND_ENV, OPTIONS
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
 from notebook_accel.machine import hardware
@@ -36,7 +36,8 @@ class LaunchPlan:
     return_all: bool
     max_restarts: int
     xla: XlaJob | None = None  # device "xla": how torch_xla runs the cores (one host worker)
-    worker_env: dict[str, str] = field(default_factory=dict)  # strategy settings (FSDP_*), from the config file
+    # strategy settings (FSDP_*) from the config file, and torch.compile's (ACCELERATE_DYNAMO_*)
+    worker_env: dict[str, str] = field(default_factory=dict)
     cluster: str | None = None  # a Ray cluster's address: the kernel drives every node through Ray
 
     @property
@@ -103,12 +104,16 @@ def make_plan(
     device: str | None,
     worker_env: dict[str, str] | None = None,
     cluster: str | None = None,
+    dynamo_backend: str | None = None,
 ) -> LaunchPlan:
     """Validate the options of :func:`notebook_launcher` and build the plan.
 
     Raises:
         TypeError, ValueError: a bad option, named with its valid values.
     """
+    if dynamo_backend is not None:  # the workers' TorchDynamoPlugin reads it (the peer's variable)
+        backend = OPTIONS["dynamo_backend"].check(dynamo_backend)
+        worker_env = {**(worker_env or {}), DYNAMO_BACKEND_ENV: backend.upper()}
     mixed_precision = "no" if mixed_precision is None else OPTIONS["mixed_precision"].check(
         mixed_precision)
     output = OPTIONS["output"].check(output)

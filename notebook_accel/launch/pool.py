@@ -96,7 +96,7 @@ class WorkerPool:
     Takes the options of :func:`~notebook_accel.notebook_launcher` (``num_processes``,
     ``mixed_precision``, ``use_port``, ``master_addr``, ``start_method``, ``timeout``,
     ``return_all``, ``output``, ``device``, ``config_file``, ``fsdp``, ``num_nodes``,
-    ``cluster``), resolved and checked
+    ``cluster``, ``dynamo_backend``), resolved and checked
     the same way; the workers start at once. Closed by :meth:`close`, at the end of a
     ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
     when the kernel dies.
@@ -127,7 +127,7 @@ class WorkerPool:
     def _plan(options: dict[str, Any]) -> LaunchPlan:
         explicit = {name: options.get(name) for name in (
             "num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
-            "device", "num_nodes", "cluster")}
+            "device", "num_nodes", "cluster", "dynamo_backend")}
         notes: list[str] = []
         cluster = fill_options({"cluster": explicit["cluster"]}, options.get("config_file"))
         if explicit["num_nodes"] not in (None, 1) and cluster["cluster"] is None:

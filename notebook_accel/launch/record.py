@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.wire import Dropped, Memory, Message, Metrics, Progress, RichHidden
+from notebook_accel.wire import Dropped, Memory, Message, Metrics, Phase, Progress, RichHidden
+
+ENDED_STATES = ("finished", "failed", "stopped")  # how a rank ends (no phase replaces them)
 
 
 @dataclass
@@ -28,10 +30,28 @@ class RankStatus:
     rss: int | None = None  # bytes
     gpu_memory: int | None = None  # bytes, where the worker reports it
     last_line: str = ""
+    phase_started: float | None = None  # when its current phase (state "compiling") began
 
     @property
     def elapsed(self) -> float:
         return (self.ended or time.time()) - self.started
+
+    @property
+    def phase_elapsed(self) -> float | None:
+        """Seconds in the current phase (None outside one)."""
+        if self.phase_started is None:
+            return None
+        return (self.ended or time.time()) - self.phase_started
+
+    def enter_phase(self, name: str | None, when: float) -> None:
+        """Show the phase ``name`` as the rank's state from ``when`` on (None: back to running);
+        a rank that has ended keeps its state."""
+        if self.state in ENDED_STATES:
+            return
+        if name is None:
+            self.state, self.phase_started = "running", None
+        elif self.state != name:
+            self.state, self.phase_started = name, when
 
 
 @dataclass
@@ -78,6 +98,8 @@ class LaunchRecord:
                     self.history.setdefault(name, []).append((message.step, value))
         elif type(message) is Progress:
             self.progress[rank] = dict(message.state, time=message.timestamp)
+        elif type(message) is Phase:
+            self.ranks[rank].enter_phase(message.name, message.timestamp or time.time())
         elif type(message) is Memory:
             self.ranks[rank].gpu_memory = message.gpu
         elif type(message) is Dropped:

@@ -15,11 +15,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from notebook_accel.launch.record import LaunchRecord
+from notebook_accel.launch.record import ENDED_STATES as _ENDED
+from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.observe.progress import bar_label, job_progress
 
 PREFIX = "[notebook_accel] "
-_ENDED = ("finished", "failed", "stopped")
+NOTABLE_PHASE = 1.0  # seconds: a shorter phase (a small recompile) prints no line of its own
 
 
 def format_bytes(size: int | None) -> str:
@@ -52,12 +53,25 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def state_text(status: RankStatus) -> str:
+    """The rank's state, with the time spent in its phase: ``"compiling (12.0 s)"``, ``"running"``."""
+    seconds = status.phase_elapsed
+    if seconds is None or status.state in _ENDED:
+        return status.state
+    return f"{status.state} ({format_duration(seconds)})"
+
+
 def rank_states(record: LaunchRecord) -> str:
-    """``"2 running"``, or ``"1 finished, 1 failed (rank 1, exit code 1)"``."""
+    """``"2 running"``, ``"1 compiling (rank 0 for 12.0 s), 1 running"``, or
+    ``"1 finished, 1 failed (rank 1, exit code 1)"``."""
     counts = Counter(status.state for status in record.ranks.values())
     parts = []
     for state, count in counts.items():
         part = f"{count} {state}"
+        in_phase = [s for s in record.ranks.values() if s.state == state and s.phase_elapsed is not None]
+        if in_phase and state not in _ENDED:
+            part += " (" + ", ".join(f"rank {s.rank} for {format_duration(s.phase_elapsed)}"
+                                     for s in in_phase[:4]) + ")"
         if state == "failed":
             failed = [s for s in record.ranks.values() if s.state == "failed"]
             part += " (" + ", ".join(
@@ -104,6 +118,14 @@ def rich_hidden_text(record: LaunchRecord) -> str | None:
     return said + " (shown for rank 0, in a notebook)"
 
 
+def _lasting_state(status: RankStatus) -> str:
+    """The state, with a phase younger than ``NOTABLE_PHASE`` counted as running."""
+    seconds = status.phase_elapsed
+    if status.state in _ENDED or seconds is None or seconds >= NOTABLE_PHASE:
+        return status.state
+    return "running"
+
+
 class TextView:
     """Plain text lines about a launch, for places where no notebook display renders.
 
@@ -145,7 +167,7 @@ class TextView:
         if record.elapsed < self.quiet_for:
             return
         now = self.clock()
-        states = tuple(status.state for status in record.ranks.values())
+        states = tuple(_lasting_state(status) for status in record.ranks.values())
         if all(state in _ENDED for state in states):
             return  # the summary line follows
         if states != self.last_states or now - self.last_time >= self.every:

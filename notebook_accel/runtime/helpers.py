@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from notebook_accel.runtime.compilation import has_compiled_regions, is_compiled_module
 from notebook_accel.runtime.ops import recursively_apply
 from notebook_accel.runtime.precision import convert_to_fp32, unwrap_forward
 
@@ -76,28 +77,49 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
     return func_or_cls
 
 
+_PARALLEL = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+
+
+def _strip_parallel(model: torch.nn.Module) -> torch.nn.Module:
+    while isinstance(model, _PARALLEL):
+        model = model.module
+    return model
+
+
+def _plain(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside every DDP / DataParallel / ``torch.compile`` layer (and regional copy)."""
+    while True:
+        if isinstance(model, _PARALLEL):
+            model = model.module
+        elif is_compiled_module(model):
+            model = model._orig_mod
+        elif "_orig_mod" in model.__dict__:  # a copy made by compile_regions
+            model = model.__dict__["_orig_mod"]
+        else:
+            return model
+
+
 def extract_model_from_parallel(
     model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
 ) -> torch.nn.Module:
     """The user's module inside ``DistributedDataParallel`` / ``DataParallel`` (and ``torch.compile``).
 
     Args:
-        model: a prepared (possibly compiled) model.
+        model: a prepared (possibly compiled, whole or by regions) model.
         keep_fp32_wrapper: keep the mixed-precision forward that ``prepare`` installed.
-        keep_torch_compile: return the compiled wrapper around the unwrapped module
-            instead of the plain module.
+        keep_torch_compile: a compiled model comes back compiled: an ``OptimizedModule`` around
+            the user's module (``model`` itself is left as it is), or the module with its compiled
+            regions; otherwise the plain module, whose ``state_dict`` has no ``_orig_mod.`` keys.
     """
-    compiled = model if hasattr(model, "_orig_mod") else None
-    inner = compiled._orig_mod if compiled is not None else model
-    while isinstance(inner, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-        inner = inner.module
-    inner = getattr(inner, "_orig_mod", inner)  # compiled inside DDP
+    plain = _plain(model)
     if not keep_fp32_wrapper:
-        unwrap_forward(inner)
-    if keep_torch_compile and compiled is not None:
-        compiled._orig_mod = inner
-        return compiled
-    return inner
+        unwrap_forward(plain)
+    if not keep_torch_compile:
+        return plain
+    kept = _strip_parallel(model)
+    if is_compiled_module(kept) and kept._orig_mod is not plain:  # compiled around DDP
+        return type(kept)(plain, kept.dynamo_ctx)
+    return kept if is_compiled_module(kept) or has_compiled_regions(kept) else plain
 
 
 def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:

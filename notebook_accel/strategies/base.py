@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from notebook_accel.runtime import precision
+from notebook_accel.runtime import compilation, precision
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, collective_backend
@@ -132,6 +132,11 @@ class Strategy(ABC):
             model = model.to(self.device)
         precision.wrap_forward(model, self.mixed_precision, self.device)
         return model
+
+    def compile_model(self, model: torch.nn.Module, plugin: Any) -> torch.nn.Module:
+        """The prepared (wrapped) ``model`` compiled as ``plugin`` (a ``TorchDynamoPlugin``) says:
+        ``torch.compile`` around it, or its repeated blocks (``runtime.compilation``)."""
+        return compilation.compile_model(model, plugin)
 
     def setup_model_and_optimizer(self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
                                   micro_batch: int | None) -> tuple[torch.nn.Module, AcceleratedOptimizer]:

@@ -31,6 +31,8 @@ def train(steps):
                                                          "lr": 0.1 * step}})
         if step % 10 == 0:
             print(f"at step {step}", flush=True)
+        if rank == 0 and step in (14, 24):  # what torch.compile's callbacks send (runtime/compilation.py)
+            events.emit("phase", {"name": "compiling" if step == 14 else None})
         time.sleep(0.1)
     return rank
 
@@ -66,6 +68,8 @@ def test_one_block_shown_then_updated_in_place_and_ends_as_summary(job):
     assert "train: 100%" in final["text/plain"] and "28/28" in final["text/plain"]
     assert final["text/html"].count("<img src=\"data:image/svg+xml") == 2  # loss and lr
     assert "loss: 0.03571 at step 27" in final["text/plain"]
+    during = [m["content"]["data"]["text/plain"] for m in shown[1:-1]]
+    assert any("rank 0: compiling (" in text and "rank 1: running" in text for text in during), during
     # the relayed output is untouched by the display
     assert "[rank 0] at step 20" in job.stdout and "[rank 1] at step 20" in job.stdout
 

@@ -84,8 +84,8 @@ def test_unwrap_model_and_extract_model_from_parallel_handle_compile():
     acc = Accelerator()
     model = torch.nn.Linear(2, 2)
     compiled = torch.compile(model)
-    assert acc.unwrap_model(compiled) is model
-    assert acc.unwrap_model(compiled, keep_torch_compile=True) is compiled
+    assert acc.unwrap_model(compiled) is compiled  # keep_torch_compile=True: the peer's default
+    assert acc.unwrap_model(compiled, keep_torch_compile=False) is model
     assert nu.extract_model_from_parallel(torch.nn.DataParallel(model)) is model
 
 

@@ -61,7 +61,8 @@ def test_vocabularies_are_the_tables():
     assert ENV_OPTIONS == {"num_processes": "NOTEBOOK_ACCEL_NUM_PROCESSES",
                            "mixed_precision": "NOTEBOOK_ACCEL_MIXED_PRECISION",
                            "start_method": "NOTEBOOK_ACCEL_START_METHOD",
-                           "cluster": "NOTEBOOK_ACCEL_CLUSTER"}
+                           "cluster": "NOTEBOOK_ACCEL_CLUSTER",
+                           "dynamo_backend": "ACCELERATE_DYNAMO_BACKEND"}  # the peer's variable
     keys = {o.file_key for o in OPTIONS.values() if o.file_key}
     assert keys <= set(LaunchConfig.__dataclass_fields__)
 
@@ -74,7 +75,8 @@ def test_magic_flags_match_the_table():
     table = {o.magic_flag for o in OPTIONS.values() if o.magic_flag}
     assert table <= flags
     launch_like = {"--num-processes", "--mixed-precision", "--start-method", "--device", "--port",
-                   "--timeout", "--config", "--fsdp", "--output", "--nodes", "--cluster"}
+                   "--timeout", "--config", "--fsdp", "--output", "--nodes", "--cluster",
+                   "--dynamo-backend"}
     assert launch_like == table
     for option in OPTIONS.values():
         if option.magic_flag and option.choices:

@@ -147,6 +147,7 @@ def test_wire_round_trips_every_message_kind_in_one_framing():
         wire.Progress({"n": 3, "total": 10}, timestamp=1.5),
         wire.Metrics(7, {"loss": 0.25}, timestamp=2.0),
         wire.Memory(1 << 30, timestamp=2.5),
+        wire.Phase("compiling", timestamp=2.7),
         wire.Dropped(4, timestamp=3.0),
         wire.RichHidden(2, timestamp=3.2),
         wire.Display({"text/plain": "hi"}, {}, {"display_id": "d"}, True, timestamp=3.5),

@@ -118,7 +118,7 @@ def test_flags_are_tri_state():
     unset = launch_options(parse_argstring(magic, ""))
     assert unset == {"num_processes": None, "mixed_precision": None, "start_method": None,
                      "device": None, "use_port": None, "timeout": None, "config_file": None,
-                     "fsdp": None, "output": "all"}
+                     "fsdp": None, "dynamo_backend": None, "output": "all"}
     assert launch_options(parse_argstring(magic, "--fsdp"))["fsdp"] is True
     assert launch_options(parse_argstring(magic, "--no-fsdp"))["fsdp"] is False
     args = parse_argstring(magic, "-n 3 --mixed-precision bf16 --main-only --pull a,b --config f")

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from notebook_accel.runtime import compilation
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, ensure_process_group
 from notebook_accel.strategies.base import Strategy, StrategyContext
@@ -87,6 +88,14 @@ class DeepSpeedStrategy(Strategy):
         return self.engine is not None and model is self.engine
 
     # ---- set-up ---------------------------------------------------------------------------
+    def compile_model(self, model: torch.nn.Module, plugin: Any) -> torch.nn.Module:
+        """The engine's module is compiled in place (as the peer's ``compile_regions_deepspeed``):
+        the engine stays the prepared model, its hooks and offloaded parameters untouched."""
+        if self.owns(model):
+            compilation.compile_model(model.module, plugin, in_place=True)
+            return model
+        return super().compile_model(model, plugin)
+
     def setup_model(self, model: torch.nn.Module, place: bool, evaluation_mode: bool,
                     optimizers: list[torch.optim.Optimizer]) -> torch.nn.Module:
         """Models that do not train (a teacher...) are placed; a trained one goes with its optimizer.

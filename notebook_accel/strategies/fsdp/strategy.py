@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from notebook_accel.runtime import compilation
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, ensure_process_group
 from notebook_accel.strategies.base import Strategy, StrategyContext
@@ -89,6 +90,11 @@ class FsdpStrategy(Strategy):
         for optimizer in optimizers:
             self.rebind(optimizer)
         return model
+
+    def compile_model(self, model: torch.nn.Module, plugin: Any) -> torch.nn.Module:
+        """A sharded model is compiled in place (``nn.Module.compile``): the same module, so
+        ``fully_shard``'s hooks run and this strategy still knows it."""
+        return compilation.compile_model(model, plugin, in_place=self.owns(model))
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> AcceleratedOptimizer:
         self.rebind(optimizer)  # models prepared first got new (sharded) parameters
