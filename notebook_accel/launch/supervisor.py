@@ -403,8 +403,9 @@ class Supervisor:
                 candidates.append((tier, w.error.timestamp, w))
             elif w.exited and not w.stopped and not (w.returned and w.exitcode == 0):
                 candidates.append((1, w.exit_time, w))
-        if not candidates:  # pragma: no cover - run() only calls this after a failure
-            candidates = [(3, 0.0, w) for w in self.workers if w.exitcode != 0]
+        if not candidates:  # a rank marked failed for exiting (code 0) before its result arrived
+            failed = [w for w in self.workers if self.record.ranks[w.rank].state == "failed"]
+            candidates = [(3, 0.0, w) for w in failed or self.workers]
         candidates.sort(key=lambda c: (c[0], c[1] or 0.0, c[2].rank))
         cause = candidates[0][2]
         self.record.root_cause = cause.rank

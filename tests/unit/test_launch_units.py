@@ -270,3 +270,31 @@ def test_the_traceback_trimmer_knows_the_worker_entry_point():
     from notebook_accel.launch import tracebacks
 
     assert os.path.isfile(tracebacks._WORKER_FILE), tracebacks._WORKER_FILE
+
+
+def test_a_rank_marked_failed_whose_result_came_after_its_exit_is_still_named():
+    """Rank 1 exited (code 0) before its result was read, so it was marked failed; the result then
+    arrived. The job's error names rank 1 instead of failing to find a root cause (an IndexError)."""
+    import os
+
+    from notebook_accel.launch.backends.base import WorkerHandle
+    from notebook_accel.launch.record import LaunchRecord
+    from notebook_accel.launch.supervisor import Supervisor
+
+    class Ended(WorkerHandle):
+        def __init__(self, rank):
+            self.rank = rank
+            self.stdout_fd, self.stderr_fd, self.control_fd, self.events_fd = (os.pipe()[0] for _ in range(4))
+        pid, sentinel, exitcode = 100, -1, 0
+        terminate = kill = dump_stacks = lambda self: None
+        reap = lambda self, timeout: None  # noqa: E731
+
+    record = LaunchRecord(world_size=2, num_processes=2, device_type="cpu", start_method="fork",
+                          mixed_precision="no")
+    supervisor = Supervisor([Ended(0), Ended(1)], relay()[0], None, record, view=None)
+    for worker in supervisor.workers:
+        worker.exited, worker.exit_time, worker.returned = True, time.time(), True
+    record.ranks[0].state, record.ranks[1].state = "finished", "failed"
+    error = supervisor._root_cause()
+    assert error.rank == 1 and record.root_cause == 1
+    assert "rank 1 exited (code 0) before its function returned" in str(error)
