@@ -114,7 +114,14 @@ def load_payload(data: Payload) -> tuple[Any, tuple, dict]:
     """Inverse of :func:`serialise_payload`; registers the shipped cell sources."""
     if isinstance(data, InheritedPayload):
         return data.function, data.args, data.kwargs
-    function, args, kwargs, sources = pickle.loads(data)
+    try:
+        function, args, kwargs, sources = pickle.loads(data)
+    except ModuleNotFoundError as error:
+        raise ModuleNotFoundError(
+            f"{error}, which the kernel imported the function or an argument from. Functions and "
+            "classes defined in the notebook travel by value; imported ones travel by reference, so "
+            f"{error.name!r} must be importable where the workers run (installed on every node, or "
+            "on its PYTHONPATH); or define them in the notebook", name=error.name) from None
     for filename, entry in sources.items():
         linecache.cache.setdefault(filename, entry)
     return function, args, kwargs

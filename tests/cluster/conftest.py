@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
+
 import pytest
 
 from tests.cluster_harness import private_network
@@ -13,11 +17,30 @@ def _local_cluster(tmp_path_factory, client: bool):
     from notebook_accel.launch import start_local_cluster
 
     with private_network():
-        local = start_local_cluster(nodes=2, logs=tmp_path_factory.mktemp("ray"), client=client)
+        with _repository_on_the_nodes_path(client):
+            local = start_local_cluster(nodes=2, logs=tmp_path_factory.mktemp("ray"), client=client)
         try:
             yield local
         finally:
             local.stop()
+
+
+@contextlib.contextmanager
+def _repository_on_the_nodes_path(client: bool):
+    """The tests' jobs live in importable modules (``tests.cluster.checks``...), so they travel by
+    reference. A local driver gives Ray's workers its ``sys.path``; a Ray Client driver does not
+    (a user's modules must be installed on the cluster): the raylets, started here, inherit the
+    repository on their ``PYTHONPATH``."""
+    saved = os.environ.get("PYTHONPATH")
+    if client:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[2]), saved]))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
 import time
 
-import psutil
 import pytest
 
 from notebook_accel import WorkerError, notebook_launcher
+from tests.cluster import checks
 
 pytestmark = pytest.mark.slow
 SHARED_WORKERS = True  # the cluster's raylets and placed agents live for the whole module
@@ -24,7 +23,6 @@ def _launch(cluster, function, **options):
 
 
 def _environment_and_sum():
-    import os
 
     import torch
     import torch.distributed as dist
@@ -53,7 +51,6 @@ def test_ranks_on_both_nodes_all_reduce_and_return(cluster):
 
 
 def _numbered_lines():
-    import os
     import sys
 
     rank = os.environ["RANK"]
@@ -72,37 +69,11 @@ def test_every_line_of_every_rank_arrives_once_in_order(cluster, capsys):
         assert odd == list(range(1, 1000, 2))  # in order per rank and stream
 
 
-def _crash_on_node_b():
-    import os
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    if dist.get_rank() == 1:
-        time.sleep(0.5)
-        raise RuntimeError("boom on node B")
-    dist.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1
-    time.sleep(60)
-    return os.getpid()
-
-
 def test_a_crash_on_node_b_names_node_rank_and_traceback_within_2s(cluster):
-    with pytest.raises(WorkerError) as caught:
-        _launch(cluster, _crash_on_node_b)
-    took = time.time() - caught.value.failure.timestamp
-    message = str(caught.value)
-    assert caught.value.rank == 1
-    assert message.startswith("rank 1 on node 1 (127.0.0."), message
-    assert "RuntimeError: boom on node B" in message
-    assert "raise RuntimeError" in caught.value.remote_traceback
-    assert took < 2.0, f"{took:.2f} s from the crash to the error"
+    checks.check_a_crash_on_node_b_is_named_within_2s(lambda job: _launch(cluster, job))
 
 
 def _killed_by_signal():
-    import os
-    import signal
     import time
 
     if os.environ["RANK"] == "1":
@@ -129,7 +100,6 @@ def test_a_job_the_cluster_cannot_place_is_refused_naming_what_is_missing(cluste
 
 
 def _crash_once(marker):
-    import os
     from pathlib import Path
 
     if os.environ["RANK"] == "1" and not Path(marker).exists():
@@ -147,87 +117,10 @@ def test_max_restarts_recovers_from_a_crashed_rank_within_5s(cluster, tmp_path, 
     assert took < 5.0, f"{took:.2f} s for the failed attempt and the restart"
 
 
-def _print_pid_and_wait():
-    import os
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    print(f"pid={os.getpid()}", flush=True)
-    dist.init_process_group("gloo")
-    if dist.get_rank() == 0:
-        dist.all_reduce(torch.ones(1))  # blocked in C++: rank 1 never comes
-    time.sleep(60)
-
-
-def _pids(text: str) -> list[int]:
-    return [int(pid) for pid in re.findall(r"pid=(\d+)", text)]
-
-
 def test_the_stop_button_stops_every_rank_within_2s_and_keeps_the_kernels_handler(cluster, capsys):
-    handler = signal.getsignal(signal.SIGINT)
-    pressed: list[float] = []
-    pids: list[int] = []
-
-    def press() -> None:
-        deadline = time.monotonic() + 60
-        while len(pids) < 2 and time.monotonic() < deadline:
-            pids.extend(_pids(capsys.readouterr().out))
-            time.sleep(0.1)
-        time.sleep(0.5)
-        pressed.append(time.monotonic())
-        os.kill(os.getpid(), signal.SIGINT)
-
-    capsys.readouterr()
-    presser = threading.Thread(target=press)
-    presser.start()
-    with pytest.raises(KeyboardInterrupt):
-        _launch(cluster, _print_pid_and_wait)
-    took = time.monotonic() - pressed[0]
-    presser.join()
-    assert took < 2.0, f"{took:.2f} s from the interrupt to the stop"
-    assert signal.getsignal(signal.SIGINT) is handler
-    assert len(pids) == 2 and not [pid for pid in pids if psutil.pid_exists(pid)]
-
-
-def _wait_in_a_collective():
-    import os
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    print(f"pid={os.getpid()}", flush=True)
-    dist.init_process_group("gloo")
-    while True:
-        dist.all_reduce(torch.ones(1))
-        time.sleep(0.1)
+    checks.check_the_stop_button(lambda job: _launch(cluster, job), capsys)
 
 
 def test_losing_node_b_fails_the_job_within_10s_naming_it_and_leaves_nothing(cluster, capfd):
-    """Last in the module: node B does not come back. Node B (127.0.0.2) holds rank 0 or 1,
-    as the placement group put its bundle; the error names it either way."""
-    node_b = cluster.nodes[1]
-    lost: list[float] = []
-
-    def kill_raylet() -> None:
-        time.sleep(8)  # the ranks are in their collectives by then (agents are warm)
-        lost.append(time.monotonic())
-        node_b.raylet().kill()
-
-    killer = threading.Thread(target=kill_raylet)
-    killer.start()
-    with pytest.raises(WorkerError) as caught:
-        _launch(cluster, _wait_in_a_collective)
-    took = time.monotonic() - lost[0]
-    killer.join()
-    assert re.match(r"rank (\d) on node \1 \(127\.0\.0\.2\) ended without an exit status: "
-                    "its node or its Ray worker was lost", str(caught.value)), str(caught.value)
-    assert took < 10.0, f"{took:.2f} s from losing node B to the error"
-    pids = _pids(capfd.readouterr().out)
-    assert len(pids) == 2
-    deadline = time.monotonic() + 5
-    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+    """Last in the module: node B does not come back."""
+    checks.check_losing_node_b(cluster, lambda job: _launch(cluster, job), capfd, after=8)

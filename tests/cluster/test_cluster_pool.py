@@ -9,29 +9,10 @@ import pytest
 
 from notebook_accel import WorkerError
 from notebook_accel.launch.pool import WorkerPool
+from tests.cluster import checks
 
 pytestmark = pytest.mark.slow
 SHARED_WORKERS = True  # the cluster's raylets and placed agents live for the whole module
-
-
-def _remember():
-    global value  # noqa: PLW0603 - stays on the worker for the next run
-    import os
-
-    value = int(os.environ["RANK"]) + 1
-
-
-def _sum_remembered():
-    import torch
-    import torch.distributed as dist
-
-    total = torch.tensor([float(value)])  # noqa: F821 - defined by _remember on the worker
-    dist.all_reduce(total)
-    return total.item()
-
-
-def _nothing():
-    return None
 
 
 def _fail_on_rank_1():
@@ -43,14 +24,14 @@ def _fail_on_rank_1():
 
 def test_a_pool_across_two_nodes_keeps_state_and_its_group(cluster):
     with WorkerPool(num_processes=1, num_nodes=2, cluster=cluster.address) as pool:
-        pool.run(_remember)
-        assert pool.run(_sum_remembered) == 3.0  # 1 + 2, across the nodes, from kept state
+        pool.run(checks.remember)
+        assert pool.run(checks.sum_remembered) == 3.0  # 1 + 2, across the nodes, from kept state
         times = []
         for _ in range(20):
             started = time.perf_counter()
-            pool.run(_nothing)
+            pool.run(checks.nothing)
             times.append(time.perf_counter() - started)
         print(f"pool cell across 2 nodes: median {statistics.median(times) * 1e3:.1f} ms")
         with pytest.raises(WorkerError, match=r"^rank 1 on node 1 .* failed: ValueError: bad"):
             pool.run(_fail_on_rank_1)
-        assert pool.run(_sum_remembered) == 3.0  # the failed run broke no collective
+        assert pool.run(checks.sum_remembered) == 3.0  # the failed run broke no collective

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import statistics
-import threading
 import time
 
 import psutil
 import pytest
 
-from notebook_accel import WorkerError, notebook_launcher
+from notebook_accel import notebook_launcher
 from notebook_accel.launch import placement
 from notebook_accel.launch.pool import WorkerPool
+from tests.cluster import checks
 from tests.kernel_harness import Kernel
 
 pytestmark = pytest.mark.slow
@@ -52,7 +51,6 @@ def _relay_and_agents():
 
 
 def _sum_and_print_lines():
-    import os
     import sys
 
     import torch
@@ -83,92 +81,14 @@ def test_ranks_on_both_nodes_return_and_print_through_the_relay(client_cluster, 
     assert relay is not None  # the workers connected to the relay, not to this process
 
 
-def _crash_on_node_b():
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    if dist.get_rank() == 1:
-        time.sleep(0.5)
-        raise RuntimeError("boom on node B")
-    dist.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1
-    time.sleep(60)
-
-
-def test_a_crash_on_node_b_names_node_rank_and_traceback_within_2s(client_cluster):
-    with pytest.raises(WorkerError) as caught:
-        _launch(client_cluster, _crash_on_node_b)
-    took = time.time() - caught.value.failure.timestamp
-    assert caught.value.rank == 1
-    assert str(caught.value).startswith("rank 1 on node 1 (127.0.0.2) failed: RuntimeError: "
-                                        "boom on node B"), str(caught.value)
-    assert "raise RuntimeError" in caught.value.remote_traceback
-    assert took < 2.0, f"{took:.2f} s from the crash to the error"
-
-
-def _print_pid_and_wait():
-    import os
-    import time
-
-    print(f"pid={os.getpid()}", flush=True)
-    time.sleep(60)
-
-
-def test_the_stop_button_stops_every_rank_within_2s(client_cluster, capsys):
-    handler = signal.getsignal(signal.SIGINT)
-    pressed: list[float] = []
-    pids: list[int] = []
-
-    def press() -> None:
-        deadline = time.monotonic() + 60
-        while len(pids) < 2 and time.monotonic() < deadline:
-            pids.extend(int(p) for p in re.findall(r"pid=(\d+)", capsys.readouterr().out))
-            time.sleep(0.1)
-        pressed.append(time.monotonic())
-        os.kill(os.getpid(), signal.SIGINT)
-
-    capsys.readouterr()
-    presser = threading.Thread(target=press)
-    presser.start()
-    with pytest.raises(KeyboardInterrupt):
-        _launch(client_cluster, _print_pid_and_wait)
-    took = time.monotonic() - pressed[0]
-    presser.join()
-    assert took < 2.0, f"{took:.2f} s from the interrupt to the stop"
-    assert signal.getsignal(signal.SIGINT) is handler
-    assert len(pids) == 2 and not [pid for pid in pids if psutil.pid_exists(pid)]
-
-
-def _remember():
-    global value  # noqa: PLW0603 - stays on the worker for the next run
-    import os
-
-    value = int(os.environ["RANK"]) + 1
-
-
-def _sum_remembered():
-    import torch
-    import torch.distributed as dist
-
-    total = torch.tensor([float(value)])  # noqa: F821 - defined by _remember on the worker
-    dist.all_reduce(total)
-    return total.item()
-
-
-def _nothing():
-    return None
-
-
 def test_a_pool_across_two_nodes_then_nothing_is_left(client_cluster):
     with WorkerPool(num_processes=1, num_nodes=2, cluster=client_cluster.address) as pool:
-        pool.run(_remember)
-        assert pool.run(_sum_remembered) == 3.0  # 1 + 2, across the nodes, from kept state
+        pool.run(checks.remember)
+        assert pool.run(checks.sum_remembered) == 3.0  # 1 + 2, across the nodes, from kept state
         times = []
         for _ in range(20):
             started = time.perf_counter()
-            pool.run(_nothing)
+            pool.run(checks.nothing)
             times.append(time.perf_counter() - started)
         print(f"pool cell across 2 nodes over ray://: median "
               f"{statistics.median(times) * 1e3:.1f} ms")
@@ -181,41 +101,14 @@ def test_a_pool_across_two_nodes_then_nothing_is_left(client_cluster):
         time.sleep(0.1)
 
 
-def _wait_in_a_collective():
-    import os
-    import time
+def test_a_crash_on_node_b_names_node_rank_and_traceback_within_2s(client_cluster):
+    checks.check_a_crash_on_node_b_is_named_within_2s(lambda job: _launch(client_cluster, job))
 
-    import torch
-    import torch.distributed as dist
 
-    print(f"pid={os.getpid()}", flush=True)
-    dist.init_process_group("gloo")
-    while True:
-        dist.all_reduce(torch.ones(1))
-        time.sleep(0.1)
+def test_the_stop_button_stops_every_rank_within_2s(client_cluster, capsys):
+    checks.check_the_stop_button(lambda job: _launch(client_cluster, job), capsys)
 
 
 def test_losing_node_b_fails_the_job_within_10s_naming_it(client_cluster, capfd):
     """Last in the module: node B (127.0.0.2) does not come back."""
-    lost: list[float] = []
-
-    def kill_raylet() -> None:
-        time.sleep(5)  # the ranks are in their collectives by then (agents are warm)
-        lost.append(time.monotonic())
-        client_cluster.nodes[1].raylet().kill()
-
-    killer = threading.Thread(target=kill_raylet)
-    killer.start()
-    with pytest.raises(WorkerError) as caught:
-        _launch(client_cluster, _wait_in_a_collective)
-    took = time.monotonic() - lost[0]
-    killer.join()
-    assert re.match(r"rank (\d) on node \1 \(127\.0\.0\.2\) ended without an exit status: "
-                    "its node or its Ray worker was lost", str(caught.value)), str(caught.value)
-    assert took < 10.0, f"{took:.2f} s from losing node B to the error"
-    pids = [int(p) for p in re.findall(r"pid=(\d+)", capfd.readouterr().out)]
-    assert len(pids) == 2
-    deadline = time.monotonic() + 5
-    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+    checks.check_losing_node_b(client_cluster, lambda job: _launch(client_cluster, job), capfd, after=5)

@@ -298,3 +298,18 @@ def test_a_rank_marked_failed_whose_result_came_after_its_exit_is_still_named():
     error = supervisor._root_cause()
     assert error.rank == 1 and record.root_cause == 1
     assert "rank 1 exited (code 0) before its function returned" in str(error)
+
+
+def test_a_payload_whose_module_the_worker_cannot_import_says_why(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "kernel_only.py").write_text("def train():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kernel_only
+
+    data = serialise_payload(kernel_only.train, (), {})  # imported: travels by reference
+    monkeypatch.delitem(sys.modules, "kernel_only")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    with pytest.raises(ModuleNotFoundError, match=r"No module named 'kernel_only', which the kernel "
+                                                  r"imported .* 'kernel_only' must be importable where"):
+        load_payload(data)
