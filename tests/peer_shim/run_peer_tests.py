@@ -43,7 +43,6 @@ FILES = (
     "test_offload.py", "test_optimizer.py", "test_scheduler.py", "test_state_checkpointing.py",
     "test_tracking.py", "test_utils.py",
 )
-NOT_FIXED_HERE = {"test_compile.py"}  # torch.compile: another work item; counted, not held to zero failures
 
 # -- departures: deselected test ids (fnmatch patterns), each with its reason -----------------------
 DEPARTURES: dict[str, str] = {}
@@ -108,8 +107,6 @@ _depart("peer utilities we do not have: check_os_kernel, convert_dict_to_env_var
             "named_tuples", "save_safetensor_shared_memory", "pad_across_processes")))
 _depart("error wording: ours says 'expected tensors or nested lists/tuples/dicts of tensors, found int' "
         "(the peer's 'Unsupported types ... passed to `tensor`')", "test_utils.py::*::test_honor_type")
-_depart("torch.compile (TorchDynamoPlugin, compile_regions): another work item",
-        "test_kwargs_handlers.py::*::test_torch_dynamo_plugin")
 
 
 def sdist() -> Path:
@@ -179,10 +176,9 @@ def main() -> int:
     if report.get("stale_departures"):
         print("departures that matched nothing:", *report["stale_departures"], sep="\n  ")
     print(f"leaked: {report.get('leaked')}; shim: {report.get('shim')}; work: {report['work']}")
-    bad = [t for t in report["failures"] if t.split("::")[0] not in NOT_FIXED_HERE]
     if not report["files"]:
         print(report["output"][-5000:])
-    return 1 if bad or report.get("leaked") or not report["files"] else 0
+    return 1 if report["failures"] or report.get("leaked") or not report["files"] else 0
 
 
 if __name__ == "__main__":
