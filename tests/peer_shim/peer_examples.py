@@ -1,8 +1,8 @@
 """The peer's ``examples/by_feature`` scripts on 2 processes against notebook_accel (kernel side).
 
 The scripts are not in the peer's wheel or sdist, only in its git repository:
-``NOTEBOOK_ACCEL_PEER_REPO`` (a checkout or a bare git directory), else the mirror at
-``DEFAULT_REPO``. They are copied at run time (never committed) and run on 2 processes
+``NOTEBOOK_ACCEL_PEER_REPO`` (a checkout or a bare git directory), else a mirror at one of
+``DEFAULT_REPOS``. They are copied at run time (never committed) and run on 2 processes
 (our ``notebook_launcher``, or ``notebook-accel launch``: see ``run_example``) through
 ``run_peer_example.py``, which replaces their data loading only. Usage:
 ``python tests/peer_shim/peer_examples.py [NAME...]`` prints each script's exit status and
@@ -28,7 +28,8 @@ if __package__ in (None, ""):
 from tests.peer_shim import run_all  # noqa: E402
 
 RUNNER = HERE / "run_peer_example.py"
-DEFAULT_REPO = Path("/work/.mirror/huggingface+accelerate/repo")
+MIRROR = ".mirror/huggingface+accelerate/repo"  # where a fetched mirror lies, beside the checkout
+DEFAULT_REPOS = (HERE.parents[2] / MIRROR, Path("/work") / MIRROR)
 FOLDERS = ("examples/by_feature", "examples/deepspeed_config_templates")
 EPOCH = r"epoch \d+: \{'accuracy': [\d.]+, 'f1': [\d.]+\}"  # the GLUE examples' accelerator.print
 
@@ -109,15 +110,15 @@ EXAMPLES = {
 
 
 def peer_repo() -> Path | None:
-    """The peer's repository: ``$NOTEBOOK_ACCEL_PEER_REPO``, else ``DEFAULT_REPO``; None when neither exists."""
+    """The peer's repository: ``$NOTEBOOK_ACCEL_PEER_REPO``, else a mirror of ``DEFAULT_REPOS``; None when none exists."""
     given = os.environ.get("NOTEBOOK_ACCEL_PEER_REPO")
-    return next((path for path in (Path(given) if given else None, DEFAULT_REPO) if path and path.exists()), None)
+    return next((path for path in (Path(given) if given else None, *DEFAULT_REPOS) if path and path.exists()), None)
 
 
 def missing_reason() -> str:
     given = os.environ.get("NOTEBOOK_ACCEL_PEER_REPO")
     return (f"the peer's examples/by_feature scripts are only in its git repository: neither "
-            f"NOTEBOOK_ACCEL_PEER_REPO ({given or 'unset'}) nor {DEFAULT_REPO} exists "
+            f"NOTEBOOK_ACCEL_PEER_REPO ({given or 'unset'}) nor {' nor '.join(map(str, DEFAULT_REPOS))} exists "
             "(git clone https://github.com/huggingface/accelerate and point NOTEBOOK_ACCEL_PEER_REPO at it)")
 
 
