@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import pytest
 
 from notebook_accel import WorkerError
@@ -24,14 +21,7 @@ def _fail_on_rank_1():
 
 def test_a_pool_across_two_nodes_keeps_state_and_its_group(cluster):
     with WorkerPool(num_processes=1, num_nodes=2, cluster=cluster.address) as pool:
-        pool.run(checks.remember)
-        assert pool.run(checks.sum_remembered) == 3.0  # 1 + 2, across the nodes, from kept state
-        times = []
-        for _ in range(20):
-            started = time.perf_counter()
-            pool.run(checks.nothing)
-            times.append(time.perf_counter() - started)
-        print(f"pool cell across 2 nodes: median {statistics.median(times) * 1e3:.1f} ms")
+        checks.check_a_pool_keeps_state_across_the_nodes(pool, "plain address")
         with pytest.raises(WorkerError, match=r"^rank 1 on node 1 .* failed: ValueError: bad"):
             pool.run(_fail_on_rank_1)
         assert pool.run(checks.sum_remembered) == 3.0  # the failed run broke no collective

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
 import time
 
 import psutil
@@ -83,15 +82,7 @@ def test_ranks_on_both_nodes_return_and_print_through_the_relay(client_cluster, 
 
 def test_a_pool_across_two_nodes_then_nothing_is_left(client_cluster):
     with WorkerPool(num_processes=1, num_nodes=2, cluster=client_cluster.address) as pool:
-        pool.run(checks.remember)
-        assert pool.run(checks.sum_remembered) == 3.0  # 1 + 2, across the nodes, from kept state
-        times = []
-        for _ in range(20):
-            started = time.perf_counter()
-            pool.run(checks.nothing)
-            times.append(time.perf_counter() - started)
-        print(f"pool cell across 2 nodes over ray://: median "
-              f"{statistics.median(times) * 1e3:.1f} ms")
+        checks.check_a_pool_keeps_state_across_the_nodes(pool, "ray://")
     relay, agents = _relay_and_agents()
     import ray
 
