@@ -85,7 +85,8 @@ def notebook_launcher(
             ``False`` (not even when the config file says ``distributed_type: FSDP``);
             default: the config file decides.
         cluster: run on a Ray cluster (``pip install notebook_accel[ray]``): any address
-            ``ray.init`` takes (``"head:6379"``, ``"auto"``). This kernel drives every node:
+            ``ray.init`` takes (``"head:6379"``, ``"auto"``, or a Ray Client address
+            ``"ray://head:10001"`` from outside the cluster's network). This kernel drives every node:
             ``num_processes`` ranks on each of ``num_nodes`` nodes, numbered node by node.
         dynamo_backend: ``torch.compile`` the models ``prepare`` returns, with this backend
             (``"inductor"``, ``"aot_eager"``, ``"eager"``..., ``"no"``: default); the workers get
