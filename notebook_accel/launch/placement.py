@@ -24,8 +24,10 @@ PLACE_TIMEOUT = 20.0  # seconds a placement group may stay pending before the la
 AGENT_TIMEOUT = 120.0  # seconds for the agents to start (each imports torch)
 PING_TIMEOUT = 10.0  # seconds placed agents have to answer before a launch places new ones
 CLIENT_ATTEMPTS = 3  # Ray Client connections tried: the head's per-client server can die as it
-# starts (github.com/ray-project/ray/issues/63202); the kernel then asks for another
-_CLIENT_SERVER_DIED = "Starting Ray client server failed"
+# starts (github.com/ray-project/ray/issues/63202); the kernel then asks for another. The head
+# reports that death one of two ways: as a failed start, or (when the server died while the head
+# read its command line) as psutil's ZombieProcess.
+_CLIENT_SERVER_DIED = ("Starting Ray client server failed", "psutil.ZombieProcess")
 _connected: list[str] = []  # the address this kernel's Ray connection was made with
 _placements: dict[tuple, Placement] = {}
 
@@ -63,7 +65,8 @@ def connect(address: str) -> Any:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
                 break
             except ConnectionError as exc:
-                if attempt + 1 < CLIENT_ATTEMPTS and _CLIENT_SERVER_DIED in str(exc):
+                if attempt + 1 < CLIENT_ATTEMPTS and any(sign in str(exc)
+                                                         for sign in _CLIENT_SERVER_DIED):
                     continue  # the head's per-client server died as it started: ask for another
                 raise ConnectionError(f"cluster={address!r}: no Ray cluster answers there "
                                       f"({exc})") from None

@@ -90,3 +90,45 @@ def test_the_kernel_closes_a_connection_without_the_launchs_token_unread():
         server.close()
         for conn in [intruder, *good, *(c for c in channels[0].values())]:
             conn.close()
+
+
+class _FlakyRay:
+    """A ``ray`` whose Ray Client connections fail with the given errors before one succeeds."""
+
+    def __init__(self, failures):
+        self.failures, self.calls, self.connected = list(failures), 0, False
+
+    def is_initialized(self):
+        return self.connected
+
+    def init(self, **_):
+        self.calls += 1
+        if self.failures:
+            raise ConnectionError(self.failures.pop(0))
+        self.connected = True
+
+
+@pytest.mark.parametrize("death", [
+    "Starting Ray client server failed. See ray_client_server_23000.err for detailed logs.",
+    "Initialization failure from server:\n... psutil.ZombieProcess: PID still exists but it's a "
+    "zombie (pid=5498)",
+])
+def test_a_ray_client_server_that_dies_as_it_starts_is_asked_for_again(monkeypatch, death):
+    from notebook_accel.launch import placement
+
+    flaky = _FlakyRay([death])
+    monkeypatch.setitem(sys.modules, "ray", flaky)
+    monkeypatch.setattr(placement, "_connected", [])
+    assert placement.connect("ray://127.0.0.1:10001") is flaky
+    assert flaky.calls == 2
+
+
+def test_a_ray_client_address_that_refuses_is_not_retried(monkeypatch):
+    from notebook_accel.launch import placement
+
+    flaky = _FlakyRay(["Failed to connect to 127.0.0.1:10001"])
+    monkeypatch.setitem(sys.modules, "ray", flaky)
+    monkeypatch.setattr(placement, "_connected", [])
+    with pytest.raises(ConnectionError, match=r"no Ray cluster answers there \(Failed to connect"):
+        placement.connect("ray://127.0.0.1:10001")
+    assert flaky.calls == 1
