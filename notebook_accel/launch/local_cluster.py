@@ -83,6 +83,9 @@ def _free_port(host: str) -> int:
 def _start(args: list[str], cpus: int, log: Path) -> subprocess.Popen:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the nodes' collectives stay on loopback
+    # The head's Ray Client server forks one server per client while gRPC threads run; gRPC's
+    # fork handlers then crash the child about one start in 30 (docs/cluster.md, Ray Client)
+    env.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
     ray = str(Path(sys.executable).with_name("ray"))
     with open(log, "w") as out:
         return subprocess.Popen([ray, "start", "--block", f"--num-cpus={cpus}",
