@@ -16,7 +16,8 @@ import tempfile
 import time
 
 from notebook_accel import WorkerError, WorkerPool, notebook_launcher
-from notebook_accel.launch import placement, start_local_cluster
+from notebook_accel.launch import start_local_cluster
+from notebook_accel.launch.cluster import placement
 
 
 def rank() -> int:

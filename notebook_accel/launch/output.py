@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from notebook_accel.launch.rich_output import show_display
+from notebook_accel.launch.views.rich_output import show_display
 from notebook_accel.wire import Display, Kind
 
 OUTPUT_CHOICES = ("all", "main", "none")

@@ -31,9 +31,9 @@ from notebook_accel.launch.interrupts import (
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.stopping import stop_workers
-from notebook_accel.launch.text_view import format_duration
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
+from notebook_accel.launch.views.text import format_duration
 from notebook_accel.wire import Display, FailureRecord, FrameReader, Result, RunDone
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them

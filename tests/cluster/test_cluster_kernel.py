@@ -20,7 +20,7 @@ def k(cluster):
     kernel.ok("%load_ext notebook_accel")
     kernel.ok(f"ADDRESS = {cluster.address!r}")
     yield kernel
-    kernel.ok("from notebook_accel.launch import placement; placement.disconnect()")
+    kernel.ok("from notebook_accel.launch.cluster import placement; placement.disconnect()")
     kernel.shutdown()
 
 

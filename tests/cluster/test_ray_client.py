@@ -1,5 +1,5 @@
 """A Ray Client address (ray://): the workers reach the kernel through the relay on the head
-node (launch/channel_relay.py). The magic's pool from a kernel, results, output, a crash on node
+node (launch/cluster/channel_relay.py). The magic's pool from a kernel, results, output, a crash on node
 B, the stop button, a warm pool and a lost node, on 2 raylets (127.0.0.1, 127.0.0.2), with nothing
 left behind."""
 
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from notebook_accel import notebook_launcher
-from notebook_accel.launch import placement
+from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.pool import WorkerPool
 from tests.cluster import checks
 from tests.kernel_harness import Kernel
@@ -40,7 +40,7 @@ def test_the_notebooks_pool_through_the_magic_from_a_kernel(client_cluster):
         assert "[node 0 rank 0] hello from 0" in lines and "[node 1 rank 1] hello from 1" in lines
         kernel.ok("%accelerate stop")
     finally:
-        kernel.ok("from notebook_accel.launch import placement; placement.disconnect()")
+        kernel.ok("from notebook_accel.launch.cluster import placement; placement.disconnect()")
         kernel.shutdown()
 
 

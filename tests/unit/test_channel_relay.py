@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 
-from notebook_accel.launch.channel_relay import BUFFER_LIMIT, ChannelRelay, RelayedChannels
+from notebook_accel.launch.cluster.channel_relay import BUFFER_LIMIT, ChannelRelay, RelayedChannels
 from notebook_accel.launch.worker.node_agent import CHANNELS, hello
 
 

@@ -53,7 +53,7 @@ def test_bad_cluster_options_are_refused_naming_the_value(explicit, error, match
 
 
 def test_without_ray_a_cluster_names_the_extra(monkeypatch):
-    from notebook_accel.launch import placement
+    from notebook_accel.launch.cluster import placement
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'notebook_accel\[ray\]'"):
@@ -69,7 +69,7 @@ def test_the_kernel_closes_a_connection_without_the_launchs_token_unread():
     import socket
     import time
 
-    from notebook_accel.launch.channel_server import ChannelServer
+    from notebook_accel.launch.cluster.channel_server import ChannelServer
     from notebook_accel.launch.worker.node_agent import RUN_CHANNELS
 
     server = ChannelServer("127.0.0.1", world_size=1)
@@ -114,7 +114,7 @@ class _FlakyRay:
     "zombie (pid=5498)",
 ])
 def test_a_ray_client_server_that_dies_as_it_starts_is_asked_for_again(monkeypatch, death):
-    from notebook_accel.launch import placement
+    from notebook_accel.launch.cluster import placement
 
     flaky = _FlakyRay([death])
     monkeypatch.setitem(sys.modules, "ray", flaky)
@@ -124,7 +124,7 @@ def test_a_ray_client_server_that_dies_as_it_starts_is_asked_for_again(monkeypat
 
 
 def test_a_ray_client_address_that_refuses_is_not_retried(monkeypatch):
-    from notebook_accel.launch import placement
+    from notebook_accel.launch.cluster import placement
 
     flaky = _FlakyRay(["Failed to connect to 127.0.0.1:10001"])
     monkeypatch.setitem(sys.modules, "ray", flaky)

@@ -13,7 +13,7 @@ from notebook_accel.config import LaunchConfig, load_config
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.plan import make_plan
 from notebook_accel.launch.record import LaunchRecord, RankStatus
-from notebook_accel.launch.text_view import TextView, rank_states
+from notebook_accel.launch.views.text import TextView, rank_states
 from notebook_accel.runtime.compilation import compile_regions
 from notebook_accel.utils import (
     extract_model_from_parallel,

@@ -10,8 +10,8 @@ import time
 from magics.view.live_view import LiveView, render
 from magics.view.plots import MAX_POINTS, Plots, Series, metric_svg
 from notebook_accel.launch.record import LaunchRecord, RankStatus
-from notebook_accel.launch.text_view import TextView
 from notebook_accel.launch.views import GuardedView
+from notebook_accel.launch.views.text import TextView
 from notebook_accel.observe.progress import job_progress
 
 

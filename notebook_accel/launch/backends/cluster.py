@@ -1,10 +1,10 @@
 """The cluster backend: ranks on the nodes of a Ray cluster, driven from this one kernel.
 
-Ray places one agent per rank (``launch/placement.py``: a placement group spread over the
+Ray places one agent per rank (``launch/cluster/placement.py``: a placement group spread over the
 nodes, ranks numbered node by node), starts and keeps it, and reports its death. Each launch
 forks a worker from every agent; the worker runs our own runtime and connects its channels
-back to the kernel (``launch/channel_server.py``), or, for a Ray Client address, to a relay on
-the head node that the kernel pumps through Ray (``launch/channel_relay.py``), so the
+back to the kernel (``launch/cluster/channel_server.py``), or, for a Ray Client address, to a relay on
+the head node that the kernel pumps through Ray (``launch/cluster/channel_relay.py``), so the
 supervisor, output relay, views and failure records are the same as for local processes.
 Rank 0's node hosts the rendezvous store, on a port that its agent found free there.
 """
@@ -19,10 +19,10 @@ import time
 from typing import Any
 
 from notebook_accel.contract import NODE_RANK
-from notebook_accel.launch import placement
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
-from notebook_accel.launch.channel_relay import RelayedChannels
-from notebook_accel.launch.channel_server import ChannelServer
+from notebook_accel.launch.cluster import placement
+from notebook_accel.launch.cluster.channel_relay import RelayedChannels
+from notebook_accel.launch.cluster.channel_server import ChannelServer
 from notebook_accel.launch.environment import worker_environment
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan

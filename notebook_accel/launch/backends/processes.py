@@ -22,8 +22,8 @@ from multiprocessing.process import BaseProcess
 import psutil
 
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
+from notebook_accel.launch.cluster.node_join import announce, await_nodes
 from notebook_accel.launch.environment import network_environment, worker_environment
-from notebook_accel.launch.node_join import announce, await_nodes
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from notebook_accel.launch.channel_server import ChannelServer
+from notebook_accel.launch.cluster.channel_server import ChannelServer
 from notebook_accel.launch.worker.node_agent import CHANNELS, RUN_CHANNELS
 
 BUFFER_LIMIT = 1 << 20  # bytes of one connection held in the relay before it stops reading it

@@ -211,7 +211,7 @@ def _start_relay(ray: Any) -> Any:
     """A :class:`~.channel_relay.ChannelRelay` on the head node (no CPU of the job's)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from notebook_accel.launch.channel_relay import ChannelRelay
+    from notebook_accel.launch.cluster.channel_relay import ChannelRelay
 
     head = next(n["NodeID"] for n in ray.nodes()
                 if n.get("Alive") and "node:__internal_head__" in n["Resources"])

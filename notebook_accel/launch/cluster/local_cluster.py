@@ -60,7 +60,7 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Leave the cluster (this kernel's placements included), then stop every node."""
-        from notebook_accel.launch import placement
+        from notebook_accel.launch.cluster import placement
 
         if placement.connected() == self.address:
             placement.disconnect()
@@ -105,7 +105,7 @@ def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float =
     Raises:
         RuntimeError: a node did not start within ``timeout`` seconds (its log is named).
     """
-    from notebook_accel.launch import placement
+    from notebook_accel.launch.cluster import placement
 
     logs = Path(logs or tempfile.mkdtemp(prefix="notebook_accel_ray_"))
     port, client_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")

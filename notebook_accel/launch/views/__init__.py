@@ -105,7 +105,7 @@ def make_view(record: LaunchRecord, show: str) -> View:
         factory = kernel_view() if in_kernel() else None
         if factory is not None:
             return GuardedView(factory(record))
-        from notebook_accel.launch.text_view import TextView
+        from notebook_accel.launch.views.text import TextView
 
         return GuardedView(TextView(record))
     except ImportError:
