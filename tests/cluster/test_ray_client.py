@@ -1,12 +1,13 @@
 """A Ray Client address (ray://): the workers reach the kernel through the relay on the head
-node (launch/cluster/channel_relay.py). The magic's pool from a kernel, results, output, a crash on node
-B, the stop button, a warm pool and a lost node, on 2 raylets (127.0.0.1, 127.0.0.2), with nothing
-left behind."""
+node (launch/cluster/channel_relay.py). The magic's pool from a kernel (and that kernel's death),
+results, output, a crash on node B, the stop button, a warm pool and a lost node, on 2 raylets
+(127.0.0.1, 127.0.0.2), with nothing left behind."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 import psutil
@@ -27,20 +28,34 @@ def _launch(cluster, function, **options):
                              **options)
 
 
-def test_the_notebooks_pool_through_the_magic_from_a_kernel(client_cluster):
+def test_the_notebooks_pool_through_the_magic_from_a_kernel_then_the_kernel_dies(client_cluster):
     """First in the module: the kernel is a second Ray Client of the cluster, and its pool
-    needs the nodes' CPUs, which this process's placements take later."""
+    needs the nodes' CPUs, which this process's placements take later. Its ranks end within
+    15 s of the kernel's death (the relay stops hearing its beats); its agents when Ray ends the
+    dead client's job, which frees the nodes' CPUs for the next tests."""
+    import ray
+
     kernel = Kernel()
     try:
         kernel.ok("%load_ext notebook_accel")
         started = kernel.ok(f"%accelerate start -n 1 --nodes 2 --cluster {client_cluster.address}",
                             timeout=180)
         assert "pool up: 2 ranks" in started.stdout, started.stdout + started.stderr
-        lines = kernel.ok("%%accelerate\nimport os\nprint('hello from', os.environ['RANK'])").stdout
+        lines = kernel.ok("%%accelerate\nimport os\n"
+                          "print('hello from', os.environ['RANK'], os.getpid())").stdout
         assert "[node 0 rank 0] hello from 0" in lines and "[node 1 rank 1] hello from 1" in lines
-        kernel.ok("%accelerate stop")
+        ranks = [psutil.Process(int(pid)) for pid in re.findall(r"hello from \d (\d+)", lines)]
+        assert len(ranks) == 2, lines
+        os.kill(kernel.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while alive := [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+            assert time.monotonic() - killed < 15, f"ranks {[p.pid for p in alive]} outlived the kernel"
+            time.sleep(0.2)
+        print(f"the dead kernel's ranks ended after {time.monotonic() - killed:.1f} s")
+        while ray.available_resources().get("CPU", 0) < 2:  # the dead client's agents
+            assert time.monotonic() - killed < 90, "the dead kernel's agents still hold the CPUs"
+            time.sleep(0.5)
     finally:
-        kernel.ok("from notebook_accel.launch.cluster import placement; placement.disconnect()")
         kernel.shutdown()
 
 

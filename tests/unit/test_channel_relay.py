@@ -1,6 +1,7 @@
 """The ray:// relay's two ends in one process, over real sockets, with Ray's calls made directly:
 bytes and ends of file travel both ways unchanged, the relay's buffer stays bounded while the
-kernel does not read, and pushes that arrive out of order are written in order."""
+kernel does not read, pushes that arrive out of order are written in order, and a kernel that
+stops beating has its ranks' channels closed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import threading
 import time
 
+from notebook_accel.launch.cluster import channel_relay
 from notebook_accel.launch.cluster.channel_relay import BUFFER_LIMIT, ChannelRelay, RelayedChannels
 from notebook_accel.launch.worker.node_agent import CHANNELS, hello
 
@@ -19,12 +21,15 @@ class _Call:
 
 
 class _Handle:
-    """A ChannelRelay as the kernel holds it: ``relay.method.remote(...)``."""
+    """A ChannelRelay as the kernel holds it: ``relay.method.remote(...)``; ``beats=False``: the
+    kernel's beats never arrive (it died)."""
 
-    def __init__(self, relay: ChannelRelay) -> None:
-        self.relay = relay
+    def __init__(self, relay: ChannelRelay, beats: bool = True) -> None:
+        self.relay, self.beats = relay, beats
 
     def __getattr__(self, name):
+        if name == "beat" and not self.beats:
+            return _Call(lambda key: None)
         return _Call(getattr(self.relay, name))
 
 
@@ -38,10 +43,10 @@ class _Ray:
         return refs, []
 
 
-def _open(world_size: int = 1):
+def _open(world_size: int = 1, silence: float = 10.0, beats: bool = True):
     """The relay, the kernel's end, its channels and each rank's worker-side sockets."""
-    relay = ChannelRelay(host="127.0.0.1")
-    kernel = RelayedChannels(_Ray, _Handle(relay), world_size, serve=True)
+    relay = ChannelRelay(host="127.0.0.1", silence=silence)
+    kernel = RelayedChannels(_Ray, _Handle(relay, beats), world_size, serve=True)
     workers: dict[int, dict[str, socket.socket]] = {}
 
     def connect() -> None:
@@ -152,4 +157,31 @@ def test_pushes_that_arrive_out_of_order_are_written_in_order():
     relay.close(key)
     assert relay.sessions() == 0
     for sock in workers.values():
+        sock.close()
+
+
+def test_a_kernel_that_stops_beating_has_its_ranks_channels_closed():
+    """A dead kernel (no beats) behind a Ray Client address: its ranks see their channels end
+    after the relay's silence, as they would see a dead kernel's own connections close."""
+    relay, _, channels, workers = _open(silence=1.0, beats=False)
+    started = time.monotonic()
+    for name in ("alive", "commands"):
+        workers[0][name].settimeout(5)
+        assert workers[0][name].recv(1) == b""
+    assert 1.0 <= time.monotonic() - started < 3.0
+    assert relay.sessions() == 1  # closed, not forgotten: a late pull gets None
+    (key,) = relay._sessions
+    assert relay.pull(key, 0.1) is None
+    for sock in (*channels[0].values(), *workers[0].values()):
+        sock.close()
+
+
+def test_a_beating_kernel_keeps_its_session_past_the_silence(monkeypatch):
+    monkeypatch.setattr(channel_relay, "BEAT_EVERY", 0.2)
+    relay, _, channels, workers = _open(silence=1.5)
+    time.sleep(3.0)  # twice the silence, the kernel beating every 0.2 s
+    workers[0]["stdout"].sendall(b"still here")
+    channels[0]["stdout"].settimeout(5)
+    assert _read(channels[0]["stdout"], 10) == b"still here"
+    for sock in (*channels[0].values(), *workers[0].values()):
         sock.close()

@@ -11,8 +11,11 @@ and failure records are the same; an end of file travels as one too (a rank gone
 
 Bounded: the relay reads a connection only while less than ``BUFFER_LIMIT`` bytes of it wait
 for the kernel (the worker then blocks in its write, as on a local pipe). A session ends when
-the kernel has closed every channel (or on failure); the actor ends with its placement, or with
-the kernel's Ray job.
+the kernel has closed every channel (or on failure), or when the kernel has said nothing for
+``KERNEL_SILENCE`` seconds: it beats every ``BEAT_EVERY`` seconds, so a dead kernel's ranks end
+within seconds (their connections close, as a dead kernel's own would), not when Ray ends the
+client's job (30 s later by default). The actor ends with its placement, or with the kernel's
+Ray job.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ PULL_LIMIT = 4 << 20  # bytes one pull carries at most
 PULL_WAIT = 0.5  # seconds a pull waits for data before returning empty
 PUSHES_IN_FLIGHT = 64  # pushes the kernel sends before waiting for the oldest
 ALIVE_GRACE = 0.5  # seconds a rank's end (its *alive* channel's) may wait for its other channels
+BEAT_EVERY = 1.0  # seconds between the kernel's beats to the relay
+KERNEL_SILENCE = 10.0  # seconds without a beat after which the relay takes the kernel for dead
 _ALIVE = CHANNELS.index("alive")
 Chunk = tuple[int, int, bytes]  # rank, channel index, bytes (b"": end of file)
 
@@ -42,9 +47,12 @@ Chunk = tuple[int, int, bytes]  # rank, channel index, bytes (b"": end of file)
 class _Session:
     """One launch's connections in the relay: accepted, read into bounded buffers, written."""
 
-    def __init__(self, host: str, world_size: int, serve: bool) -> None:
+    def __init__(self, host: str, world_size: int, serve: bool,
+                  silence: float = KERNEL_SILENCE) -> None:
         self.server = ChannelServer(host, world_size, serve,
                                     owner="the kernel's relay on the head node")
+        self.silence = silence
+        self.last_beat = time.monotonic()
         self.socks: dict[tuple[int, int], socket.socket] = {}
         self.buffers: dict[tuple[int, int], bytearray] = {}
         self.ended: dict[tuple[int, int], float] = {}  # read to end of file, when
@@ -70,11 +78,19 @@ class _Session:
                 sock.setblocking(True)
                 key = (rank, CHANNELS.index(name))
                 self.socks[key], self.buffers[key] = sock, bytearray()
+        self.last_beat = time.monotonic()  # the kernel beats once it has its ends
         threading.Thread(target=self._read, name="notebook-accel-relay", daemon=True).start()
         return None
 
+    def beat(self) -> None:
+        """The kernel is alive."""
+        self.last_beat = time.monotonic()
+
     def _read(self) -> None:
         while not self.closed:
+            if time.monotonic() - self.last_beat > self.silence:
+                self.close()  # the kernel is gone: its ranks see their channels end
+                return
             with self.ready:
                 room = {self.socks[k]: (k, BUFFER_LIMIT - len(self.buffers[k])) for k in self.socks
                         if k not in self.ended and len(self.buffers[k]) < BUFFER_LIMIT}
@@ -166,24 +182,29 @@ class ChannelRelay:
     """The in-cluster end (a Ray actor on the head node; the kernel wraps it in ``ray.remote``):
     one :class:`_Session` per launch, listening on ``host`` (default: its node's address)."""
 
-    def __init__(self, host: str | None = None) -> None:
+    def __init__(self, host: str | None = None, silence: float = KERNEL_SILENCE) -> None:
         if host is None:
             import ray
 
             host = ray.util.get_node_ip_address()
-        self._host = host
+        self._host, self._silence = host, silence
         self._sessions: dict[int, _Session] = {}
         self._ids = itertools.count()
 
     def open(self, world_size: int, serve: bool) -> tuple[int, tuple[str, int], bytes]:
         """A new session: its id, and the address and token its workers connect with."""
-        session = _Session(self._host, world_size, serve)
+        session = _Session(self._host, world_size, serve, self._silence)
         key = next(self._ids)
         self._sessions[key] = session
         return key, session.server.address, session.server.token
 
     def accept(self, key: int, timeout: float) -> str | None:
         return self._sessions[key].accept(timeout)
+
+    def beat(self, key: int) -> None:
+        session = self._sessions.get(key)
+        if session is not None:
+            session.beat()
 
     def pull(self, key: int, wait: float) -> list[Chunk] | None:
         session = self._sessions.get(key)
@@ -244,11 +265,21 @@ class RelayedChannels:
                 self._pumps[ours] = (rank, index)
         threading.Thread(target=self._down, name="notebook-accel-relay-down", daemon=True).start()
         threading.Thread(target=self._up, name="notebook-accel-relay-up", daemon=True).start()
+        threading.Thread(target=self._beat, name="notebook-accel-relay-beat", daemon=True).start()
         return channels
 
     def close(self) -> None:
         """Nothing to do: the relay stops listening once every rank has connected, and the
         session ends when every channel is closed here."""
+
+    def _beat(self) -> None:
+        """Tell the relay this kernel is alive, until the session ends (fire and forget: a
+        beat's own delay is not waited for)."""
+        while not self._done.wait(BEAT_EVERY):
+            try:
+                self._relay.beat.remote(self.key)
+            except Exception:  # noqa: BLE001 - the relay is gone: _down ends every channel
+                return
 
     def _down(self) -> None:
         """Workers -> kernel: write what the relay pulled into our ends."""
