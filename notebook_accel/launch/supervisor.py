@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import select
 import selectors
 import signal
 import time
@@ -190,6 +191,7 @@ class Supervisor:
         worker.handle.reap(timeout=1)
         worker.exited, worker.exit_time = True, time.time()
         self._unregister(worker.handle.sentinel)
+        self._await_ends(worker)
         self._read_control(worker)
         self._read_events(worker)
         self._read_output(worker, "stdout")
@@ -198,6 +200,23 @@ class Supervisor:
         self.record.ranks[worker.rank].exitcode = worker.exitcode
         self._settle(worker, self.timed_out_at or time.time(), finished=worker.returned and worker.exitcode == 0,
                      stopped=worker.stopped)
+
+    def _await_ends(self, worker: Worker) -> None:
+        """Read an ended rank's output and control channels to their ends, for at most its
+        handle's ``end_grace`` seconds: over a network its last lines and its result may arrive
+        after its end, which came on another connection."""
+        if not worker.handle.end_grace:
+            return
+        deadline = time.monotonic() + worker.handle.end_grace
+        names = {worker.stdout_fd: "stdout", worker.stderr_fd: "stderr",
+                 worker.control_fd: "control"}
+        while ((pending := [fd for fd in names if fd in self.selector.get_map()])
+               and (left := deadline - time.monotonic()) > 0):
+            for fd in select.select(pending, [], [], left)[0]:
+                if names[fd] == "control":
+                    self._read_control(worker)
+                else:
+                    self._read_output(worker, names[fd])
 
     def _run_ended(self, worker: Worker) -> None:
         """A persistent worker reported the end of its run (its output is all in its pipes)."""

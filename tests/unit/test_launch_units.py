@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import dumps_result, load_payload, serialise_payload
@@ -277,7 +278,6 @@ def test_a_rank_marked_failed_whose_result_came_after_its_exit_is_still_named():
     arrived. The job's error names rank 1 instead of failing to find a root cause (an IndexError)."""
     import os
 
-    from notebook_accel.launch.backends.base import WorkerHandle
     from notebook_accel.launch.record import LaunchRecord
     from notebook_accel.launch.supervisor import Supervisor
 
@@ -313,3 +313,63 @@ def test_a_payload_whose_module_the_worker_cannot_import_says_why(tmp_path, monk
     with pytest.raises(ModuleNotFoundError, match=r"No module named 'kernel_only', which the kernel "
                                                   r"imported .* 'kernel_only' must be importable where"):
         load_payload(data)
+
+
+class _NetworkRank(WorkerHandle):
+    """A rank whose channels are sockets, as a cluster's are: its end (the *alive* connection's)
+    comes first, and its last line and its result arrive ``late`` seconds after."""
+
+    pid, exitcode, sentinel = 100, 0, -1
+    terminate = kill = dump_stacks = lambda self: None
+    reap = lambda self, timeout: None  # noqa: E731
+
+    def __init__(self, grace: float, late: float) -> None:
+        self.rank, self.end_grace = 0, grace
+        pairs = {name: socket.socketpair() for name in ("stdout", "stderr", "control", "events",
+                                                         "alive")}
+        self._kernel = {name: ours for name, (ours, _) in pairs.items()}
+        self._worker = {name: theirs for name, (_, theirs) in pairs.items()}
+        for sock in self._kernel.values():
+            sock.setblocking(False)
+        self.stdout_fd, self.stderr_fd = self._kernel["stdout"].fileno(), self._kernel["stderr"].fileno()
+        self.control_fd, self.events_fd = self._kernel["control"].fileno(), self._kernel["events"].fileno()
+        self.sentinel = self._kernel["alive"].fileno()
+        threading.Thread(target=self._end, args=(late,), daemon=True).start()
+
+    def _end(self, late: float) -> None:
+        from notebook_accel import wire
+
+        self._worker["alive"].close()
+        time.sleep(late)
+        self._worker["stdout"].sendall(b"last line\n")
+        wire.send(self._worker["control"].fileno(), wire.Result(b"42"))
+        for name in ("stdout", "stderr", "control", "events"):
+            self._worker[name].close()
+
+
+class _NoView:
+    holds_output = False
+
+    def update(self, record, final=False):
+        pass
+
+
+@pytest.mark.parametrize("grace", [0.0, 2.0])
+def test_a_ranks_result_and_last_line_arriving_after_its_end_are_waited_for_over_a_network(grace):
+    """A cluster's ranks talk over separate connections: the one that says the rank ended can
+    overtake its last output and its result. Local pipes (no grace) have them all by then."""
+    from notebook_accel.launch.record import LaunchRecord
+    from notebook_accel.launch.supervisor import Supervisor
+
+    record = LaunchRecord(world_size=1, num_processes=1, device_type="cpu", start_method="fork",
+                          mixed_precision="no")
+    output, out, _ = relay()
+    handle = _NetworkRank(grace, late=0.3)
+    supervisor = Supervisor([handle], output, None, record, view=_NoView())
+    if grace:
+        (worker,) = supervisor.run()
+        assert worker.returned and worker.result == b"42"
+        assert "[rank 0] last line" in out.getvalue()
+    else:
+        with pytest.raises(WorkerError, match="rank 0 exited"):
+            supervisor.run()

@@ -42,6 +42,9 @@ class WorkerHandle(abc.ABC):
     control_fd: int
     events_fd: int
     persistent: bool = False  # it outlives the run: the run ends with a RunDone, not an exit
+    # seconds the kernel may wait, once the worker has ended, for the rest of its output and
+    # control channels: 0 where they are local pipes (all there by then), more over a network
+    end_grace: float = 0.0
     last_report: RunDone | None = None  # a persistent worker's report of its latest run
 
     @property

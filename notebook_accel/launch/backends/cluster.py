@@ -36,6 +36,8 @@ class ClusterHandle(WorkerHandle):
     """A rank forked by its node's agent; its channels are TCP connections to this kernel (or
     sockets pumped from the relay that holds them)."""
 
+    end_grace = 2.0  # separate connections: its last bytes may arrive after its *alive* end
+
     def __init__(self, rank: int, node: int, address: str, agent: Any, pid: int,
                  channels: dict[str, socket.socket]) -> None:
         self.rank, self.node, self.address = rank, node, address
