@@ -1,7 +1,8 @@
 """Warm pool: start, a no-op run, a 1-element all_reduce run, a %%accelerate cell on the pool,
 beside a one-off notebook_launcher launch and ipyparallel's %%px, measured in one run.
 
-Also the workers' CPU time over 10 idle seconds (an idle pool must not poll), and the
+Also the workers' CPU time over 10 idle seconds (an idle pool must not poll), beside two plain
+processes idle in a gloo group (gloo's own loop thread is the floor), and the
 time and extra memory of a 1 GiB tensor argument (shared memory, not one copy per rank).
 
     python benchmarks/warm_pool.py [--runs 500] [--cells 200] [--no-px] [--gib 1]
@@ -83,6 +84,47 @@ def idle_cpu(pool: WorkerPool, seconds: float = 10.0) -> float:
     before = [sum(p.cpu_times()[:2]) for p in processes]
     time.sleep(seconds)
     after = [sum(p.cpu_times()[:2]) for p in processes]
+    return sum(a - b for a, b in zip(after, before, strict=True)) / seconds
+
+
+def _plain_gloo_rank(rank: int, port: int, ready, done) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    for _ in range(50):
+        dist.all_reduce(torch.ones(1))
+    ready.put(rank)
+    done.wait()
+    dist.destroy_process_group()
+
+
+def idle_cpu_plain_gloo(seconds: float = 10.0) -> float:
+    """The reference: the same CPU share for two plain processes idle in a gloo group (no
+    notebook_accel), after the same warm-up of collectives."""
+    import multiprocessing
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    ready, done = context.Queue(), context.Event()
+    ranks = [context.Process(target=_plain_gloo_rank, args=(r, port, ready, done)) for r in (0, 1)]
+    for rank in ranks:
+        rank.start()
+    try:
+        for _ in ranks:
+            ready.get(timeout=120)
+        processes = [psutil.Process(rank.pid) for rank in ranks]
+        time.sleep(1.0)
+        before = [sum(p.cpu_times()[:2]) for p in processes]
+        time.sleep(seconds)
+        after = [sum(p.cpu_times()[:2]) for p in processes]
+    finally:
+        done.set()
+        for rank in ranks:
+            rank.join(30)
     return sum(a - b for a, b in zip(after, before, strict=True)) / seconds
 
 
@@ -196,6 +238,7 @@ def main() -> None:
     rows.append(("one-off notebook_launcher (all_reduce)", *summary(launches)))
     cpu = idle_cpu(pool)
     pool.close()
+    plain_cpu = idle_cpu_plain_gloo()
     big_seconds, big_extra = big_argument(options.gib)
     rows.append((f"pool.run with a {options.gib:g} GiB tensor argument", big_seconds, None))
 
@@ -222,7 +265,9 @@ def main() -> None:
         print(f"  {name:42s} {median * 1e3:9.3f} ms{tail}")
     figures = {name: median for name, median, _ in rows}
     noop_run = figures["pool.run(noop)"]
-    print(f"  idle pool: workers' CPU over 10 s = {cpu * 100:.3f}% of one core")
+    print(f"  idle pool: workers' CPU over 10 s = {cpu * 100:.3f}% of one core; two plain "
+          f"processes idle in a gloo group (reference): {plain_cpu * 100:.3f}% "
+          f"(ratio {cpu / plain_cpu:.2f}x)" if plain_cpu else "")
     print(f"  the {options.gib:g} GiB argument took {big_extra:.2f} GiB of extra memory on 2 ranks "
           "(the machine's available memory, so other programs add noise)")
     print("ratios:")
