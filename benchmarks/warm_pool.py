@@ -265,9 +265,9 @@ def main() -> None:
         print(f"  {name:42s} {median * 1e3:9.3f} ms{tail}")
     figures = {name: median for name, median, _ in rows}
     noop_run = figures["pool.run(noop)"]
-    print(f"  idle pool: workers' CPU over 10 s = {cpu * 100:.3f}% of one core; two plain "
-          f"processes idle in a gloo group (reference): {plain_cpu * 100:.3f}% "
-          f"(ratio {cpu / plain_cpu:.2f}x)" if plain_cpu else "")
+    ratio = f" (ratio {cpu / plain_cpu:.2f}x)" if plain_cpu else ""
+    print(f"  idle pool: workers' CPU over 10 s = {cpu * 100:.3f}% of one core; two plain processes "
+          f"idle in a gloo group (reference): {plain_cpu * 100:.3f}%{ratio}")
     print(f"  the {options.gib:g} GiB argument took {big_extra:.2f} GiB of extra memory on 2 ranks "
           "(the machine's available memory, so other programs add noise)")
     print("ratios:")

@@ -13,12 +13,16 @@ from common import GPU, Report
 
 from notebook_accel import WorkerPool, notebook_launcher
 
-_NOTEBOOK = {"__name__": "__main__"}  # the functions travel by value, as a notebook's do
-exec(compile('''
-def prepare():
+# The check runs as a script: its functions are ``__main__``'s, so they travel by value, as a
+# notebook's do, and on the pool the names ``prepare`` assigns stay for ``train_on``.
+
+
+def prepare() -> dict:
     global accelerator, model, optimizer
     import torch
+
     from notebook_accel import Accelerator
+
     accelerator = Accelerator()
     torch.manual_seed(0)
     net = torch.nn.Linear(32, 4)
@@ -26,17 +30,17 @@ def prepare():
     weight = accelerator.unwrap_model(model).weight
     return {"device": str(weight.device), "sum": float(weight.sum())}
 
-def train_on():
+
+def train_on() -> dict:
     import torch
+
     weight = accelerator.unwrap_model(model).weight
     before = {"device": str(weight.device), "sum": float(weight.sum())}
     x = torch.randn(16, 32, device=accelerator.device)
-    loss = model(x).square().mean()
-    accelerator.backward(loss)
+    accelerator.backward(model(x).square().mean())
     optimizer.step()
     return {"before": before, "input_device": str(x.device),
             "changed": float(weight.sum()) != before["sum"]}
-''', "<gpu check>", "exec"), _NOTEBOOK)
 
 
 def losses(dynamo_backend: str) -> list[float]:
@@ -66,8 +70,8 @@ def losses(dynamo_backend: str) -> list[float]:
 def pool_on_the_gpu() -> tuple[bool, dict, str]:
     want = "cuda:0" if GPU else "cpu"
     with WorkerPool(num_processes=1, output="none") as pool:
-        prepared = pool.run(_NOTEBOOK["prepare"])
-        trained = pool.run(_NOTEBOOK["train_on"])
+        prepared = pool.run(prepare)
+        trained = pool.run(train_on)
     passed = (prepared["device"] == want and trained["before"] == prepared
               and trained["input_device"] == want and trained["changed"])
     return passed, {"prepared": prepared, "next_run": trained}, \
