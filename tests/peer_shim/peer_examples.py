@@ -99,7 +99,11 @@ EXAMPLES = {
     "deepspeed_with_config_support": Example(
         ("--dataset_name", "Salesforce/wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
          "--model_name_or_path", "gpt2", "--block_size", "16", "--per_device_train_batch_size", "16",
-         "--per_device_eval_batch_size", "16", "--num_train_epochs", "2", "--output_dir", "{out}/model"),
+         "--per_device_eval_batch_size", "16", "--num_train_epochs", "2", "--output_dir", "{out}/model",
+         # the script's own check: the best epoch's metric again after load_state(best_checkpoint).
+         # Without this flag it evaluates the last epoch's weights and fails whenever epoch 0 was best
+         # (the peer's own tests leave this script out).
+         "--load_best_model"),
         config_file=DEEPSPEED_CONFIG,
         prints=(r"New best metric: [\d.]+ at epoch 0", r"Best model metrics: perplexity: [\d.]+"), repeats=1,
         # DeepSpeed's own checkpoint, its optimizer state in one ZeRO shard per rank
