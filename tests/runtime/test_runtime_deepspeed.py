@@ -2,8 +2,8 @@
 
 Two launches of ``runtime_scripts/deepspeed_checks.py``: ``train`` (ZeRO 1/2/3 against a
 1-process reference in fp32 and bf16, accumulation + clipping, the plugin built from the
-launcher's variables, ZeRO-3 weight consolidation, and an uninterrupted run that saves a
-checkpoint half way) and ``resume`` (fresh processes that load it and must land bit for bit
+launcher's variables, ZeRO-3 weight consolidation, a ZeRO-2 checkpoint reloaded in place after more training, and
+an uninterrupted run that saves a checkpoint half way) and ``resume`` (fresh processes that load it and must land bit for bit
 on the uninterrupted run). Skipped, saying why, where deepspeed is not installed.
 """
 
@@ -93,6 +93,14 @@ def test_checkpoint_resumes_bit_for_bit(runs):
         full, resumed = before["uninterrupted"], after["resumed"]
         assert resumed["losses"] == full["losses"][5:]
         assert resumed["params"] == full["params"] and resumed["lr"] == full["lr"]
+
+
+def test_load_state_in_place_after_more_training_restores_the_checkpoint(runs):
+    # what the peer's deepspeed_with_config_support does with --load_best_model, on ZeRO-2 as it uses
+    for rank in runs["train"]:
+        case = rank["reload_zero2"]
+        assert case["moved"] > 1e-3, case  # the 3 steps after the save did change the weights
+        assert case["after_load"] == 0.0 and case["again"] == 0.0, case
 
 
 def test_zero3_init_builds_in_the_mixed_precision_and_the_checkpoint_merges_offline(runs):

@@ -3,7 +3,8 @@
 Usage: ``deepspeed_checks.py OUT_DIR PHASE`` where PHASE is ``train`` (ZeRO 1/2/3 against a
 1-process reference in fp32 and bf16, accumulation + clipping, the plugin from the
 environment, full weights, and an uninterrupted ZeRO-3 run that checkpoints half way) or
-``resume`` (fresh processes that load that checkpoint and finish the run). Each rank writes
+``resume`` (fresh processes that load that checkpoint and finish the run); ``train`` also
+reloads a ZeRO-2 checkpoint in place after more training. Each rank writes
 ``OUT_DIR/<phase>_rank<r>.json``; the pytest side asserts on them.
 """
 
@@ -193,6 +194,37 @@ def check_zero3_init_and_offline_merge() -> None:
     results["zero3_init"]["linear_after_free"] = torch.nn.functional.linear.__module__
 
 
+def check_reload_in_place(stage: int) -> None:
+    """load_state in the same processes, after more training: the weights and the optimizer go back
+    to the checkpoint's (the peer's ``--load_best_model``: train on, then reload the best epoch)."""
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, opt, loader = acc.prepare(model, opt, DataLoader(data(), batch_size=4))
+    batches = list(loader)
+
+    def train(steps: list) -> float:
+        for x, y in steps:
+            acc.backward(lm_loss(model, x, y))
+            opt.step()
+            opt.zero_grad()
+        return float(acc.reduce(lm_loss(model, *batches[-1]).detach(), "mean"))
+
+    train(batches[:3])
+    saved = flat(acc.unwrap_model(model)).clone()
+    acc.save_state(OUT / f"reload_zero{stage}")
+    after_save = train(batches[3:6])
+    moved = flat(acc.unwrap_model(model)).clone()
+    acc.load_state(OUT / f"reload_zero{stage}")
+    back = flat(acc.unwrap_model(model)).clone()
+    results[f"reload_zero{stage}"] = {
+        "moved": float((moved - saved).abs().max()), "after_load": float((back - saved).abs().max()),
+        # the optimizer state went back too: the same 3 steps again land where they did
+        "again": train(batches[3:6]) - after_save,
+    }
+    acc.free_memory()
+
+
 def resume_run(acc: Accelerator, save_at: int | None, start: int = 0, steps: int = 10) -> dict:
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -225,6 +257,7 @@ def main() -> None:
         check_accumulation_and_clipping()
         check_plugin_from_environment()
         check_zero3_init_and_offline_merge()
+        check_reload_in_place(stage=2)
         results["uninterrupted"] = resume_run(Accelerator(deepspeed_plugin=plugin), save_at=5)
         results["files"] = sorted(str(p.relative_to(OUT / "zero_ckpt")) for p in (OUT / "zero_ckpt").rglob("*")
                                   if p.is_file())
