@@ -2,9 +2,9 @@
 
 Two launches of ``runtime_scripts/deepspeed_checks.py``: ``train`` (ZeRO 1/2/3 against a
 1-process reference in fp32 and bf16, accumulation + clipping, the plugin built from the
-launcher's variables, ZeRO-3 weight consolidation, a ZeRO-2 checkpoint reloaded in place after more training, and
-an uninterrupted run that saves a checkpoint half way) and ``resume`` (fresh processes that load it and must land bit for bit
-on the uninterrupted run). Skipped, saying why, where deepspeed is not installed.
+launcher's variables, ZeRO-3 weight consolidation, a ZeRO-2 checkpoint reloaded in place after
+more training, and an uninterrupted run that saves a checkpoint half way) and ``resume`` (fresh
+processes that load it and must land bit for bit on the uninterrupted run). Skipped, saying why, where deepspeed is not installed.
 """
 
 from __future__ import annotations
