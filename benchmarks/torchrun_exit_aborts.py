@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from notebook_accel.launch.ports import free_port
 
 REPRO = Path(__file__).resolve().parent.parent / "docs" / "repro" / "gloo_exit_abort.py"
 ABORT = "terminate called without an active exception"
@@ -39,12 +40,6 @@ model = torch.nn.Linear(10, 10)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer = accelerator.prepare(model, optimizer)
 """ + LOOP.format(backward="accelerator.backward")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_once(script: Path, extra_env: dict[str, str]) -> tuple[int, bool, float]:

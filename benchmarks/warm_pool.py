@@ -20,6 +20,7 @@ import time
 import psutil
 
 from notebook_accel import WorkerPool, notebook_launcher
+from notebook_accel.launch.ports import free_port
 
 
 def noop() -> None:
@@ -103,11 +104,8 @@ def idle_cpu_plain_gloo(seconds: float = 10.0) -> float:
     """The reference: the same CPU share for two plain processes idle in a gloo group (no
     notebook_accel), after the same warm-up of collectives."""
     import multiprocessing
-    import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     ready, done = context.Queue(), context.Event()
     ranks = [context.Process(target=_plain_gloo_rank, args=(r, port, ready, done)) for r in (0, 1)]

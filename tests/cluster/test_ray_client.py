@@ -28,6 +28,14 @@ def _launch(cluster, function, **options):
                              **options)
 
 
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie (one that ends while it is asked about is not running)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_the_notebooks_pool_through_the_magic_from_a_kernel_then_the_kernel_dies(client_cluster):
     """First in the module: the kernel is a second Ray Client of the cluster, and its pool
     needs the nodes' CPUs, which this process's placements take later. Its ranks end within
@@ -48,7 +56,7 @@ def test_the_notebooks_pool_through_the_magic_from_a_kernel_then_the_kernel_dies
         assert len(ranks) == 2, lines
         os.kill(kernel.pid, signal.SIGKILL)
         killed = time.monotonic()
-        while alive := [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+        while alive := [p for p in ranks if _running(p)]:
             assert time.monotonic() - killed < 15, f"ranks {[p.pid for p in alive]} outlived the kernel"
             time.sleep(0.2)
         print(f"the dead kernel's ranks ended after {time.monotonic() - killed:.1f} s")

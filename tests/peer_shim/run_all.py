@@ -16,11 +16,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from notebook_accel.launch.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -53,12 +54,6 @@ def _env(**extra: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
@@ -94,7 +89,7 @@ def run_script(script: str, work: Path, mode: str = "torchrun", timeout: float =
     target = str(work / script)
     if mode == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-               "127.0.0.1", "--master-port", str(_free_port()), str(RUNNER), target, str(out)]
+               "127.0.0.1", "--master-port", str(free_port()), str(RUNNER), target, str(out)]
         env = _env()
     elif mode == "launcher":
         cmd, env = [sys.executable, str(RUNNER), "--launcher", target, str(out)], _env()

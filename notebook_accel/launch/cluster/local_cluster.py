@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from notebook_accel.launch.ports import free_port
+
 
 @dataclass
 class Node:
@@ -74,17 +76,11 @@ class LocalCluster:
         self.stop()
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def _start(args: list[str], cpus: int, log: Path) -> subprocess.Popen:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the nodes' collectives stay on loopback
     # The head's Ray Client server forks one server per client while gRPC threads run; gRPC's
-    # fork handlers then crash the child about one start in 30 (docs/cluster.md, Ray Client)
+    # fork handlers then can crash the child as it starts (docs/cluster.md, Ray Client)
     env.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
     ray = str(Path(sys.executable).with_name("ray"))
     with open(log, "w") as out:
@@ -108,7 +104,7 @@ def start_local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float =
     from notebook_accel.launch.cluster import placement
 
     logs = Path(logs or tempfile.mkdtemp(prefix="notebook_accel_ray_"))
-    port, client_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+    port, client_port = free_port(), free_port()
     gcs = f"127.0.0.1:{port}"
     cluster = LocalCluster(f"ray://127.0.0.1:{client_port}" if client else gcs, logs=logs)
     deadline = time.monotonic() + timeout

@@ -19,6 +19,7 @@ import struct
 from multiprocessing.connection import Connection
 
 from notebook_accel.launch.payload import Payload
+from notebook_accel.launch.ports import free_port
 from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, worker_main
 from notebook_accel.launch.worker.serve import serve_main
 
@@ -46,9 +47,7 @@ class NodeAgent:
 
     def free_port(self, host: str) -> int:
         """A port free on ``host`` now (rank 0's rendezvous store binds it next)."""
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            sock.bind((host, 0))
-            return sock.getsockname()[1]
+        return free_port(host)
 
     def start(self, spec: WorkerSpec, payload: Payload | None, kernel: tuple[str, int],
               token: bytes) -> int:
