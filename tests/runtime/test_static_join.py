@@ -64,11 +64,16 @@ def test_two_kernels_join_and_run_one_job(monkeypatch):
     node_1 = subprocess.Popen([sys.executable, "-c", NODE_1, NODE_ADDR, str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert notebook_launcher(_rank_sum, num_processes=1, num_nodes=2, node_rank=0,
-                                 master_addr=NODE_ADDR, use_port=port, timeout=60) == 1.0
+        result = notebook_launcher(_rank_sum, num_processes=1, num_nodes=2, node_rank=0,
+                                   master_addr=NODE_ADDR, use_port=port, timeout=60)
+    except Exception as exc:  # the other node's side of the story belongs in the failure
+        node_1.kill()
+        raise AssertionError(f"node 0 failed; node 1 printed:\n{node_1.communicate()[0][-4000:]}") from exc
+    try:
         output, _ = node_1.communicate(timeout=60)
     finally:
         node_1.kill()
         node_1.wait()
+    assert result == 1.0
     assert node_1.returncode == 0, output[-4000:]
     assert "NODE1 1.0" in output
