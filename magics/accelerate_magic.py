@@ -20,13 +20,14 @@ from IPython.core.magic_arguments import parse_argstring
 
 from magics import commands
 from magics import pool as notebook_pool
-from magics.cell import pulling
+from magics.cell import crossings, pulling
 from magics.cell.arguments import COMMANDS, flags_given, launch_options, magic_flags
 from magics.cell.flag_check import check_words
+from magics.cell.ledger import LEDGER
 from magics.cell.names import analyse_cell
 from magics.cell.runner import CELL_VALUE, cell_job
 from magics.cell.shipping import check_defined, collect_names
-from magics.cell.source import make_cell_code
+from magics.cell.source import cell_number, make_cell_code
 from notebook_accel.launch import deferred_interrupts
 
 
@@ -102,42 +103,59 @@ class AccelerateMagics(Magics):
         code, tree = make_cell_code(self.shell, line, body, raw_cell)
         names = analyse_cell(tree)
         pool = None if args.fresh else notebook_pool.current()
-        on_workers = set(pool.names) if pool is not None else set()
         if pool is not None and flags_given(args):
             raise UsageError(f"{', '.join(flags_given(args))}: this cell would run on the pool, "
                              "which keeps the flags it was started with; add --fresh to run it "
                              "on fresh workers with these flags, or %accelerate stop and start "
                              "the pool again with them")
+        if pool is not None:
+            pool.revive()  # one rule: workers that died, idle or mid-run, are replaced (said)
+        on_workers = set(pool.names) if pool is not None else set()
+        user_ns = self.shell.user_ns
+        missing = [name for name in args.push if name not in user_ns]
+        if missing:
+            raise UsageError(f"--push {','.join(missing)}: the notebook has no such name")
         if not any(isinstance(node, ast.ImportFrom) and node.names[0].name == "*"
                    for node in ast.walk(tree)):  # `import *` binds names we cannot know
-            check_defined(names.reads, names.assigns,
-                          {**dict.fromkeys(on_workers), **self.shell.user_ns})
-        reads = [name for name in names.reads if name not in on_workers]  # theirs win
-        shipment = collect_names(reads, self.shell.user_ns, self.shell.user_ns_hidden)
+            check_defined(names.reads, names.assigns, {**dict.fromkeys(on_workers), **user_ns})
+        crossing = crossings.choose(names.reads, user_ns, LEDGER, on_workers,
+                                    pool.copies if pool is not None else (), args.push)
+        shipment = collect_names(crossing.send, user_ns, self.shell.user_ns_hidden, LEDGER)
         pull = names.assigns if args.pull is None else args.pull
         if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):
             pull = (*pull, CELL_VALUE)
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
-                       pooled=pool is not None)
-        if pool is not None:
-            from notebook_accel.launch import PoolUnavailable
-
-            try:
-                result = pool.run(job)
-            except PoolUnavailable as error:  # said in the magic's words
-                raise UsageError(f"{error.reason}; %accelerate restart starts new ones, or "
-                                 "%%accelerate --fresh runs this cell on fresh workers") from None
-        else:
-            from notebook_accel.launch import notebook_launcher
-
-            try:
-                result = notebook_launcher(job, **launch_options(args))
-            except ValueError as error:  # a bad option or config value: no traceback needed
-                raise UsageError(str(error)) from None
+                       pooled=pool is not None, replace=tuple(crossing.replace))
+        number = cell_number(self.shell)
+        LEDGER.record_sent(shipment.values, number, on_pool=pool is not None)
+        crossings.report_kept(crossing)
+        result = self._run(job, pool, args)
         values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)
         value = values.pop(CELL_VALUE, None)
         if CELL_VALUE in failed:
             failed["the cell's value"] = failed.pop(CELL_VALUE)
+        line = crossings.summary(shipment.values, values, crossing, pool is not None, LEDGER)
         self.shell.push(values)
+        LEDGER.record_pulled(values, number, on_pool=pool is not None)
+        if line:
+            print(line, flush=True)
         pulling.report(failed)
         return value
+
+    @staticmethod
+    def _run(job: Any, pool: Any, args: Any) -> Any:
+        """Run the cell's job on the pool, or on fresh workers with the cell's flags."""
+        if pool is not None:
+            from notebook_accel.launch import PoolUnavailable
+
+            try:
+                return pool.run(job)
+            except PoolUnavailable as error:  # said in the magic's words
+                raise UsageError(f"{error.reason}; %accelerate start starts a new pool, or "
+                                 "%%accelerate --fresh runs this cell on fresh workers") from None
+        from notebook_accel.launch import notebook_launcher
+
+        try:
+            return notebook_launcher(job, **launch_options(args))
+        except ValueError as error:  # a bad option or config value: no traceback needed
+            raise UsageError(str(error)) from None

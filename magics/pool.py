@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import time
 
+from IPython import get_ipython
 from IPython.core.error import UsageError
 
 from magics.cell.arguments import launch_options
+from magics.cell.crossings import holds_state, listed
+from magics.cell.ledger import LEDGER
 from notebook_accel.launch import WorkerPool, format_bytes
 
 _pool: WorkerPool | None = None
@@ -49,26 +52,54 @@ def _require() -> WorkerPool:
 
 
 def status(args: argparse.Namespace) -> None:
-    """``%accelerate status``: ranks, pids, memory and the names living on the workers."""
+    """``%accelerate status``: ranks, pids, memory, the names living on the workers and the
+    notebook's snapshots of rank 0's names (with the cell each came from)."""
     pool = current()
     if pool is None:
         print("no pool is up; %accelerate start -n N starts one (%%accelerate cells then run "
               "on its warm workers)")
-        return
-    plan = pool.plan
-    print(f"pool: {plan.num_processes} ranks on {plan.device_type}, start method "
-          f"{plan.start.method}, mixed precision {plan.mixed_precision}")
-    for info in pool.status():
-        state = "alive" if info.alive else f"gone (exit code {info.exitcode})"
-        memory = format_bytes(info.rss) if info.rss else "-"
-        print(f"  rank {info.rank}: pid {info.pid}, {state}, memory {memory}")
-    print("names on the workers: " + (", ".join(pool.names) if pool.names else "(none yet)"))
+    else:
+        plan = pool.plan
+        print(f"pool: {plan.num_processes} ranks on {plan.device_type}, start method "
+              f"{plan.start.method}, mixed precision {plan.mixed_precision}")
+        infos = pool.status()
+        for info in infos:
+            state = "alive" if info.alive else f"gone (exit code {info.exitcode})"
+            memory = format_bytes(info.rss) if info.rss else "-"
+            print(f"  rank {info.rank}: pid {info.pid}, {state}, memory {memory}")
+        print(_workers_names(pool, [info.rank for info in infos if not info.alive]))
+    user_ns = get_ipython().user_ns
+    snapshots = {name: entry for name, entry in LEDGER.snapshots(user_ns).items()
+                 if holds_state(user_ns[name])}
+    if snapshots:
+        print("in the notebook, copies of rank 0's names (snapshots, not live): " + listed(
+            [f"{name} (cell [{entry.cell}])" for name, entry in snapshots.items()]))
+
+
+def _workers_names(pool: WorkerPool, gone: list[int]) -> str:
+    if gone:
+        lost = pool.lost
+        ranks = ("rank " if len(gone) == 1 else "ranks ") + ", ".join(map(str, gone))
+        verb = "is" if len(gone) == 1 else "are"
+        return (f"names on the workers: none: {ranks} {verb} gone, so the workers' state is "
+                f"lost{' (' + listed(lost) + ')' if lost else ''}; the next cell replaces the "
+                "workers")
+    if not pool.names:
+        return "names on the workers: (none yet)"
+    copies = set(pool.copies)
+    sent = [name for name in pool.names if name in copies]
+    line = "names on the workers: " + ", ".join(pool.names)
+    if sent:
+        line += "\n  of which the notebook's copies (sent, not assigned on the workers): " + \
+            ", ".join(f"{name} (cell [{LEDGER.sent[name].cell}])" if name in LEDGER.sent
+                      else name for name in sent)
+    return line
 
 
 def restart(args: argparse.Namespace) -> None:
     """``%accelerate restart``: fresh workers in the pool (their names are dropped)."""
     pool = _require()
-    lost = pool.names
+    lost = pool.lost
     pool.restart()
     print(f"[notebook_accel] pool restarted: {pool.plan.num_processes} fresh ranks"
           + (f"; names dropped: {', '.join(lost)}" if lost else ""))

@@ -274,13 +274,18 @@ class RunDone:
             group; -1: a group that does not count them); ranks that differ cannot share it.
         broke_group: the run ended inside a collective (an interrupt or a broken peer there):
             the group may pair later collectives wrongly and must not be used again.
-        names: the names living in its namespace (what later runs see; what a replacement loses).
+        names: the names living in its namespace (what later runs see).
+        copies: those still holding the copy the notebook sent (no run assigned them).
+        imported: those holding no state of their own (modules, imported functions and
+            classes): what a replacement loses is ``names`` without them.
     """
 
     kind: ClassVar[Kind] = Kind.RUN_DONE
     collectives: int | None
     broke_group: bool
     names: tuple[str, ...] = ()
+    copies: tuple[str, ...] = ()
+    imported: tuple[str, ...] = ()
     timestamp: float = field(default=0.0, kw_only=True)
 
 

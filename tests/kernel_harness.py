@@ -40,7 +40,9 @@ def _strip_ansi(text: str) -> str:
 class Kernel:
     """One IPython kernel running the test interpreter (so it sees this checkout)."""
 
-    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, extra_env: dict[str, str] | None = None, history: bool = False) -> None:
+        """``history``: cells are numbered as in a notebook (``In [N]``), not all alike."""
+        self.history = history
         self.manager = KernelManager(kernel_name="python3")
         env = dict(os.environ)
         env.pop("PYTEST_CURRENT_TEST", None)
@@ -57,7 +59,7 @@ class Kernel:
         self.pid = int(pid)
 
     def execute(self, code: str) -> str:
-        return self.client.execute(code, store_history=False)
+        return self.client.execute(code, store_history=self.history)
 
     def collect(self, msg_id: str, timeout: float = 120.0, on_output=None) -> CellResult:
         """Gather the outputs of one execution until the kernel is idle again."""

@@ -74,6 +74,9 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                  help="show only rank 0's output (same as --output main)"),
         argument("--fresh", action="store_true",
                  help="run this cell on fresh workers even while a pool is up"),
+        argument("--push", type=_names, default=(), metavar="NAMES",
+                 help="on the pool: send these notebook names even though the workers hold "
+                      "their own, replacing theirs (comma-separated)"),
         argument_group("names out (default: every name the cell assigns comes back from rank 0)"),
         argument("--pull", type=_names, default=None, metavar="NAMES",
                  help="bring back only these names (comma-separated)"),

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch import dumps_result, worker_scope
+from notebook_accel.launch import dumps_result, join_process_group, worker_scope
 
 CELL_VALUE = "_accelerate_cell_value_"  # the value of a cell's last expression, on rank 0
 
@@ -72,14 +72,15 @@ class PulledNames:
 
 
 def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
-             pull: tuple[str, ...], pooled: bool = False) -> Callable[[], PulledNames | None]:
+             pull: tuple[str, ...], pooled: bool = False,
+             replace: tuple[str, ...] = ()) -> Callable[[], PulledNames | None]:
     """The callable the launcher runs on every worker: run the cell, then pack the names.
 
     The cell runs in a fresh namespace holding the shipped names (modules travel as
-    references and are imported again in the worker; everything else by value).
-    The callable is ``eval`` of one line that hides itself (``__tracebackhide__``),
-    so a failing worker's traceback shows the cell's own frames and no frame of
-    this module.
+    references and are imported again in the worker; everything else by value), with
+    the process group ready, as on a pool's workers. The callable is ``eval`` of one
+    line that hides itself (``__tracebackhide__``), so a failing worker's traceback
+    shows the cell's own frames and no frame of this module.
 
     Args:
         cell: the code to run.
@@ -88,6 +89,7 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
         pull: names to send back from the node's first worker; empty: none.
         pooled: the cell runs on a warm pool's workers: in each worker's namespace, whose
             names win over the shipped ones, and what the cell assigns stays there.
+        replace: on a pool, the shipped names that replace the workers' own.
     Returns:
         A picklable callable returning :class:`PulledNames` on the node's first
         worker (None elsewhere, or when ``pull`` is empty).
@@ -96,18 +98,24 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     namespace.update({name: importlib.import_module(module) for name, module in modules.items()})
     namespace.update(values)
     outer = {"_cell": cell.compile(), "_namespace": namespace, "__tracebackhide__": True,
-             "_pull": tuple(pull), "_pack": _pack_on_first_worker, "_show": _show_figures}
+             "_pull": tuple(pull), "_pack": _pack_on_first_worker, "_show": _show_figures,
+             "_join": _nothing if pooled else join_process_group}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
-    line_one = compile("(exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[2]",
+    line_one = compile("(_join(), exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[3]",
                        cell.filename, "eval")
     if pooled:
-        return functools.partial(_in_worker_scope, line_one, outer)
+        return functools.partial(_in_worker_scope, line_one, outer, tuple(replace))
     return functools.partial(eval, line_one, outer)
 
 
-def _in_worker_scope(line_one: types.CodeType, outer: dict[str, Any]) -> PulledNames | None:
+def _nothing() -> None:
+    return None
+
+
+def _in_worker_scope(line_one: types.CodeType, outer: dict[str, Any],
+                     replace: tuple[str, ...]) -> PulledNames | None:
     __tracebackhide__ = True  # noqa: F841 - read by the worker's traceback formatter
-    with worker_scope(outer["_namespace"]) as scope:
+    with worker_scope(outer["_namespace"], replace) as scope:
         try:
             return eval(line_one, {**outer, "_namespace": scope})  # noqa: S307 - as above
         finally:

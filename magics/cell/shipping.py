@@ -11,16 +11,14 @@ from __future__ import annotations
 import builtins
 import difflib
 import importlib.util
-import pickle
 import re
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
-from notebook_accel.launch import serialise_payload
+from magics.cell.ledger import NameLedger
+from notebook_accel.launch import check_sendable, serialise_payload
 
 
 class UnshippableNamesError(TypeError):
@@ -99,14 +97,20 @@ class Shipment:
 
 
 def collect_names(reads: Iterable[str], namespace: Mapping[str, Any],
-                  hidden: Mapping[str, Any] = types.MappingProxyType({})) -> Shipment:
+                  hidden: Mapping[str, Any] = types.MappingProxyType({}),
+                  ledger: NameLedger | None = None) -> Shipment:
     """Pick the names in ``reads`` that ``namespace`` holds and check each can travel.
+
+    An object that belongs to one rank (an ``Accelerator``, a prepared model, optimizer
+    or loader, a process group, or anything holding one) never travels: every worker
+    would get that one process's identity.
 
     Args:
         reads: names the cell may read (:func:`magics.cell.names.analyse_cell`).
         namespace: the notebook's namespace.
         hidden: IPython's own names (``In``, ``Out``, ``get_ipython``...); skipped
             while they still hold IPython's value.
+        ledger: where the notebook's names came from, for the refusal's advice.
     Returns:
         The :class:`Shipment`.
     Raises:
@@ -126,7 +130,7 @@ def collect_names(reads: Iterable[str], namespace: Mapping[str, Any],
             else:
                 refused[name] = reason
             continue
-        reason = _value_problem(name, value)
+        reason = _value_problem(name, value, ledger)
         if reason is None:
             shipment.values[name] = value
         else:
@@ -149,20 +153,22 @@ def _module_problem(module: types.ModuleType) -> str | None:
     return None
 
 
-class _Discard:
-    """A file that throws away what is written: checking picklability costs no memory."""
-
-    @staticmethod
-    def write(data: bytes) -> int:
-        return len(data)
-
-
-def _value_problem(name: str, value: Any) -> str | None:
+def _value_problem(name: str, value: Any, ledger: NameLedger | None) -> str | None:
     try:
-        cloudpickle.CloudPickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        rank_bound = check_sendable(value)
     except Exception as exc:  # noqa: BLE001 - any failure means it cannot travel
         return _where(name, value) or f"{type(exc).__name__}: {exc}"
-    return None
+    if rank_bound is None:
+        return None
+    snapshot = ledger.snapshot(name, value) if ledger is not None else None
+    if snapshot is not None:
+        return (f"rank 0's copy of {rank_bound}, brought back by cell [{snapshot.cell}]: it "
+                "carries rank 0's identity (rank, world size, process group), so it is never "
+                f"sent to other ranks; run the cell that builds it (In [{snapshot.cell}]) "
+                "again, so that each worker builds its own")
+    return (f"{rank_bound}, made in the notebook: it carries one process's identity (rank, "
+            "world size, process group), so it is never sent to the workers; build it inside "
+            "the %%accelerate cell, so that each worker builds its own")
 
 
 _LAUNCHER_MESSAGE = re.compile(r"cannot send kwargs\[(?P<key>'[^']*')\](?P<path>.*?) to the "

@@ -23,6 +23,12 @@ from typing import Any
 
 import cloudpickle
 
+from notebook_accel.launch.rank_identity import (
+    RankBoundError,
+    advice,
+    rank_bound_kind,
+    rank_bound_types,
+)
 from notebook_accel.launch.shared_tensors import SharedTensors
 
 _MAX_DEPTH = 12
@@ -57,10 +63,17 @@ def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = 
     """
     try:
         sources = _cell_sources(sources_sent or set())
-        data = _dumps((function, tuple(args), dict(kwargs), sources), shared=shared)
+        data = _dumps((function, tuple(args), dict(kwargs), sources), _OutboundPickler,
+                      shared=shared)
         if sources_sent is not None:
             sources_sent.update(sources)
         return data
+    except RankBoundError as exc:
+        where = _locate_rank_bound(exc.value, function, args, kwargs)
+        raise TypeError(
+            f"cannot send {where} to the workers: {advice(exc.kind)}. Create it inside the "
+            "function instead (each worker builds its own, e.g. accelerator = Accelerator())"
+        ) from None
     except Exception as exc:  # cloudpickle raises TypeError, PicklingError, AttributeError...
         if inherit and isinstance(exc, RuntimeError) and "through inheritance" in str(exc):
             return InheritedPayload(function, args, kwargs)
@@ -88,25 +101,26 @@ class _PayloadPickler(cloudpickle.CloudPickler):
     )
 
 
-class _SharingPickler(_PayloadPickler):
-    """Sends big CPU tensors through shared memory (see :mod:`.shared_tensors`)."""
+class _OutboundPickler(_PayloadPickler):
+    """Kernel -> workers: refuses rank-bound objects (:mod:`.rank_identity`), and sends big
+    CPU tensors through shared memory when given a :class:`SharedTensors`."""
 
-    shared: SharedTensors
+    def __init__(self, file: Any, protocol: int, shared: SharedTensors | None = None) -> None:
+        super().__init__(file, protocol=protocol)
+        self.shared = shared
+        self.rank_bound = rank_bound_types()
 
     def reducer_override(self, obj):
-        reduced = self.shared.reduce(obj)
+        kind = rank_bound_kind(obj, self.rank_bound)
+        if kind is not None:
+            raise RankBoundError(kind, obj)
+        reduced = self.shared.reduce(obj) if self.shared is not None else None
         return reduced if reduced is not None else super().reducer_override(obj)
 
 
-def _dumps(obj: Any, pickler_class: type | None = None,
-           shared: SharedTensors | None = None) -> bytes:
+def _dumps(obj: Any, pickler_class: type = _PayloadPickler, **options: Any) -> bytes:
     buffer = io.BytesIO()
-    if shared is not None:
-        pickler = _SharingPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
-        pickler.shared = shared
-    else:
-        pickler = (pickler_class or _PayloadPickler)(buffer, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.dump(obj)
+    pickler_class(buffer, protocol=pickle.HIGHEST_PROTOCOL, **options).dump(obj)
     return buffer.getvalue()
 
 
@@ -203,17 +217,67 @@ def _locate(obj: Any, path: str, depth: int, seen: set[int]) -> tuple[str, Excep
     return path, error
 
 
-def _locate_failure(function: Any, args: tuple, kwargs: dict) -> tuple[str, Exception] | None:
-    seen: set[int] = set()
+def _roots(function: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     name = getattr(function, "__name__", "function")
     roots = [(f"function {name!r}", function)]
     roots += [(f"args[{i}]", value) for i, value in enumerate(args)]
-    roots += [(f"kwargs[{key!r}]", value) for key, value in kwargs.items()]
-    for path, value in roots:
+    return roots + [(f"kwargs[{key!r}]", value) for key, value in kwargs.items()]
+
+
+def _locate_failure(function: Any, args: tuple, kwargs: dict) -> tuple[str, Exception] | None:
+    seen: set[int] = set()
+    for path, value in _roots(function, args, kwargs):
         found = _locate(value, path, 0, seen)
         if found is not None:
             return found
     return None
+
+
+def _find(target: Any, obj: Any, path: str, depth: int, seen: set[int]) -> str | None:
+    if obj is target:
+        return path
+    if depth >= _MAX_DEPTH or id(obj) in seen or isinstance(obj, types.ModuleType):
+        return None
+    seen.add(id(obj))
+    for child_path, child in _children(obj, path):
+        found = _find(target, child, child_path, depth + 1, seen)
+        if found is not None:
+            return found
+    return None
+
+
+def _locate_rank_bound(target: Any, function: Any, args: tuple, kwargs: dict) -> str:
+    """The path to ``target`` in what is sent (``args[0].accelerator``), or ``the payload``."""
+    seen: set[int] = set()
+    for path, value in _roots(function, args, kwargs):
+        found = _find(target, value, path, 0, seen)
+        if found is not None:
+            return found
+    return "the payload"
+
+
+def check_sendable(value: Any) -> str | None:
+    """What rank-bound object ``value`` holds (``"an Accelerator"``) and where
+    (``.optimizer``: a path from ``value``, empty for ``value`` itself), as
+    ``"an Accelerator at .x"``; None when it holds none. Pickles ``value`` to nowhere.
+
+    Raises:
+        Exception: whatever pickling ``value`` raises (it cannot be sent at all).
+    """
+    try:
+        _OutboundPickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except RankBoundError as exc:
+        where = _find(exc.value, value, "", 0, set())
+        return exc.kind + (f" (at {where})" if where else "")
+    return None
+
+
+class _Discard:
+    """A file that throws away what is written: checking costs no memory."""
+
+    @staticmethod
+    def write(data: bytes) -> int:
+        return len(data)
 
 
 class _ResultPickler(_PayloadPickler):

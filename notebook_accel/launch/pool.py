@@ -18,7 +18,7 @@ import difflib
 import signal
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +30,10 @@ from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.shared_tensors import SharedTensors
+from notebook_accel.launch.supervisor import INTERRUPT_GRACE
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.worker.serve import join_process_group
+from notebook_accel.wire import RunDone
 
 # the options table's arguments a pool takes, plus notebook_launcher's keywords outside the table
 POOL_OPTIONS = (*(o.name for o in OPTIONS.values() if o.argument and o.not_for_pool is None), "return_all")
@@ -120,7 +122,7 @@ class WorkerPool:
                 raise
             self._current = _Current()
             self._finalizer = weakref.finalize(self, self._current.close)
-            self._names: tuple[str, ...] = ()
+            self._report = RunDone(None, False)  # rank 0's report of the latest run
             self._start()
 
     @staticmethod
@@ -150,7 +152,7 @@ class WorkerPool:
 
     def _start(self) -> None:
         self._current.workers = workers = pool_workers(self.plan)
-        self._names = ()
+        self._report = RunDone(None, False)
         try:  # the process group is ready before the first run
             launch_once(PoolBackend(workers), self.plan,
                         serialise_payload(join_process_group, (), {}))
@@ -167,8 +169,36 @@ class WorkerPool:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The names living on the workers (rank 0's, after the latest run)."""
-        return self._names
+        """The names living on the workers (rank 0's, after the latest run); none while a
+        worker is gone (its state is lost: :meth:`revive` replaces the workers)."""
+        return () if self._gone() else self._report.names
+
+    @property
+    def copies(self) -> tuple[str, ...]:
+        """Those of :attr:`names` that still hold the copy the notebook sent."""
+        return () if self._gone() else self._report.copies
+
+    @property
+    def lost(self) -> tuple[str, ...]:
+        """What replacing the workers now would lose: :attr:`names` that hold state (not
+        modules, nor functions and classes imported from one), even when a worker is gone."""
+        imported = set(self._report.imported)
+        return tuple(name for name in self._report.names if name not in imported)
+
+    def revive(self) -> str | None:
+        """Replace the workers if any is gone (idle or mid-run: one rule), saying what was
+        lost; returns why they were replaced (None: they were all alive).
+
+        Raises:
+            PoolUnavailable: the pool is closed.
+        """
+        workers = self._usable()
+        dead = workers.dead()
+        if not dead:
+            return None
+        reason = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead) + " while idle"
+        self._replace(reason, self.lost)
+        return reason
 
     def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` on every rank of the pool.
@@ -178,9 +208,12 @@ class WorkerPool:
         in the worker's namespace: names that live there win over the notebook's copies,
         and what it assigns (``global x; x = ...``) stays there for later runs.
 
+        Workers that died since the last run (killed while idle) are replaced first, as
+        after a run that broke them, and what was lost is said (:meth:`revive`).
+
         Raises:
             TypeError: ``function`` is not callable, or a value cannot be pickled.
-            PoolUnavailable: the pool is closed, or its workers are gone (a RuntimeError).
+            PoolUnavailable: the pool is closed (a RuntimeError).
             WorkerError: the run failed on a rank (root cause named); the pool stays up,
                 or its workers are replaced when its process group cannot be trusted (said).
             KeyboardInterrupt: interrupted; every rank stopped its run.
@@ -190,6 +223,7 @@ class WorkerPool:
                 if not callable(function):
                     raise TypeError(f"function={function!r} is not callable; pass the function "
                                     "to run")
+                self.revive()
                 workers = self._usable()
             except (TypeError, PoolUnavailable) as error:
                 hide_our_frames(error)
@@ -202,13 +236,16 @@ class WorkerPool:
                 except TypeError as error:
                     hide_our_frames(error)
                     raise
-                failed = True
+                ended = "failed"
                 try:
                     value = launch_once(PoolBackend(workers), self.plan, payload)
-                    failed = False
+                    ended = "finished"
                     return value
+                except KeyboardInterrupt:
+                    ended = "interrupted"
+                    raise
                 finally:
-                    self._after_run(workers, failed)
+                    self._after_run(workers, ended)
 
     def restart(self) -> None:
         """Replace the workers with fresh ones (their state is dropped)."""
@@ -243,28 +280,28 @@ class WorkerPool:
 
     # -- health ------------------------------------------------------------------------------
 
+    def _gone(self) -> bool:
+        workers = self._current.workers
+        return workers is None or bool(workers.dead())
+
     def _usable(self) -> PoolWorkers:
         workers = self._current.workers
         if self.closed or workers is None:
             raise PoolUnavailable("this WorkerPool is closed; create a new one, e.g. "
                                   f"WorkerPool(num_processes={self.plan.num_processes})",
                                   "the pool is closed")
-        dead = workers.dead()
-        if dead:
-            gone = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
-            lost = f"; the names on them were lost: {_listed(self._names)}" if self._names else ""
-            reason = f"the pool's workers are gone ({gone}, while idle{lost})"
-            raise PoolUnavailable(f"{reason}; call pool.restart() to start new ones", reason)
         return workers
 
-    def _after_run(self, workers: PoolWorkers, failed: bool) -> None:
+    def _after_run(self, workers: PoolWorkers, ended: str) -> None:
         """Keep the workers when every rank is idle with a group it can trust; else replace them."""
-        reason = _distrust(workers, failed)
+        reason = _distrust(workers, ended)
         rank0 = workers.handles[0].last_report
         if reason is None:
-            self._names = rank0.names
+            self._report = rank0
             return
-        lost = rank0.names if rank0 is not None else self._names
+        self._replace(reason, self.lost if rank0 is None else _lost(rank0))
+
+    def _replace(self, reason: str, lost: tuple[str, ...]) -> None:
         self._current.close()
         self._start()
         print(f"[notebook_accel] the pool's workers were replaced ({reason}; a process group "
@@ -272,9 +309,19 @@ class WorkerPool:
               f"lost{': ' + _listed(lost) if lost else ''}", file=sys.stderr, flush=True)
 
 
-def _distrust(workers: PoolWorkers, failed: bool) -> str | None:
-    """Why the workers' process group cannot be trusted after a run (None: it can)."""
+def _lost(report: RunDone) -> tuple[str, ...]:
+    imported = set(report.imported)
+    return tuple(name for name in report.names if name not in imported)
+
+
+def _distrust(workers: PoolWorkers, ended: str) -> str | None:
+    """Why the workers' process group cannot be trusted after a run that ``ended``
+    (``finished``, ``failed``, ``interrupted``); None: it can."""
     dead = workers.dead()
+    if dead and ended == "interrupted":  # the supervisor killed the ranks stuck in C++ code
+        return (f"{_ranks(h.rank for h in dead)} did not stop within {INTERRUPT_GRACE:g} s of "
+                f"the interrupt (blocked in C++ code, e.g. a collective), so we ended "
+                f"{'it' if len(dead) == 1 else 'them'}")
     if dead:
         return ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
     reports = [h.last_report for h in workers.handles]
@@ -282,14 +329,19 @@ def _distrust(workers: PoolWorkers, failed: bool) -> str | None:
         return "a rank did not end its run"
     broke = [h.rank for h, r in zip(workers.handles, reports, strict=True) if r.broke_group]
     if broke:
-        return f"the run ended inside a collective on rank {', '.join(map(str, broke))}"
+        return f"the run ended inside a collective on {_ranks(broke)}"
     counts = {r.collectives for r in reports}
     if len(counts) > 1:
         return ("the ranks' process groups disagree (collectives issued: "
                 f"{', '.join(str(r.collectives) for r in reports)})")
-    if failed and -1 in counts:
+    if ended != "finished" and -1 in counts:
         return "the run failed and the process group cannot be checked"
     return None
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = list(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _ended(exitcode: int | None) -> str:

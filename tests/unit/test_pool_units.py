@@ -12,7 +12,7 @@ from notebook_accel.wire import RunDone
 
 @pytest.fixture(autouse=True)
 def empty_namespace():
-    saved, copies = dict(namespace.NAMESPACE), set(namespace._COPIES)
+    saved, copies = dict(namespace.NAMESPACE), dict(namespace._COPIES)
     namespace.NAMESPACE.clear()
     namespace._COPIES.clear()
     yield
@@ -22,13 +22,28 @@ def empty_namespace():
     namespace._COPIES.update(copies)
 
 
-def test_assigned_names_are_the_workers_own_and_copies_are_refreshed():
-    with namespace.worker_scope({"lr": 0.1}) as scope:
-        exec("model = 'prepared'\nseen = lr", scope)  # noqa: S102 - a cell
-    assert namespace.names() == ("model", "seen")  # lr is the notebook's copy, not listed
-    with namespace.worker_scope({"lr": 0.5, "model": "the notebook's copy"}) as scope:
-        exec("seen = (lr, model)", scope)  # noqa: S102
-    assert scope["seen"] == (0.5, "prepared")  # the copy refreshed; the worker's own name kept
+def test_the_workers_names_win_whatever_their_origin():
+    with namespace.worker_scope({"lr": 0.1, "weights": [0.0]}) as scope:
+        exec("model = 'prepared'\nseen = lr\nweights[0] += 1", scope)  # noqa: S102 - a cell
+    assert namespace.names() == ("lr", "model", "seen", "weights")
+    assert namespace.copies() == ("lr", "weights")  # sent by the notebook, not assigned here
+    notebook = {"lr": 0.5, "model": "the notebook's copy", "weights": [0.0]}
+    with namespace.worker_scope(notebook) as scope:
+        exec("seen = (lr, model, weights[0])\nlr = 0.01", scope)  # noqa: S102
+    # neither a name a run assigned nor one sent earlier is replaced: the in-place change stays
+    assert scope["seen"] == (0.1, "prepared", 1.0)
+    assert namespace.copies() == ("weights",)  # lr was assigned by the run: the worker's own
+    with namespace.worker_scope({"lr": 0.7}, replace=["lr"]) as scope:  # asked for by name
+        exec("seen = lr", scope)  # noqa: S102
+    assert scope["seen"] == 0.7
+
+
+def test_imported_names_are_told_apart_from_state():
+    with namespace.worker_scope({}) as scope:
+        exec("import os\nfrom collections import OrderedDict\nclass Mine: pass\n"  # noqa: S102
+             "def helper(): pass\nsteps = 3", scope)
+    assert namespace.imported() == ("OrderedDict", "os")
+    assert set(namespace.names()) - set(namespace.imported()) == {"Mine", "helper", "steps"}
 
 
 def test_names_assigned_before_an_exception_stay_and_deleted_names_go():
@@ -48,6 +63,20 @@ def test_bind_runs_notebook_functions_in_the_namespace_and_leaves_imported_ones(
     assert namespace.bind(len) is len and namespace.bind(namespace.names) is namespace.names
 
 
+def test_bind_sends_the_notebooks_newest_code_but_keeps_the_workers_data():
+    def defined(source: str) -> dict:
+        scope = {"__name__": "__main__"}
+        exec(source, scope)  # noqa: S102 - a notebook cell
+        return scope
+
+    first = defined("lr = 0.1\ndef scale(x):\n    return x * 2\ndef run():\n    return scale(lr)")
+    run = types.FunctionType(first["run"].__code__, dict(first), "run")
+    assert namespace.bind(run)() == 0.2
+    second = defined("lr = 0.5\ndef scale(x):\n    return x * 3\ndef run():\n    return scale(lr)")
+    run = types.FunctionType(second["run"].__code__, dict(second), "run")
+    assert namespace.bind(run)() == pytest.approx(0.3)  # the new scale, the workers' lr
+
+
 class _Handle:
     def __init__(self, rank: int, report: RunDone | None, exitcode: int | None = None) -> None:
         self.rank, self.last_report, self.exitcode = rank, report, exitcode
@@ -61,20 +90,23 @@ class _Workers:
         return [h for h in self.handles if h.exitcode is not None]
 
 
-@pytest.mark.parametrize(("reports", "failed", "reason"), [
-    ((RunDone(4, False), RunDone(4, False)), True, None),
-    ((RunDone(None, False), RunDone(None, False)), True, None),
-    ((RunDone(4, False), RunDone(5, False)), False, "disagree (collectives issued: 4, 5)"),
-    ((RunDone(4, True), RunDone(4, False)), True, "inside a collective on rank 0"),
-    ((RunDone(4, False), None), True, "did not end its run"),
-    ((RunDone(-1, False), RunDone(-1, False)), True, "cannot be checked"),
-    ((RunDone(-1, False), RunDone(-1, False)), False, None),
+@pytest.mark.parametrize(("reports", "ended", "reason"), [
+    ((RunDone(4, False), RunDone(4, False)), "failed", None),
+    ((RunDone(None, False), RunDone(None, False)), "failed", None),
+    ((RunDone(4, False), RunDone(5, False)), "finished", "disagree (collectives issued: 4, 5)"),
+    ((RunDone(4, True), RunDone(4, False)), "failed", "inside a collective on rank 0"),
+    ((RunDone(4, False), None), "failed", "did not end its run"),
+    ((RunDone(-1, False), RunDone(-1, False)), "failed", "cannot be checked"),
+    ((RunDone(-1, False), RunDone(-1, False)), "finished", None),
 ])
-def test_the_group_is_distrusted_exactly_when_it_could_pair_collectives_wrongly(reports, failed, reason):
+def test_the_group_is_distrusted_exactly_when_it_could_pair_collectives_wrongly(reports, ended, reason):
     from notebook_accel.launch.pool import _distrust
 
     workers = _Workers(*(_Handle(rank, report) for rank, report in enumerate(reports)))
-    found = _distrust(workers, failed)
+    found = _distrust(workers, ended)
     assert (found is None) if reason is None else (reason in found), found
     workers.handles[1].exitcode = -9
-    assert _distrust(workers, failed) == "rank 1 was killed by SIGKILL"
+    assert _distrust(workers, ended) == "rank 1 was killed by SIGKILL"
+    # after the stop button, the kill was ours: said as such, not as a death from outside
+    said = _distrust(workers, "interrupted")
+    assert said.startswith("rank 1 did not stop within 1.5 s of the interrupt") and "SIGKILL" not in said

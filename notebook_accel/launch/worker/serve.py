@@ -81,7 +81,8 @@ def _serve_run(spec: WorkerSpec, pipes: WorkerPipes, run: Run) -> None:
         outcome = failure_record(spec, exc, 1)
     flush_output()
     send(pipes, outcome, RunDone(collectives=_collectives(), broke_group=_broke_group(outcome),
-                                 names=namespace.names()))
+                                 names=namespace.names(), copies=namespace.copies(),
+                                 imported=namespace.imported()))
 
 
 def join_process_group() -> None:
