@@ -128,7 +128,8 @@ def test_bad_options_are_refused_before_anything_starts(options, error, match):
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
-def test_a_pool_whose_workers_are_gone_is_refused_until_restarted():
+def test_a_pool_whose_workers_died_while_idle_is_replaced_at_the_next_run(capfd):
+    """One rule for workers that died, idle or mid-run: replaced, and what was lost said."""
     with WorkerPool(num_processes=2) as pool:
         pool.run(CELLS["load"], 2)
         victim = pool.status()[1].pid
@@ -136,12 +137,17 @@ def test_a_pool_whose_workers_are_gone_is_refused_until_restarted():
         deadline = time.monotonic() + 5
         while pool.status()[1].alive and time.monotonic() < deadline:
             time.sleep(0.02)
-        with pytest.raises(RuntimeError, match=r"rank 1 was killed by SIGKILL, while idle; the names on them were lost: data\); call pool.restart\(\)"):
-            pool.run(CELLS["reduce_rank"])
+        assert pool.names == () and pool.lost == ("data",)  # nothing lives on dead workers
         with pytest.raises(TypeError, match="not callable"):
             pool.run(42)
-        pool.restart()
+        capfd.readouterr()
         assert pool.run(CELLS["reduce_rank"]) == 3.0
+        err = capfd.readouterr().err
+        assert ("the pool's workers were replaced (rank 1 was killed by SIGKILL while idle; "
+                in err) and "their state was lost: data" in err
+        assert victim not in {info.pid for info in pool.status()}
+        with pytest.raises(Exception, match="data"):
+            pool.run(CELLS["read_data"])
 
 
 def _script(body: str) -> subprocess.Popen:

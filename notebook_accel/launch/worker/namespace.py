@@ -30,7 +30,7 @@ def names() -> tuple[str, ...]:
 
 def copies() -> tuple[str, ...]:
     """The names whose value is still the copy the notebook sent (no run assigned them)."""
-    return tuple(sorted(_COPIES))
+    return tuple(sorted(name for name in _COPIES if not name.startswith("__")))
 
 
 def imported() -> tuple[str, ...]:
@@ -52,7 +52,7 @@ def worker_scope(shipped: dict[str, Any], replace: Iterable[str] = ()) -> Iterat
     """
     replace = set(replace)
     entered = {name: value for name, value in shipped.items()
-               if not name.startswith("__") and (name not in NAMESPACE or name in replace)}
+               if name not in NAMESPACE or name in replace}
     NAMESPACE.update(entered)
     _COPIES.update(entered)
     try:
