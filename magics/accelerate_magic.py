@@ -61,11 +61,17 @@ class AccelerateMagics(Magics):
         travel by value); names that cannot be sent are listed before any worker
         starts. Output appears live, prefixed ``[rank N]``; a failing rank fails the
         cell with its own traceback. Afterwards the names the cell assigned come
-        back from rank 0 (tensors on the CPU, models unwrapped from DDP); what
-        cannot come back is listed in one line; a notebook object the cell only
-        changed in place comes back when named with --pull. A last expression's
-        value is shown, as in any cell. ``Accelerator()`` in the cell picks up the
-        flags through the worker environment.
+        back from rank 0 (tensors on the CPU, models unwrapped from DDP); one line
+        names what was sent and what came back, another what cannot come back; a
+        notebook object the cell only changed in place comes back when named with
+        --pull. A last expression's value is shown, as in any cell. The process
+        group is ready in every cell; ``Accelerator()`` picks up the flags through
+        the worker environment. An object that belongs to one rank (an
+        ``Accelerator``, a prepared model, optimizer or loader, rank 0's copies of
+        them) is never sent: the cell is refused, saying which cell builds it.
+
+        On the pool, the workers' names win: a name they hold is not sent again
+        (the cell says when the notebook's differs); --push NAMES sends it anyway.
 
         Line magic::
 
