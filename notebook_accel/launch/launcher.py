@@ -206,6 +206,7 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
             world_size=ran.world_size, num_processes=ran.num_processes,
             device_type=ran.device_type, start_method=ran.start.method,
             mixed_precision=ran.mixed_precision,
+            warm_pool=any(handle.persistent for handle in group.handles),  # a pool's workers
         )
         remember(record)
         workers = Supervisor(group.handles, relay, plan.timeout, record,

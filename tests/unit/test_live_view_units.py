@@ -93,10 +93,30 @@ def test_header_and_table_show_settings_memory_and_last_line():
     record.ranks[1].gpu_memory = 2_500_000_000
     bundle = render(record)
     plain, html = bundle["text/plain"], bundle["text/html"]
-    assert "2 processes on cpu · fork · mixed precision: bf16 · running" in plain
+    assert "2 processes on cpu · fresh workers (fork) · mixed precision: bf16 · running" in plain
     assert "rank 0: running, pid 1000" in plain and "RSS 123.0 MB" in plain
     assert "GPU 2.5 GB" in plain and "epoch 3 done" in plain
     assert "<th" in html and ">GPU<" in html and "1001" in html
+
+
+def test_the_header_says_whether_the_run_is_on_the_warm_pool_or_on_fresh_workers():
+    fresh, pooled = make_record(age=2.0), make_record(age=2.0)
+    pooled.warm_pool = True
+    for record, said in ((fresh, "fresh workers (fork)"), (pooled, "on the warm pool (fork)")):
+        bundle = render(record)
+        assert f"on cpu · {said} · mixed precision" in bundle["text/plain"]
+        assert f"on cpu · {said} · mixed precision" in bundle["text/html"]
+        out, clock = io.StringIO(), Clock()
+        view = TextView(record, stream=out, clock=clock)
+        view.update(record)
+        clock.now = 11.0
+        view.update(record)  # a later status line: only the first one says it
+        record.finish("finished")
+        view.update(record, final=True)
+        first, later, summary = out.getvalue().splitlines()
+        assert re.match(r"\[notebook_accel\] 2\.\d s: 2 running \| " + re.escape(said), first), first
+        assert said not in later and f"2 running | {said}" in summary, summary
+    assert "warm pool" not in render(fresh)["text/plain"]
 
 
 def test_worker_text_is_escaped():

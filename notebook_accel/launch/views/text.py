@@ -53,6 +53,12 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def workers_text(record: LaunchRecord) -> str:
+    """Which workers run the launch: ``"on the warm pool (fork)"`` or ``"fresh workers (fork)"``."""
+    where = "on the warm pool" if record.warm_pool else "fresh workers"
+    return f"{where} ({record.start_method})"
+
+
 def state_text(status: RankStatus) -> str:
     """The rank's state, with the time spent in its phase: ``"compiling (12.0 s)"``, ``"running"``."""
     seconds = status.phase_elapsed
@@ -171,21 +177,25 @@ class TextView:
         if all(state in _ENDED for state in states):
             return  # the summary line follows
         if states != self.last_states or now - self.last_time >= self.every:
+            first = self.last_states is None
             self.last_states, self.last_time = states, now
-            self._write(self.status_line(record))
+            self._write(self.status_line(record, first))
 
-    def status_line(self, record: LaunchRecord) -> str:
-        """``12.0 s: 2 running | train 40/100 [...] | loss 0.12 @ step 40``."""
+    def status_line(self, record: LaunchRecord, first: bool = False) -> str:
+        """``12.0 s: 2 running | train 40/100 [...] | loss 0.12 @ step 40``; the ``first``
+        line also says which workers run it (``| fresh workers (fork)``)."""
         parts = [f"{format_duration(record.elapsed)}: {rank_states(record)}"]
+        if first:
+            parts.append(workers_text(record))
         parts += [text for text in (progress_text(record), metrics_text(record)) if text]
         return " | ".join(parts)
 
     def summary_line(self, record: LaunchRecord) -> str:
-        """``finished in 12.3 s: 2 finished | ... | largest RSS 230.1 MB``."""
+        """``finished in 12.3 s: 2 finished | on the warm pool (fork) | ... | largest RSS 230.1 MB``."""
         outcome = record.outcome or "ended"
         preposition = "in" if outcome == "finished" else "after"
         parts = [f"{outcome} {preposition} {format_duration(record.elapsed)}: "
-                 f"{rank_states(record)}"]
+                 f"{rank_states(record)}", workers_text(record)]
         parts += [text for text in (progress_text(record), metrics_text(record)) if text]
         largest = max((s.rss for s in record.ranks.values() if s.rss), default=None)
         if largest:
