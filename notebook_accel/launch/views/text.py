@@ -3,7 +3,8 @@
 A status line when ranks change state and every ~10 s while the job runs, and one
 summary line at the end; a job shorter than a second prints nothing. Lines go to
 stderr (prefixed ``[notebook_accel] ``), so the program's own stdout stays clean.
-The small formatters here are shared with the notebook's live view.
+A start that takes seconds (torch still to import) is said first, in a kernel too
+(:func:`starting_text`). The small formatters here are shared with the notebook's live view.
 """
 
 from __future__ import annotations
@@ -57,6 +58,19 @@ def workers_text(record: LaunchRecord) -> str:
     """Which workers run the launch: ``"on the warm pool (fork)"`` or ``"fresh workers (fork)"``."""
     where = "on the warm pool" if record.warm_pool else "fresh workers"
     return f"{where} ({record.start_method})"
+
+
+def starting_text(count: int, method: str) -> str:
+    """``"starting 2 workers (fork)..."``: a launch's first line when its start takes seconds
+    (torch still to import, workers to start), said before that work so it is not silent."""
+    return f"starting {count} worker{'s' if count != 1 else ''} ({method})..."
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Write one line of the text view: prefixed, to ``stream`` (default: ``sys.stderr`` now)."""
+    stream = stream or sys.stderr
+    stream.write(PREFIX + line + "\n")
+    stream.flush()
 
 
 def state_text(status: RankStatus) -> str:
@@ -209,6 +223,4 @@ class TextView:
         return " | ".join(parts)
 
     def _write(self, line: str) -> None:
-        stream = self.stream or sys.stderr
-        stream.write(PREFIX + line + "\n")
-        stream.flush()
+        say(line, self.stream)
