@@ -24,11 +24,16 @@ class CellResult:
     stderr: str = ""
     error: dict | None = None  # ename, evalue, traceback (ANSI stripped)
     outputs: list[dict] = field(default_factory=list)
-    elapsed: float = 0.0
+    elapsed: float = 0.0  # seconds from the execute request to the kernel's idle
+    first_output: float | None = None  # seconds from the request to its first output message
+    first_message: dict | None = None  # that message
 
     @property
     def traceback(self) -> str:
         return "\n".join(self.error["traceback"]) if self.error else ""
+
+
+_OUTPUT_KINDS = ("stream", "display_data", "update_display_data", "execute_result", "error")
 
 
 def _strip_ansi(text: str) -> str:
@@ -51,6 +56,7 @@ class Kernel:
             env=env, extra_arguments=["--HistoryManager.enabled=False"]
         )
         self.client = self.manager.client()
+        self.sent: dict[str, float] = {}  # msg_id -> when its execute request was sent
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
         result = self.run("import sys, os; print(sys.executable, os.getpid())")
@@ -59,13 +65,16 @@ class Kernel:
         self.pid = int(pid)
 
     def execute(self, code: str) -> str:
-        return self.client.execute(code, store_history=self.history)
+        sent = time.monotonic()
+        msg_id = self.client.execute(code, store_history=self.history)
+        self.sent[msg_id] = sent
+        return msg_id
 
     def collect(self, msg_id: str, timeout: float = 120.0, on_output=None) -> CellResult:
         """Gather the outputs of one execution until the kernel is idle again."""
         result = CellResult()
-        start = time.monotonic()
-        deadline = start + timeout
+        start = self.sent.pop(msg_id, time.monotonic())
+        deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -77,6 +86,8 @@ class Kernel:
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
+            if result.first_output is None and kind in _OUTPUT_KINDS:
+                result.first_output, result.first_message = time.monotonic() - start, msg
             if kind == "stream":
                 if content["name"] == "stdout":
                     result.stdout += content["text"]

@@ -5,6 +5,9 @@ millisecond, needs no plotting library in the kernel, and renders wherever HTML
 does (JupyterLab, VS Code, nbconvert output). Long histories are thinned to
 about ``MAX_POINTS`` per metric as they arrive (see :class:`Series`), so a redraw
 costs the same after a million steps as after a hundred.
+
+The live charts are inline SVG, the final ones the same SVG as an image; an image
+inherits no font from the page, so the SVG names its own (``FONT``) and both look alike.
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ WIDTH, HEIGHT = 300, 140
 _LEFT, _RIGHT, _TOP, _BOTTOM = 58, 8, 18, 20
 SMOOTHING = 0.6  # TensorBoard's default weight of its exponential moving average
 LOG_DECADES = 2.0  # a positive metric spanning more than this many decades gets a log axis
+FLAT_MARGIN = 0.1  # a constant metric's axis: its value +- this fraction of it (+-1 around 0)
+# JupyterLab's own UI fonts, then the usual sans-serif ones: the live (inline) and final (image)
+# charts both draw with it
+FONT = "system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif"
 Point = tuple[float, float]
+_RAW = 'stroke="#1f77b4" stroke-opacity="0.3" stroke-width="1"'  # the raw values, light
 
 
 def _finite(index: int, step: int | None, value: float) -> Point | None:
@@ -112,9 +120,33 @@ class Series:
         return self.consumed
 
 
-def _label(value: float) -> str:
-    """An axis label short enough for the margin: ``0.00038``, ``1.2e+04``, ``12``."""
-    return escape(f"{float(value):.3g}")
+def _labels(low: float, high: float) -> tuple[str, str]:
+    """The y axis's two labels, short enough for the margin (``0.00038``, ``1.2e+04``, ``12``)
+    and distinct: with more digits where three would print the same (``1.0001``, ``1.0002``)."""
+    for digits in range(3, 7):
+        pair = f"{float(low):.{digits}g}", f"{float(high):.{digits}g}"
+        if pair[0] != pair[1]:
+            break
+    return escape(pair[0]), escape(pair[1])
+
+
+def _y_range(low: float, high: float) -> tuple[float, float]:
+    """The y axis's ends: the values' range; for a constant metric, a range around its value
+    (+-``FLAT_MARGIN`` of it, +-1 around 0), which draws it across the middle."""
+    if high > low:
+        return low, high
+    margin = abs(low) * FLAT_MARGIN or 1.0
+    return low - margin, high + margin
+
+
+def _legend(x: float, y: float, raw_style: str, smooth_style: str, small: str) -> str:
+    """``— raw  — smoothed``, the two lines' key, from (``x``, ``y``) on the bottom row."""
+    parts = []
+    for style, word, width in ((raw_style, "raw", 22), (smooth_style, "smoothed", 42)):
+        parts.append(f'<line x1="{x:.0f}" y1="{y - 3:.0f}" x2="{x + 10:.0f}" y2="{y - 3:.0f}" '
+                     f'{style}/><text x="{x + 13:.0f}" y="{y:.0f}" {small}>{word}</text>')
+        x += 13 + width
+    return '<g class="legend">' + "".join(parts) + "</g>"
 
 
 def _step(value: float) -> str:
@@ -126,8 +158,9 @@ def _log_axis(low: float, high: float) -> bool:
 
 
 def metric_svg(name: str, series: Series) -> str:
-    """One metric as an SVG line chart: raw values (light), their smoothed curve, its name,
-    last value and axis ranges; a log y axis when a positive metric spans > 2 decades."""
+    """One metric as an SVG line chart: raw values (light), their smoothed curve and a legend
+    of the two, its name, last value and axis ranges (around the value for a constant
+    metric); a log y axis when a positive metric spans > 2 decades."""
     data = series.points()
     last = f" = {escape(format_value(data[-1][1]))}" if data else ""
     box_w, box_h = WIDTH - _LEFT - _RIGHT, HEIGHT - _TOP - _BOTTOM
@@ -136,7 +169,8 @@ def metric_svg(name: str, series: Series) -> str:
     body, scale = "", ""
     if data:
         xs, ys = [p[0] for p in data], [p[1] for p in data]
-        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        x0, x1 = min(xs), max(xs)
+        y0, y1 = _y_range(min(ys), max(ys))
         log = _log_axis(y0, y1)
         if log:
             scale = " (log scale)"
@@ -153,27 +187,30 @@ def metric_svg(name: str, series: Series) -> str:
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
             return f'<polyline points="{path}" fill="none" {style}/>'
 
+        small = 'font-size="9" fill="#555"'
         smooth = series.smooth.points() if series.smooth is not None else []
         if len(data) > 1 and len(smooth) > 1:
-            shape = (line(data, 'stroke="#1f77b4" stroke-opacity="0.3" stroke-width="1"')
+            raw, smoothed = _RAW, 'stroke="#1f77b4" stroke-width="1.6"'
+            shape = (line(data, raw)
                      + line([(x, min(max(y, y0), y1)) for x, y in smooth],
-                            'stroke="#1f77b4" stroke-width="1.6" class="smoothed"'))
+                            smoothed + ' class="smoothed"')
+                     + _legend(_LEFT + box_w / 2 - 45, HEIGHT - 6, raw, smoothed, small))
         elif len(data) > 1:
             shape = line(data, 'stroke="#1f77b4" stroke-width="1.5"')
         else:
             shape = f'<circle cx="{sx(xs[0]):.1f}" cy="{sy(ys[0]):.1f}" r="2" fill="#1f77b4"/>'
-        small = 'font-size="9" fill="#555"'
+        bottom, top = _labels(y0, y1)
         body = (shape
-                + f'<text x="{_LEFT - 3}" y="{_TOP + 8}" text-anchor="end" {small}>{_label(y1)}</text>'
+                + f'<text x="{_LEFT - 3}" y="{_TOP + 8}" text-anchor="end" {small}>{top}</text>'
                 + f'<text x="{_LEFT - 3}" y="{_TOP + box_h}" text-anchor="end" {small}>'
-                  f"{_label(y0)}</text>"
+                  f"{bottom}</text>"
                 + f'<text x="{_LEFT}" y="{HEIGHT - 6}" {small}>step {_step(x0)}</text>'
                 + f'<text x="{WIDTH - _RIGHT}" y="{HEIGHT - 6}" text-anchor="end" {small}>'
                   f"step {_step(x1)}</text>")
     title = (f'<text x="{_LEFT}" y="12" font-size="11" font-weight="bold">{escape(name)}{last}'
              f'<tspan font-weight="normal" fill="#888">{scale}</tspan></text>')
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-            f'viewBox="0 0 {WIDTH} {HEIGHT}" style="margin:2px 8px 2px 0">'
+            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" style="margin:2px 8px 2px 0">'
             f"{title}{frame}{body}</svg>")
 
 

@@ -11,6 +11,7 @@ from notebook_accel.launch import (
     format_duration,
     rank_states,
     state_text,
+    workers_text,
 )
 
 STATE_COLOURS = {
@@ -30,7 +31,9 @@ def _short(text: str, limit: int = LAST_LINE_CHARS) -> str:
 
 
 def header_text(record: LaunchRecord) -> str:
-    """``2 processes (world size 2) on cpu · fork · mixed precision: no · running 3.2 s``."""
+    """``2 processes on cpu · fresh workers (fork) · mixed precision: no · running 3.2 s``
+    (``on the warm pool (fork)`` for a pool's run; ``(world size 4)`` after the processes
+    when other nodes run more)."""
     if record.outcome is None:
         status = f"running {format_duration(record.elapsed)}"
     else:
@@ -39,7 +42,7 @@ def header_text(record: LaunchRecord) -> str:
     world = (f" (world size {record.world_size})"
              if record.world_size != record.num_processes else "")
     return (f"{record.num_processes} processes{world} on {record.device_type} · "
-            f"{record.start_method} · mixed precision: {record.mixed_precision} · {status}")
+            f"{workers_text(record)} · mixed precision: {record.mixed_precision} · {status}")
 
 
 def _shows_gpu(record: LaunchRecord) -> bool:

@@ -26,6 +26,7 @@ _EXPORTS = {
     "progress_text": "notebook_accel.launch.views.text",
     "rank_states": "notebook_accel.launch.views.text",
     "state_text": "notebook_accel.launch.views.text",
+    "workers_text": "notebook_accel.launch.views.text",
     "RankStatus": "notebook_accel.launch.record",
     "rich_hidden_text": "notebook_accel.launch.views.text",
     "serialise_payload": "notebook_accel.launch.payload",

@@ -21,6 +21,7 @@ from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.supervisor import Supervisor
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views import make_view
+from notebook_accel.launch.views.text import say, starting_text
 
 
 def notebook_launcher(
@@ -184,7 +185,30 @@ def plan_launch(explicit: dict[str, Any], *, config_file: str | os.PathLike | No
         from notebook_accel.strategies.fsdp.config import launch_environment
 
         options["worker_env"] = launch_environment(fsdp, options["worker_env"])
-    return make_plan(**options, **settings)
+    output = settings.get("output", "all")
+    return make_plan(**options, **settings,
+                     starting=lambda count, start: announce_start(count, start.method, output))
+
+
+def announce_start(count: int, method: str, output: str) -> None:
+    """Say ``starting 2 workers (fork)...`` (on stderr, as the text view) when the start will take
+    seconds that would otherwise pass in silence; a quick start, or ``output="none"``, says nothing.
+
+    Slow starts: spawn (every worker imports torch); a forkserver not started yet (it imports
+    torch first); fork before this process has imported what forked workers inherit
+    (``launch/warm.py``: torch and its lazy imports). ``make_plan`` calls this before it detects
+    the hardware (which imports torch) whenever the count is known without it.
+    """
+    if output == "none":
+        return
+    if method == "forkserver":
+        from multiprocessing import forkserver
+
+        slow = getattr(forkserver._forkserver, "_forkserver_pid", None) is None
+    else:
+        slow = method == "spawn" or "notebook_accel.launch.warm" not in sys.modules
+    if slow:
+        say(starting_text(count, method))
 
 
 def print_notes(plan: LaunchPlan, notes: list[str]) -> None:
@@ -206,6 +230,7 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
             world_size=ran.world_size, num_processes=ran.num_processes,
             device_type=ran.device_type, start_method=ran.start.method,
             mixed_precision=ran.mixed_precision,
+            warm_pool=any(handle.persistent for handle in group.handles),  # a pool's workers
         )
         remember(record)
         workers = Supervisor(group.handles, relay, plan.timeout, record,

@@ -7,6 +7,7 @@ the value and the valid choices.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from notebook_accel.contract import DYNAMO_BACKEND_ENV, OPTIONS
@@ -105,8 +106,15 @@ def make_plan(
     worker_env: dict[str, str] | None = None,
     cluster: str | None = None,
     dynamo_backend: str | None = None,
+    starting: Callable[[int, StartChoice], None] | None = None,
 ) -> LaunchPlan:
     """Validate the options of :func:`notebook_launcher` and build the plan.
+
+    Args:
+        starting: told the local worker count and the start method once both are known
+            (not for XLA or a cluster), so the launch can say what it starts: before the
+            hardware is detected (which imports torch, seconds on a cold kernel) when
+            ``num_processes`` was given, after it otherwise.
 
     Raises:
         TypeError, ValueError: a bad option, named with its valid values.
@@ -128,16 +136,6 @@ def make_plan(
         return _cluster_plan(OPTIONS["cluster"].check(cluster), num_processes, num_nodes, node_rank,
                              device, mixed_precision, start_method, timeout, output, return_all,
                              max_restarts, worker_env)
-    hw = hardware.detect()
-    device_type = _device_type(device, hw.gpu_count, hw.tpu)
-    xla = None
-    if device_type == "xla":  # one host worker; torch_xla starts the cores
-        wanted = None if num_processes is None else OPTIONS["num_processes"].check(num_processes)
-        xla, count = xla_job(wanted, num_nodes), 1
-    else:
-        count = _num_processes(num_processes, device_type, hw)
-    start = choose_start_method(start_method)
-
     if num_nodes > 1:
         if master_addr in _LOOPBACK:
             raise ValueError(
@@ -147,6 +145,22 @@ def make_plan(
         if use_port is None:
             raise ValueError(f"num_nodes={num_nodes} needs use_port: every node must use the same port")
     port = None if use_port is None else parse_port(use_port)
+    if device is not None:
+        device = OPTIONS["device"].check(device)
+    wanted = None if num_processes is None else OPTIONS["num_processes"].check(num_processes)
+    start = choose_start_method(start_method)
+    if starting is not None and wanted is not None and device != "xla":
+        starting(wanted, start)  # the checks that need no hardware passed; it may take seconds
+
+    hw = hardware.detect()
+    device_type = _device_type(device, hw.gpu_count, hw.tpu)
+    xla = None
+    if device_type == "xla":  # one host worker; torch_xla starts the cores
+        xla, count = xla_job(wanted, num_nodes), 1
+    else:
+        count = _num_processes(wanted, device_type, hw)
+        if starting is not None and wanted is None:
+            starting(count, start)
     return LaunchPlan(
         num_processes=count, num_nodes=num_nodes, node_rank=node_rank, device_type=device_type,
         mixed_precision=mixed_precision, start=start, master_addr=master_addr, port=port,

@@ -67,6 +67,8 @@ class LaunchRecord:
         outcome: None while running, then "finished", "failed", "interrupted" or
             "timed out".
         root_cause: the rank whose failure ended the job (set when one failed).
+        warm_pool: True when the ranks are a warm pool's workers, kept across calls (their
+            handles are ``persistent``); False for workers started for this launch.
     """
 
     world_size: int
@@ -74,6 +76,7 @@ class LaunchRecord:
     device_type: str
     start_method: str
     mixed_precision: str
+    warm_pool: bool = False
     started: float = field(default_factory=time.time)
     ended: float | None = None
     ranks: dict[int, RankStatus] = field(default_factory=dict)

@@ -61,7 +61,8 @@ def test_one_block_shown_then_updated_in_place_and_ends_as_summary(job):
     for message in shown:
         assert {"text/html", "text/plain"} <= set(message["content"]["data"])
     first = shown[0]["content"]["data"]["text/plain"]
-    assert "2 processes on cpu" in first and "mixed precision: no" in first and "running" in first
+    assert "2 processes on cpu · fresh workers (fork) · mixed precision: no" in first
+    assert "running" in first
     assert "rank 0: running" in first and "rank 1: running" in first
     final = shown[-1]["content"]["data"]
     assert "finished in" in final["text/plain"] and "rank 1: finished" in final["text/plain"]
@@ -154,3 +155,15 @@ for _ in tqdm(range(15), desc="magic"):
     assert shown and shown[0]["msg_type"] == "display_data"
     final = shown[-1]["content"]["data"]["text/plain"]
     assert "finished in" in final and "magic: 100%" in final and "15/15" in final
+
+
+def test_the_header_says_a_cell_ran_on_the_warm_pool(kernel):
+    kernel.ok("%load_ext notebook_accel")
+    kernel.ok("%accelerate start -n 2")
+    try:
+        result = kernel.ok("%%accelerate\nimport time\ntime.sleep(1.5)")
+    finally:
+        kernel.ok("%accelerate stop")
+    final = _displays(result)[-1]["content"]["data"]
+    assert "2 processes on cpu · on the warm pool (fork) · mixed precision: no" in final["text/plain"]
+    assert "on the warm pool (fork)" in final["text/html"] and "finished in" in final["text/plain"]

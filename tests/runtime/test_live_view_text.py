@@ -44,9 +44,11 @@ def test_a_script_gets_status_lines_and_a_summary_and_nothing_for_a_trivial_job(
     trivial, _, _ = rest.partition("=== end")
     lines = [line for line in first.splitlines() if line.startswith("[notebook_accel] ")]
     assert lines, done.stderr
+    assert lines[0] == "[notebook_accel] starting 2 workers (fork)..."  # cold: said first
     assert any(": 2 running" in line and "loss 0.5 @ step" in line for line in lines), lines
     assert any("1 running, 1 finished" in line for line in lines), lines
     assert lines[-1].startswith("[notebook_accel] finished in ") and "2 finished" in lines[-1]
+    assert "| fresh workers (fork) |" in lines[-1]
     assert "<" not in first  # plain text, no HTML
     assert "[notebook_accel]" not in trivial
     assert "finished in" not in done.stdout  # status lines stay off stdout

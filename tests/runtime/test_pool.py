@@ -95,8 +95,12 @@ def test_return_all_and_status(pool):
 
 
 def test_notebook_launcher_works_while_a_pool_is_up(pool):
+    from notebook_accel import last_launch
+
     assert notebook_launcher(CELLS["reduce_rank"], num_processes=2) == 3.0
+    assert last_launch().warm_pool is False  # the live view's header: "fresh workers"
     assert pool.run(CELLS["reduce_rank"]) == 3.0
+    assert last_launch().warm_pool is True  # "on the warm pool"
 
 
 def test_restart_drops_the_state_and_close_leaves_nothing():

@@ -373,3 +373,56 @@ def test_a_ranks_result_and_last_line_arriving_after_its_end_are_waited_for_over
     else:
         with pytest.raises(WorkerError, match="rank 0 exited"):
             supervisor.run()
+
+
+def _plan(num_processes, starting, **options):
+    from notebook_accel.launch.plan import make_plan
+
+    settings = dict(num_processes=num_processes, mixed_precision=None, use_port=None,
+                    master_addr="127.0.0.1", node_rank=0, num_nodes=1, start_method="spawn",
+                    timeout=None, output="all", return_all=False, max_restarts=0, device=None)
+    return make_plan(**{**settings, **options}, starting=starting)
+
+
+def test_the_plan_tells_count_and_start_method_before_detecting_the_hardware(monkeypatch):
+    """Detecting the hardware imports torch (seconds on a cold kernel): a given count is told
+    before it, so a launch can say what it starts at once; the default count once detected."""
+    told = []
+    detect = hardware.detect
+    monkeypatch.setattr(hardware, "detect", lambda: told.append("detected") or detect())
+    starting = lambda count, start: told.append((count, start.method))  # noqa: E731
+    assert _plan(2, starting, device="cpu").num_processes == 2
+    assert told == [(2, "spawn"), "detected"]
+    told.clear()
+    plan = _plan(None, starting, device="cpu")
+    assert told == ["detected", (plan.num_processes, "spawn")]
+    told.clear()
+    with pytest.raises(ValueError, match="mixed_precision"):  # a bad option: nothing is told
+        _plan(2, starting, mixed_precision="fp64")
+    with pytest.raises(ValueError, match="device"):
+        _plan(2, starting, device="gpu")
+    assert told == []
+
+
+def test_a_launch_says_it_starts_workers_only_when_the_start_takes_seconds(monkeypatch, capsys):
+    import sys
+
+    from notebook_accel.launch.launcher import announce_start
+
+    said = "[notebook_accel] starting 2 workers (fork)...\n"
+    monkeypatch.delitem(sys.modules, "notebook_accel.launch.warm", raising=False)
+    announce_start(2, "fork", "all")  # torch and the workers' modules still to import
+    assert capsys.readouterr().err == said
+    announce_start(2, "fork", "none")  # the launch shows nothing
+    monkeypatch.setitem(sys.modules, "notebook_accel.launch.warm", sys)
+    announce_start(2, "fork", "main")  # forked workers start warm: a moment
+    assert capsys.readouterr().err == ""
+    announce_start(1, "spawn", "all")  # every spawned worker imports torch
+    assert capsys.readouterr().err == "[notebook_accel] starting 1 worker (spawn)...\n"
+    from multiprocessing import forkserver
+
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", None)
+    announce_start(2, "forkserver", "all")  # the forkserver imports torch before it forks
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", 12345)
+    announce_start(2, "forkserver", "all")  # it runs, warm
+    assert capsys.readouterr().err == "[notebook_accel] starting 2 workers (forkserver)...\n"

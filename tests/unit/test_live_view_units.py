@@ -93,10 +93,30 @@ def test_header_and_table_show_settings_memory_and_last_line():
     record.ranks[1].gpu_memory = 2_500_000_000
     bundle = render(record)
     plain, html = bundle["text/plain"], bundle["text/html"]
-    assert "2 processes on cpu · fork · mixed precision: bf16 · running" in plain
+    assert "2 processes on cpu · fresh workers (fork) · mixed precision: bf16 · running" in plain
     assert "rank 0: running, pid 1000" in plain and "RSS 123.0 MB" in plain
     assert "GPU 2.5 GB" in plain and "epoch 3 done" in plain
     assert "<th" in html and ">GPU<" in html and "1001" in html
+
+
+def test_the_header_says_whether_the_run_is_on_the_warm_pool_or_on_fresh_workers():
+    fresh, pooled = make_record(age=2.0), make_record(age=2.0)
+    pooled.warm_pool = True
+    for record, said in ((fresh, "fresh workers (fork)"), (pooled, "on the warm pool (fork)")):
+        bundle = render(record)
+        assert f"on cpu · {said} · mixed precision" in bundle["text/plain"]
+        assert f"on cpu · {said} · mixed precision" in bundle["text/html"]
+        out, clock = io.StringIO(), Clock()
+        view = TextView(record, stream=out, clock=clock)
+        view.update(record)
+        clock.now = 11.0
+        view.update(record)  # a later status line: only the first one says it
+        record.finish("finished")
+        view.update(record, final=True)
+        first, later, summary = out.getvalue().splitlines()
+        assert re.match(r"\[notebook_accel\] 2\.\d s: 2 running \| " + re.escape(said), first), first
+        assert said not in later and f"2 running | {said}" in summary, summary
+    assert "warm pool" not in render(fresh)["text/plain"]
 
 
 def test_worker_text_is_escaped():
@@ -262,3 +282,50 @@ def test_only_a_default_repr_counts_as_no_useful_text():
     assert _DEFAULT_REPR.fullmatch("<foo.Bar object at 0x7f00aa>")
     assert not _DEFAULT_REPR.fullmatch("IntSlider(value=3)")
     assert not _DEFAULT_REPR.fullmatch("<b>an html object</b>")
+
+
+def _chart_labels(svg: str) -> list[str]:
+    return re.findall(r'text-anchor="end" font-size="9" fill="#555">([^<]+)<', svg)[:2]
+
+
+def test_a_constant_metric_gets_a_range_around_its_value_with_distinct_labels():
+    plots = Plots()
+    plots.update({"lr": [(step, 0.01) for step in range(50)], "zero": [(step, 0.0) for step in range(5)],
+                  "near": [(0, 1.0001), (1, 1.0002)], "once": [(3, 2.0)]})
+    svgs = {name: metric_svg(name, series) for name, series in plots.series.items()}
+    assert _chart_labels(svgs["lr"]) == ["0.011", "0.009"]  # top, bottom
+    assert _chart_labels(svgs["zero"]) == ["1", "-1"]
+    assert _chart_labels(svgs["near"]) == ["1.0002", "1.0001"]  # more digits, not "1" twice
+    assert _chart_labels(svgs["once"]) == ["2.2", "1.8"]
+    # the constant line runs across the middle of the box (y from 18 to 140 - 20)
+    raw = re.search(r'points="([^"]+)"', svgs["lr"])[1].split()
+    assert {point.split(",")[1] for point in raw} == {f"{(18 + 120) / 2:.1f}"}
+
+
+def test_raw_and_smoothed_lines_have_a_legend_only_when_both_are_drawn():
+    plots = Plots()
+    plots.update({"loss": [(step, 1.0 / (step + 1)) for step in range(30)], "one": [(0, 1.0)]})
+    svg = metric_svg("loss", plots.series["loss"])
+    legend = re.search(r'<g class="legend">(.*?)</g>', svg)[1]
+    assert re.findall(r">([a-z]+)</text>", legend) == ["raw", "smoothed"]
+    # each key is drawn as its line is: the raw one light, the smoothed one solid
+    assert 'stroke-opacity="0.3"' in legend.split("raw")[0]
+    assert 'stroke-width="1.6"' in legend.split("raw")[1]
+    assert "legend" not in metric_svg("one", plots.series["one"])
+
+
+def test_live_and_final_charts_draw_with_the_same_font():
+    import base64
+
+    from magics.view.plots import FONT
+
+    record = make_record(age=2.0)
+    record.history["loss"] = [(step, 1.0 / (step + 1)) for step in range(20)]
+    live = render(record)["text/html"]
+    record.finish("finished")
+    final = render(record, final=True)["text/html"]
+    inline = re.search(r"<svg .*?</svg>", live)[0]
+    image = base64.b64decode(re.search(r'src="data:image/svg\+xml;base64,([^"]+)"', final)[1]).decode()
+    for svg in (inline, image):  # an image inherits no font from the page: the SVG names it
+        assert re.match(r"<svg [^>]*font-family=\"([^\"]+)\"", svg)[1] == FONT
+        assert svg.count("font-family") == 1  # no text overrides it

@@ -3,7 +3,8 @@
 A status line when ranks change state and every ~10 s while the job runs, and one
 summary line at the end; a job shorter than a second prints nothing. Lines go to
 stderr (prefixed ``[notebook_accel] ``), so the program's own stdout stays clean.
-The small formatters here are shared with the notebook's live view.
+A start that takes seconds (torch still to import) is said first, in a kernel too
+(:func:`starting_text`). The small formatters here are shared with the notebook's live view.
 """
 
 from __future__ import annotations
@@ -51,6 +52,25 @@ def format_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def workers_text(record: LaunchRecord) -> str:
+    """Which workers run the launch: ``"on the warm pool (fork)"`` or ``"fresh workers (fork)"``."""
+    where = "on the warm pool" if record.warm_pool else "fresh workers"
+    return f"{where} ({record.start_method})"
+
+
+def starting_text(count: int, method: str) -> str:
+    """``"starting 2 workers (fork)..."``: a launch's first line when its start takes seconds
+    (torch still to import, workers to start), said before that work so it is not silent."""
+    return f"starting {count} worker{'s' if count != 1 else ''} ({method})..."
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Write one line of the text view: prefixed, to ``stream`` (default: ``sys.stderr`` now)."""
+    stream = stream or sys.stderr
+    stream.write(PREFIX + line + "\n")
+    stream.flush()
 
 
 def state_text(status: RankStatus) -> str:
@@ -171,21 +191,25 @@ class TextView:
         if all(state in _ENDED for state in states):
             return  # the summary line follows
         if states != self.last_states or now - self.last_time >= self.every:
+            first = self.last_states is None
             self.last_states, self.last_time = states, now
-            self._write(self.status_line(record))
+            self._write(self.status_line(record, first))
 
-    def status_line(self, record: LaunchRecord) -> str:
-        """``12.0 s: 2 running | train 40/100 [...] | loss 0.12 @ step 40``."""
+    def status_line(self, record: LaunchRecord, first: bool = False) -> str:
+        """``12.0 s: 2 running | train 40/100 [...] | loss 0.12 @ step 40``; the ``first``
+        line also says which workers run it (``| fresh workers (fork)``)."""
         parts = [f"{format_duration(record.elapsed)}: {rank_states(record)}"]
+        if first:
+            parts.append(workers_text(record))
         parts += [text for text in (progress_text(record), metrics_text(record)) if text]
         return " | ".join(parts)
 
     def summary_line(self, record: LaunchRecord) -> str:
-        """``finished in 12.3 s: 2 finished | ... | largest RSS 230.1 MB``."""
+        """``finished in 12.3 s: 2 finished | on the warm pool (fork) | ... | largest RSS 230.1 MB``."""
         outcome = record.outcome or "ended"
         preposition = "in" if outcome == "finished" else "after"
         parts = [f"{outcome} {preposition} {format_duration(record.elapsed)}: "
-                 f"{rank_states(record)}"]
+                 f"{rank_states(record)}", workers_text(record)]
         parts += [text for text in (progress_text(record), metrics_text(record)) if text]
         largest = max((s.rss for s in record.ranks.values() if s.rss), default=None)
         if largest:
@@ -199,6 +223,4 @@ class TextView:
         return " | ".join(parts)
 
     def _write(self, line: str) -> None:
-        stream = self.stream or sys.stderr
-        stream.write(PREFIX + line + "\n")
-        stream.flush()
+        say(line, self.stream)
