@@ -98,12 +98,15 @@ def _apply_visible_devices(names: list[str], visible: str | None) -> list[str]:
 
 
 def gpu_names() -> list[str]:
-    """Names of the NVIDIA GPUs visible to this process, without initialising CUDA."""
+    """Names of the NVIDIA GPUs visible to this process, without initialising CUDA (and
+    without importing torch on a machine that has none: a cold launch speaks at once)."""
+    names = _gpu_names_from_proc() or _gpu_names_from_smi()
+    if not names:
+        return []
     import torch
 
     if torch.version.cuda is None:  # a CPU (or ROCm) build cannot use NVIDIA GPUs
         return []
-    names = _gpu_names_from_proc() or _gpu_names_from_smi()
     return _apply_visible_devices(names, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
