@@ -342,8 +342,9 @@ class Supervisor:
         killed = [w.rank for w in self.workers if w.exited]
         if not killed:
             return f"interrupted the run on {len(self.workers)} ranks; the pool keeps its state"
-        return (f"interrupted the run; {_ranks_label(killed)} did not answer within "
-                f"{INTERRUPT_GRACE:g} s and {'was' if len(killed) == 1 else 'were'} killed")
+        return (f"interrupted the run; {_ranks_label(killed)} did not stop within "
+                f"{INTERRUPT_GRACE:g} s (blocked in C++ code, e.g. a collective), so we ended "
+                f"{'it' if len(killed) == 1 else 'them'}")
 
     def _stop(self) -> None:
         """Stop every worker still running (marked stopped), relaying their output meanwhile."""
