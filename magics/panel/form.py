@@ -30,6 +30,7 @@ from magics.panel.state import (
     config_from_state,
     launcher_call,
     magic_line,
+    saved_device,
     state_from_config,
     validate,
 )
@@ -258,11 +259,17 @@ class ConfigPanel(widgets.VBox):
             self.saved.value = "<span style='color:#c62828'>Not saved: fix the errors above</span>"
             return None
         try:
-            path = save_config(config_from_state(self.state(), self._base), self.path)
+            path = save_config(config_from_state(self.state(), self._base, self.hardware), self.path)
         except (OSError, ValueError) as err:
             self.saved.value = f"<span style='color:#c62828'>Not saved: {html.escape(str(err))}</span>"
             return None
         self.saved.value = f"Saved to <code>{html.escape(str(path))}</code>"
+        state = self.state()
+        if state.device == "auto" and saved_device(state, self.hardware):
+            self.saved.value += html.escape(
+                f" (device auto written as {saved_device(state, self.hardware)}, what it is on this "
+                "machine: with several processes the file names the device, so that Accelerate's "
+                "`accelerate launch` starts them all)")
         self.notes.value = html.escape(f"Config file: {path} (saved; every launch without "
                                        "arguments now uses it)")
         return path

@@ -79,8 +79,21 @@ def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
     )
 
 
-def config_from_state(state: FormState, base: LaunchConfig) -> LaunchConfig:
-    """``base`` (the loaded file: its other keys and ``gpu_ids`` are kept) updated from the form.
+def saved_device(state: FormState, hw: Hardware | None = None) -> str | None:
+    """The device the saved file names: the form's, or None for auto. With several processes
+    auto is written as what the launcher's auto picks on ``hw`` (cuda with a GPU, else xla on a
+    TPU, else cpu), since the peer's format has no auto there (``LaunchConfig.with_device``)."""
+    if state.device != "auto":
+        return state.device
+    if hw is not None and (state.num_processes > 1 or state.num_machines > 1):
+        return "cuda" if hw.gpu_count else "xla" if hw.tpu else "cpu"
+    return None
+
+
+def config_from_state(state: FormState, base: LaunchConfig, hw: Hardware | None = None) -> LaunchConfig:
+    """``base`` (the loaded file: its other keys and ``gpu_ids`` are kept) updated from the form;
+    ``hw``: the machine, which says what device auto is when the file must name one
+    (:func:`saved_device`).
 
     Raises:
         ValueError: a value :class:`LaunchConfig` rejects (``validate`` reports these first).
@@ -100,7 +113,7 @@ def config_from_state(state: FormState, base: LaunchConfig) -> LaunchConfig:
         extra=dict(base.extra),
     )
     cfg = apply_deepspeed_form(apply_form(cfg, state.fsdp), state.deepspeed, state.strategy)
-    return cfg.with_device(None if state.device == "auto" else state.device)
+    return cfg.with_device(saved_device(state, hw))
 
 
 def _process_messages(state: FormState, hw: Hardware) -> list[Message]:

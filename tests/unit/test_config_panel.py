@@ -115,7 +115,7 @@ def test_panel_save_writes_the_yaml_and_shows_the_path(cfg_path):
     data = yaml.safe_load(cfg_path.read_text())
     assert data["num_processes"] == 2 and data["mixed_precision"] == "bf16"
     assert data["start_method"] == "forkserver" and data["use_cpu"] is True
-    assert data["distributed_type"] == "MULTI_CPU"
+    assert data["distributed_type"] == "MULTI_GPU"  # with use_cpu: the peer starts both (its MULTI_CPU: one)
     assert config_panel(hardware=CPU2).mixed_precision == "bf16"  # round trip
 
 
@@ -399,7 +399,7 @@ def test_panel_switching_strategies_drops_the_other_section(cfg_path):
     assert data["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "Block"
     panel.strategy.strategy.value = "DDP"
     data = yaml.safe_load(panel.save().read_text())
-    assert data["distributed_type"] == "MULTI_CPU"
+    assert data["distributed_type"] == "MULTI_GPU"  # DDP on 2 CPU processes (use_cpu: true)
     assert "fsdp_config" not in data and "deepspeed_config" not in data
 
 
@@ -433,3 +433,25 @@ def test_deepspeed_rules_as_functions():
                                                                       offload_param_device="cpu")), CPU2) == []
     assert magic_line(FormState(num_processes=2, fsdp=FsdpForm(strategy="DEEPSPEED"))) == (
         "%%accelerate -n 2\n# DeepSpeed settings are read from the saved file")
+
+
+# --- issue 36: a saved file the peer's `accelerate launch` runs as saved --------------------
+
+def test_saving_auto_with_several_processes_names_the_device(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    assert panel.device.value == "auto" and panel.num_processes.value == 2
+    panel.save()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["distributed_type"], data["use_cpu"]) == ("MULTI_GPU", True)  # not NO: 1 process to the peer
+    assert "device auto written as cpu" in panel.saved.value
+    assert config_panel(hardware=CPU2).device.value == "cpu"
+    panel.num_processes.value = 1
+    panel.save()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["distributed_type"], data["use_cpu"]) == ("NO", False)  # one process: auto stays
+    assert "written as" not in panel.saved.value
+    gpu = config_panel(cfg_path, hardware=T4X2)
+    gpu.device.value, gpu.num_processes.value = "auto", 2
+    gpu.save()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["distributed_type"], data["use_cpu"]) == ("MULTI_GPU", False)
