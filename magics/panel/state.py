@@ -19,6 +19,7 @@ from magics.panel.deepspeed import (
 )
 from magics.panel.fsdp import FsdpForm, apply_form, form_from_config, fsdp_messages
 from magics.panel.rules import (
+    compile_backend_choices,
     default_processes,
     effective_device,
     max_processes,
@@ -168,6 +169,11 @@ def validate(state: FormState, hw: Hardware) -> list[Message]:
         out.append(Message("error", f"unknown mixed precision {state.mixed_precision!r}"))
     elif not choice.enabled:
         out.append(Message("error", f"mixed precision {choice.value}: {choice.tooltip}"))
+    backend = {c.value: c for c in compile_backend_choices(state.device, hw)}.get(state.dynamo_backend)
+    if backend is not None and not backend.enabled:  # a file's value, kept: it may be for another machine
+        out.append(Message("note", f"torch.compile backend {backend.value!r} cannot run here "
+                                   f"({backend.tooltip}): a launch here fails when prepare() "
+                                   "compiles; choose another to run here"))
     if state.start_method == "fork" and dev == "cuda":
         out.append(Message("note", "fork fails once CUDA is initialised in this kernel; "
                                    "auto switches to forkserver then"))
