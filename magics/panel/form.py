@@ -15,10 +15,13 @@ from pathlib import Path
 
 import ipywidgets as widgets
 
+from magics.panel.controls import LABEL, ButtonChoice, tip
 from magics.panel.deepspeed import DeepSpeedFields
 from magics.panel.fsdp import FsdpFields
 from magics.panel.rules import (
     START_METHOD_TIPS,
+    Choice,
+    compile_backend_choices,
     device_choices,
     effective_device,
     max_processes,
@@ -30,6 +33,7 @@ from magics.panel.state import (
     config_from_state,
     launcher_call,
     magic_line,
+    saved_device,
     state_from_config,
     validate,
 )
@@ -43,7 +47,14 @@ from notebook_accel.config import (
 from notebook_accel.contract import OPTIONS
 from notebook_accel.machine.hardware import Hardware, detect
 
-_LABEL = {"description_width": "150px"}
+# "Show as code": a code block in the front end's code font (JupyterLab's variables, else monospace).
+_CODE_STYLE = ("font-family:var(--jp-code-font-family,monospace),monospace;"
+               "font-size:var(--jp-code-font-size,13px);line-height:var(--jp-code-line-height,1.4);"
+               "background:var(--jp-cell-editor-background,#f5f5f5);"
+               "border:1px solid var(--jp-border-color2,#e0e0e0);padding:6px 8px;margin:4px 0;"
+               "white-space:pre;overflow-x:auto;user-select:text")
+
+
 def _wide() -> widgets.Layout:
     return widgets.Layout(width="360px")
 
@@ -51,7 +62,14 @@ def _wide() -> widgets.Layout:
 def _int_field(description: str, value: int, low: int, high: int,
                tooltip: str) -> widgets.BoundedIntText:
     return widgets.BoundedIntText(value=value, min=low, max=high, description=description,
-                                  tooltip=tooltip, style=_LABEL, layout=_wide())
+                                  style=LABEL, layout=_wide(), **tip(tooltip))
+
+
+def _options(choices: list[Choice], current: str) -> list[tuple[str, str]]:
+    """A dropdown's ``(label, value)`` options: the enabled choices, and ``current`` even when it
+    is not (a file's value is shown as it is, marked, not replaced)."""
+    return [(c.value if c.enabled else f"{c.value} (not available here)", c.value)
+            for c in choices if c.enabled or c.value == current]
 
 
 def _load(config_file: str | os.PathLike[str] | None) -> tuple[LaunchConfig, list[str]]:
@@ -78,8 +96,9 @@ def _load(config_file: str | os.PathLike[str] | None) -> tuple[LaunchConfig, lis
 class ConfigPanel(widgets.VBox):
     """The panel: a form over the launch config with Save, Copy as code and Test.
 
-    Attributes for scripted use (and tests): ``device``, ``num_processes``,
-    ``precision_buttons`` (value -> ToggleButton), ``start_method``, ``num_machines``,
+    Attributes for scripted use (and tests): ``device``, ``num_processes``, ``precision`` (a
+    ``controls.ButtonChoice``: its ``value``) with ``precision_buttons`` (value -> ToggleButton),
+    ``dynamo_backend``, ``start_method``, ``num_machines``,
     ``machine_rank``, ``main_process_ip``, ``main_process_port``, ``strategy`` (a
     ``panel_fsdp.FsdpFields``: the strategy selector and FSDP's options), ``deepspeed`` (a
     ``panel_deepspeed.DeepSpeedFields``), ``save_button``,
@@ -112,34 +131,34 @@ class ConfigPanel(widgets.VBox):
         self.device = widgets.Dropdown(
             options=[(c.value if c.enabled else f"{c.value} (not detected)", c.value)
                      for c in devices if c.enabled or c.value == state.device],
-            value=state.device, description="Device", style=_LABEL, layout=_wide(),
-            tooltip="; ".join(f"{c.value}: {c.tooltip}" for c in devices))
+            value=state.device, description="Device", style=LABEL, layout=_wide(),
+            **tip("; ".join(f"{c.value}: {c.tooltip}" for c in devices)))
         self.num_processes = widgets.IntText(  # not Bounded: it would clamp without a word
             value=state.num_processes, description="Processes",
-            tooltip=OPTIONS["num_processes"].help,
-            style=_LABEL, layout=_wide())
+            **tip(OPTIONS["num_processes"].help),
+            style=LABEL, layout=_wide())
         self.clamp_note = widgets.HTML()
         self._clamped_to: int | None = None
-        self.precision_buttons = {
-            c.value: widgets.ToggleButton(value=c.value == state.mixed_precision,
-                                          description=c.value, layout=widgets.Layout(width="80px"))
-            for c in precision_choices(state.device, hw)}
+        self.precision = ButtonChoice([(c.value, c.value) for c in precision_choices(state.device, hw)],
+                                      state.mixed_precision, "Mixed precision", button_width="80px")
+        self.precision_buttons = self.precision.buttons
         self.precision_note = widgets.HTML()
         self.start_method = widgets.Dropdown(
             options=list(OPTIONS["start_method"].choices), value=state.start_method, description="Start method",
-            style=_LABEL, layout=_wide(),
-            tooltip="; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items()))
-        self.dynamo_backend = widgets.Dropdown(
-            options=list(OPTIONS["dynamo_backend"].choices), value=state.dynamo_backend,
-            description="torch.compile", style=_LABEL, layout=_wide(),
-            tooltip=OPTIONS["dynamo_backend"].help)
+            style=LABEL, layout=_wide(),
+            **tip("; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items())))
+        self.dynamo_backend = widgets.Dropdown(  # only what runs here (and the file's value)
+            options=_options(compile_backend_choices(state.device, hw), state.dynamo_backend),
+            value=state.dynamo_backend, description="torch.compile", style=LABEL, layout=_wide(),
+            **tip(OPTIONS["dynamo_backend"].help))
+        self._syncing = False  # set while the panel itself rewrites a field's options
         self.num_machines = _int_field("Machines", state.num_machines, 1, 4096,
                                        "machines (nodes) in the job; more than 1 shows their "
                                        "settings")
         self.machine_rank = _int_field("Machine rank", state.machine_rank, 0, 4095,
                                        "0 on the main machine, 1.. on the others")
         self.main_process_ip = widgets.Text(
-            value=state.main_process_ip, description="Main process IP", style=_LABEL,
+            value=state.main_process_ip, description="Main process IP", style=LABEL,
             layout=_wide(), placeholder="address of machine 0")
         self.main_process_port = _int_field("Main process port", state.main_process_port, 0,
                                             65535, "the same port on every machine; 0: unset")
@@ -147,9 +166,9 @@ class ConfigPanel(widgets.VBox):
                                         self.main_process_port])
         self.strategy = FsdpFields(state.fsdp, self._on_change)
         self.deepspeed = DeepSpeedFields(state.deepspeed, self._on_change)
-        for w in (self.device, self.num_processes, self.start_method, self.dynamo_backend, self.num_machines,
-                  self.machine_rank, self.main_process_ip, self.main_process_port,
-                  *self.precision_buttons.values()):
+        for w in (self.device, self.num_processes, self.precision, self.start_method,
+                  self.dynamo_backend, self.num_machines, self.machine_rank, self.main_process_ip,
+                  self.main_process_port):
             w.observe(self._on_change, names="value")
 
     def _build_buttons(self) -> None:
@@ -163,17 +182,15 @@ class ConfigPanel(widgets.VBox):
         self.test_button = widgets.Button(description="Test", icon="play",
                                           tooltip="run the sanity check on these settings")
         self.status = widgets.HTML()
-        self.code = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.code = widgets.HTML(layout=widgets.Layout(display="none"))  # <pre><code>, monospace
         self.test_output = widgets.Output()
         self.save_button.on_click(lambda _: self.save())
         self.code_button.on_click(lambda _: self._show_code())
         self.test_button.on_click(lambda _: self.test())
 
     def _rows(self) -> list[widgets.Widget]:
-        precision = widgets.HBox([widgets.Label("Mixed precision", layout=widgets.Layout(
-            width="150px")), *self.precision_buttons.values()])
         buttons = widgets.HBox([self.save_button, self.code_button, self.test_button])
-        return [self.device, self.num_processes, self.clamp_note, precision, self.precision_note,
+        return [self.device, self.num_processes, self.clamp_note, self.precision, self.precision_note,
                 self.start_method, self.dynamo_backend, self.num_machines, self.multi_node, self.strategy.box,
                 self.deepspeed.box, self.messages, buttons, self.saved, self.status, self.code, self.test_output]
 
@@ -182,9 +199,8 @@ class ConfigPanel(widgets.VBox):
 
     @property
     def mixed_precision(self) -> str:
-        """The pressed mixed-precision button's value."""
-        pressed = [v for v, b in self.precision_buttons.items() if b.value]
-        return pressed[0] if pressed else "no"
+        """The chosen mixed-precision button's value."""
+        return self.precision.value
 
     def state(self) -> FormState:
         """The form's current values."""
@@ -197,16 +213,8 @@ class ConfigPanel(widgets.VBox):
             deepspeed=self.deepspeed.form())
 
     def _on_change(self, change: dict) -> None:
-        owner = change["owner"]
-        if owner in self.precision_buttons.values() and change["new"]:
-            for button in self.precision_buttons.values():
-                if button is not owner:
-                    button.value = False  # radio behaviour; re-enters with new=False
-        elif owner in self.precision_buttons.values() and not any(
-                b.value for b in self.precision_buttons.values()):
-            owner.value = True  # un-pressing the pressed one keeps it pressed
-            return
-        self._refresh()
+        if not self._syncing:
+            self._refresh()
 
     def _refresh(self) -> None:
         """Re-derive enabled choices, bounds, visibility and messages from the form."""
@@ -216,11 +224,10 @@ class ConfigPanel(widgets.VBox):
         for choice in precision_choices(state.device, hw):
             button = self.precision_buttons[choice.value]
             button.disabled, button.tooltip = not choice.enabled, choice.tooltip
-            button.button_style = "primary" if button.value else ""  # the choice stands out
-            button.icon = "check" if button.value else ""
             if not choice.enabled:
                 tips.append(f"{choice.value}: {choice.tooltip}")
         self.precision_note.value = "<small>" + "<br>".join(html.escape(t) for t in tips) + "</small>"
+        self._offer_backends(compile_backend_choices(state.device, hw))
         self.multi_node.layout.display = "" if state.num_machines > 1 else "none"
         self.strategy.refresh()
         self.deepspeed.refresh(state.strategy)
@@ -234,6 +241,18 @@ class ConfigPanel(widgets.VBox):
         self.test_button.disabled = self.save_button.disabled
         if self.code.layout.display != "none":
             self._show_code()
+
+    def _offer_backends(self, choices: list[Choice]) -> None:
+        """The torch.compile dropdown offers what runs on the chosen device (cudagraphs: CUDA);
+        its value stays (marked when it cannot run here: ``validate`` says why)."""
+        dropdown = self.dynamo_backend
+        options = _options(choices, dropdown.value)
+        if list(dropdown.options) != options:
+            value, self._syncing = dropdown.value, True
+            try:  # a new options list selects its first entry: put the value back, quietly
+                dropdown.options, dropdown.value = options, value
+            finally:
+                self._syncing = False
 
     def _clamp_processes(self, bound: int) -> None:
         """Keep Processes within 1..bound, saying so when a value had to change."""
@@ -258,11 +277,17 @@ class ConfigPanel(widgets.VBox):
             self.saved.value = "<span style='color:#c62828'>Not saved: fix the errors above</span>"
             return None
         try:
-            path = save_config(config_from_state(self.state(), self._base), self.path)
+            path = save_config(config_from_state(self.state(), self._base, self.hardware), self.path)
         except (OSError, ValueError) as err:
             self.saved.value = f"<span style='color:#c62828'>Not saved: {html.escape(str(err))}</span>"
             return None
         self.saved.value = f"Saved to <code>{html.escape(str(path))}</code>"
+        state = self.state()
+        if state.device == "auto" and saved_device(state, self.hardware):
+            self.saved.value += html.escape(
+                f" (device auto written as {saved_device(state, self.hardware)}, what it is on this "
+                "machine: with several processes the file names the device, so that Accelerate's "
+                "`accelerate launch` starts them all)")
         self.notes.value = html.escape(f"Config file: {path} (saved; every launch without "
                                        "arguments now uses it)")
         return path
@@ -271,7 +296,8 @@ class ConfigPanel(widgets.VBox):
         state = self.state()
         text = f"{launcher_call(state, self.path)}\n\n{magic_line(state, self.path)}"
         self.code.value = ("<div>Equivalent code (select and copy):</div>"
-                           f"<pre style='user-select:text'>{html.escape(text)}</pre>")
+                           f"<pre style='{_CODE_STYLE}'><code style='font-family:inherit'>"
+                           f"{html.escape(text)}</code></pre>")
         self.code.layout.display = ""
 
     def test(self) -> bool | None:

@@ -3,8 +3,8 @@ DeepSpeed ZeRO (its options: :mod:`magics.panel.deepspeed`).
 
 ``FsdpForm`` is plain data (loaded from and written to a config file's
 ``distributed_type`` / ``fsdp_config``, checked by ``fsdp_messages``); ``FsdpFields``
-mirrors it into widgets for :mod:`magics.panel.form` (its ``strategy`` toggle is the
-panel's strategy selector).
+mirrors it into widgets for :mod:`magics.panel.form` (its ``strategy``, a row of buttons,
+is the panel's strategy selector).
 """
 
 from __future__ import annotations
@@ -108,14 +108,16 @@ class FsdpFields:
     def __init__(self, form: FsdpForm, on_change: Callable[[dict], None]) -> None:
         import ipywidgets as widgets
 
-        label = {"description_width": "150px"}
-        self.strategy = widgets.ToggleButtons(options=[(_STRATEGY_LABELS[s], s) for s in STRATEGIES],
-                                              value=form.strategy, description="Strategy", style=label,
-                                              tooltips=["a full copy per process (DistributedDataParallel)",
-                                                        "shard parameters, gradients and optimizer state "
-                                                        "(torch FSDP2)",
-                                                        "DeepSpeed ZeRO: shard optimizer state (stage 1), "
-                                                        "+ gradients (2), + parameters (3)"])
+        from magics.panel.controls import LABEL as label
+        from magics.panel.controls import ButtonChoice, tip
+
+        self.strategy = ButtonChoice([(_STRATEGY_LABELS[s], s) for s in STRATEGIES], form.strategy,
+                                     "Strategy",
+                                     tooltips=["a full copy per process (DistributedDataParallel)",
+                                               "shard parameters, gradients and optimizer state "
+                                               "(torch FSDP2)",
+                                               "DeepSpeed ZeRO: shard optimizer state (stage 1), "
+                                               "+ gradients (2), + parameters (3)"])
         self.wrap = widgets.Dropdown(options=list(AUTO_WRAP_POLICIES), value=form.wrap, description="Wrap policy",
                                      style=label)
         self.classes = widgets.Text(value=form.classes, description="Layer classes", style=label,
@@ -123,7 +125,7 @@ class FsdpFields:
         self.min_num_params = widgets.BoundedIntText(value=form.min_num_params, min=0, max=10**12,
                                                      description="Min parameters", style=label)
         self.reshard = widgets.Checkbox(value=form.reshard_after_forward, description="Reshard after forward",
-                                        tooltip="free gathered weights after forward (less memory, ZeRO-3)")
+                                        **tip("free gathered weights after forward (less memory, ZeRO-3)"))
         self.state_dict_type = widgets.Dropdown(options=list(STATE_DICT_TYPES), value=form.state_dict_type,
                                                 description="Checkpoints", style=label)
         self.offload = widgets.Checkbox(value=form.offload, description="Offload to CPU")

@@ -7,9 +7,12 @@ initialise it in the kernel and make every later ``fork`` unsafe.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 from dataclasses import dataclass
 
+from notebook_accel.contract import DYNAMO_BACKENDS
 from notebook_accel.machine.hardware import Hardware
 
 # bf16 needs compute capability 8.0+: Ampere (A100, A10, RTX 30xx, RTX A6000), Ada (L4, L40,
@@ -124,3 +127,71 @@ START_METHOD_TIPS = {
                   "is initialised, fast after the first launch",
     "spawn": "fresh interpreters: slowest, always safe",
 }
+
+
+# torch.compile backends (the file's names, contract.DYNAMO_BACKENDS) and what each needs to run.
+# In every torch this project supports, and the device each needs (None: any):
+_BUILT_IN_BACKENDS = {"eager": None, "aot_eager": None, "inductor": None, "cudagraphs": "cuda"}
+# Registered by a package, or by some torch versions only: (the package, the device). The
+# workers refuse a backend missing from torch._dynamo.list_backends(), so that list decides too.
+_PACKAGE_BACKENDS = {
+    "tensorrt": ("torch_tensorrt", "cuda"), "fx2trt": ("torch_tensorrt", "cuda"),
+    "aot_ts_nvfuser": (None, "cuda"), "nvprims_nvfuser": (None, "cuda"),
+    "onnxrt": ("onnxruntime", None), "tvm": ("tvm", None),
+    "aot_torchxla_trace_once": ("torch_xla", "xla"), "torchxla_trace_once": ("torch_xla", "xla"),
+    "hpu_backend": ("habana_frameworks", None), "neuron": ("torch_neuronx", None),
+}
+_GONE_BACKENDS = {"ofi": "a TorchDynamo backend before PyTorch 2.0, not in any torch since"}
+_NEEDS_DEVICE = {"cuda": "needs a CUDA GPU", "xla": "needs a TPU (device xla)"}
+
+
+def _package_present(name: str) -> bool:
+    """Whether ``name`` can be imported here (found without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.cache
+def _registered_backends() -> frozenset[str]:
+    """torch's registered compile backends (imports torch._dynamo: asked only for a backend
+    whose package is installed); empty when torch cannot say."""
+    try:
+        from torch._dynamo import list_backends
+
+        return frozenset(list_backends(exclude_tags=()))
+    except Exception:  # noqa: BLE001 - a broken torch: no backend beyond the built-ins is offered
+        return frozenset()
+
+
+def _backend_problem(name: str, dev: str) -> str | None:
+    """Why torch.compile's backend ``name`` cannot run on ``dev`` here, or None when it can."""
+    if name in _GONE_BACKENDS:
+        return _GONE_BACKENDS[name]
+    if name in _BUILT_IN_BACKENDS:
+        needs = _BUILT_IN_BACKENDS[name]
+        return _NEEDS_DEVICE[needs] if needs and needs != dev else None
+    if name not in _PACKAGE_BACKENDS:
+        return "not a torch.compile backend notebook_accel knows"
+    package, needs = _PACKAGE_BACKENDS[name]
+    if needs and needs != dev:
+        return _NEEDS_DEVICE[needs]
+    if package and not _package_present(package):
+        return f"needs the {package} package, which is not installed"
+    if name not in _registered_backends():
+        return "not registered in this torch (torch._dynamo.list_backends())"
+    return None
+
+
+def compile_backend_choices(device: str, hw: Hardware) -> list[Choice]:
+    """torch.compile's backends (``no`` first), each enabled only where it can run here: its
+    device, its package installed (looked for, not imported) and registered in torch; the
+    tooltip says why not."""
+    dev = effective_device(device, hw)
+    out = [Choice("no", True, "do not compile")]
+    for name in DYNAMO_BACKENDS:
+        if name != "no":
+            problem = _backend_problem(name, dev)
+            out.append(Choice(name, problem is None, problem or f"torch.compile(backend={name!r})"))
+    return out

@@ -19,6 +19,7 @@ from magics.panel.deepspeed import (
 )
 from magics.panel.fsdp import FsdpForm, apply_form, form_from_config, fsdp_messages
 from magics.panel.rules import (
+    compile_backend_choices,
     default_processes,
     effective_device,
     max_processes,
@@ -79,8 +80,21 @@ def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
     )
 
 
-def config_from_state(state: FormState, base: LaunchConfig) -> LaunchConfig:
-    """``base`` (the loaded file: its other keys and ``gpu_ids`` are kept) updated from the form.
+def saved_device(state: FormState, hw: Hardware | None = None) -> str | None:
+    """The device the saved file names: the form's, or None for auto. With several processes
+    auto is written as what the launcher's auto picks on ``hw`` (cuda with a GPU, else xla on a
+    TPU, else cpu), since the peer's format has no auto there (``LaunchConfig.with_device``)."""
+    if state.device != "auto":
+        return state.device
+    if hw is not None and (state.num_processes > 1 or state.num_machines > 1):
+        return "cuda" if hw.gpu_count else "xla" if hw.tpu else "cpu"
+    return None
+
+
+def config_from_state(state: FormState, base: LaunchConfig, hw: Hardware | None = None) -> LaunchConfig:
+    """``base`` (the loaded file: its other keys and ``gpu_ids`` are kept) updated from the form;
+    ``hw``: the machine, which says what device auto is when the file must name one
+    (:func:`saved_device`).
 
     Raises:
         ValueError: a value :class:`LaunchConfig` rejects (``validate`` reports these first).
@@ -100,7 +114,7 @@ def config_from_state(state: FormState, base: LaunchConfig) -> LaunchConfig:
         extra=dict(base.extra),
     )
     cfg = apply_deepspeed_form(apply_form(cfg, state.fsdp), state.deepspeed, state.strategy)
-    return cfg.with_device(None if state.device == "auto" else state.device)
+    return cfg.with_device(saved_device(state, hw))
 
 
 def _process_messages(state: FormState, hw: Hardware) -> list[Message]:
@@ -155,6 +169,11 @@ def validate(state: FormState, hw: Hardware) -> list[Message]:
         out.append(Message("error", f"unknown mixed precision {state.mixed_precision!r}"))
     elif not choice.enabled:
         out.append(Message("error", f"mixed precision {choice.value}: {choice.tooltip}"))
+    backend = {c.value: c for c in compile_backend_choices(state.device, hw)}.get(state.dynamo_backend)
+    if backend is not None and not backend.enabled:  # a file's value, kept: it may be for another machine
+        out.append(Message("note", f"torch.compile backend {backend.value!r} cannot run here "
+                                   f"({backend.tooltip}): a launch here fails when prepare() "
+                                   "compiles; choose another to run here"))
     if state.start_method == "fork" and dev == "cuda":
         out.append(Message("note", "fork fails once CUDA is initialised in this kernel; "
                                    "auto switches to forkserver then"))

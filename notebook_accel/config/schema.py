@@ -16,7 +16,7 @@ from notebook_accel.strategies.registry import config_sections
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 # MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
 # files load); a launch accepts only notebook_accel.contract.MIXED_PRECISIONS and says so.
-_DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect)
+_DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect); use_cpu: cpu
     "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "TPU": "xla",
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
     "DEEPSPEED": None,  # ZeRO (deepspeed_config: the workers' ACCELERATE_DEEPSPEED_* variables)
@@ -28,6 +28,12 @@ UNSUPPORTED_DISTRIBUTED_TYPES = ("MEGATRON_LM", "MULTI_NPU", "MULTI_MLU",
                                  "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU",
                                  "MULTI_NEURON")
 DISTRIBUTED_TYPES = (*_DEVICE_OF, *UNSUPPORTED_DISTRIBUTED_TYPES)
+
+
+def _mpirun_hostfile(extra: Mapping[str, Any]) -> bool:
+    """Whether the file's ``mpirun_config`` names a hostfile (the peer's multi-CPU launch)."""
+    section = extra.get("mpirun_config")
+    return isinstance(section, Mapping) and bool(section.get("mpirun_hostfile"))
 
 
 class KeyValueError(ValueError):
@@ -152,13 +158,24 @@ class LaunchConfig:
     def with_device(self, device: str | None) -> LaunchConfig:
         """A copy whose ``distributed_type``/``use_cpu`` say ``device`` (None: auto).
 
-        Call it after setting ``num_processes``: as in the peer's format, one process
-        on ``cuda`` is written ``distributed_type: NO`` and reads back as auto-detect.
+        Written so that the peer's ``accelerate launch --config_file`` starts as many
+        processes as we do. The peer starts several (through torchrun) only for
+        ``MULTI_GPU`` and the strategies (``FSDP``, ``DEEPSPEED``, kept as they are); its
+        ``MULTI_CPU`` runs one process unless ``mpirun_config`` names a hostfile (then
+        ``MULTI_CPU`` is kept). So several processes are ``MULTI_GPU``, with ``use_cpu: true``
+        on ``cpu`` (read back as ``cpu``: ``use_cpu`` wins); ``xla`` is ``XLA``; one process
+        is ``NO``. Call it after setting ``num_processes``.
+
+        ``None`` (auto) is ``NO``, which reads back as auto-detect but which the peer runs
+        as one process: its format has no "auto" for several processes, so a caller that
+        knows the machine passes the device auto means there (the config panel does).
         """
         if device is not None:
             device = choice("device", device, DEVICE_TYPES, str.lower)
         many = (self.num_processes or 1) > 1 or self.num_machines > 1
-        kind = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU"}.get(device or "", "NO") if many else "NO"
+        kind = "MULTI_GPU" if many and device in ("cpu", "cuda") else "NO"
+        if device == "cpu" and self.distributed_type == "MULTI_CPU" and _mpirun_hostfile(self.extra):
+            kind = "MULTI_CPU"  # the peer runs it through mpirun
         if self.distributed_type in STRATEGY_SECTIONS and device != "xla":  # the strategy stays
             kind = self.distributed_type  # use_cpu says the device
         return dataclasses.replace(self, distributed_type="XLA" if device == "xla" else kind,

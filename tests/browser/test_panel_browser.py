@@ -1,5 +1,6 @@
 """The config panel in a real browser: JupyterLab + headless Chromium driven by Playwright
-(the form, Save, Show as code, Test, then DeepSpeed chosen and saved, and a bad combination refused).
+(the form and its label column, Save, Show as code as a code block, Test, then DeepSpeed chosen,
+shown as chosen and saved, and a bad combination refused).
 
 Needs ``apt-get install chromium`` (``/usr/bin/chromium``) and ``pip install jupyterlab
 ipywidgets playwright`` (never ``playwright install``). The screenshot
@@ -43,6 +44,11 @@ def _read_yaml(path: Path) -> dict:
         return {}
 
 
+_LABEL_BOXES = """p => Object.fromEntries([...p.querySelectorAll('.widget-label')]
+    .filter(e => e.offsetParent !== null).map(e => { const r = e.getBoundingClientRect();
+        return [e.textContent.trim(), [Math.round(r.left), Math.round(r.width), getComputedStyle(e).textAlign]]; }))"""
+
+
 def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -69,6 +75,12 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
             processes = panel.locator(".widget-inline-hbox", has_text="Processes").locator("input")
             expect(processes).to_have_value("1")  # the file's values are shown
             expect(panel.locator("select").first).to_have_value("auto")
+            labels = panel.evaluate(_LABEL_BOXES)  # one label column: same left x, width, alignment
+            assert labels["Mixed precision"] == labels["Strategy"] == labels["Device"] == labels[
+                "torch.compile"], labels
+            ddp = panel.locator("button.widget-toggle-button", has_text="DDP")
+            expect(ddp).to_have_class(re.compile("mod-primary"))  # the chosen strategy stands out
+            assert ddp.evaluate("e => getComputedStyle(e).color") == "rgb(255, 255, 255)"
             fp16 = panel.get_by_role("button", name="fp16", exact=True)
             expect(fp16).to_be_disabled()
             expect(fp16).to_have_attribute("title", re.compile("fp16 needs a GPU"))  # tooltip
@@ -97,7 +109,10 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
                 2, "bf16", "spawn"), data
 
             panel.get_by_role("button", name="Show as code").click()
-            expect(panel.locator("pre")).to_contain_text("notebook_launcher(")
+            code = panel.locator("pre code")  # a code block, in a monospace font
+            expect(code).to_contain_text("notebook_launcher(")
+            font = code.evaluate("e => getComputedStyle(e).fontFamily")
+            assert "monospace" in font, font
             panel.get_by_role("button", name="Test").click()  # real workers, forked by the kernel
             expect(panel).to_contain_text("Test passed", timeout=120_000)
             expect(panel).to_contain_text(f"Saved to {config}")  # not replaced by the Test
@@ -105,6 +120,9 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
             assert "ⓘ" not in panel.inner_text()  # no glyph that may be missing
 
             panel.get_by_role("button", name="DeepSpeed", exact=True).click()  # the third strategy
+            expect(panel.locator("button.widget-toggle-button", has_text="DeepSpeed")).to_have_class(
+                re.compile("mod-primary"), timeout=20_000)
+            expect(ddp).not_to_have_class(re.compile("mod-primary"))
             stage = panel.locator(".widget-inline-hbox", has_text="ZeRO stage").locator("select")
             expect(stage).to_be_visible(timeout=20_000)
             stage.select_option(label="3: + parameters")

