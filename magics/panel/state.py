@@ -25,7 +25,7 @@ from magics.panel.rules import (
     max_processes,
     precision_choices,
 )
-from notebook_accel.config import LaunchConfig, default_config_path
+from notebook_accel.config import LaunchConfig, default_config_path, device_to_save
 from notebook_accel.machine.hardware import Hardware
 
 _LOOPBACK = ("", "127.0.0.1", "localhost", "::1")
@@ -81,14 +81,13 @@ def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
 
 
 def saved_device(state: FormState, hw: Hardware | None = None) -> str | None:
-    """The device the saved file names: the form's, or None for auto. With several processes
-    auto is written as what the launcher's auto picks on ``hw`` (cuda with a GPU, else xla on a
-    TPU, else cpu), since the peer's format has no auto there (``LaunchConfig.with_device``)."""
-    if state.device != "auto":
-        return state.device
-    if hw is not None and (state.num_processes > 1 or state.num_machines > 1):
-        return "cuda" if hw.gpu_count else "xla" if hw.tpu else "cpu"
-    return None
+    """The device the saved file names: the form's, or None for auto (with several processes,
+    what auto is on ``hw``: :func:`notebook_accel.config.device_to_save`)."""
+    device = None if state.device == "auto" else state.device
+    if hw is None:
+        return device
+    return device_to_save(device, LaunchConfig(num_processes=state.num_processes,
+                                               num_machines=state.num_machines), hw)
 
 
 def config_from_state(state: FormState, base: LaunchConfig, hw: Hardware | None = None) -> LaunchConfig:

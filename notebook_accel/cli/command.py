@@ -93,7 +93,8 @@ def _cmd_config(args: argparse.Namespace) -> int:
         cfg = cfgmod.LaunchConfig() if args.config_file else cfgmod.load_config()
     device = cfg.device_type if args.device is None else args.device
     try:
-        cfg = dataclasses.replace(cfg, **changes).with_device(None if device == "auto" else device)
+        cfg = dataclasses.replace(cfg, **changes)
+        cfg = cfg.with_device(cfgmod.device_to_save(None if device == "auto" else device, cfg))
     except KeyValueError as err:
         raise ValueError(f"--{err.key.replace('_', '-')}: {err}") from None
     print(f"Configuration saved to {cfgmod.save_config(cfg, target)}")

@@ -23,6 +23,7 @@ from notebook_accel.config.files import (
 from notebook_accel.config.resolve import (
     ENV_OPTIONS,
     detect_default_config,
+    device_to_save,
     resolve_launch_options,
 )
 from notebook_accel.config.schema import (
@@ -35,7 +36,7 @@ from notebook_accel.config.schema import (
 
 __all__ = [
     "CONFIG_FILE_ENV", "DEVICE_TYPES", "DISTRIBUTED_TYPES", "ENV_OPTIONS", "MIXED_PRECISIONS",
-    "START_METHODS", "LaunchConfig", "default_config_path", "detect_default_config",
+    "START_METHODS", "LaunchConfig", "default_config_path", "detect_default_config", "device_to_save",
     "find_config_file", "load_config", "peer_config_path", "resolve_launch_options",
     "save_config",
 ]

@@ -10,7 +10,8 @@ from notebook_accel.config.files import where_in_file
 from notebook_accel.config.schema import KeyValueError, LaunchConfig
 from notebook_accel.contract import ENV_OPTIONS, LAYERED, OPTIONS
 
-__all__ = ["ENV_OPTIONS", "detect_default_config", "layered_options", "resolve_launch_options"]
+__all__ = ["ENV_OPTIONS", "detect_default_config", "device_to_save", "layered_options",
+           "resolve_launch_options"]
 
 
 def detect_default_config() -> LaunchConfig:
@@ -27,6 +28,23 @@ def detect_default_config() -> LaunchConfig:
     if hw.gpu_count:
         return LaunchConfig(num_processes=hw.gpu_count).with_device("cuda")
     return LaunchConfig().with_device("cpu")
+
+
+def device_to_save(device: str | None, config: LaunchConfig, hw: Any = None) -> str | None:
+    """The device a saved file names for ``device`` (None: auto) in ``config``.
+
+    With several processes (or machines) auto is written as what the launcher's auto picks
+    on ``hw`` (cuda with a GPU, else xla on a TPU, else cpu; ``hw`` defaults to this machine's
+    :func:`~notebook_accel.machine.hardware.detect`): the peer's format has no "auto" there,
+    and its ``accelerate launch`` would run one process (:meth:`LaunchConfig.with_device`).
+    """
+    if device is not None or ((config.num_processes or 1) <= 1 and config.num_machines <= 1):
+        return device
+    if hw is None:
+        from notebook_accel.machine.hardware import detect
+
+        hw = detect()
+    return "cuda" if hw.gpu_count else "xla" if hw.tpu else "cpu"
 
 
 def _from_env(option: str) -> Any:

@@ -98,6 +98,16 @@ def test_config_flags_update_the_file_keeping_other_keys(home):
     assert data["rdzv_backend"] == "c10d" and data["something_new"] == 1
 
 
+def test_config_with_device_auto_and_several_processes_names_this_machines_device(home):
+    """The peer's format has no auto for several processes: it would run one (issue 36)."""
+    path = home / "auto.yaml"
+    proc = run(home, "config", "--config-file", str(path), "--num-processes", "3")
+    assert proc.returncode == 0, proc.stderr
+    data = yaml.safe_load(path.read_text())
+    assert data["num_processes"] == 3 and data["distributed_type"] == "MULTI_GPU"
+    assert data["use_cpu"] is True  # this machine has no GPU: auto is cpu here
+
+
 def test_config_imports_the_peer_file_into_ours(home):
     peer = home / "hf" / "accelerate" / "default_config.yaml"
     peer.parent.mkdir(parents=True)
