@@ -1,7 +1,8 @@
 """What the config panel may offer on this hardware: devices, process counts, mixed precisions.
 
 Pure functions of :class:`~notebook_accel.machine.hardware.Hardware` (no widgets, no CUDA):
-GPU capabilities are judged from the GPU's name, since asking CUDA would
+whether a GPU has bf16 is judged by :mod:`notebook_accel.machine.gpu_support`, the launcher's
+own check (its compute capability from ``nvidia-smi``, else its name), since asking CUDA would
 initialise it in the kernel and make every later ``fork`` unsafe.
 """
 
@@ -9,22 +10,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 from dataclasses import dataclass
 
 from notebook_accel.contract import DYNAMO_BACKENDS
+from notebook_accel.machine.gpu_support import BF16_WHY, bf16_verdicts
+from notebook_accel.machine.gpu_support import gpu_supports_bf16 as gpu_supports_bf16  # the tests'
 from notebook_accel.machine.hardware import Hardware
-
-# bf16 needs compute capability 8.0+: Ampere (A100, A10, RTX 30xx, RTX A6000), Ada (L4, L40,
-# RTX 40xx, RTX 6000 Ada), Hopper (H100, H200, GH200), Blackwell (B200, RTX 50xx, RTX PRO).
-_BF16_NAME = re.compile(
-    r"\b(?:A\d{1,4}[A-Z]?|H\d{2,3}|GH\d{3}|G?B\d{2,3}|L\d{1,2}S?|RTX\s*A\d{3,4}|RTX\s*[345]0\d0"
-    r"|RTX\s*PRO|RTX\s*\d{4}\s*ADA|AMPERE|ADA|HOPPER|BLACKWELL)\b", re.IGNORECASE)
-# Older families (Kepler .. Turing): fp16 yes, bf16 no.
-_NO_BF16_NAME = re.compile(
-    r"\b(?:T4|T10|V100\w*|P100\w*|P40|P4|K\d{2,4}|M\d{2}|GTX|TITAN|QUADRO|RTX\s*20\d0"
-    r"|TESLA\s+[KMPVT]\d*)\b", re.IGNORECASE)
-_BF16_WHY = "bf16 needs compute capability 8.0 or newer (Ampere, Ada, Hopper, Blackwell)"
 
 
 @dataclass(frozen=True)
@@ -73,34 +64,23 @@ def max_processes(device: str, hw: Hardware) -> int:
     return max(8, 4 * hw.cpu_count)
 
 
-def gpu_supports_bf16(name: str) -> bool | None:
-    """Whether the GPU called ``name`` has bf16 (True/False), or None when the name is unknown.
-
-    Example: ``gpu_supports_bf16("NVIDIA H100 80GB HBM3")`` is True; ``"Tesla T4"`` is False.
-    """
-    if _NO_BF16_NAME.search(name) and not re.search(r"\bADA\b|RTX\s*A\d", name, re.IGNORECASE):
-        return False
-    if _BF16_NAME.search(name.replace("NVIDIA", "")):
-        return True
-    return None
-
-
 def _bf16_choice(dev: str, hw: Hardware) -> Choice:
     if dev == "cpu":
         return Choice("bf16", True, "bfloat16 autocast on CPU: supported by PyTorch on any x86/ARM "
                                     "CPU, fastest on CPUs with AVX-512 BF16 or AMX")
     if dev == "xla":
         return Choice("bf16", True, "bfloat16 is the TPU's native mixed precision")
-    verdicts = {name: gpu_supports_bf16(name) for name in sorted(set(hw.gpu_names))}
-    lacking = [name for name, ok in verdicts.items() if ok is False]
-    unknown = [name for name, ok in verdicts.items() if ok is None]
+    verdicts = bf16_verdicts(hw)
+    lacking = [gpu for gpu, ok in verdicts.items() if ok is False]
+    unknown = [gpu for gpu, ok in verdicts.items() if ok is None]
     if lacking:
-        return Choice("bf16", False, f"{_BF16_WHY}; {', '.join(lacking)} is older: use fp16")
+        return Choice("bf16", False, f"{BF16_WHY}; {', '.join(lacking)} is older: use fp16 "
+                                     "(a launch refuses bf16 here)")
     if unknown:
-        return Choice("bf16", True, f"{_BF16_WHY}; could not tell from the name "
-                                    f"{', '.join(unknown)} (judged by name, CUDA is not queried)")
-    return Choice("bf16", True, f"supported: {', '.join(verdicts)} (judged by the GPU name, "
-                                "without initialising CUDA in the kernel)")
+        return Choice("bf16", True, f"{BF16_WHY}; could not tell for {', '.join(unknown)} "
+                                    "(no compute capability from nvidia-smi, an unknown name)")
+    return Choice("bf16", True, f"supported: {', '.join(verdicts)} (judged without "
+                                "initialising CUDA in the kernel)")
 
 
 def precision_choices(device: str, hw: Hardware) -> list[Choice]:

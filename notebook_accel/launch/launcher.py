@@ -8,6 +8,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from notebook_accel.config import load_config
+from notebook_accel.config.files import where_in_file
+from notebook_accel.contract import ENV_OPTIONS, OPTIONS
 from notebook_accel.launch.backends import Backend, backend_for
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.global_check import warn_missing_globals
@@ -15,7 +18,7 @@ from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupt
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import Payload, serialise_payload
-from notebook_accel.launch.plan import LaunchPlan, make_plan
+from notebook_accel.launch.plan import LaunchPlan, make_plan, shm_note
 from notebook_accel.launch.record import LaunchRecord, remember
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.supervisor import Supervisor
@@ -175,10 +178,12 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
 def plan_launch(explicit: dict[str, Any], *, config_file: str | os.PathLike | None, fsdp: Any,
                 notes: list[str], **settings: Any) -> LaunchPlan:
     """The plan of a launch (or a pool): ``explicit`` options filled from the environment and
-    the config file, the FSDP choice, checked against the options table.
+    the config file, the FSDP choice, checked against the options table and this machine's
+    hardware; ``notes`` gets a warning when ``/dev/shm`` is too small for the job.
 
     Raises:
-        TypeError, ValueError: a bad option, named with its valid values.
+        TypeError, ValueError: a bad option, named with its valid values and where it came
+            from; what the GPUs cannot run (see :func:`~notebook_accel.launch.plan.make_plan`).
     """
     options = fill_options(explicit, config_file, notes)
     if fsdp is not None:
@@ -186,8 +191,33 @@ def plan_launch(explicit: dict[str, Any], *, config_file: str | os.PathLike | No
 
         options["worker_env"] = launch_environment(fsdp, options["worker_env"])
     output = settings.get("output", "all")
-    return make_plan(**options, **settings,
+    sources = {}  # bf16 may be refused on these GPUs: the error says where it was asked
+    if options.get("mixed_precision") == "bf16":
+        where = option_source("mixed_precision", explicit, config_file)
+        sources = {"mixed_precision": where} if where else {}
+    plan = make_plan(**options, **settings, sources=sources,
                      starting=lambda count, start: announce_start(count, start.method, output))
+    note = shm_note(plan)
+    if note is not None:
+        notes.append(note)
+    return plan
+
+
+def option_source(option: str, explicit: dict[str, Any],
+                  config_file: str | os.PathLike | None) -> str | None:
+    """Where a filled option's value came from, to start an error about it (as
+    :meth:`~notebook_accel.contract.LaunchOption.check`): None for an argument (or the magic's or
+    CLI's flag), ``environment variable NOTEBOOK_ACCEL_...``, or ``FILE, line N``."""
+    if explicit.get(option) is not None:
+        return None
+    var = ENV_OPTIONS.get(option)
+    if var and os.environ.get(var, "").strip():
+        return f"environment variable {var}"
+    key = OPTIONS[option].file_key
+    config = load_config(config_file)
+    if key and config.source is not None and getattr(config, key, None) is not None:
+        return where_in_file(config.source, key)
+    return None
 
 
 def announce_start(count: int, method: str, output: str) -> None:

@@ -1,23 +1,27 @@
 """Check every launch option up front and turn them into one plan.
 
 All bad input is refused here, before any worker starts, with a message naming
-the value and the valid choices.
+the value and the valid choices; so is what this machine's GPUs cannot run (bf16 without
+native support, a GPU the installed torch has no kernels for), and a ``/dev/shm`` too small
+for several workers is said once (:func:`shm_note`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from notebook_accel.contract import DYNAMO_BACKEND_ENV, OPTIONS
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
-from notebook_accel.machine import hardware
+from notebook_accel.machine import gpu_support, hardware
 from notebook_accel.machine.tpu import XlaJob, xla_job
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _MAX_DEFAULT_CPU_PROCESSES = 8
+SHM_NEEDED = 512 << 20  # /dev/shm below this: a multi-process launch is warned (Docker gives 64 MB)
+_shm_said: set[tuple[int, bool]] = set()  # (size, NCCL part): each said once per kernel
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,57 @@ def _num_processes(value: object, device_type: str, hw: hardware.Hardware) -> in
     return count
 
 
+def _check_gpus(hw: hardware.Hardware, mixed_precision: str, precision_source: str | None) -> None:
+    """Refuse what the visible GPUs cannot run, naming them (found without touching CUDA here)."""
+    arch_list = gpu_support.torch_arch_list()
+    cannot = gpu_support.gpus_torch_cannot_run(hw, arch_list)
+    if cannot:
+        named = ", ".join(f"{name} (compute capability {cap[0]}.{cap[1]}, sm_{cap[0]}{cap[1]})"
+                          for name, cap in cannot)
+        wanted = " or ".join(sorted({f"sm_{cap[0]}{cap[1]}" for _, cap in cannot}))
+        others = len(cannot) < len(set(hw.gpus()))
+        raise ValueError(
+            f"{named}: the installed {gpu_support.torch_build()} has no kernels for it (built "
+            f"for {' '.join(arch_list)}), so every CUDA operation would fail in the workers; use "
+            "device='cpu'" + (", or CUDA_VISIBLE_DEVICES to leave it out" if others else "")
+            + f", or install a torch built for {wanted} (https://pytorch.org/get-started/locally/: "
+            "older GPUs are in the wheels for older CUDA versions)")
+    if mixed_precision != "bf16":
+        return
+    lacking = [gpu for gpu, native in gpu_support.bf16_verdicts(hw).items() if native is False]
+    if lacking:
+        where = f"{precision_source}: " if precision_source else ""
+        raise ValueError(
+            f"{where}mixed_precision='bf16' on {', '.join(lacking)}: "
+            f"{gpu_support.BF16_WHY}; below that, torch only emulates it, slowly. Valid here: "
+            "'no', 'fp16' (use mixed_precision='fp16': float16 with a gradient scaler)")
+
+
+def shm_note(plan: LaunchPlan, size: int | None = None) -> str | None:
+    """A warning, said once per kernel, when ``/dev/shm`` (``size`` bytes; read when None) is
+    smaller than :data:`SHM_NEEDED` and several local workers will share it: what breaks
+    (NCCL's shared-memory transport on CUDA; DataLoader workers everywhere) and the fixes."""
+    if plan.num_processes < 2 or plan.cluster is not None or plan.device_type == "xla":
+        return None
+    size = hardware.shm_bytes() if size is None else size
+    if size is None or size >= SHM_NEEDED:
+        return None
+    nccl = plan.device_type == "cuda" and os.environ.get("NCCL_SHM_DISABLE", "") != "1"
+    if (size, nccl) in _shm_said:
+        return None
+    _shm_said.add((size, nccl))
+    what, errors, fixes = "", "", "or keep DataLoader(num_workers=0)"  # CPU (gloo): DataLoaders
+    if nccl:
+        what = "NCCL's shared-memory transport between the GPUs and "
+        errors = "NCCL 'unhandled system error', "
+        fixes = ("or set NCCL_SHM_DISABLE=1 (NCCL then goes through sockets, slower) and keep "
+                 "DataLoader(num_workers=0)")
+    return (f"/dev/shm is only {size >> 20} MB, less than {plan.num_processes} workers need "
+            f"({SHM_NEEDED >> 20} MB or more): {what}DataLoader workers (num_workers > 0) pass "
+            f"data through it and fail with obscure errors when it fills ({errors}'Bus error', "
+            f"a DataLoader worker killed). Fix: `docker run --shm-size=1g` (or more); {fixes}")
+
+
 def make_plan(
     *,
     num_processes: object,
@@ -107,6 +162,7 @@ def make_plan(
     cluster: str | None = None,
     dynamo_backend: str | None = None,
     starting: Callable[[int, StartChoice], None] | None = None,
+    sources: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
     """Validate the options of :func:`notebook_launcher` and build the plan.
 
@@ -115,9 +171,14 @@ def make_plan(
             (not for XLA or a cluster), so the launch can say what it starts: before the
             hardware is detected (which imports torch, seconds on a cold kernel) when
             ``num_processes`` was given, after it otherwise.
+        sources: where options that were not arguments came from (``"mixed_precision":
+            "environment variable NOTEBOOK_ACCEL_MIXED_PRECISION"`` or ``"c.yaml, line 3"``),
+            to start an error about their value.
 
     Raises:
-        TypeError, ValueError: a bad option, named with its valid values.
+        TypeError, ValueError: a bad option, named with its valid values; on CUDA, a GPU the
+            installed torch cannot run, or ``mixed_precision="bf16"`` on a GPU without native
+            bf16 (compute capability below 8.0: T4, V100, P100), naming the GPU.
     """
     if dynamo_backend is not None:  # the workers' TorchDynamoPlugin reads it (the peer's variable)
         backend = OPTIONS["dynamo_backend"].check(dynamo_backend)
@@ -159,6 +220,8 @@ def make_plan(
         xla, count = xla_job(wanted, num_nodes), 1
     else:
         count = _num_processes(wanted, device_type, hw)
+        if device_type == "cuda":
+            _check_gpus(hw, mixed_precision, (sources or {}).get("mixed_precision"))
         if starting is not None and wanted is None:
             starting(count, start)
     return LaunchPlan(

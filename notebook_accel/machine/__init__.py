@@ -1,6 +1,8 @@
 """What this machine has, found without initialising CUDA or XLA in this process.
 
-``hardware`` (CPUs, GPUs, TPU: what a launch can use), ``availability`` (the peer's
+``hardware`` (CPUs, GPUs and their compute capabilities, TPU, /dev/shm: what a launch can
+use), ``gpu_support`` (native bf16, and whether the installed torch runs these GPUs: the one
+check the launcher and the config panel share), ``availability`` (the peer's
 ``is_*_available`` probes) and ``tpu`` (TPU facts and XLA launch decisions, without
 importing torch_xla).
 """

@@ -2,7 +2,8 @@
 
 Touching ``torch.cuda`` in the kernel would make every later ``fork`` unsafe, so
 GPUs are counted from the driver's ``/proc`` entries or ``nvidia-smi`` instead,
-honouring ``CUDA_VISIBLE_DEVICES``.
+honouring ``CUDA_VISIBLE_DEVICES``, and their compute capabilities read from
+``nvidia-smi`` (from torch only when CUDA is already initialised here).
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 _NVIDIA_PROC = Path("/proc/driver/nvidia/gpus")
+_SHM = "/dev/shm"
+
+Capability = tuple[int, int]  # a GPU's compute capability: (7, 5) for a T4
 
 
 @dataclass(frozen=True)
@@ -24,10 +29,17 @@ class Hardware:
     cpu_count: int
     gpu_names: tuple[str, ...] = field(default_factory=tuple)
     tpu: bool = False
+    # per GPU, in gpu_names' order: its compute capability, None where unknown (or all unknown: ())
+    gpu_capabilities: tuple[Capability | None, ...] = field(default_factory=tuple)
 
     @property
     def gpu_count(self) -> int:
         return len(self.gpu_names)
+
+    def gpus(self) -> list[tuple[str, Capability | None]]:
+        """Each visible GPU's name and compute capability (None where unknown)."""
+        caps = self.gpu_capabilities if len(self.gpu_capabilities) == self.gpu_count else ()
+        return [(name, caps[i] if caps else None) for i, name in enumerate(self.gpu_names)]
 
     def summary(self) -> str:
         """One human line, e.g. ``2 × NVIDIA H100, 32 CPU cores``."""
@@ -64,18 +76,60 @@ def _gpu_names_from_proc() -> list[str]:
     return names
 
 
-def _gpu_names_from_smi() -> list[str]:
+def _smi_query(fields: str) -> list[str]:
+    """``nvidia-smi --query-gpu=FIELDS``: one line per GPU (in PCI bus order, as ``/proc``); none
+    when there is no nvidia-smi or it refuses a field (``compute_cap`` needs driver 510+)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []
     try:
-        out = subprocess.run(
-            [smi, "--query-gpu=name", "--format=csv,noheader"],
+        done = subprocess.run(
+            [smi, f"--query-gpu={fields}", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=10, check=False,
-        ).stdout
+        )
     except (OSError, subprocess.SubprocessError):
         return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    if done.returncode != 0:
+        return []
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+def _gpu_names_from_smi() -> list[str]:
+    return _smi_query("name")
+
+
+def _parse_capability(text: str) -> Capability | None:
+    major, _, minor = text.strip().partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+
+
+def _capabilities_from_smi() -> dict[str, Capability]:
+    found = {}
+    for line in _smi_query("name,compute_cap"):
+        name, _, cap = line.rpartition(",")
+        capability = _parse_capability(cap)
+        if name.strip() and capability is not None:
+            found[name.strip()] = capability
+    return found
+
+
+def _capabilities_from_torch() -> dict[str, Capability]:
+    """Only when CUDA is already initialised in this process (asking would initialise it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return {}
+    return {torch.cuda.get_device_name(i): tuple(torch.cuda.get_device_capability(i))
+            for i in range(torch.cuda.device_count())}
+
+
+def gpu_capabilities(names: list[str]) -> tuple[Capability | None, ...]:
+    """The compute capability of each GPU named (as :func:`gpu_names` gives them), None where it
+    cannot be told without initialising CUDA here. One model has one capability, so it is
+    looked up by name."""
+    if not names:
+        return ()
+    known = _capabilities_from_smi() or _capabilities_from_torch()
+    return tuple(known.get(name) for name in names)
 
 
 def _apply_visible_devices(names: list[str], visible: str | None) -> list[str]:
@@ -132,6 +186,16 @@ def _libtpu_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+def shm_bytes(path: str = _SHM) -> int | None:
+    """The size of ``/dev/shm`` (NCCL's shared-memory transport and DataLoader workers pass data
+    through it; Docker gives 64 MB unless ``--shm-size``), or None where there is none."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_blocks * stats.f_frsize
+
+
 def detect() -> Hardware:
     """Detect the hardware (cached; looked at again when ``CUDA_VISIBLE_DEVICES`` changes)."""
     return _detect(os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -139,4 +203,6 @@ def detect() -> Hardware:
 
 @functools.lru_cache(maxsize=4)
 def _detect(visible: str | None) -> Hardware:
-    return Hardware(cpu_count=_cpu_count(), gpu_names=tuple(gpu_names()), tpu=tpu_present())
+    names = gpu_names()
+    return Hardware(cpu_count=_cpu_count(), gpu_names=tuple(names), tpu=tpu_present(),
+                    gpu_capabilities=gpu_capabilities(names))

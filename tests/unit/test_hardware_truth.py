@@ -1,0 +1,323 @@
+"""What the hardware cannot do is said before any worker starts (issue 31, part 3), on this CPU
+machine: the probes' inputs are faked (an nvidia-smi on PATH, the driver's /proc entries, torch's
+arch list), and /dev/shm is a 64 MB tmpfs in a private mount namespace."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from magics.panel.rules import precision_choices
+from notebook_accel.launch import plan as planmod
+from notebook_accel.launch.launcher import notebook_launcher, plan_launch
+from notebook_accel.machine import gpu_support, hardware
+from notebook_accel.machine.hardware import Hardware
+
+REPO = Path(__file__).resolve().parents[2]
+CU128 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120")  # torch 2.8+cu128
+CU126 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+T4X2 = Hardware(cpu_count=8, gpu_names=("Tesla T4",) * 2, gpu_capabilities=((7, 5),) * 2)
+P100 = Hardware(cpu_count=4, gpu_names=("Tesla P100-PCIE-16GB",), gpu_capabilities=((6, 0),))
+H100 = Hardware(cpu_count=16, gpu_names=("NVIDIA H100 80GB HBM3",), gpu_capabilities=((9, 0),))
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Fake what the launch detects: ``machine(hw, arch_list)``; torch is a cu128 build."""
+    def use(hw: Hardware, arch_list: tuple[str, ...] = CU128) -> None:
+        monkeypatch.setattr(hardware, "detect", lambda: hw)
+        monkeypatch.setattr(gpu_support, "torch_arch_list", lambda: arch_list)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(planmod, "_shm_said", set())
+    return use
+
+
+def plan(**options):
+    settings = dict(num_processes=None, mixed_precision=None, use_port=None, master_addr="127.0.0.1",
+                    node_rank=0, num_nodes=1, start_method="spawn", timeout=None, output="none",
+                    return_all=False, max_restarts=0, device="cuda")
+    return planmod.make_plan(**{**settings, **options})
+
+
+def launch_plan(notes=None, config_file=None, **explicit):
+    keys = ("num_processes", "mixed_precision", "use_port", "master_addr", "node_rank",
+            "num_nodes", "start_method", "device", "cluster", "dynamo_backend")
+    return plan_launch({key: explicit.get(key) for key in keys}, config_file=config_file,
+                       fsdp=None, notes=[] if notes is None else notes, timeout=None,
+                       output="none", return_all=False, max_restarts=0)
+
+
+# -- the probes: nvidia-smi and the driver's /proc entries ------------------------------------
+
+def fake_smi(tmp_path: Path, monkeypatch, rows: list[str], knows_compute_cap: bool = True) -> None:
+    """An ``nvidia-smi`` on PATH answering ``--query-gpu`` with ``rows`` ("name, 7.5"); an old
+    driver's refuses the ``compute_cap`` field, as the real one does (exit code 2)."""
+    names = "\n".join(row.rsplit(",", 1)[0] for row in rows)
+    full = "\n".join(rows)
+    script = tmp_path / "bin" / "nvidia-smi"
+    script.parent.mkdir(exist_ok=True)
+    refuse = ('echo \'Field "compute_cap" is not a valid field to query.\'; exit 2'
+              if not knows_compute_cap else f"printf '%s\\n' '{full}'")
+    script.write_text("#!/bin/sh\n"
+                      'case "$1" in\n'
+                      f"  --query-gpu=name) printf '%s\\n' '{names}' ;;\n"
+                      f"  --query-gpu=name,compute_cap) {refuse} ;;\n"
+                      "  *) exit 3 ;;\n"
+                      "esac\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def fake_proc(tmp_path: Path, monkeypatch, names: list[str]) -> None:
+    root = tmp_path / "proc_gpus"
+    for i, name in enumerate(names):
+        entry = root / f"0000:00:0{i + 4}.0"
+        entry.mkdir(parents=True)
+        (entry / "information").write_text(f"Model: \t\t {name}\nIRQ:   36\n")
+    monkeypatch.setattr(hardware, "_NVIDIA_PROC", root)
+
+
+def test_capabilities_come_from_nvidia_smi_and_follow_cuda_visible_devices(tmp_path, monkeypatch):
+    fake_proc(tmp_path, monkeypatch, ["NVIDIA A100-SXM4-40GB", "Tesla T4"])
+    fake_smi(tmp_path, monkeypatch, ["NVIDIA A100-SXM4-40GB, 8.0", "Tesla T4, 7.5"])
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # gpu_names wants a CUDA build of torch
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    hardware._detect.cache_clear()
+    try:
+        hw = hardware.detect()
+    finally:
+        hardware._detect.cache_clear()
+    assert hw.gpus() == [("Tesla T4", (7, 5))]
+    assert gpu_support.bf16_verdicts(hw) == {"Tesla T4 (compute capability 7.5)": False}
+
+
+def test_an_old_driver_without_compute_cap_leaves_the_name_to_judge(tmp_path, monkeypatch):
+    fake_smi(tmp_path, monkeypatch, ["Tesla V100-SXM2-16GB, 7.0"], knows_compute_cap=False)
+    assert hardware._gpu_names_from_smi() == ["Tesla V100-SXM2-16GB"]
+    assert hardware.gpu_capabilities(["Tesla V100-SXM2-16GB"]) == (None,)
+    hw = Hardware(cpu_count=2, gpu_names=("Tesla V100-SXM2-16GB",), gpu_capabilities=(None,))
+    assert gpu_support.bf16_verdicts(hw) == {"Tesla V100-SXM2-16GB": False}  # by its name
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi at all
+    assert hardware.gpu_capabilities(["Tesla T4"]) == (None,)
+    assert hardware.gpu_capabilities([]) == ()  # no GPU: nothing is asked
+
+
+def test_bf16_is_judged_by_the_capability_before_the_name():
+    assert gpu_support.gpu_supports_bf16("Tesla T4") is False  # emulated bf16 does not count
+    assert gpu_support.gpu_supports_bf16("NVIDIA GPU") is None
+    assert gpu_support.gpu_supports_bf16("NVIDIA GPU", (8, 6)) is True
+    assert gpu_support.gpu_supports_bf16("NVIDIA GPU", (7, 5)) is False
+    assert gpu_support.gpu_supports_bf16("Tesla P100-PCIE-16GB", (6, 0)) is False
+
+
+@pytest.mark.parametrize("capability, arch_list, runs", [
+    ((7, 5), CU128, True),
+    ((6, 0), CU128, False),   # Kaggle's P100 on torch 2.8+cu128
+    ((7, 0), CU128, False),   # V100: Volta left the cu128 builds too
+    ((6, 0), CU126, True),
+    ((8, 9), CU126, True),    # an L4 runs sm_86 cubins (same major, newer minor)
+    ((8, 0), ("sm_86", "sm_90"), False),  # a cubin never runs on an older minor
+    ((9, 0), ("sm_75", "compute_80"), True),  # PTX: compiled by the driver for newer GPUs
+    ((7, 5), ("compute_80",), False),
+    ((9, 0), ("sm_90a",), True), ((10, 0), ("sm_90a",), False),  # arch-specific: exactly 9.0
+    ((12, 1), ("sm_120f",), True),
+])
+def test_which_gpus_a_torch_build_runs(capability, arch_list, runs):
+    assert gpu_support.torch_runs(capability, arch_list) is runs
+
+
+def test_an_unknown_arch_list_or_capability_refuses_nothing():
+    assert gpu_support.gpus_torch_cannot_run(P100, ()) == []
+    unknown = Hardware(cpu_count=4, gpu_names=("Tesla P100-PCIE-16GB",))
+    assert gpu_support.gpus_torch_cannot_run(unknown, CU128) == []
+
+
+def test_the_arch_list_is_asked_in_a_forked_child_so_this_process_stays_fork_safe():
+    """``torch.cuda.get_arch_list()`` registers torch's fork handler in the process that calls
+    it (later forked workers could not use CUDA): the kernel asks a child instead."""
+    marker = []
+    assert gpu_support.in_forked_child(lambda: str(os.getpid())) not in ("", str(os.getpid()))
+    assert gpu_support.in_forked_child(lambda: marker.append(1) or "done") == "done"
+    assert marker == []  # what the call did stayed in the child
+    assert gpu_support.in_forked_child(lambda: 1 / 0) is None  # a failing child: unknown
+    gpu_support.torch_arch_list.cache_clear()
+    try:
+        assert gpu_support.torch_arch_list() == tuple(torch.cuda.get_arch_list())  # () on CPU
+    finally:
+        gpu_support.torch_arch_list.cache_clear()
+
+
+def test_a_child_that_does_not_answer_is_killed():
+    import time
+
+    started = time.monotonic()
+    assert gpu_support.in_forked_child(lambda: time.sleep(30) or "late", timeout=0.5) is None
+    assert time.monotonic() - started < 10  # and reaped: the suite's leak check sees no process
+
+
+# -- the launch refuses, before any worker starts ---------------------------------------------
+
+def test_bf16_on_a_t4_is_refused_naming_the_gpu_and_fp16(machine):
+    machine(T4X2)
+    with pytest.raises(ValueError) as err:
+        plan(mixed_precision="bf16")
+    message = str(err.value)
+    assert message.startswith("mixed_precision='bf16' on Tesla T4 (compute capability 7.5)")
+    assert "8.0" in message and "'fp16'" in message and "'no'" in message
+    assert plan(mixed_precision="fp16").mixed_precision == "fp16"
+    assert plan(mixed_precision="bf16", device="cpu").mixed_precision == "bf16"  # CPU autocast
+    machine(H100)
+    assert plan(mixed_precision="bf16").mixed_precision == "bf16"
+
+
+def test_bf16_is_refused_by_the_name_when_no_capability_is_known(machine):
+    machine(Hardware(cpu_count=2, gpu_names=("Tesla V100-SXM2-16GB",)), CU126)
+    with pytest.raises(ValueError, match=r"mixed_precision='bf16' on Tesla V100-SXM2-16GB: bf16 "):
+        plan(mixed_precision="bf16")
+    machine(Hardware(cpu_count=2, gpu_names=("NVIDIA GPU",)))
+    assert plan(mixed_precision="bf16").mixed_precision == "bf16"  # cannot tell: not refused
+
+
+def test_bf16_refusal_says_where_the_value_came_from(machine, monkeypatch, tmp_path):
+    machine(T4X2)
+    with pytest.raises(ValueError, match=r"^mixed_precision='bf16' on Tesla T4"):
+        launch_plan(mixed_precision="bf16")  # an argument (or the magic's, the CLI's flag)
+    monkeypatch.setenv("NOTEBOOK_ACCEL_MIXED_PRECISION", "bf16")
+    with pytest.raises(ValueError, match=r"^environment variable NOTEBOOK_ACCEL_MIXED_PRECISION: "
+                                         r"mixed_precision='bf16' on Tesla T4"):
+        launch_plan()
+    monkeypatch.delenv("NOTEBOOK_ACCEL_MIXED_PRECISION")
+    config = tmp_path / "c.yaml"
+    config.write_text("num_processes: 2\nmixed_precision: bf16\n")
+    with pytest.raises(ValueError, match=rf"^{config}, line 2: mixed_precision='bf16' on Tesla T4"):
+        launch_plan(config_file=config)
+    assert launch_plan(config_file=config, mixed_precision="fp16").mixed_precision == "fp16"
+
+
+def test_a_gpu_outside_torchs_build_is_refused_naming_it_and_the_build(machine):
+    machine(P100)
+    with pytest.raises(ValueError) as err:
+        plan()
+    message = str(err.value)
+    assert message.startswith("Tesla P100-PCIE-16GB (compute capability 6.0, sm_60): the installed "
+                              f"torch {torch.__version__} (CUDA 12.8) has no kernels for it")
+    assert " ".join(CU128) in message and "device='cpu'" in message and "sm_60" in message
+    assert "CUDA_VISIBLE_DEVICES" not in message  # no other GPU to keep
+    mixed = Hardware(cpu_count=4, gpu_names=("Tesla P100-PCIE-16GB", "Tesla T4"),
+                     gpu_capabilities=((6, 0), (7, 5)))
+    machine(mixed)
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES to leave it out"):
+        plan(num_processes=1)
+    machine(P100, CU126)
+    assert plan().num_processes == 1
+
+
+def test_the_launcher_and_a_pool_refuse_before_any_worker_starts(machine, monkeypatch):
+    from notebook_accel.launch import launcher, pool
+    from notebook_accel.launch.pool import WorkerPool
+
+    machine(T4X2)
+    started = []  # what would start workers, had the plan passed
+    monkeypatch.setattr(launcher, "backend_for", lambda plan: started.append(plan))
+    monkeypatch.setattr(pool, "pool_workers", lambda plan: started.append(plan))
+    with pytest.raises(ValueError, match="mixed_precision='bf16' on Tesla T4"):
+        notebook_launcher(print, mixed_precision="bf16")
+    with pytest.raises(ValueError, match="mixed_precision='bf16' on Tesla T4"):
+        WorkerPool(mixed_precision="bf16")
+    machine(P100)
+    with pytest.raises(ValueError, match="sm_60"):
+        notebook_launcher(print, num_processes=1)
+    assert started == []
+
+
+def test_the_cli_refuses_bf16_on_a_t4_naming_it(machine, tmp_path, capsys):
+    from notebook_accel.cli import main
+
+    machine(T4X2)
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('a worker started')\n")
+    assert main(["launch", "--mixed-precision", "bf16", str(script)]) == 1
+    assert ("notebook-accel launch: error: mixed_precision='bf16' on Tesla T4"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("hw", [T4X2, P100, H100,
+                                Hardware(cpu_count=2, gpu_names=("Tesla T4",)),
+                                Hardware(cpu_count=2, gpu_names=("NVIDIA GPU",)),
+                                Hardware(cpu_count=2, gpu_names=("NVIDIA GPU",),
+                                         gpu_capabilities=((8, 0),))])
+def test_the_panel_offers_bf16_exactly_where_a_launch_takes_it(machine, hw):
+    machine(hw, CU126)
+    offered = {c.value: c.enabled for c in precision_choices("cuda", hw)}["bf16"]
+    try:
+        plan(mixed_precision="bf16")
+        launched = True
+    except ValueError:
+        launched = False
+    assert offered is launched
+
+
+# -- /dev/shm ---------------------------------------------------------------------------------
+
+def test_a_small_dev_shm_is_said_once_with_what_breaks_and_the_fix(machine):
+    machine(T4X2)
+    cuda = plan(num_processes=2)
+    note = planmod.shm_note(cuda, size=64 << 20)
+    assert note.startswith("/dev/shm is only 64 MB, less than 2 workers need (512 MB or more)")
+    assert "NCCL's shared-memory transport" in note and "DataLoader workers" in note
+    assert "--shm-size=1g" in note and "NCCL_SHM_DISABLE=1" in note
+    assert planmod.shm_note(cuda, size=64 << 20) is None  # once per kernel
+    cpu = dataclasses.replace(cuda, device_type="cpu")
+    note = planmod.shm_note(cpu, size=64 << 20)
+    assert "DataLoader workers" in note and "--shm-size=1g" in note and "NCCL" not in note
+    assert planmod.shm_note(dataclasses.replace(cpu, num_processes=1), size=1) is None
+    assert planmod.shm_note(dataclasses.replace(cuda, num_processes=4), size=1 << 30) is None
+
+
+def test_dev_shm_size_is_read_with_statvfs(tmp_path):
+    assert hardware.shm_bytes(str(tmp_path / "missing")) is None
+    stats = os.statvfs(tmp_path)
+    assert hardware.shm_bytes(str(tmp_path)) == stats.f_blocks * stats.f_frsize
+
+
+_PLAN_TWO = """\
+from notebook_accel.launch.launcher import plan_launch, print_notes
+keys = ("num_processes", "mixed_precision", "use_port", "master_addr", "node_rank", "num_nodes",
+        "start_method", "device", "cluster", "dynamo_backend")
+for device in ("cpu", "cpu"):  # the second launch says nothing more
+    notes = []
+    plan = plan_launch({**dict.fromkeys(keys), "num_processes": 2, "device": device},
+                       config_file=None, fsdp=None, notes=notes, timeout=None, output="none",
+                       return_all=False, max_restarts=0)
+    print_notes(plan, notes)
+"""
+
+
+def test_a_64_mb_dev_shm_in_a_private_mount_namespace_is_said_at_planning(tmp_path):
+    """The real probe: a 64 MB tmpfs mounted on /dev/shm for one process only (as Docker
+    without --shm-size), which plans a 2-process launch and prints its notes."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare(1) here")
+    script = tmp_path / "plan_two.py"
+    script.write_text(_PLAN_TWO)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    command = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && "
+               f"exec {sys.executable} {script}")
+    done = subprocess.run([unshare, "-m", "--propagation", "private", "sh", "-c", command],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+    if done.returncode != 0 and ("mount" in done.stderr or "unshare" in done.stderr):
+        pytest.skip(f"no private mount namespace with a tmpfs here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    shm = [line for line in done.stdout.splitlines() if "/dev/shm" in line]
+    assert len(shm) == 1, done.stdout
+    assert shm[0].startswith("[notebook_accel] /dev/shm is only 64 MB, less than 2 workers need")
+    assert "DataLoader workers" in shm[0] and "--shm-size=1g" in shm[0] and "NCCL" not in shm[0]
