@@ -49,6 +49,19 @@ def artifacts_dir(tmp_path: Path) -> Path:
     return path
 
 
+def notebook_json(cells: dict[str, str]) -> dict:
+    """A notebook of code cells (id -> source), as the plain JSON a ``.ipynb`` holds (no
+    ``nbformat`` import: it costs ~3 s)."""
+    return {
+        "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                    "language": "python"}},
+        "cells": [{"cell_type": "code", "id": cell_id, "metadata": {}, "outputs": [],
+                   "execution_count": None, "source": source}
+                  for cell_id, source in cells.items()],
+    }
+
+
 def lab_env() -> dict[str, str]:
     """The server's environment: this checkout importable (and the test's config dirs)."""
     env = dict(os.environ)

@@ -19,6 +19,7 @@ from tests.browser_support import (
     chromium,
     jupyter_lab,
     lab_env,
+    notebook_json,
     run_all_cells,
     wait_for_kernel,
 )
@@ -48,14 +49,7 @@ def train():
 notebook_launcher(train, num_processes=2)'''
 TRUST_PROBE = ('SVG(\'<svg xmlns="http://www.w3.org/2000/svg" width="40" height="20">'
                '<rect width="40" height="20" fill="green"/></svg>\')')
-NOTEBOOK = {
-    "nbformat": 4, "nbformat_minor": 5,
-    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                "language": "python"}},
-    "cells": [{"cell_type": "code", "id": cell_id, "metadata": {}, "outputs": [],
-               "execution_count": None, "source": source}
-              for cell_id, source in (("train", TRAIN), ("probe", TRUST_PROBE))],
-}
+NOTEBOOK = notebook_json({"train": TRAIN, "probe": TRUST_PROBE})
 LOADED_IMAGES = """root => [...root.querySelectorAll('img')].map(img => ({
     src: img.src.slice(0, 30), ok: img.complete && img.naturalWidth > 0,
     text: img.src.startsWith('data:image/svg+xml') ? atob(img.src.split(',')[1]) : ''}))"""

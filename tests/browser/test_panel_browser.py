@@ -22,19 +22,14 @@ from tests.browser_support import (
     chromium,
     jupyter_lab,
     lab_env,
+    notebook_json,
     run_all_cells,
     wait_for_kernel,
 )
 
 pytestmark = BROWSER_MARKS
-NOTEBOOK = {
-    "nbformat": 4, "nbformat_minor": 5,
-    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                "language": "python"}},
-    "cells": [{"cell_type": "code", "id": "panel", "metadata": {}, "outputs": [],
-               "execution_count": None,
-               "source": "from magics.panel.form import config_panel\nconfig_panel()"}],
-}
+NOTEBOOK = notebook_json(
+    {"panel": "from magics.panel.form import config_panel\nconfig_panel()"})
 
 
 def _read_yaml(path: Path) -> dict:

@@ -24,6 +24,7 @@ from tests.browser_support import (
     chromium,
     jupyter_lab,
     lab_env,
+    notebook_json,
     wait_for_kernel,
 )
 
@@ -53,14 +54,7 @@ dist.all_reduce(t)
 print("process_index", accelerator.process_index, "sum:", t.item())"""
 STOP = "%accelerate stop"
 SOURCES = {"start": START, "build": BUILD, "stuck": STUCK, "reduce": REDUCE, "stop": STOP}
-NOTEBOOK = {
-    "nbformat": 4, "nbformat_minor": 5,
-    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                "language": "python"}},
-    "cells": [{"cell_type": "code", "id": cell_id, "metadata": {}, "outputs": [],
-               "execution_count": None, "source": source}
-              for cell_id, source in SOURCES.items()],
-}
+NOTEBOOK = notebook_json(SOURCES)
 ORDER = list(SOURCES)
 PROMPT = re.compile(r"^\[(\d+)\]:$")
 INTERRUPT = ('.jp-NotebookPanel-toolbar [data-command="notebook:interrupt-kernel"], '
