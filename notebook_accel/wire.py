@@ -62,6 +62,9 @@ class Kind(str, enum.Enum):
     ERROR = "error"  # the function raised (or could not send its value): a FailureRecord
     RUN = "run"  # kernel -> a pool worker: run this payload (the pool's commands channel)
     RUN_DONE = "run_done"  # a pool worker finished a run (after its result or failure)
+    STOP_ASK = "stop_ask"  # kernel -> a pool worker: the stop button; say where you are
+    STOP_COUNT = "stop_count"  # a pool worker's answer: its collective counts, its stack
+    STOP_AT = "stop_at"  # kernel -> a pool worker: stop at this cut (None: now)
 
     @property
     def reliable(self) -> bool:
@@ -69,7 +72,8 @@ class Kind(str, enum.Enum):
         return self in _RELIABLE
 
 
-_RELIABLE = frozenset({Kind.DISPLAY, Kind.RESULT, Kind.ERROR, Kind.RUN, Kind.RUN_DONE})
+_RELIABLE = frozenset({Kind.DISPLAY, Kind.RESULT, Kind.ERROR, Kind.RUN, Kind.RUN_DONE,
+                       Kind.STOP_ASK, Kind.STOP_COUNT, Kind.STOP_AT})
 
 _TYPES: dict[str, type] = {}  # Kind value -> message class
 _FIELDS: dict[type, tuple[str, ...]] = {}  # message class -> its fields in wire order
@@ -289,8 +293,51 @@ class RunDone:
     timestamp: float = field(default=0.0, kw_only=True)
 
 
-Message = Progress | Metrics | Memory | Dropped | RichHidden | Display | Result | FailureRecord | Run | RunDone
-"""Any message on the wire (all from a worker, except :class:`Run`)."""
+@_message
+@dataclass(slots=True)
+class StopAsk:
+    """Kernel -> a pool worker, during a run: the stop button was pressed; say where you are
+    (answered by the worker's reader thread, even while its main thread is in a collective)."""
+
+    kind: ClassVar[Kind] = Kind.STOP_ASK
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(slots=True)
+class StopCount:
+    """A pool worker's answer to :class:`StopAsk`.
+
+    Attributes:
+        counts: collectives issued per process group (group name -> count; None: a group
+            that does not count them).
+        where: its main thread's stack, ``(file, line, instruction)`` per frame.
+        in_user_code: the innermost frame is the user's own code (not a library's, such as a
+            collective's wait).
+    """
+
+    kind: ClassVar[Kind] = Kind.STOP_COUNT
+    counts: dict[str, int] | None
+    where: tuple[tuple[str, int, int], ...]
+    in_user_code: bool = False
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(slots=True)
+class StopAt:
+    """Kernel -> a pool worker: stop the run at the first point of the user's code once the
+    collectives issued on ``groups`` add up to ``total`` (``groups`` None: stop now)."""
+
+    kind: ClassVar[Kind] = Kind.STOP_AT
+    groups: tuple[str, ...] | None
+    total: int = 0
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+Message = Progress | Metrics | Memory | Dropped | RichHidden | Display | Result | FailureRecord | Run | RunDone | StopAsk | StopCount | StopAt
+"""Any message on the wire (all from a worker, except :class:`Run`, :class:`StopAsk` and
+:class:`StopAt`)."""
 
 
 # ---- the framing -------------------------------------------------------------------------------

@@ -55,6 +55,14 @@ def interrupt_requested() -> bool:
     return _active is not None and _active.presses > 0
 
 
+def take_interrupt() -> bool:
+    """Consume a pending press of the stop button; True when there was one."""
+    if _active is not None and _active.presses:
+        _active.presses = 0
+        return True
+    return False
+
+
 def check_interrupt(message: str = "launch interrupted") -> None:
     """Raise :class:`LaunchInterrupted` now if the stop button was pressed.
 

@@ -264,7 +264,7 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
         )
         remember(record)
         workers = Supervisor(group.handles, relay, plan.timeout, record,
-                             make_view(record, plan.output)).run()
+                             make_view(record, plan.output), plan.stop_wait).run()
         results = []
         for worker in workers:
             if worker.result is None:

@@ -14,6 +14,7 @@ pool then replaces its workers before anything else runs, and says which names w
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import signal
 import sys
@@ -30,13 +31,15 @@ from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.shared_tensors import SharedTensors
+from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.launch.supervisor import INTERRUPT_GRACE
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.worker.serve import join_process_group
 from notebook_accel.wire import RunDone
 
 # the options table's arguments a pool takes, plus notebook_launcher's keywords outside the table
-POOL_OPTIONS = (*(o.name for o in OPTIONS.values() if o.argument and o.not_for_pool is None), "return_all")
+POOL_OPTIONS = (*(o.name for o in OPTIONS.values() if o.argument and o.not_for_pool is None),
+                "return_all", "stop_wait")
 _NOT_FOR_A_POOL = {
     **{o.name: o.not_for_pool for o in OPTIONS.values() if o.not_for_pool},
     "rdzv_backend": "a pool uses its own static rendezvous",
@@ -99,7 +102,10 @@ class WorkerPool:
     ``mixed_precision``, ``use_port``, ``master_addr``, ``start_method``, ``timeout``,
     ``return_all``, ``output``, ``device``, ``config_file``, ``fsdp``, ``num_nodes``,
     ``cluster``, ``dynamo_backend``), resolved and checked
-    the same way; the workers start at once. Closed by :meth:`close`, at the end of a
+    the same way, and ``stop_wait``: the seconds every rank has, after the stop button, to
+    reach the point where they all stop together (default 5; then they are stopped at once,
+    as a rank stuck in compute or diverging ranks would never get there). The workers start
+    at once. Closed by :meth:`close`, at the end of a
     ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
     when the kernel dies.
 
@@ -148,7 +154,12 @@ class WorkerPool:
             raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
                              "notebook_launcher (or %%accelerate --fresh) on a TPU")
         print_notes(plan, notes)
-        return plan
+        stop_wait = options.get("stop_wait", STOP_WAIT)
+        if isinstance(stop_wait, bool) or not isinstance(stop_wait, (int, float)) or stop_wait <= 0:
+            raise ValueError(f"stop_wait={stop_wait!r}: give the seconds (a number > 0) every rank "
+                             "has to reach the point where the stop button stops them all, e.g. "
+                             f"stop_wait={STOP_WAIT:g} (the default)")
+        return dataclasses.replace(plan, stop_wait=float(stop_wait))
 
     def _start(self) -> None:
         self._current.workers = workers = pool_workers(self.plan)

@@ -27,15 +27,16 @@ from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.interrupts import (
     LaunchInterrupted,
     check_interrupt,
-    interrupt_requested,
+    take_interrupt,
 )
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
 from notebook_accel.launch.views.text import format_duration
-from notebook_accel.wire import Display, FailureRecord, FrameReader, Result, RunDone
+from notebook_accel.wire import Display, FailureRecord, FrameReader, Result, RunDone, StopCount
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
 _STACK_DUMP_WAIT = 0.5
@@ -54,6 +55,7 @@ class Worker:
     exit_time: float | None = None  # time.time() when the kernel saw it exit
     stopped: bool = False  # we stopped it (after another rank failed, a timeout, an interrupt)
     run_done: bool = False  # a persistent worker reported the end of its run
+    stop_count: StopCount | None = None  # its answer when the stop button asked where it is
     control: FrameReader = field(init=False)
     events: FrameReader = field(init=False)
 
@@ -124,8 +126,11 @@ class Supervisor:
         timeout: float | None,
         record: LaunchRecord,
         view: View,
+        stop_wait: float = STOP_WAIT,
     ) -> None:
         self.workers = workers = [Worker(handle) for handle in handles]
+        self.stop_wait = stop_wait  # a pool run's ranks have this long to reach the stop's cut
+        self.stopped_at_once: str | None = None  # why the stop button could not use a cut
         self.relay = relay
         relay.prefixes.update({h.rank: h.prefix for h in handles})
         self.timeout = timeout
@@ -184,6 +189,8 @@ class Supervisor:
             elif type(message) is RunDone:
                 worker.handle.last_report = message
                 self._run_ended(worker)
+            elif type(message) is StopCount:
+                worker.stop_count = message
         if not still_open:
             self._unregister(worker.control_fd)
 
@@ -340,9 +347,13 @@ class Supervisor:
         if not any(w.handle.persistent for w in self.workers):
             return f"stopped {len(self.workers)} workers"
         killed = [w.rank for w in self.workers if w.exited]
+        at_once = f" ({self.stopped_at_once}, so every rank was stopped at once)" \
+            if self.stopped_at_once else ""
         if not killed:
-            return f"interrupted the run on {len(self.workers)} ranks; the pool keeps its state"
-        return (f"interrupted the run; {_ranks_label(killed)} did not stop within "
+            where = "" if self.stopped_at_once else " at the same point"
+            return (f"interrupted the run on {len(self.workers)} ranks{where}{at_once}; "
+                    "the pool keeps its state")
+        return (f"interrupted the run{at_once}; {_ranks_label(killed)} did not stop within "
                 f"{INTERRUPT_GRACE:g} s (blocked in C++ code, e.g. a collective), so we ended "
                 f"{'it' if len(killed) == 1 else 'them'}")
 
@@ -357,21 +368,26 @@ class Supervisor:
         stop_workers([w.handle for w in self.workers], on_wait=self._drain)
 
     def _interrupt(self) -> None:
-        """End the run of every persistent worker still in it: a KeyboardInterrupt, then a kill
-        for those that do not report within ``INTERRUPT_GRACE`` (blocked in C++ code)."""
+        """End the run of every persistent worker still in it: at a point they agree on
+        (``stop_agreement``), else at once (a KeyboardInterrupt), killing those that do not
+        report within ``INTERRUPT_GRACE`` (blocked in C++ code)."""
         live = [w for w in self.workers if not w.finished]
         for w in live:
             w.stopped = True
-            w.handle.interrupt()
+        self.stopped_at_once = agree_and_stop(live, self._poll, self.stop_wait)
+        if self.stopped_at_once is None:
+            return
+        live = [w for w in live if not w.finished]
+        stop_now(live)
         deadline = time.monotonic() + INTERRUPT_GRACE
-        while (any(not w.finished for w in live) and time.monotonic() < deadline
-               and not interrupt_requested()):
+        while any(not w.finished for w in live) and time.monotonic() < deadline:
             self._poll(0.05)
         stuck = [w for w in live if not w.finished]
         for w in stuck:
             w.handle.kill()
         for w in stuck:
             w.handle.reap(timeout=5.0)
+        take_interrupt()  # more presses meanwhile asked for what was just done
 
     def _finish(self) -> None:
         for w in self.workers:

@@ -94,8 +94,12 @@ def test_step_1_a_training_cell_says_what_came_back_from_rank_0(k):
 def test_step_2_the_stop_button_inside_a_collective_replaces_the_workers_and_says_so(k):
     result = _interrupt_inside_a_collective(k)
     assert result.error is not None and result.error["ename"] == "LaunchInterrupted"
-    assert result.error["evalue"] == ("interrupted the run; rank 0 did not stop within 1.5 s "
-                                      "(blocked in C++ code, e.g. a collective), so we ended it")
+    # rank 1 sleeps 30 s before the collective: no common point within stop_wait, so every
+    # rank is stopped at once, and rank 0, inside the all_reduce, is ended
+    assert result.error["evalue"] == (
+        "interrupted the run (ranks 0, 1 did not reach collective 11 within 5 s (stop_wait), so "
+        "every rank was stopped at once); rank 0 did not stop within 1.5 s (blocked in C++ "
+        "code, e.g. a collective), so we ended it")
     said = result.stderr
     # what we did comes first, in our words; no SIGKILL reported as if it came from outside
     assert ("the pool's workers were replaced (rank 0 did not stop within 1.5 s of the "

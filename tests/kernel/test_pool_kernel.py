@@ -47,7 +47,8 @@ def test_the_stop_button_interrupts_every_rank_and_the_pool_keeps_its_state(fres
     assert time.monotonic() - pressed["t"] < 3
     assert result.error is not None and result.error["ename"] == "LaunchInterrupted"
     assert result.error["traceback"] == [
-        "KeyboardInterrupt: interrupted the run on 2 ranks; the pool keeps its state"]
+        "KeyboardInterrupt: interrupted the run on 2 ranks at the same point; the pool keeps "
+        "its state"]
     looks = k.value("pool.run(look)")
     assert [answer for answer, _, _ in looks] == [42, 42]
     assert all(at - pressed["wall"] < 0.5 for _, at, _ in looks), looks  # each rank's interrupt
@@ -105,3 +106,71 @@ def test_a_restarted_kernel_leaves_no_pool_behind():
     finally:
         k.shutdown()
     assert not left, left
+
+
+POOL_TRAINING = """%%accelerate --no-pull
+import torch
+from notebook_accel import Accelerator
+acc = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+model, opt = acc.prepare(model, opt)
+data = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
+steps = 0
+"""
+POOL_STEPS = """%%accelerate --no-pull
+print("training", flush=True)
+while True:
+    index = (torch.arange(4) + steps * 8 + acc.process_index * 4) % 64
+    opt.zero_grad()
+    acc.backward(model(data[index]).pow(2).mean())
+    opt.step()
+    steps += 1
+"""
+POOL_LOOK = """%%accelerate --no-pull
+import os
+import torch.distributed as dist
+t = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(t)
+w = sum(p.detach().sum().item() for p in acc.unwrap_model(model).parameters())
+print("look", os.getpid(), id(model), steps, t.item(), repr(w))
+"""
+
+
+def test_the_stop_button_on_training_pool_cells_keeps_every_ranks_state(fresh_kernel):
+    """Issue 30 in a real kernel: %%accelerate cells training DDP on the pool, the Jupyter
+    interrupt at random moments; every time the same workers keep the same objects, both ranks
+    at the same step with equal weights, and all_reduce right."""
+    import random
+
+    k = fresh_kernel
+    k.ok("%load_ext notebook_accel")
+    k.ok("%accelerate start -n 2")
+    k.ok(POOL_TRAINING)
+    rng, first = random.Random(30), None
+    for _ in range(5):
+        msg_id = k.execute(POOL_STEPS)
+        pressed: list[float] = []
+
+        def on_output(result, pressed=pressed):
+            if "training" in result.stdout and not pressed:
+                time.sleep(rng.uniform(0.05, 0.5))
+                pressed.append(time.monotonic())
+                k.manager.interrupt_kernel()
+
+        result = k.collect(msg_id, timeout=60, on_output=on_output)
+        assert pressed and result.error is not None, result
+        assert result.error["traceback"] == [
+            "KeyboardInterrupt: interrupted the run on 2 ranks at the same point; the pool keeps "
+            "its state"], result.error
+        assert time.monotonic() - pressed[0] < 2.0
+        looks = sorted(line.split()[3:] for line in k.ok(POOL_LOOK).stdout.splitlines()
+                       if " look " in line)
+        assert len(looks) == 2 and looks[0][2:] == looks[1][2:], looks  # steps, sum, weights
+        assert looks[0][3] == "3.0"
+        if first is None:
+            first = [look[:2] for look in looks]
+        assert [look[:2] for look in looks] == first  # the same processes and objects
+    k.ok("%accelerate stop")
+    assert not wait_no_workers(timeout=5)

@@ -156,12 +156,16 @@ def test_wire_round_trips_every_message_kind_in_one_framing():
         wire.FailureRecord(rank=1, pid=9, exitcode=1, exc_type="KeyError", headline="KeyError: 'a'",
                            traceback="Traceback ...", secondary=True, timestamp=4.5),
         wire.Run(b"payload", True, timestamp=5.0),
-        wire.RunDone(12, False, ("model", "loader"), timestamp=5.5),
+        wire.RunDone(12, False, ("model", "loader"), ("loader",), ("torch",), timestamp=5.5),
+        wire.StopAsk(timestamp=6.0),
+        wire.StopCount({"0": 41}, (("<cell>", 3, 12),), True, timestamp=6.5),
+        wire.StopAt(("0",), 42, timestamp=7.0),
     ]
     assert {type(m).kind for m in messages} == set(wire.Kind)  # every kind has its message
     assert {k for k in wire.Kind if k.reliable} == {wire.Kind.DISPLAY, wire.Kind.RESULT,
                                                    wire.Kind.ERROR, wire.Kind.RUN,
-                                                   wire.Kind.RUN_DONE}
+                                                   wire.Kind.RUN_DONE, wire.Kind.STOP_ASK,
+                                                   wire.Kind.STOP_COUNT, wire.Kind.STOP_AT}
     assert [wire.decode(wire.encode(m)) for m in messages] == messages
     read_fd, write_fd = os.pipe()
     try:

@@ -27,10 +27,12 @@ import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from notebook_accel import wire
+
 if TYPE_CHECKING:
     from notebook_accel.launch.payload import Payload
     from notebook_accel.launch.plan import LaunchPlan
-    from notebook_accel.wire import RunDone
+    from notebook_accel.wire import Message, RunDone
 
 
 class WorkerHandle(abc.ABC):
@@ -46,6 +48,7 @@ class WorkerHandle(abc.ABC):
     # control channels: 0 where they are local pipes (all there by then), more over a network
     end_grace: float = 0.0
     last_report: RunDone | None = None  # a persistent worker's report of its latest run
+    commands_fd: int | None = None  # a persistent worker's commands channel (the kernel's end)
 
     @property
     @abc.abstractmethod
@@ -69,6 +72,17 @@ class WorkerHandle(abc.ABC):
     def interrupt(self) -> None:
         """Stop the current run of a persistent worker (a KeyboardInterrupt in it)."""
         self.terminate()
+
+    def command(self, message: Message) -> bool:
+        """Send a persistent worker ``message`` on its commands channel; False when it has
+        none, or it is gone."""
+        if self.commands_fd is None:
+            return False
+        try:
+            wire.send(self.commands_fd, message)
+        except OSError:
+            return False
+        return True
 
     @abc.abstractmethod
     def kill(self) -> None:

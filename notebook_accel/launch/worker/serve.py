@@ -15,11 +15,11 @@ import dataclasses
 import os
 import re
 import signal
-import sys
 import traceback
 
 from notebook_accel import wire
-from notebook_accel.launch.worker import namespace
+from notebook_accel.launch.worker import namespace, stop_cut
+from notebook_accel.launch.worker.collectives import default_count
 from notebook_accel.launch.worker.main import (
     WorkerPipes,
     WorkerSpec,
@@ -31,13 +31,7 @@ from notebook_accel.launch.worker.main import (
 )
 from notebook_accel.wire import FailureRecord, Run, RunDone
 
-_running = False
 _LAST_FRAME = re.compile(r'File "([^"]+)"')
-
-
-def _on_sigint(signum: int, frame: object) -> None:
-    if _running:
-        raise KeyboardInterrupt
 
 
 def serve_main(spec: WorkerSpec, payload: None, pipes: WorkerPipes) -> None:
@@ -55,13 +49,10 @@ def serve_main(spec: WorkerSpec, payload: None, pipes: WorkerPipes) -> None:
 
 def serve(spec: WorkerSpec, pipes: WorkerPipes) -> int:
     """Run what the kernel sends until it closes the commands channel; returns the exit code."""
-    signal.signal(signal.SIGINT, _on_sigint)
-    fd = pipes.commands.fileno()
+    signal.signal(signal.SIGINT, stop_cut.on_sigint)
+    commands = stop_cut.Commands(pipes.commands.fileno(), lambda message: send(pipes, message))
     while True:
-        try:
-            message = wire.receive(fd)
-        except OSError:
-            return 0
+        message = commands.next()
         if message is None:  # the pool is closing
             return 0
         if type(message) is Run:
@@ -69,18 +60,22 @@ def serve(spec: WorkerSpec, pipes: WorkerPipes) -> int:
 
 
 def _serve_run(spec: WorkerSpec, pipes: WorkerPipes, run: Run) -> None:
-    global _running
-    _running = True
+    stop_cut.begin_run()
     try:
         try:
             _, outcome = execute(dataclasses.replace(spec, send_result=run.send_result),
                                  run.payload, bind=namespace.bind)
         finally:
-            _running = False
+            stop_cut.end_run()
     except KeyboardInterrupt as exc:  # between the function's end and the line above
         outcome = failure_record(spec, exc, 1)
     flush_output()
-    send(pipes, outcome, RunDone(collectives=_collectives(), broke_group=_broke_group(outcome),
+    at_cut = type(outcome) is FailureRecord and outcome.exc_type == stop_cut.CutInterrupt.__name__
+    if at_cut:  # the stop button, at the point every rank agreed on: the group is whole
+        outcome = dataclasses.replace(outcome, exc_type="KeyboardInterrupt",
+                                      headline="KeyboardInterrupt")
+    send(pipes, outcome, RunDone(collectives=default_count(),
+                                 broke_group=not at_cut and _broke_group(outcome),
                                  names=namespace.names(), copies=namespace.copies(),
                                  imported=namespace.imported()))
 
@@ -98,24 +93,3 @@ def _broke_group(outcome: wire.Result | FailureRecord) -> bool:
         return False
     frames = _LAST_FRAME.findall(outcome.traceback)
     return outcome.secondary or bool(frames and "torch/distributed" in frames[-1])
-
-
-def _collectives() -> int | None:
-    """How many collectives the default process group has issued (None: no group; -1: a
-    group whose count cannot be read)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    try:
-        import torch
-
-        group = dist.distributed_c10d._get_default_group()
-        for device in ("cpu", "cuda"):
-            try:
-                backend = group._get_backend(torch.device(device))
-            except RuntimeError:
-                continue
-            return int(backend._get_sequence_number_for_group())
-    except Exception:  # noqa: BLE001 - unknown: the kernel then distrusts the group after a failure
-        return -1
-    return -1

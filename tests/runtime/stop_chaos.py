@@ -1,0 +1,144 @@
+"""The stop button pressed at random moments of a warm pool's DDP or FSDP2 training (shared by
+the chaos test and ``benchmarks/stop_button.py``).
+
+A press is SIGINT to this process (what the notebook's stop button sends the kernel). After
+each press every rank must still be the same process holding the same objects, with the same
+step count as its peer, replicas equal, and a correct ``all_reduce``; at the end the training
+must equal an uninterrupted run of as many steps.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+
+from notebook_accel import WorkerError, WorkerPool
+
+SOURCE = textwrap.dedent("""
+    import os, time
+
+    def setup(seed):
+        global acc, model, opt, data, steps
+        import torch
+        from notebook_accel import Accelerator
+        acc = Accelerator()
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        model, opt = acc.prepare(model, opt)
+        data = torch.randn(64, 16, generator=torch.Generator().manual_seed(seed))
+        steps = 0
+
+    def train(until):
+        global steps
+        import torch
+        while steps < until:
+            index = (torch.arange(4) + steps * 8 + acc.process_index * 4) % 64
+            opt.zero_grad()
+            loss = model(data[index]).pow(2).mean()
+            acc.backward(loss)
+            opt.step()
+            steps += 1
+        return steps
+
+    def look():
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(t)
+        weights = [p.detach().clone() for p in acc.unwrap_model(model).parameters()]
+        return os.getpid(), id(model), steps, t.item(), [w.flatten().tolist() for w in weights]
+""")
+
+
+def notebook() -> dict:
+    scope = {"__name__": "__main__"}
+    exec(compile(SOURCE, "<notebook cell>", "exec"), scope)  # noqa: S102 - notebook functions
+    return scope
+
+
+@dataclass
+class ChaosResult:
+    presses: int = 0
+    stop_seconds: list[float] = field(default_factory=list)
+    replaced: int = 0
+    problems: list[str] = field(default_factory=list)
+    steps: int = 0
+    final_diff: float | None = None
+
+
+def _press_after(seconds: float, pressed: list[float]) -> threading.Timer:
+    def press() -> None:
+        pressed.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(seconds, press)
+    timer.start()
+    return timer
+
+
+def run_chaos(presses: int, options: dict, seed: int = 0, delays: tuple[float, float] = (0.02, 0.4),
+              on_stderr=None) -> ChaosResult:
+    """Press stop ``presses`` times at random moments of ``train``; check after each."""
+    cells, rng, result = notebook(), random.Random(seed), ChaosResult()
+    with WorkerPool(num_processes=2, return_all=True, **options) as pool:
+        pool.run(cells["setup"], 0)
+        first = pool.run(cells["look"])
+        pids, ids = [r[0] for r in first], [r[1] for r in first]
+        for press in range(presses):
+            pressed: list[float] = []
+            timer = _press_after(rng.uniform(*delays), pressed)
+            try:
+                pool.run(cells["train"], 10**9)
+                result.problems.append(f"press {press}: the run was not interrupted")
+            except KeyboardInterrupt as error:
+                if "keeps its state" not in str(error):
+                    result.problems.append(f"press {press}: {error}")
+            timer.join()
+            if pressed:
+                result.stop_seconds.append(time.monotonic() - pressed[0])
+            result.presses += 1
+            try:
+                looks = pool.run(cells["look"])
+            except WorkerError as error:  # the state is gone: the workers were replaced
+                result.replaced += 1
+                result.problems.append(f"press {press}: {error.args[0].splitlines()[0]}")
+                break
+            if [r[0] for r in looks] != pids or [r[1] for r in looks] != ids:
+                result.replaced += 1
+                result.problems.append(f"press {press}: workers or objects replaced")
+                break
+            if looks[0][2] != looks[1][2]:
+                result.problems.append(f"press {press}: steps differ {looks[0][2]} vs {looks[1][2]}")
+            if [r[3] for r in looks] != [3.0, 3.0]:
+                result.problems.append(f"press {press}: all_reduce gave {[r[3] for r in looks]}")
+            if looks[0][4] != looks[1][4]:
+                result.problems.append(f"press {press}: the replicas differ")
+        if result.replaced:
+            return result
+        result.steps = pool.run(cells["look"])[0][2]
+        pool.run(cells["train"], result.steps + 20)  # and it trains on
+        result.steps += 20
+        interrupted = pool.run(cells["look"])[0][4]
+    with WorkerPool(num_processes=2, return_all=True, **options) as reference:
+        reference.run(cells["setup"], 0)
+        reference.run(cells["train"], result.steps)
+        uninterrupted = reference.run(cells["look"])[0][4]
+    result.final_diff = max(abs(a - b) for wa, wb in zip(interrupted, uninterrupted, strict=True)
+                            for a, b in zip(wa, wb, strict=True))
+    return result
+
+
+def summary(result: ChaosResult) -> str:
+    stops = sorted(result.stop_seconds) or [float("nan")]
+    diff = "n/a" if result.final_diff is None else f"{result.final_diff:.2e}"
+    return (f"{result.presses} presses, {result.steps} steps: stop after the press median "
+            f"{statistics.median(stops):.3f} s, max {stops[-1]:.3f} s; workers replaced "
+            f"{result.replaced}; final weights vs an uninterrupted run: max diff "
+            f"{diff}")
