@@ -32,7 +32,7 @@ def measure(presses: int) -> dict:
     from notebook_accel import WorkerPool  # this side's (PYTHONPATH)
 
     spec = importlib.util.spec_from_file_location("stop_chaos", ROOT / "tests/runtime/stop_chaos.py")
-    chaos = importlib.util.module_from_spec(spec)
+    chaos = sys.modules["stop_chaos"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(chaos)
     notebook, run_chaos = chaos.notebook, chaos.run_chaos
 

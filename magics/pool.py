@@ -33,7 +33,8 @@ def start(args: argparse.Namespace) -> None:
                          "%accelerate stop ends it (then start one with other flags)")
     started = time.perf_counter()
     try:
-        _pool = WorkerPool(**launch_options(args))
+        wait = {} if args.stop_wait is None else {"stop_wait": args.stop_wait}
+        _pool = WorkerPool(**launch_options(args), **wait)
     except ValueError as error:  # a bad option or config value: no traceback needed
         raise UsageError(str(error)) from None
     plan = _pool.plan

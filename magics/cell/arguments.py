@@ -74,6 +74,9 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                  help="show only rank 0's output (same as --output main)"),
         argument("--fresh", action="store_true",
                  help="run this cell on fresh workers even while a pool is up"),
+        argument("--stop-wait", type=float, default=None, metavar="SECONDS",
+                 help="%%accelerate start only: how long every rank has, after the stop "
+                      "button, to reach the point where they all stop together (default 5)"),
         argument("--push", type=_names, default=(), metavar="NAMES",
                  help="on the pool: send these notebook names even though the workers hold "
                       "their own, replacing theirs (comma-separated)"),

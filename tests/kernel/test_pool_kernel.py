@@ -146,7 +146,8 @@ def test_the_stop_button_on_training_pool_cells_keeps_every_ranks_state(fresh_ke
 
     k = fresh_kernel
     k.ok("%load_ext notebook_accel")
-    k.ok("%accelerate start -n 2")
+    k.ok("%accelerate start -n 2 --stop-wait 3")
+    assert "--stop-wait sets the notebook's pool" in k.run("%%accelerate --stop-wait 2\nx = 1").stderr
     k.ok(POOL_TRAINING)
     rng, first = random.Random(30), None
     for _ in range(5):
