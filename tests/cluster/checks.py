@@ -68,6 +68,28 @@ def sum_remembered():
     return total.item()
 
 
+def reduce_in_a_loop():
+    """Counts all_reduce rounds in this rank's globals, until stopped (the stop button's cut)."""
+    import torch
+    import torch.distributed as dist
+
+    global rounds
+    rounds = globals().get("rounds", 0)
+    while True:
+        dist.all_reduce(torch.ones(1))
+        rounds += 1
+        time.sleep(0.002)
+
+
+def look_rounds():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    return os.getpid(), rounds, t.item()
+
+
 def nothing():
     return None
 

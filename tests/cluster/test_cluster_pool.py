@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import threading
+import time
+
 import pytest
 
 from notebook_accel import WorkerError
@@ -25,3 +31,24 @@ def test_a_pool_across_two_nodes_keeps_state_and_its_group(cluster):
         with pytest.raises(WorkerError, match=r"^rank 1 on node 1 .* failed: ValueError: bad"):
             pool.run(_fail_on_rank_1)
         assert pool.run(checks.sum_remembered) == 3.0  # the failed run broke no collective
+
+
+def test_the_stop_button_keeps_a_pool_across_two_nodes(cluster):
+    """Issue 30 across nodes: pressed at random moments of a loop of collectives, every rank stops
+    at the same point: the same processes, the same round on both, the next all_reduce right."""
+    rng = random.Random(30)
+    with WorkerPool(num_processes=1, num_nodes=2, cluster=cluster.address, return_all=True) as pool:
+        first = None
+        for _ in range(5):
+            timer = threading.Timer(rng.uniform(0.3, 0.8), os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            started = time.monotonic()
+            with pytest.raises(KeyboardInterrupt, match="at the same point; the pool keeps its state"):
+                pool.run(checks.reduce_in_a_loop)
+            timer.join()
+            assert time.monotonic() - started < 0.8 + 2.0
+            looks = pool.run(checks.look_rounds)
+            assert looks[0][1] == looks[1][1] > 0 and [look[2] for look in looks] == [3.0, 3.0], looks
+            if first is None:
+                first = [look[0] for look in looks]
+            assert [look[0] for look in looks] == first  # the same processes on both nodes

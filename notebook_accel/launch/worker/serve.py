@@ -50,6 +50,9 @@ def serve_main(spec: WorkerSpec, payload: None, pipes: WorkerPipes) -> None:
 def serve(spec: WorkerSpec, pipes: WorkerPipes) -> int:
     """Run what the kernel sends until it closes the commands channel; returns the exit code."""
     signal.signal(signal.SIGINT, stop_cut.on_sigint)
+    # a rank forked by a cluster's agent (a Ray actor's thread) inherits that thread's blocked
+    # signals: the stop button must reach this one
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     commands = stop_cut.Commands(pipes.commands.fileno(), lambda message: send(pipes, message))
     while True:
         message = commands.next()
