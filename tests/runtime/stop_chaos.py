@@ -120,7 +120,7 @@ def run_chaos(presses: int, options: dict, seed: int = 0, delays: tuple[float, f
                 result.problems.append(f"press {press}: all_reduce gave {[r[3] for r in looks]}")
             if looks[0][4] != looks[1][4]:
                 result.problems.append(f"press {press}: the replicas differ")
-        if result.replaced:
+        if result.replaced or result.problems:  # ranks out of step would hang a further run
             return result
         result.steps = pool.run(cells["look"])[0][2]
         pool.run(cells["train"], result.steps + 20)  # and it trains on
