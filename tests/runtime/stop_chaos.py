@@ -69,6 +69,7 @@ class ChaosResult:
     stop_seconds: list[float] = field(default_factory=list)
     replaced: int = 0
     problems: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)  # presses stopped at once, workers replaced
     steps: int = 0
     final_diff: float | None = None
 
@@ -94,34 +95,37 @@ def run_chaos(presses: int, options: dict, seed: int = 0, delays: tuple[float, f
         for press in range(presses):
             pressed: list[float] = []
             timer = _press_after(rng.uniform(*delays), pressed)
+            said = ""
             try:
                 pool.run(cells["train"], 10**9)
                 result.problems.append(f"press {press}: the run was not interrupted")
             except KeyboardInterrupt as error:
-                if "keeps its state" not in str(error):
-                    result.problems.append(f"press {press}: {error}")
+                said = str(error)
             timer.join()
             if pressed:
                 result.stop_seconds.append(time.monotonic() - pressed[0])
             result.presses += 1
             try:
                 looks = pool.run(cells["look"])
-            except WorkerError as error:  # the state is gone: the workers were replaced
-                result.replaced += 1
-                result.problems.append(f"press {press}: {error.args[0].splitlines()[0]}")
-                break
-            if [r[0] for r in looks] != pids or [r[1] for r in looks] != ids:
-                result.replaced += 1
-                result.problems.append(f"press {press}: workers or objects replaced")
-                break
+            except WorkerError:  # the state is gone: the workers were replaced (and said so)
+                looks = None
+            if looks is None or [r[0] for r in looks] != pids or [r[1] for r in looks] != ids:
+                result.replaced += 1  # said, never silent; the series goes on from a fresh state
+                result.fallbacks.append(f"press {press}: {said}")
+                pool.run(cells["setup"], 0)
+                first = pool.run(cells["look"])
+                pids, ids = [r[0] for r in first], [r[1] for r in first]
+                continue
+            if "keeps its state" not in said:
+                result.problems.append(f"press {press}: kept, but said {said!r}")
             if looks[0][2] != looks[1][2]:
                 result.problems.append(f"press {press}: steps differ {looks[0][2]} vs {looks[1][2]}")
             if [r[3] for r in looks] != [3.0, 3.0]:
                 result.problems.append(f"press {press}: all_reduce gave {[r[3] for r in looks]}")
             if looks[0][4] != looks[1][4]:
                 result.problems.append(f"press {press}: the replicas differ")
-        if result.replaced or result.problems:  # ranks out of step would hang a further run
-            return result
+        if result.replaced or result.problems:  # the comparison needs one unbroken series;
+            return result  # ranks out of step would also hang a further run
         result.steps = pool.run(cells["look"])[0][2]
         pool.run(cells["train"], result.steps + 20)  # and it trains on
         result.steps += 20
