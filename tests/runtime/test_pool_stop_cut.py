@@ -15,6 +15,7 @@ import pytest
 from notebook_accel import WorkerPool
 from tests.runtime.stop_chaos import run_chaos, summary
 from tests.runtime.test_pool import notebook
+from tests.runtime.test_pool_failures import _interrupt_after
 
 pytestmark = pytest.mark.slow
 SHARED_WORKERS = True  # the module's pool outlives each test (and is replaced by some): checked per module
@@ -56,12 +57,6 @@ CELLS = notebook("""
 """)
 
 
-def _press_after(seconds: float) -> threading.Timer:
-    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    return timer
-
-
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_fifty_presses_at_random_moments_keep_every_ranks_state(strategy, capsys):
     result = run_chaos(50, {"fsdp": True} if strategy == "fsdp2" else {}, seed=30)
@@ -89,7 +84,7 @@ def test_a_rank_sleeping_in_python_before_a_collective_is_waited_for(pool, capfd
     """Rank 1 sleeps 1 s before each all_reduce, rank 0 waits inside it: the press makes rank 1
     run on to the next collective, then both stop; the pool keeps its processes and state."""
     pids = pool.run(CELLS["pid"])
-    timer = _press_after(1.5)
+    timer = _interrupt_after(1.5)
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt, match="at the same point; the pool keeps its state"):
         pool.run(CELLS["late_sleeper"], 1.0)
@@ -104,7 +99,7 @@ def test_uneven_work_falls_back_within_the_bound_naming_the_rank(pool, capfd):
     """Rank 1 has one more all_reduce than rank 0: no common point exists. After stop_wait
     (2 s here) every rank is stopped at once; rank 1, stuck in its collective, is ended and the
     workers replaced (said)."""
-    timer = _press_after(1.0)
+    timer = _interrupt_after(1.0)
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt) as info:
         pool.run(CELLS["uneven"], 1, 5)
@@ -118,8 +113,8 @@ def test_uneven_work_falls_back_within_the_bound_naming_the_rank(pool, capfd):
 
 
 def test_a_second_press_during_the_wait_stops_at_once(pool):
-    timer = _press_after(1.0)
-    again = _press_after(1.6)
+    timer = _interrupt_after(1.0)
+    again = _interrupt_after(1.6)
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt) as info:
         pool.run(CELLS["late_sleeper"], 30.0)
@@ -132,7 +127,7 @@ def test_a_second_press_during_the_wait_stops_at_once(pool):
 
 def test_a_rank_killed_during_the_wait_never_hangs_the_stop(pool, capfd):
     pids = pool.run(CELLS["pid"])
-    timer = _press_after(1.0)
+    timer = _interrupt_after(1.0)
     killer = threading.Timer(1.4, os.kill, (pids[1], signal.SIGKILL))
     killer.start()
     start = time.monotonic()
