@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 from magics.cell.arguments import launch_options
 from magics.cell.crossings import holds_state, listed
 from magics.cell.ledger import LEDGER
-from notebook_accel.launch import WorkerPool, format_bytes
+from notebook_accel.launch import WorkerPool, format_bytes, ranks_text
 
 _pool: WorkerPool | None = None
 
@@ -80,10 +80,9 @@ def status(args: argparse.Namespace) -> None:
 def _workers_names(pool: WorkerPool, gone: list[int]) -> str:
     if gone:
         lost = pool.lost
-        ranks = ("rank " if len(gone) == 1 else "ranks ") + ", ".join(map(str, gone))
         verb = "is" if len(gone) == 1 else "are"
-        return (f"names on the workers: none: {ranks} {verb} gone, so the workers' state is "
-                f"lost{' (' + listed(lost) + ')' if lost else ''}; the next cell replaces the "
+        return (f"names on the workers: none: {ranks_text(gone)} {verb} gone, so the workers' "
+                f"state is lost{' (' + listed(lost) + ')' if lost else ''}; the next cell replaces the "
                 "workers")
     if not pool.names:
         return "names on the workers: (none yet)"

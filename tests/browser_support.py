@@ -62,6 +62,15 @@ def notebook_json(cells: dict[str, str]) -> dict:
     }
 
 
+def open_notebook(page, server: str, name: str) -> None:
+    """Open ``name`` (under the server's root) in JupyterLab, tall enough for its cells, and
+    wait for its kernel (``server``: what :func:`jupyter_lab` yields)."""
+    base, token = server.split("|")
+    page.set_viewport_size({"width": 1400, "height": 1800})
+    page.goto(f"{base}/lab/tree/{name}?token={token}", timeout=60_000)
+    wait_for_kernel(page)
+
+
 def lab_env() -> dict[str, str]:
     """The server's environment: this checkout importable (and the test's config dirs)."""
     env = dict(os.environ)

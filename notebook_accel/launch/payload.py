@@ -257,9 +257,9 @@ def _locate_rank_bound(target: Any, function: Any, args: tuple, kwargs: dict) ->
 
 
 def check_sendable(value: Any) -> str | None:
-    """What rank-bound object ``value`` holds (``"an Accelerator"``) and where
-    (``.optimizer``: a path from ``value``, empty for ``value`` itself), as
-    ``"an Accelerator at .x"``; None when it holds none. Pickles ``value`` to nowhere.
+    """What rank-bound object ``value`` holds and where, as a path from ``value``
+    (``"an Accelerator (at [1]['a'])"``; ``"an Accelerator"`` for ``value`` itself); None
+    when it holds none. Pickles ``value`` to nowhere.
 
     Raises:
         Exception: whatever pickling ``value`` raises (it cannot be sent at all).

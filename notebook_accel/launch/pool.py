@@ -19,7 +19,7 @@ import difflib
 import signal
 import sys
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.launch.supervisor import INTERRUPT_GRACE
 from notebook_accel.launch.tracebacks import hide_our_frames
+from notebook_accel.launch.views.text import ranks_text
 from notebook_accel.launch.worker.serve import join_process_group
 from notebook_accel.wire import RunDone
 
@@ -133,6 +134,11 @@ class WorkerPool:
 
     @staticmethod
     def _plan(options: dict[str, Any]) -> LaunchPlan:
+        stop_wait = options.get("stop_wait", STOP_WAIT)
+        if isinstance(stop_wait, bool) or not isinstance(stop_wait, (int, float)) or stop_wait <= 0:
+            raise ValueError(f"stop_wait={stop_wait!r}: give the seconds (a number > 0) every rank "
+                             "has to reach the point where the stop button stops them all, e.g. "
+                             f"stop_wait={STOP_WAIT:g} (the default)")
         explicit = {name: options.get(name) for name in (
             "num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
             "device", "num_nodes", "cluster", "dynamo_backend")}
@@ -154,11 +160,6 @@ class WorkerPool:
             raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
                              "notebook_launcher (or %%accelerate --fresh) on a TPU")
         print_notes(plan, notes)
-        stop_wait = options.get("stop_wait", STOP_WAIT)
-        if isinstance(stop_wait, bool) or not isinstance(stop_wait, (int, float)) or stop_wait <= 0:
-            raise ValueError(f"stop_wait={stop_wait!r}: give the seconds (a number > 0) every rank "
-                             "has to reach the point where the stop button stops them all, e.g. "
-                             f"stop_wait={STOP_WAIT:g} (the default)")
         return dataclasses.replace(plan, stop_wait=float(stop_wait))
 
     def _start(self) -> None:
@@ -193,23 +194,20 @@ class WorkerPool:
     def lost(self) -> tuple[str, ...]:
         """What replacing the workers now would lose: :attr:`names` that hold state (not
         modules, nor functions and classes imported from one), even when a worker is gone."""
-        imported = set(self._report.imported)
-        return tuple(name for name in self._report.names if name not in imported)
+        return _lost(self._report)
 
-    def revive(self) -> str | None:
+    def revive(self) -> None:
         """Replace the workers if any is gone (idle or mid-run: one rule), saying what was
-        lost; returns why they were replaced (None: they were all alive).
+        lost.
 
         Raises:
             PoolUnavailable: the pool is closed.
         """
         workers = self._usable()
         dead = workers.dead()
-        if not dead:
-            return None
-        reason = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead) + " while idle"
-        self._replace(reason, self.lost)
-        return reason
+        if dead:
+            reason = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead) + " while idle"
+            self._replace(reason, self.lost)
 
     def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` on every rank of the pool.
@@ -330,7 +328,7 @@ def _distrust(workers: PoolWorkers, ended: str) -> str | None:
     (``finished``, ``failed``, ``interrupted``); None: it can."""
     dead = workers.dead()
     if dead and ended == "interrupted":  # the supervisor killed the ranks stuck in C++ code
-        return (f"{_ranks(h.rank for h in dead)} did not stop within {INTERRUPT_GRACE:g} s of "
+        return (f"{ranks_text(h.rank for h in dead)} did not stop within {INTERRUPT_GRACE:g} s of "
                 f"the interrupt (blocked in C++ code, e.g. a collective), so we ended "
                 f"{'it' if len(dead) == 1 else 'them'}")
     if dead:
@@ -340,7 +338,7 @@ def _distrust(workers: PoolWorkers, ended: str) -> str | None:
         return "a rank did not end its run"
     broke = [h.rank for h, r in zip(workers.handles, reports, strict=True) if r.broke_group]
     if broke:
-        return f"the run ended inside a collective on {_ranks(broke)}"
+        return f"the run ended inside a collective on {ranks_text(broke)}"
     counts = {r.collectives for r in reports}
     if len(counts) > 1:
         return ("the ranks' process groups disagree (collectives issued: "
@@ -348,11 +346,6 @@ def _distrust(workers: PoolWorkers, ended: str) -> str | None:
     if ended != "finished" and -1 in counts:
         return "the run failed and the process group cannot be checked"
     return None
-
-
-def _ranks(ranks: Iterable[int]) -> str:
-    ranks = list(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _ended(exitcode: int | None) -> str:

@@ -19,16 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from notebook_accel.launch.interrupts import take_interrupt
+from notebook_accel.launch.views.text import ranks_text
 from notebook_accel.wire import StopAsk, StopAt, StopCount
 
 ASK_WAIT = 1.0  # seconds every rank has to answer (its reader thread answers in milliseconds)
 STOP_WAIT = 5.0  # default seconds every rank has to reach the cut (WorkerPool(stop_wait=...))
 PARK_CHECK = 0.15  # seconds between looks at whether the ranks stand still at one place
 SAY_AFTER = 0.5  # a stop that takes longer says what it waits for
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _wait(workers: Sequence[Any], done: Callable[[Any], bool], seconds: float,
@@ -41,7 +38,7 @@ def _wait(workers: Sequence[Any], done: Callable[[Any], bool], seconds: float,
             return "stop was pressed again"
         ended = [w.rank for w in workers if w.exited]
         if ended:
-            return f"{_ranks(ended)} ended meanwhile"
+            return f"{ranks_text(ended)} ended meanwhile"
         if time.monotonic() >= deadline:
             return "timeout"
         poll(0.02)
@@ -57,7 +54,7 @@ def _ask(workers: Sequence[Any], poll: Callable[[float], None]) -> str | None:
     why = _wait(workers, lambda w: w.stop_count is not None, ASK_WAIT, poll)
     if why == "timeout":
         silent = [w.rank for w in workers if w.stop_count is None and not w.finished]
-        return f"{_ranks(silent)} did not answer within {ASK_WAIT:g} s"
+        return f"{ranks_text(silent)} did not answer within {ASK_WAIT:g} s"
     return why
 
 
@@ -117,7 +114,7 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
             latest = [sum(a.counts.get(g, 0) for g in groups) for a in first]
             behind = [w.rank for w, n in zip(asked, latest, strict=True)
                       if not w.finished and n < total] or [w.rank for w in asked if not w.finished]
-            return (f"{_ranks(behind)} did not reach collective {total:,} within "
+            return (f"{ranks_text(behind)} did not reach collective {total:,} within "
                     f"{stop_wait:g} s (stop_wait)")
         running = [w for w in asked if not w.finished]
         why = _ask(running, poll)

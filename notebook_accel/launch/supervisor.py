@@ -35,7 +35,7 @@ from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
-from notebook_accel.launch.views.text import format_duration
+from notebook_accel.launch.views.text import format_duration, ranks_text
 from notebook_accel.wire import Display, FailureRecord, FrameReader, Result, RunDone, StopCount
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
@@ -353,7 +353,7 @@ class Supervisor:
             where = "" if self.stopped_at_once else " at the same point"
             return (f"interrupted the run on {len(self.workers)} ranks{where}{at_once}; "
                     "the pool keeps its state")
-        return (f"interrupted the run{at_once}; {_ranks_label(killed)} did not stop within "
+        return (f"interrupted the run{at_once}; {ranks_text(killed)} did not stop within "
                 f"{INTERRUPT_GRACE:g} s (blocked in C++ code, e.g. a collective), so we ended "
                 f"{'it' if len(killed) == 1 else 'them'}")
 
@@ -423,7 +423,7 @@ class Supervisor:
         message = (f"timed out after {format_duration(elapsed)} (timeout={self.timeout:g} s): "
                    f"rank{'s' if len(running) > 1 else ''} {ranks} stopped while still running")
         where = "\n\n".join(
-            f"{_ranks_label(group)} {'was' if len(group) == 1 else 'were'} here when stopped:\n"
+            f"{ranks_text(group)} {'was' if len(group) == 1 else 'were'} here when stopped:\n"
             f"{stack}"
             for stack, group in stacks.items())
         failure = FailureRecord(rank=first.rank, pid=first.pid, exitcode=None,
@@ -472,6 +472,3 @@ class Supervisor:
             timestamp=worker.exit_time or time.time(),
         )
 
-
-def _ranks_label(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"

@@ -20,8 +20,8 @@ from tests.browser_support import (
     jupyter_lab,
     lab_env,
     notebook_json,
+    open_notebook,
     run_all_cells,
-    wait_for_kernel,
 )
 
 pytestmark = BROWSER_MARKS
@@ -94,11 +94,8 @@ def test_rich_output_and_the_summary_render_live_and_in_the_reopened_untrusted_n
     with sync_playwright() as pw:
         with jupyter_lab(root, env, data="first") as server, \
                 chromium(pw, tmp_path / "profile-1") as page:
-            base, token = server.split("|")
-            page.set_viewport_size({"width": 1400, "height": 1800})  # both cells in view
             try:
-                page.goto(f"{base}/lab/tree/train.ipynb?token={token}", timeout=60_000)
-                wait_for_kernel(page)
+                open_notebook(page, server, "train.ipynb")  # both cells in view
                 run_all_cells(page)
                 _check_outputs(page, expect)
                 probe = page.locator(".jp-CodeCell").nth(1)
@@ -116,11 +113,8 @@ def test_rich_output_and_the_summary_render_live_and_in_the_reopened_untrusted_n
 
         with jupyter_lab(root, env, data="second") as server, \
                 chromium(pw, tmp_path / "profile-2") as page:
-            base, token = server.split("|")
-            page.set_viewport_size({"width": 1400, "height": 1800})
             try:
-                page.goto(f"{base}/lab/tree/train.ipynb?token={token}", timeout=60_000)
-                wait_for_kernel(page)
+                open_notebook(page, server, "train.ipynb")  # both cells in view
                 untrusted = page.locator(".jp-CodeCell").nth(1)
                 untrusted.scroll_into_view_if_needed()
                 # untrusted: Lab shows the SVG's text/plain, not the image

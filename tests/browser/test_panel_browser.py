@@ -23,8 +23,8 @@ from tests.browser_support import (
     jupyter_lab,
     lab_env,
     notebook_json,
+    open_notebook,
     run_all_cells,
-    wait_for_kernel,
 )
 
 pytestmark = BROWSER_MARKS
@@ -57,10 +57,8 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
 
     with jupyter_lab(root, lab_env()) as server, sync_playwright() as pw, \
             chromium(pw, tmp_path / "profile") as page:
-        base, token = server.split("|")
         try:
-            page.goto(f"{base}/lab/tree/panel.ipynb?token={token}", timeout=60_000)
-            wait_for_kernel(page)
+            open_notebook(page, server, "panel.ipynb")
             run_all_cells(page)
 
             panel = page.locator(".notebook-accel-config-panel")

@@ -25,7 +25,7 @@ from tests.browser_support import (
     jupyter_lab,
     lab_env,
     notebook_json,
-    wait_for_kernel,
+    open_notebook,
 )
 
 pytestmark = BROWSER_MARKS
@@ -128,11 +128,8 @@ def test_the_stop_button_inside_a_collective_then_the_cells_after_it(tmp_path):
 
     with jupyter_lab(root, lab_env()) as server, sync_playwright() as pw, \
             chromium(pw, tmp_path / "profile") as page:
-        base, token = server.split("|")
-        page.set_viewport_size({"width": 1400, "height": 1800})
         try:
-            page.goto(f"{base}/lab/tree/interrupt.ipynb?token={token}", timeout=60_000)
-            wait_for_kernel(page)
+            open_notebook(page, server, "interrupt.ipynb")
 
             # 1. the extension (this checkout's: the kernel sees it), a warm pool of 2
             _, out = _run(page, "start")

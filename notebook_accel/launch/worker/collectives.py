@@ -25,19 +25,24 @@ def _groups() -> list[tuple[str, Any]]:
             for index, group in enumerate(list(c10d._world.pg_map))]
 
 
-def _backend_count(group: Any) -> int | None:
+def _backend(group: Any) -> Any:
+    """The group's backend (CPU's, else CUDA's), or None."""
     import torch
 
     for device in ("cpu", "cuda"):
         try:
-            backend = group._get_backend(torch.device(device))
+            return group._get_backend(torch.device(device))
         except RuntimeError:
             continue
-        try:
-            return int(backend._get_sequence_number_for_group())
-        except Exception:  # noqa: BLE001 - a backend that does not count
-            return None
     return None
+
+
+def _backend_count(group: Any) -> int | None:
+    backend = _backend(group)
+    try:
+        return None if backend is None else int(backend._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - a backend that does not count
+        return None
 
 
 def group_counts() -> Counts | None:
@@ -71,19 +76,9 @@ class Cut:
     cheap enough to do at every profiled call)."""
 
     def __init__(self, groups: tuple[str, ...], total: int) -> None:
-        import torch
-
         self.total = total
-        self._backends: list[Any] = []
-        for name, group in _groups():
-            if name not in groups:
-                continue
-            for device in ("cpu", "cuda"):
-                try:
-                    self._backends.append(group._get_backend(torch.device(device)))
-                    break
-                except RuntimeError:
-                    continue
+        backends = (_backend(group) for name, group in _groups() if name in groups)
+        self._backends = [backend for backend in backends if backend is not None]
 
     def reached(self) -> bool:
         return sum(backend._get_sequence_number_for_group() for backend in self._backends) >= self.total
