@@ -64,7 +64,7 @@ class Kind(str, enum.Enum):
     RUN_DONE = "run_done"  # a pool worker finished a run (after its result or failure)
     STOP_ASK = "stop_ask"  # kernel -> a pool worker: the stop button; say where you are
     STOP_COUNT = "stop_count"  # a pool worker's answer: its collective counts, its stack
-    STOP_AT = "stop_at"  # kernel -> a pool worker: stop at this cut (None: now)
+    STOP_AT = "stop_at"  # kernel -> a pool worker: wait at this cut (None: stop now)
 
     @property
     def reliable(self) -> bool:
@@ -314,20 +314,27 @@ class StopCount:
         where: its main thread's stack, ``(file, line, instruction)`` per frame.
         in_user_code: the innermost frame is the user's own code (not a library's, such as a
             collective's wait).
+        watching_from: the total (collectives on the cut's groups) when its main thread began
+            to watch for the cut (None: not yet); a cut at or below it is already behind it.
+        waiting_at: the cut (its total) at which its main thread waits for the word to stop
+            (None: not waiting).
     """
 
     kind: ClassVar[Kind] = Kind.STOP_COUNT
     counts: dict[str, int] | None
     where: tuple[tuple[str, int, int], ...]
     in_user_code: bool = False
+    watching_from: int | None = None
+    waiting_at: int | None = None
     timestamp: float = field(default=0.0, kw_only=True)
 
 
 @_message
 @dataclass(slots=True)
 class StopAt:
-    """Kernel -> a pool worker: stop the run at the first point of the user's code once the
-    collectives issued on ``groups`` add up to ``total`` (``groups`` None: stop now)."""
+    """Kernel -> a pool worker: wait at the first point of the user's code once the
+    collectives issued on ``groups`` add up to ``total`` (a later one moves the cut on);
+    ``groups`` None: stop now (where it waits, if it waits at the cut)."""
 
     kind: ClassVar[Kind] = Kind.STOP_AT
     groups: tuple[str, ...] | None

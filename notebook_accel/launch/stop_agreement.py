@@ -1,14 +1,16 @@
 """The kernel's side of the warm pool's stop button: agree on a cut, then wait for it.
 
 Every rank of a pool run is asked where it stands (:class:`~notebook_accel.wire.StopAsk`);
-from the answers the kernel picks the cut: one collective past the furthest rank, so that
-every rank stops right after the same collective, at the same point of the same step (the
-worker side, ``launch/worker/stop_cut.py``, says why). Then it waits, at most
-``stop_wait`` seconds, for every rank to stop there; ranks found standing still at one
-and the same place (asleep on the same line: there may be no collective ahead) are
-stopped there at once. What cannot agree (a rank that does not answer, a group
-that does not count, a second press, a rank that ends or falls behind) is returned as the
-reason to stop at once instead, as before the cut existed.
+from the answers the kernel picks the cut: one collective past the furthest rank. Every
+rank runs on to it and waits at the first point of the user's code after it, the same
+point on every rank (the worker side, ``launch/worker/stop_cut.py``, says why). A rank
+that was past the cut before it began to watch moves the cut on, past every rank. When
+all wait at the cut, they are told to stop there. Ranks found standing still at one and
+the same place (asleep on the same line: there may be no collective ahead) are stopped
+there at once. The whole stop takes at most ``stop_wait`` seconds. What cannot agree (a
+rank that does not answer, a group that does not count, a second press, a rank that ends
+or does not reach the cut in time) is returned as the reason to stop at once instead, as
+before the cut existed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from notebook_accel.wire import StopAsk, StopAt, StopCount
 
 ASK_WAIT = 1.0  # seconds every rank has to answer (its reader thread answers in milliseconds)
 STOP_WAIT = 5.0  # default seconds every rank has to reach the cut (WorkerPool(stop_wait=...))
-PARK_CHECK = 0.15  # seconds between looks at whether the ranks stand still at one place
+LOOK_EVERY = 0.05  # seconds between looks at where the ranks stand while they run to the cut
 SAY_AFTER = 0.5  # a stop that takes longer says what it waits for
 
 
@@ -66,14 +68,26 @@ def _parked(before: Sequence[StopCount], after: Sequence[StopCount]) -> bool:
             and all(a.in_user_code for a in after) and len({a.where for a in after}) == 1)
 
 
+def _total(answer: StopCount, groups: tuple[str, ...]) -> int:
+    return sum(answer.counts.get(group, 0) for group in groups)
+
+
+def _behind_the_cut(answer: StopCount, groups: tuple[str, ...], total: int) -> bool:
+    """The rank cannot stop at ``total``: it was there or past it before it watched for it
+    (or it has not begun to watch and is there already)."""
+    start = answer.watching_from
+    return (start if start is not None else _total(answer, groups)) >= total
+
+
 def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
                    stop_wait: float = STOP_WAIT) -> str | None:
     """Stop the pool run's ``workers`` (those still in it) at a point they all reach.
 
-    The cut is one collective past the furthest rank: every rank runs on to it and stops
-    at the first point of the user's code after it, the same point on every rank. Ranks
-    that stand still at one and the same place (all asleep on one line) are stopped there
-    at once: they may have no collective ahead.
+    The cut is one collective past the furthest rank: every rank runs on to it and waits
+    at the first point of the user's code after it, the same point on every rank; when all
+    wait there, they stop. A rank already past the cut when it began to watch moves the
+    cut on. Ranks that stand still at one and the same place (all asleep on one line) are
+    stopped there at once: they may have no collective ahead.
 
     Args:
         workers: the supervisor's records of the ranks still running (``rank``,
@@ -95,13 +109,19 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
     if any(a.counts is None for a in first):
         return "a process group does not count its collectives, so no common point can be found"
     groups = tuple(sorted(set.intersection(*(set(a.counts) for a in first))))
-    totals = [sum(a.counts[g] for g in groups) for a in first]
+    totals = [_total(a, groups) for a in first]
     total = max(totals) + 1
     for w in asked:
         w.handle.command(StopAt(groups, total))
-    started, said = time.monotonic(), False
+    started, said, before = time.monotonic(), False, first
+
+    def waits(w: Any) -> bool:  # at the cut (each rank says so as it begins to wait)
+        return w.stop_count is not None and w.stop_count.waiting_at == total
+
     while True:
-        why = _wait(asked, lambda w: False, PARK_CHECK, poll)
+        why = _wait(asked, waits, LOOK_EVERY, poll)
+        if why is None:
+            return _stop_where_they_wait([w for w in asked if not w.finished], poll)
         if why != "timeout":
             return why
         if not said and time.monotonic() - started >= SAY_AFTER:
@@ -110,23 +130,29 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
                   f"collective {total:,} ({at}); press stop again to stop now",
                   file=sys.stderr, flush=True)
             said = True
-        if time.monotonic() - started >= stop_wait:
-            latest = [sum(a.counts.get(g, 0) for g in groups) for a in first]
-            behind = [w.rank for w, n in zip(asked, latest, strict=True)
-                      if not w.finished and n < total] or [w.rank for w in asked if not w.finished]
-            return (f"{ranks_text(behind)} did not reach collective {total:,} within "
-                    f"{stop_wait:g} s (stop_wait)")
         running = [w for w in asked if not w.finished]
+        if time.monotonic() - started >= stop_wait:
+            behind = [w.rank for w in running if w.stop_count is None or w.stop_count.waiting_at != total]
+            return (f"{ranks_text(behind or [w.rank for w in running])} did not reach "
+                    f"collective {total:,} within {stop_wait:g} s (stop_wait)")
         why = _ask(running, poll)
         if why is not None:
             return why
         now = [w.stop_count for w in running]
-        if _parked([a for w, a in zip(asked, first, strict=True) if not w.finished], now):
+        if any(_behind_the_cut(a, groups, total) for a in now if a.waiting_at is None):
+            total = max(_total(a, groups) for a in now) + 1  # past every rank: on to it
             for w in running:
-                w.handle.command(StopAt(None))
-            why = _wait(running, lambda w: False, ASK_WAIT, poll)
-            return None if why is None else why.replace("timeout", "they did not stop")
-        first = [w.stop_count if not w.finished else a for w, a in zip(asked, first, strict=True)]
+                w.handle.command(StopAt(groups, total))
+        elif _parked([a for w, a in zip(asked, before, strict=True) if not w.finished], now):
+            return _stop_where_they_wait(running, poll)
+        before = [w.stop_count if not w.finished else a for w, a in zip(asked, before, strict=True)]
+
+
+def _stop_where_they_wait(running: Sequence[Any], poll: Callable[[float], None]) -> str | None:
+    for w in running:
+        w.handle.command(StopAt(None))
+    why = _wait(running, lambda w: False, ASK_WAIT, poll)
+    return None if why is None else why.replace("timeout", "they did not stop")
 
 
 def stop_now(workers: Sequence[Any]) -> None:

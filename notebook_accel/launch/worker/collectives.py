@@ -70,15 +70,14 @@ def default_count() -> int | None:
     return -1 if count is None else count
 
 
-class Cut:
-    """Whether this rank has issued every collective up to a cut: the sum of its counts on
-    ``groups`` reaching ``total`` (its groups' backends are looked up once, so asking is
-    cheap enough to do at every profiled call)."""
+class Tally:
+    """The collectives this rank has issued on some groups, summed: where it stands against a
+    cut on those groups (the backends are looked up once, so counting is cheap enough to do
+    at every point of the user's code while a stop is pending)."""
 
-    def __init__(self, groups: tuple[str, ...], total: int) -> None:
-        self.total = total
+    def __init__(self, groups: tuple[str, ...]) -> None:
         backends = (_backend(group) for name, group in _groups() if name in groups)
         self._backends = [backend for backend in backends if backend is not None]
 
-    def reached(self) -> bool:
-        return sum(backend._get_sequence_number_for_group() for backend in self._backends) >= self.total
+    def count(self) -> int:
+        return sum(backend._get_sequence_number_for_group() for backend in self._backends)

@@ -9,14 +9,16 @@ agree on a cut first:
    thread answers at once, even while the main thread is blocked inside a collective,
    with its collective counts and where its main thread is
    (:class:`~notebook_accel.wire.StopCount`).
-2. The kernel sends the cut (:class:`~notebook_accel.wire.StopAt`): the counts every
-   rank can reach. When all ranks stand at the same place with the same counts, that
-   is where they are; otherwise one collective past the furthest rank, so that every
-   rank stops right after the same collective, at the same point of the same step.
-3. The reader thread signals the main thread (SIGINT); its handler raises
-   :class:`CutInterrupt` at the first point of the user's code (not torch's, ours or
-   the standard library's) once this rank has issued every collective up to the cut:
-   at once when it is there, else from a profile function that watches each call.
+2. The kernel sends a cut (:class:`~notebook_accel.wire.StopAt`): a collective count
+   beyond every rank's. The reader thread signals the main thread (SIGINT), whose
+   handler starts to watch: a profile function looks at every point of the user's code
+   (not torch's, ours or the standard library's) and, at the first one where this rank
+   has issued every collective up to the cut, waits there. That point is the same on
+   every rank, provided each began to watch before it reached the cut; a rank that was
+   already past it says so (``watching_from``) and the kernel moves the cut on, past
+   every rank (the ranks that wait there go on to the new one).
+3. When every rank waits at the cut, the kernel says stop (``StopAt(None)``): each
+   raises :class:`CutInterrupt` where it waits.
 
 The kernel bounds the wait and falls back to an immediate stop (``StopAt(None)``) for
 a rank that cannot reach the cut. The reader thread is also the worker's one reader
@@ -36,7 +38,7 @@ from types import FrameType
 from typing import Any
 
 from notebook_accel import wire
-from notebook_accel.launch.worker.collectives import Cut, group_counts
+from notebook_accel.launch.worker.collectives import Tally, group_counts
 from notebook_accel.wire import Run, StopAsk, StopAt, StopCount
 
 
@@ -46,10 +48,22 @@ class CutInterrupt(KeyboardInterrupt):
 
 
 class _State:
-    active = False  # a run was received and has not ended: stop requests are for it
-    running = False  # the main thread runs the run's function: a stop may be raised
-    target: tuple[tuple[str, ...], int] | None = None  # (groups, total): the cut
-    now = False  # stop at once (no cut, or the kernel gave up waiting for it)
+    """A run's stop request, shared by the main thread and the reader thread."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()  # the reader thread's news for a waiting main thread
+        self.reset(active=False)
+
+    def reset(self, active: bool) -> None:
+        self.active = active  # a run was received and has not ended: stop requests are for it
+        self.running = False  # the main thread runs the run's function: a stop may be raised
+        self.groups: tuple[str, ...] | None = None  # the cut's groups (None: no cut asked)
+        self.total = 0  # the cut: collectives on ``groups``
+        self.now = False  # stop at once (no cut, or the kernel's word at the cut)
+        self.tally: Tally | None = None  # this rank's count on ``groups`` (once it watches)
+        self.watching_from: int | None = None  # that count when the watch began
+        self.waiting_at: int | None = None  # the cut at which the main thread waits
+        self.wake.clear()
 
 
 _state = _State()
@@ -89,52 +103,72 @@ def _users(frame: FrameType | None) -> bool:
 
 
 def begin_run() -> None:
-    """The main thread starts the run's function (a stop asked meanwhile is armed now)."""
+    """The main thread starts the run's function (a stop asked meanwhile is watched for now)."""
     _state.running = True
-    if _state.target is not None or _state.now:
-        _arm(None)
+    if _state.groups is not None or _state.now:
+        _watch()
 
 
 def end_run() -> None:
     """The run ended: later signals are ignored, the profile function is gone."""
-    _state.running = _state.active = False
     sys.setprofile(None)
+    _state.running = _state.active = False
 
 
 def on_sigint(signum: int, frame: FrameType | None) -> None:
     """The main thread's SIGINT handler (see the module's docstring)."""
-    if not _state.running:
-        return  # before the run's function started (armed by begin_run), or after it ended
-    if _state.target is None or _state.now:
+    if not _state.running or _state.waiting_at is not None:
+        return  # before the run's function (begin_run watches), after it, or waiting at the cut
+    if _state.groups is None or _state.now:
         raise KeyboardInterrupt  # the kernel's plain interrupt, or its "now": stop here
-    _arm(frame)
+    if _state.tally is None:
+        _watch()
 
 
-def _arm(frame: FrameType | None) -> None:
-    """Raise at this point if it is where the run must stop, else watch the calls until it is."""
-    cut = None if _state.now else Cut(*_state.target)
-    reached = cut is None or cut.reached()
-    if reached and _users(frame):
-        raise CutInterrupt if cut is not None else KeyboardInterrupt
-    sys.setprofile(_watch(cut, reached))
+def _watch() -> None:
+    """Watch the user's code for the cut: the profile first, then the count it starts from
+    (so that no collective issued after that count goes unwatched)."""
+    if _state.groups is not None:
+        _state.tally = Tally(_state.groups)
+    sys.setprofile(_at_users_code)
+    if _state.tally is not None:
+        _state.watching_from = _state.tally.count()
 
 
-def _watch(cut: Cut | None, reached: bool) -> Any:
-    """The profile function that raises at the first point of the user's code once ``cut``
-    is reached (None: at once). The count can only grow when a C function returns, so the
-    cut is looked at then only, and once reached, never again: the cost stays small even in
-    code that makes many Python calls per step (FSDP2's)."""
+def _at_users_code(frame: FrameType, event: str, arg: Any) -> None:
+    """The profile function: at each point of the user's code, stop now if asked, else wait
+    there once this rank has reached the cut (when it began to watch before the cut)."""
+    if not _users(frame.f_back if event == "call" else frame):
+        return
+    state = _state
+    if state.now:
+        sys.setprofile(None)
+        raise KeyboardInterrupt
+    start, total = state.watching_from, state.total
+    if start is None or start >= total or state.tally.count() < total:
+        return
+    state.waiting_at = total
+    _say_where()
+    try:
+        while not state.now and state.total == total:  # a new cut: go on to it
+            state.wake.wait()
+            state.wake.clear()
+    finally:
+        state.waiting_at = None
+    if state.now:
+        sys.setprofile(None)
+        raise CutInterrupt
 
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        nonlocal reached
-        if not reached:
-            if event != "c_return" or not cut.reached():
-                return
-            reached = True
-        if _users(frame.f_back if event == "call" else frame):
-            sys.setprofile(None)
-            raise CutInterrupt if cut is not None else KeyboardInterrupt
-    return profile
+
+_answer: Any = None  # sends a message to the kernel (set by Commands)
+
+
+def _say_where() -> None:
+    """Tell the kernel where this rank stands (the answer to a :class:`StopAsk`; also sent
+    unasked when the main thread begins to wait at the cut, so that the stop takes no longer
+    than it must)."""
+    _answer(StopCount(group_counts(), *where_now(threading.main_thread().ident),
+                    watching_from=_state.watching_from, waiting_at=_state.waiting_at))
 
 
 def where_now(thread_id: int) -> tuple[tuple[tuple[str, int, int], ...], bool]:
@@ -154,7 +188,8 @@ class Commands:
 
     def __init__(self, fd: int, answer: Any) -> None:
         self.fd = fd
-        self.answer = answer  # sends a message on the control channel (thread-safe)
+        global _answer
+        _answer = answer  # sends a message on the control channel (thread-safe)
         self.main = threading.main_thread().ident
         self.queue: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._read, name="notebook_accel commands", daemon=True).start()
@@ -177,13 +212,23 @@ class Commands:
                 return
             if type(message) is StopAsk:
                 if _state.active:
-                    self.answer(StopCount(group_counts(), *where_now(self.main)))
+                    _say_where()
             elif type(message) is StopAt:
                 if _state.active:
-                    _state.now = message.groups is None
-                    _state.target = None if _state.now else (message.groups, message.total)
-                    signal.pthread_kill(self.main, signal.SIGINT)
+                    self._stop_at(message)
             else:
                 if type(message) is Run:  # stop requests from now on are for this run
-                    _state.target, _state.now, _state.active = None, False, True
+                    _state.reset(active=True)
                 self.queue.put(message)
+
+    def _stop_at(self, message: StopAt) -> None:
+        """A cut (or a new one, further on), or stop now: a waiting main thread is woken;
+        one that does not watch yet is signalled (its handler begins to watch, or stops)."""
+        if message.groups is None:
+            _state.now = True
+        else:
+            _state.groups, _state.total = message.groups, message.total
+        waiting = _state.waiting_at is not None
+        _state.wake.set()
+        if not waiting and (_state.now or _state.tally is None):
+            signal.pthread_kill(self.main, signal.SIGINT)

@@ -1,0 +1,99 @@
+"""The kernel's side of the stop button against simulated ranks: the cut it picks, moving it on
+when a rank was past it before it watched, and the word to stop once every rank waits there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from notebook_accel.launch.stop_agreement import agree_and_stop
+from notebook_accel.wire import StopAsk, StopAt, StopCount
+
+
+@dataclass
+class Rank:
+    """A rank that issues ``speed`` collectives per poll, begins to watch ``lag`` polls after
+    it is told a cut, and waits at a cut it reached after it began to watch."""
+
+    rank: int
+    count: int
+    speed: int = 1
+    lag: int = 0
+    cut: int | None = None
+    watching_from: int | None = None
+    waiting_at: int | None = None
+    finished: bool = False
+    exited: bool = False
+    stop_count: StopCount | None = None
+    sent: list = field(default_factory=list)
+    stopped_at: int | None = None
+
+    @property
+    def handle(self) -> Rank:
+        return self
+
+    def command(self, message) -> bool:
+        self.sent.append(message)
+        if type(message) is StopAsk:
+            self._answer()
+        elif type(message) is StopAt and message.groups is None:
+            self.finished, self.stopped_at = True, self.count
+        elif type(message) is StopAt:
+            self.cut = message.total
+            if self.waiting_at is not None and self.waiting_at != self.cut:
+                self.waiting_at = None  # a new cut: go on to it
+        return True
+
+    def _answer(self) -> None:
+        self.stop_count = StopCount({"0": self.count}, (("<cell>", 1, 2),), False,
+                                    watching_from=self.watching_from, waiting_at=self.waiting_at)
+
+    def step(self) -> None:
+        if self.finished or self.waiting_at is not None:
+            return
+        if self.cut is not None and self.watching_from is None:
+            if self.lag:
+                self.lag -= 1
+            else:
+                self.watching_from = self.count
+        if self.cut is not None and self.watching_from is not None and self.watching_from < self.cut \
+                and self.count >= self.cut:
+            self.waiting_at = self.cut
+            self._answer()  # said unasked, as a rank does when it begins to wait
+            return
+        self.count += self.speed
+
+
+def poller(ranks):
+    def poll(seconds: float) -> None:
+        for rank in ranks:
+            rank.step()
+    return poll
+
+
+def cuts(rank: Rank) -> list[int]:
+    return [m.total for m in rank.sent if type(m) is StopAt and m.groups is not None]
+
+
+def test_every_rank_runs_on_to_one_collective_past_the_furthest_and_stops_there():
+    ranks = [Rank(0, count=10), Rank(1, count=12)]
+    assert agree_and_stop(ranks, poller(ranks), stop_wait=5) is None
+    assert [cuts(r) for r in ranks] == [[13], [13]]
+    assert [r.stopped_at for r in ranks] == [13, 13]
+
+
+def test_a_rank_past_the_cut_before_it_watched_moves_the_cut_on_past_every_rank():
+    # rank 1 is told the cut (13) but begins to watch only at 16: where it should have
+    # stopped is behind it, so the kernel moves the cut on and rank 0 goes on from 13 to it
+    ranks = [Rank(0, count=10), Rank(1, count=12, lag=4)]
+    assert agree_and_stop(ranks, poller(ranks), stop_wait=5) is None
+    assert cuts(ranks[0]) == cuts(ranks[1]) and len(cuts(ranks[0])) >= 2, cuts(ranks[0])
+    final = cuts(ranks[0])[-1]
+    assert final > ranks[1].watching_from
+    assert [r.stopped_at for r in ranks] == [final, final]
+
+
+def test_a_rank_that_never_reaches_the_cut_is_named_after_stop_wait():
+    ranks = [Rank(0, count=10), Rank(1, count=10, speed=0)]  # rank 1 stuck (in compute, say)
+    why = agree_and_stop(ranks, poller(ranks), stop_wait=0.3)
+    assert why == "rank 1 did not reach collective 11 within 0.3 s (stop_wait)"
+    assert ranks[0].waiting_at == 11 and not ranks[1].finished
