@@ -198,10 +198,10 @@ def resolve_job(
     valid = ("None (every core), 1 or " + str(cores) if cores is not None and cores > 1
              else "None (every core) or 1")
     if cores is not None and num_processes > cores:
+        chips = " (one process per chip at most: a v5e-1 has 1, a v5e-8 has 8)" if pjrt == "TPU" else ""
         raise ValueError(
             f"num_processes={num_processes} with device='xla', but this {pjrt} has {cores} "
-            f"{'core' if cores == 1 else 'cores'} (one process each at most; a v5e-1 has 1, "
-            f"a v5e-8 has 8). Valid here: num_processes={valid}"
+            f"{'core' if cores == 1 else 'cores'}{chips}. Valid here: num_processes={valid}"
         )
     where = (f"all {cores} cores of this {pjrt}" if cores is not None
              else f"every core of this {pjrt} (their number is unknown before the runtime starts)")
