@@ -99,3 +99,17 @@ def test_demo_notebook_runs(path, monkeypatch):
         assert f"world size from the saved file: {every}" in text
         assert f"mixed_precision: {devices.best_precision('cpu', hw)}" not in text  # saved as auto
         assert "mixed_precision: auto" in text
+
+
+def test_demos_hard_code_no_process_count_or_precision():
+    """Colab has one GPU, Kaggle two T4s (no bf16), a TPU one or eight chips: a demo asks for
+    every device and the best precision, never a count or bf16 of its own (issue 31, part 4)."""
+    import json
+
+    hard = re.compile(r"num_processes=[2-9]|\s-n\s*[2-9]|--num-processes\s*[2-9]|\"bf16\"|'bf16'"
+                      r"|--mixed-precision\s+bf16|num_processes\.value\s*=")
+    for path in (Path(__file__).parents[2] / "demo_notebooks").glob("*.ipynb"):
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "code":
+                assert not hard.search(source), (path.name, hard.search(source)[0])
