@@ -8,6 +8,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from magics import config_hint
 from magics.cell.arguments import launch_options
 
 
@@ -63,10 +64,8 @@ def test(args: argparse.Namespace) -> None:
         raise SanityCheckFailed("the sanity check failed; see the FAIL lines above")
 
 
-PANEL_MISSING = (
-    "The configuration panel is not available in this installation yet. Meanwhile, "
-    "`!notebook-accel config --num-processes 2 --mixed-precision bf16` writes the config file "
-    "(see `!notebook-accel config --help`), and `%accelerate env` shows the config in force.")
+PANEL_MISSING = ("The configuration panel is not available in this installation yet. Meanwhile, "
+                 "`%accelerate env` shows the config in force, and:\n" + config_hint.TERMINAL)
 
 
 def config(args: argparse.Namespace) -> Any:

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 # The vocabularies.
-MIXED_PRECISIONS = ("no", "fp16", "bf16")  # what a launch and Accelerator() accept
-FILE_MIXED_PRECISIONS = (*MIXED_PRECISIONS, "fp8")  # what Accelerate's config file may hold
+MIXED_PRECISIONS = ("no", "fp16", "bf16")  # what Accelerator() (and so every worker) accepts
+# A launch also takes "auto": the best the hardware supports (machine/devices.best_precision),
+# decided in the kernel, so the workers get one of MIXED_PRECISIONS.
+LAUNCH_MIXED_PRECISIONS = (*MIXED_PRECISIONS, "auto")
+FILE_MIXED_PRECISIONS = (*MIXED_PRECISIONS, "fp8", "auto")  # what the config file may hold
 DEVICE_TYPES = ("cpu", "cuda", "xla")
 START_METHODS = ("auto", "fork", "forkserver", "spawn")
 OUTPUT_CHOICES = ("all", "main", "none")
@@ -166,8 +169,10 @@ _OPTIONS = (
          low=1,
          env=NUM_PROCESSES_ENV, file_key="num_processes", config_flag=True,
          magic_flag="--num-processes", cli_flag="--num-processes", panel_field="num_processes"),
-    _Opt("mixed_precision", str, "read by Accelerator() in the workers",
-         choices=MIXED_PRECISIONS, default="no",
+    _Opt("mixed_precision", str, "read by Accelerator() in the workers; auto: the best this "
+         "hardware supports (bf16 on TPUs, Ampere+ GPUs and CPUs with bf16 instructions, fp16 on "
+         "older GPUs, else no)",
+         choices=LAUNCH_MIXED_PRECISIONS, default="no",
          env=MIXED_PRECISION_ENV, file_key="mixed_precision", config_flag=True,
          magic_flag="--mixed-precision", cli_flag="--mixed-precision",
          panel_field="precision_buttons"),

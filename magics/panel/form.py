@@ -15,6 +15,7 @@ from pathlib import Path
 
 import ipywidgets as widgets
 
+from magics import config_hint
 from magics.panel.controls import LABEL, ButtonChoice, tip
 from magics.panel.deepspeed import DeepSpeedFields
 from magics.panel.fsdp import FsdpFields
@@ -194,8 +195,18 @@ class ConfigPanel(widgets.VBox):
                 self.start_method, self.dynamo_backend, self.num_machines, self.multi_node, self.strategy.box,
                 self.deepspeed.box, self.messages, buttons, self.saved, self.status, self.code, self.test_output]
 
-    def __repr__(self) -> str:  # the text/plain of a saved notebook, instead of every child
-        return f"ConfigPanel(config_file={str(self.path)!r})"
+    def __repr__(self) -> str:
+        """The panel as text (instead of every child), what a front end shows where widgets do
+        not render: where it saves, and how to configure from a terminal instead."""
+        return f"notebook_accel config panel ({config_hint.SHORT}); file: {self.path}\n" + \
+            config_hint.TERMINAL
+
+    def _repr_mimebundle_(self, **kwargs: object) -> dict | None:
+        """ipywidgets 8's bundle, with the whole text (it cuts ``text/plain`` at 110 characters)."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:
+            bundle["text/plain"] = repr(self)
+        return bundle
 
     @property
     def mixed_precision(self) -> str:

@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from notebook_accel.contract import DYNAMO_BACKENDS
+from notebook_accel.machine import devices
 from notebook_accel.machine.gpu_support import BF16_WHY, bf16_verdicts
 from notebook_accel.machine.gpu_support import gpu_supports_bf16 as gpu_supports_bf16  # the tests'
 from notebook_accel.machine.hardware import Hardware
@@ -28,10 +29,10 @@ class Choice:
 
 
 def effective_device(device: str, hw: Hardware) -> str:
-    """The device ``device`` means here: ``"auto"`` is CUDA with a GPU, else CPU (as the launcher)."""
-    if device != "auto":
-        return device
-    return "cuda" if hw.gpu_count else "cpu"
+    """The device ``device`` means here: ``"auto"`` is what the launcher picks
+    (:func:`notebook_accel.machine.devices.auto_device`: CUDA with a GPU, else XLA on a TPU, else
+    the CPU)."""
+    return devices.auto_device(hw) if device == "auto" else device
 
 
 def device_choices(hw: Hardware) -> list[Choice]:
@@ -47,20 +48,20 @@ def device_choices(hw: Hardware) -> list[Choice]:
 
 
 def default_processes(device: str, hw: Hardware) -> int:
-    """What the launcher picks when the file sets no count: one per GPU, else per core (max 8)."""
-    if effective_device(device, hw) == "cuda" and hw.gpu_count:
-        return hw.gpu_count
-    return max(1, min(hw.cpu_count, 8))
+    """What the launcher picks when the file sets no count: every device
+    (:func:`notebook_accel.machine.devices.every_device`)."""
+    return devices.every_device(effective_device(device, hw), hw) or 1
 
 
 def max_processes(device: str, hw: Hardware) -> int:
-    """The widget's upper bound: the GPU count on CUDA; on CPU, oversubscribing up to 4 per core
-    is allowed (with a note, see :func:`~magics.panel.state.validate`); 8 TPU cores on XLA."""
+    """The widget's upper bound: the GPU count on CUDA; the TPU's cores on XLA (8 when unknown);
+    on CPU, oversubscribing up to 4 per core is allowed (with a note, see
+    :func:`~magics.panel.state.validate`)."""
     dev = effective_device(device, hw)
     if dev == "cuda":
         return max(1, hw.gpu_count)
     if dev == "xla":
-        return 8
+        return hw.tpu_cores or 8
     return max(8, 4 * hw.cpu_count)
 
 
@@ -96,6 +97,9 @@ def precision_choices(device: str, hw: Hardware) -> list[Choice]:
         _bf16_choice(dev, hw),
         Choice("fp8", False, "fp8 is not supported by notebook_accel yet (the peer needs "
                              "Transformer Engine or torchao on Hopper/Ada GPUs)"),
+        Choice("auto", True, f"the best this hardware supports, decided at launch: "
+                             f"{devices.best_precision(dev, hw)} here "
+                             f"({devices.precision_why(dev, hw)})"),
     ]
 
 

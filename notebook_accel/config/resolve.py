@@ -17,34 +17,35 @@ __all__ = ["ENV_OPTIONS", "detect_default_config", "device_to_save", "layered_op
 def detect_default_config() -> LaunchConfig:
     """A config for this machine's hardware (found without initialising CUDA).
 
-    GPUs: one process per GPU on ``cuda``; TPU: ``xla``; otherwise ``cpu``. On TPU
-    and CPU ``num_processes`` stays unset, so the launcher picks it.
+    The device a launch's auto picks (:func:`~notebook_accel.machine.devices.auto_device`): on
+    ``cuda`` one process per GPU; on ``xla`` and ``cpu`` ``num_processes`` stays unset, so the
+    launcher picks it.
     """
+    from notebook_accel.machine.devices import auto_device
     from notebook_accel.machine.hardware import detect
 
     hw = detect()
-    if hw.tpu:
-        return LaunchConfig().with_device("xla")
-    if hw.gpu_count:
-        return LaunchConfig(num_processes=hw.gpu_count).with_device("cuda")
-    return LaunchConfig().with_device("cpu")
+    device = auto_device(hw)
+    return LaunchConfig(num_processes=hw.gpu_count if device == "cuda" else None).with_device(device)
 
 
 def device_to_save(device: str | None, config: LaunchConfig, hw: Any = None) -> str | None:
     """The device a saved file names for ``device`` (None: auto) in ``config``.
 
     With several processes (or machines) auto is written as what the launcher's auto picks
-    on ``hw`` (cuda with a GPU, else xla on a TPU, else cpu; ``hw`` defaults to this machine's
-    :func:`~notebook_accel.machine.hardware.detect`): the peer's format has no "auto" there,
-    and its ``accelerate launch`` would run one process (:meth:`LaunchConfig.with_device`).
+    on ``hw`` (:func:`~notebook_accel.machine.devices.auto_device`; ``hw`` defaults to this
+    machine's :func:`~notebook_accel.machine.hardware.detect`): the peer's format has no "auto"
+    there, and its ``accelerate launch`` would run one process (:meth:`LaunchConfig.with_device`).
     """
     if device is not None or ((config.num_processes or 1) <= 1 and config.num_machines <= 1):
         return device
+    from notebook_accel.machine.devices import auto_device
+
     if hw is None:
         from notebook_accel.machine.hardware import detect
 
         hw = detect()
-    return "cuda" if hw.gpu_count else "xla" if hw.tpu else "cpu"
+    return auto_device(hw)
 
 
 def _from_env(option: str) -> Any:

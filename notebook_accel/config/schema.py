@@ -15,7 +15,7 @@ from notebook_accel.strategies.registry import config_sections
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 # MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
-# files load); a launch accepts only notebook_accel.contract.MIXED_PRECISIONS and says so.
+# files load, and our "auto"); a launch accepts only contract.LAUNCH_MIXED_PRECISIONS and says so.
 _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect); use_cpu: cpu
     "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "TPU": "xla",
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected

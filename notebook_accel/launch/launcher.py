@@ -25,6 +25,7 @@ from notebook_accel.launch.supervisor import Supervisor
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views import make_view
 from notebook_accel.launch.views.text import say, starting_text
+from notebook_accel.machine import devices, hardware
 
 
 def notebook_launcher(
@@ -62,9 +63,12 @@ def notebook_launcher(
         function: any callable; functions and classes defined in the notebook
             travel by value (cloudpickle).
         args, kwargs: its arguments; each must be picklable.
-        num_processes: workers on this machine; default: one per visible GPU, or
-            one per CPU core (at most 8) without a GPU.
-        mixed_precision: "no" (default), "fp16" or "bf16"; read by ``Accelerator()``.
+        num_processes: workers on this machine; default (None): every device, that is one
+            per visible GPU, one per TPU core, or one per CPU core (at most 8) without either.
+        mixed_precision: "no" (default), "fp16", "bf16", or "auto": the best this hardware
+            supports (bf16 on a TPU, on Ampere-or-newer GPUs and on CPUs with bf16
+            instructions; fp16 on older GPUs; else "no"), decided in the kernel and said in
+            the launch's first lines; read by ``Accelerator()``.
         use_port: rendezvous port; default: a free one, picked per launch.
         master_addr, node_rank, num_nodes: multi-machine jobs (same call on each node). The
             nodes must meet within 300 s (or ``timeout``, if shorter), else a ``TimeoutError``
@@ -197,6 +201,9 @@ def plan_launch(explicit: dict[str, Any], *, config_file: str | os.PathLike | No
         sources = {"mixed_precision": where} if where else {}
     plan = make_plan(**options, **settings, sources=sources,
                      starting=lambda count, start: announce_start(count, start.method, output))
+    if options.get("mixed_precision") == "auto":
+        notes.append(f"mixed precision auto: {plan.mixed_precision} "
+                     f"({devices.precision_why(plan.device_type, hardware.detect())})")
     note = shm_note(plan)
     if note is not None:
         notes.append(note)

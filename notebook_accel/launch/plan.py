@@ -16,11 +16,10 @@ from notebook_accel.contract import DYNAMO_BACKEND_ENV, OPTIONS
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
 from notebook_accel.launch.stop_agreement import STOP_WAIT
-from notebook_accel.machine import gpu_support, hardware
+from notebook_accel.machine import devices, gpu_support, hardware
 from notebook_accel.machine.tpu import XlaJob, xla_job
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-_MAX_DEFAULT_CPU_PROCESSES = 8
 SHM_NEEDED = 512 << 20  # /dev/shm below this: a multi-process launch is warned (Docker gives 64 MB)
 _shm_said: set[tuple[int, bool]] = set()  # (size, NCCL part): each said once per kernel
 
@@ -69,23 +68,17 @@ class LaunchPlan:
         return max(1, hardware.detect().cpu_count // self.num_processes)
 
 
-def _device_type(device: str | None, gpus: int, tpu: bool = False) -> str:
+def _device_type(device: str | None, hw: hardware.Hardware) -> str:
     if device is not None:
         device = OPTIONS["device"].check(device)
-    if device == "cuda" and gpus == 0:
+    if device == "cuda" and hw.gpu_count == 0:
         raise ValueError("device='cuda' but no NVIDIA GPU is visible to this kernel")
-    if device is not None:
-        return device
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        return "cpu"
-    return "cuda" if gpus else "xla" if tpu else "cpu"
+    return device if device is not None else devices.auto_device(hw)
 
 
 def _num_processes(value: object, device_type: str, hw: hardware.Hardware) -> int:
     if value is None:
-        if device_type == "cuda":
-            return hw.gpu_count
-        return max(1, min(hw.cpu_count, _MAX_DEFAULT_CPU_PROCESSES))
+        return devices.every_device(device_type, hw) or 1
     count = OPTIONS["num_processes"].check(value)
     if device_type == "cuda" and count > hw.gpu_count:
         raise ValueError(
@@ -216,10 +209,12 @@ def make_plan(
         starting(wanted, start)  # the checks that need no hardware passed; it may take seconds
 
     hw = hardware.detect()
-    device_type = _device_type(device, hw.gpu_count, hw.tpu)
+    device_type = _device_type(device, hw)
+    if mixed_precision == "auto":
+        mixed_precision = devices.best_precision(device_type, hw)
     xla = None
     if device_type == "xla":  # one host worker; torch_xla starts the cores
-        xla, count = xla_job(wanted, num_nodes), 1
+        xla, count = xla_job(wanted, tpu=hw.tpu, tpu_cores=hw.tpu_cores, num_nodes=num_nodes), 1
     else:
         count = _num_processes(wanted, device_type, hw)
         if device_type == "cuda":
@@ -244,6 +239,9 @@ def _cluster_plan(cluster: str, num_processes: object, num_nodes: int, node_rank
         raise ValueError(f"node_rank={node_rank} with cluster={cluster!r}: one kernel drives every "
                          "node of a cluster job, so leave node_rank unset (0)")
     device_type = "cpu" if device is None else OPTIONS["device"].check(device)
+    if mixed_precision == "auto":
+        raise ValueError(f"mixed_precision='auto' with cluster={cluster!r}: the nodes' hardware is "
+                         "not known before they start; use 'no', 'fp16' or 'bf16'")
     if device_type == "xla":
         raise ValueError(f"device='xla' with cluster={cluster!r}: a cluster job runs on 'cpu' or "
                          "'cuda'")

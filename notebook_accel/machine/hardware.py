@@ -31,6 +31,8 @@ class Hardware:
     tpu: bool = False
     # per GPU, in gpu_names' order: its compute capability, None where unknown (or all unknown: ())
     gpu_capabilities: tuple[Capability | None, ...] = field(default_factory=tuple)
+    tpu_cores: int | None = None  # XLA devices on this host (machine/tpu.py), None: unknown
+    cpu_bf16: bool = False  # the CPU computes bf16 natively (AVX512-BF16, AMX, Arm's BF16)
 
     @property
     def gpu_count(self) -> int:
@@ -45,7 +47,7 @@ class Hardware:
         """One human line, e.g. ``2 × NVIDIA H100, 32 CPU cores``."""
         parts = []
         if self.tpu:
-            parts.append("TPU")
+            parts.append(f"TPU ({self.tpu_cores} cores)" if self.tpu_cores else "TPU")
         if self.gpu_names:
             names = sorted(set(self.gpu_names))
             parts.append(", ".join(f"{self.gpu_names.count(n)} × {n}" for n in names))
@@ -186,6 +188,25 @@ def _libtpu_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+_CPU_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 flags; Arm's "Features: ... bf16"
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has native bf16 instructions, from ``/proc/cpuinfo`` (``cpuinfo``: its
+    text; read when None). Without them torch's bf16 autocast on the CPU is emulated, slower
+    than float32."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features") and _CPU_BF16_FLAGS & set(value.split()):
+            return True
+    return False
+
+
 def shm_bytes(path: str = _SHM) -> int | None:
     """The size of ``/dev/shm`` (NCCL's shared-memory transport and DataLoader workers pass data
     through it; Docker gives 64 MB unless ``--shm-size``), or None where there is none."""
@@ -197,12 +218,17 @@ def shm_bytes(path: str = _SHM) -> int | None:
 
 
 def detect() -> Hardware:
-    """Detect the hardware (cached; looked at again when ``CUDA_VISIBLE_DEVICES`` changes)."""
-    return _detect(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    """Detect the hardware (cached; looked at again when ``CUDA_VISIBLE_DEVICES`` or
+    ``PJRT_DEVICE`` changes)."""
+    return _detect(os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("PJRT_DEVICE"))
 
 
 @functools.lru_cache(maxsize=4)
-def _detect(visible: str | None) -> Hardware:
+def _detect(visible: str | None, pjrt: str | None) -> Hardware:
+    from notebook_accel.machine.tpu import tpu_core_count
+
     names = gpu_names()
-    return Hardware(cpu_count=_cpu_count(), gpu_names=tuple(names), tpu=tpu_present(),
-                    gpu_capabilities=gpu_capabilities(names))
+    tpu = tpu_present()
+    return Hardware(cpu_count=_cpu_count(), gpu_names=tuple(names), tpu=tpu,
+                    gpu_capabilities=gpu_capabilities(names),
+                    tpu_cores=tpu_core_count() if tpu else None, cpu_bf16=cpu_has_bf16())

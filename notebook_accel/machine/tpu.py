@@ -130,6 +130,35 @@ def runtime_initialised_message(interactive: bool = True) -> str:
             "device here), so it holds the TPU and torch_xla cannot start its workers. " + fix)
 
 
+def _installed(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (read from its metadata, never imported)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def install_hint() -> str:
+    """How to get torch_xla where it is missing, leaving what the platform installed alone.
+
+    Colab's and Kaggle's TPU runtimes ship torch, torch_xla and libtpu, matched (Kaggle pins
+    libtpu on purpose): there is nothing to install. Where torch is installed, the hint names the
+    torch_xla of the same version (without the ``[tpu]`` extra when libtpu is there, so it stays);
+    where torch is not, a CPU build of torch (PyPI's is a CUDA build of several GB) first.
+    """
+    torch_version = _installed("torch")
+    if torch_version is not None:
+        base = torch_version.split("+")[0]
+        extra = "" if _installed("libtpu") else "[tpu]"
+        return (f"pip install \"torch_xla{extra}=={base}\" (the torch_xla of the installed torch "
+                f"{torch_version}; it leaves {'torch' if extra else 'torch and libtpu'} alone)")
+    return ("pip install torch --index-url https://download.pytorch.org/whl/cpu, then "
+            "pip install \"torch_xla[tpu]==<that torch's version>\" (a CPU build of torch: PyPI's "
+            "is a CUDA build of several GB); Colab's and Kaggle's TPU runtimes have both already")
+
+
 def resolve_job(
     num_processes: int | None,
     *,
@@ -166,33 +195,41 @@ def resolve_job(
         return XlaJob(pjrt, 1, 1)
     if cores is not None and num_processes == cores:
         return XlaJob(pjrt, None, cores)
+    valid = ("None (every core), 1 or " + str(cores) if cores is not None and cores > 1
+             else "None (every core) or 1")
+    if cores is not None and num_processes > cores:
+        chips = " (one process per chip at most: a v5e-1 has 1, a v5e-8 has 8)" if pjrt == "TPU" else ""
+        raise ValueError(
+            f"num_processes={num_processes} with device='xla', but this {pjrt} has {cores} "
+            f"{'core' if cores == 1 else 'cores'}{chips}. Valid here: num_processes={valid}"
+        )
     where = (f"all {cores} cores of this {pjrt}" if cores is not None
              else f"every core of this {pjrt} (their number is unknown before the runtime starts)")
-    allowed = "num_processes=None" + (f" or {cores}" if cores is not None and cores > 1 else "")
     raise ValueError(
         f"num_processes={num_processes} with device='xla': torch_xla's launcher runs either "
-        f"one process per chip on {where} ({allowed}), or a single process on one chip "
-        "(num_processes=1); it refuses other counts"
+        f"one process per chip on {where}, or a single process on one chip; it refuses other "
+        f"counts. Valid here: num_processes={valid}"
     )
 
 
-def xla_job(num_processes: int | None, num_nodes: int = 1) -> XlaJob:
+def xla_job(num_processes: int | None, *, tpu: bool, tpu_cores: int | None,
+            num_nodes: int = 1) -> XlaJob:
     """Check the options of a device ``"xla"`` launch against this machine.
 
-    Reads ``PJRT_DEVICE`` and the TPU's PCI / ``/dev`` entries; never imports
-    torch_xla. Called by the launch plan, before any worker starts.
+    Reads ``PJRT_DEVICE``; ``tpu`` and ``tpu_cores`` are what
+    :func:`~notebook_accel.machine.hardware.detect` found (the launch plan and the panel see the
+    same). Never imports torch_xla. Called by the launch plan, before any worker starts.
 
     Raises:
         ValueError: no TPU and no ``PJRT_DEVICE``, several nodes, or a
             ``num_processes`` torch_xla cannot run (the message says what it can).
     """
-    from notebook_accel.machine import hardware
-
-    pjrt = pjrt_device(tpu=hardware.tpu_present())
-    cores = tpu_core_count() if pjrt == "TPU" else None
+    pjrt = pjrt_device(tpu=tpu)
+    cores = tpu_cores if pjrt == "TPU" else None
     if pjrt == "CPU":
         cores = int(os.environ.get("CPU_NUM_DEVICES") or 1)
     return resolve_job(num_processes, pjrt=pjrt, cores=cores, num_nodes=num_nodes)
+
 
 def bf16_environment(mixed_precision: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The torch_xla variables for the peer's ``downcast_bf16`` (``ACCELERATE_DOWNCAST_BF16``).

@@ -19,10 +19,10 @@ def _import(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(
-            f"the XLA device needs torch_xla, which is not importable here ({exc}); on a TPU "
-            "runtime install it with `pip install torch~=2.9.0 'torch_xla[tpu]~=2.9.0'`"
-        ) from exc
+        from notebook_accel.machine.tpu import install_hint
+
+        raise ImportError(f"the XLA device needs torch_xla, which is not importable here ({exc}); "
+                          f"on a TPU machine without it: {install_hint()}") from exc
 
 
 def _xm() -> Any:

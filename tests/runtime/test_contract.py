@@ -53,7 +53,9 @@ def test_vocabularies_are_the_tables():
     from notebook_accel.launch import environment, start_method
     from notebook_accel.launch.output import OUTPUT_CHOICES
 
-    assert OPTIONS["mixed_precision"].choices == environment.MIXED_PRECISION_CHOICES
+    # a launch also takes "auto", resolved in the kernel: the workers get the rest
+    assert OPTIONS["mixed_precision"].choices == (*environment.MIXED_PRECISION_CHOICES, "auto")
+    assert OPTIONS["mixed_precision"].choices == contract.LAUNCH_MIXED_PRECISIONS
     assert OPTIONS["device"].choices == environment.DEVICE_TYPE_CHOICES
     assert OPTIONS["start_method"].choices == start_method.START_METHODS
     assert OPTIONS["output"].choices == OUTPUT_CHOICES  # launch/output.py keeps its own copy

@@ -43,12 +43,13 @@ def test_precision_choices_follow_the_hardware():
     def enabled(device, hw):
         return {c.value for c in precision_choices(device, hw) if c.enabled}
 
-    assert enabled("auto", CPU2) == {"no", "bf16"}
-    assert enabled("auto", T4X2) == {"no", "fp16"}
-    assert enabled("cpu", T4X2) == {"no", "bf16"}
-    assert enabled("auto", H100X4) == {"no", "fp16", "bf16"}
+    assert enabled("auto", CPU2) == {"no", "bf16", "auto"}
+    assert enabled("auto", T4X2) == {"no", "fp16", "auto"}
+    assert enabled("cpu", T4X2) == {"no", "bf16", "auto"}
+    assert enabled("auto", H100X4) == {"no", "fp16", "bf16", "auto"}
     tips = {c.value: c.tooltip for c in precision_choices("auto", T4X2)}
     assert "Tesla T4" in tips["bf16"] and "8.0" in tips["bf16"]
+    assert tips["auto"].startswith("the best this hardware supports, decided at launch: fp16 here")
     assert "needs a GPU" in {c.value: c.tooltip for c in precision_choices("cpu", CPU2)}["fp16"]
 
 

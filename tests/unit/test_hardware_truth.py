@@ -17,7 +17,7 @@ import torch
 from magics.panel.rules import precision_choices
 from notebook_accel.launch import plan as planmod
 from notebook_accel.launch.launcher import notebook_launcher, plan_launch
-from notebook_accel.machine import gpu_support, hardware
+from notebook_accel.machine import devices, gpu_support, hardware
 from notebook_accel.machine.hardware import Hardware
 
 REPO = Path(__file__).resolve().parents[2]
@@ -265,6 +265,45 @@ def test_the_panel_offers_bf16_exactly_where_a_launch_takes_it(machine, hw):
 
 
 # -- /dev/shm ---------------------------------------------------------------------------------
+
+CPU_BF16 = Hardware(cpu_count=4, cpu_bf16=True)
+CPU_OLD = Hardware(cpu_count=4)
+NAMELESS = Hardware(cpu_count=4, gpu_names=("NVIDIA GPU",))  # no capability, an unknown name
+
+
+@pytest.mark.parametrize(("hw", "device", "best", "count"), [
+    (T4X2, "cuda", "fp16", 2), (H100, "cuda", "bf16", 1), (P100, "cuda", "fp16", 1),
+    (NAMELESS, "cuda", "fp16", 1), (CPU_BF16, "cpu", "bf16", 4), (CPU_OLD, "cpu", "no", 4),
+    (Hardware(cpu_count=64), "cpu", "no", 8),  # every CPU core, at most 8
+])
+def test_auto_means_every_device_and_the_best_precision_it_has(machine, hw, device, best, count):
+    machine(hw, CU126)  # a build that runs the P100 too
+    notes = []
+    chosen = launch_plan(notes, mixed_precision="auto", device=None)
+    assert (chosen.device_type, chosen.mixed_precision, chosen.num_processes) == (device, best, count)
+    assert notes[0].startswith(f"mixed precision auto: {best} (")
+    assert devices.best_precision(device, hw) == best
+    [auto] = [c for c in precision_choices("auto", hw) if c.value == "auto"]
+    assert auto.enabled and f": {best} here" in auto.tooltip  # the panel says the same
+
+
+def test_auto_precision_from_a_flag_file_or_variable_is_checked_as_any_value(machine, monkeypatch):
+    machine(T4X2)
+    monkeypatch.setenv("NOTEBOOK_ACCEL_MIXED_PRECISION", "auto")
+    assert launch_plan().mixed_precision == "fp16"
+    with pytest.raises(ValueError, match="'no', 'fp16', 'bf16', 'auto'"):
+        plan(mixed_precision="best")
+    with pytest.raises(ValueError, match="mixed_precision='auto' with cluster="):
+        plan(mixed_precision="auto", cluster="auto")
+
+
+def test_cpu_bf16_from_cpuinfo_flags():
+    assert hardware.cpu_has_bf16("processor : 0\nflags : fpu sse avx512f avx512_bf16\n")
+    assert hardware.cpu_has_bf16("flags : fpu amx_bf16 amx_tile\n")
+    assert hardware.cpu_has_bf16("Features : fp asimd bf16 i8mm\n")  # Arm (Graviton 3, Ampere)
+    assert not hardware.cpu_has_bf16("flags : fpu sse avx2 avx512f\n")
+    assert not hardware.cpu_has_bf16("")
+
 
 def test_a_small_dev_shm_is_said_once_with_what_breaks_and_the_fix(machine):
     machine(T4X2)

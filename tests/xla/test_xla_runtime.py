@@ -223,7 +223,8 @@ def test_timeout_stops_the_core_processes_too(tmp_path):
 
 
 def test_num_processes_torch_xla_cannot_run_is_refused_before_any_worker():
-    with pytest.raises(ValueError, match="num_processes=2 with device='xla'.*num_processes=1"):
+    with pytest.raises(ValueError, match=r"num_processes=2 with device='xla', but this CPU has 1 "
+                                         r"core\. Valid here: num_processes=None \(every core\) or 1"):
         notebook_launcher(_fails, (1.0,), device="xla", num_processes=2)
 
 

@@ -18,9 +18,14 @@ from notebook_accel.launch.backends.processes import ProcessBackend
 from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.worker.xla_cores import run_cores
-from notebook_accel.machine.tpu import runtime_initialised, runtime_initialised_message, xla_job
-
-INSTALL_HINT = "pip install \"torch~=2.9.0\" \"torch_xla[tpu]~=2.9.0\""
+from notebook_accel.machine import hardware
+from notebook_accel.machine.tpu import (
+    install_hint,
+    runtime_initialised,
+    runtime_initialised_message,
+    xla_job,
+)
+from notebook_accel.machine.tpu_holders import tpu_held_message
 
 
 def _torch_xla_installed() -> bool:
@@ -36,17 +41,23 @@ class XlaBackend(Backend):
         self.hosts = hosts if hosts is not None else ProcessBackend()
 
     def check(self, plan: LaunchPlan) -> None:
-        """Refuse up front when torch_xla is missing or this process already holds the XLA runtime.
+        """Refuse up front when torch_xla is missing, or the TPU is held already: by this
+        process's XLA runtime, by jax in this kernel, or by another process (named).
 
         Raises:
             ImportError: torch_xla is not installed; says how to install it.
-            RuntimeError: the runtime is initialised here; says how to recover.
+            RuntimeError: the TPU is held; says by whom and how to recover.
         """
         if not _torch_xla_installed():
-            raise ImportError(f"device='xla' needs torch_xla, which is not installed here; on a "
-                              f"TPU runtime install it with `{INSTALL_HINT}` (matching versions)")
+            raise ImportError(f"device='xla' needs torch_xla, which is not installed here: "
+                              f"{install_hint()}")
+        interactive = "ipykernel" in sys.modules
         if runtime_initialised():
-            raise RuntimeError(runtime_initialised_message(interactive="ipykernel" in sys.modules))
+            raise RuntimeError(runtime_initialised_message(interactive=interactive))
+        if plan.xla is not None and plan.xla.pjrt_device == "TPU":
+            held = tpu_held_message(interactive=interactive)
+            if held is not None:
+                raise RuntimeError(held)
 
     def start(self, plan: LaunchPlan, payload: Payload) -> WorkerGroup:
         """Start the host worker running ``payload`` on the cores of ``plan.xla``.
@@ -54,7 +65,9 @@ class XlaBackend(Backend):
         Raises:
             ValueError: see :func:`notebook_accel.machine.tpu.xla_job`.
         """
-        job = plan.xla or xla_job(plan.num_processes, plan.num_nodes)
+        hw = hardware.detect()
+        job = plan.xla or xla_job(plan.num_processes, tpu=hw.tpu, tpu_cores=hw.tpu_cores,
+                                  num_nodes=plan.num_nodes)
         cores_start = "spawn" if plan.start.method == "spawn" else "fork"
         host_payload = serialise_payload(
             run_cores,
