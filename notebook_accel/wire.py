@@ -314,8 +314,9 @@ class StopCount:
         where: its main thread's stack, ``(file, line, instruction)`` per frame.
         in_user_code: the innermost frame is the user's own code (not a library's, such as a
             collective's wait).
-        watching_from: the total (collectives on the cut's groups) when its main thread began
-            to watch for the cut (None: not yet); a cut at or below it is already behind it.
+        seen: its collective count on the cut's groups at the last point of the user's code
+            its main thread looked at, watching for the cut (None: not watching yet); a cut
+            at or below it was crossed before this rank knew it.
         waiting_at: the cut (its total) at which its main thread waits for the word to stop
             (None: not waiting).
     """
@@ -324,7 +325,7 @@ class StopCount:
     counts: dict[str, int] | None
     where: tuple[tuple[str, int, int], ...]
     in_user_code: bool = False
-    watching_from: int | None = None
+    seen: int | None = None
     waiting_at: int | None = None
     timestamp: float = field(default=0.0, kw_only=True)
 

@@ -4,7 +4,7 @@ Every rank of a pool run is asked where it stands (:class:`~notebook_accel.wire.
 from the answers the kernel picks the cut: one collective past the furthest rank. Every
 rank runs on to it and waits at the first point of the user's code after it, the same
 point on every rank (the worker side, ``launch/worker/stop_cut.py``, says why). A rank
-that was past the cut before it began to watch moves the cut on, past every rank. When
+that crossed the cut before it knew it moves the cut on, past every rank. When
 all wait at the cut, they are told to stop there. Ranks found standing still at one and
 the same place (asleep on the same line: there may be no collective ahead) are stopped
 there at once. The whole stop takes at most ``stop_wait`` seconds. What cannot agree (a
@@ -73,10 +73,10 @@ def _total(answer: StopCount, groups: tuple[str, ...]) -> int:
 
 
 def _behind_the_cut(answer: StopCount, groups: tuple[str, ...], total: int) -> bool:
-    """The rank cannot stop at ``total``: it was there or past it before it watched for it
-    (or it has not begun to watch and is there already)."""
-    start = answer.watching_from
-    return (start if start is not None else _total(answer, groups)) >= total
+    """The rank cannot wait at ``total``: it crossed it before it knew it (or it does not
+    watch yet and is there already)."""
+    seen = answer.seen if answer.seen is not None else _total(answer, groups)
+    return answer.waiting_at is None and seen >= total
 
 
 def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
@@ -85,8 +85,7 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
 
     The cut is one collective past the furthest rank: every rank runs on to it and waits
     at the first point of the user's code after it, the same point on every rank; when all
-    wait there, they stop. A rank already past the cut when it began to watch moves the
-    cut on. Ranks that stand still at one and the same place (all asleep on one line) are
+    wait there, they stop. A rank that crossed the cut before it knew it moves the cut on. Ranks that stand still at one and the same place (all asleep on one line) are
     stopped there at once: they may have no collective ahead.
 
     Args:
@@ -139,7 +138,7 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
         if why is not None:
             return why
         now = [w.stop_count for w in running]
-        if any(_behind_the_cut(a, groups, total) for a in now if a.waiting_at is None):
+        if any(_behind_the_cut(a, groups, total) for a in now):
             total = max(_total(a, groups) for a in now) + 1  # past every rank: on to it
             for w in running:
                 w.handle.command(StopAt(groups, total))

@@ -11,12 +11,12 @@ agree on a cut first:
    (:class:`~notebook_accel.wire.StopCount`).
 2. The kernel sends a cut (:class:`~notebook_accel.wire.StopAt`): a collective count
    beyond every rank's. The reader thread signals the main thread (SIGINT), whose
-   handler starts to watch: a profile function looks at every point of the user's code
-   (not torch's, ours or the standard library's) and, at the first one where this rank
-   has issued every collective up to the cut, waits there. That point is the same on
-   every rank, provided each began to watch before it reached the cut; a rank that was
-   already past it says so (``watching_from``) and the kernel moves the cut on, past
-   every rank (the ranks that wait there go on to the new one).
+   handler starts to watch: a profile function counts the collectives at every point of
+   the user's code (not torch's, ours or the standard library's) and waits at the first
+   one where the count has crossed the cut since the point before. That point is the
+   same on every rank, provided each knew the cut before it crossed it; a rank that
+   crossed it first says so (its count at the last point it looked at, ``seen``) and the
+   kernel moves the cut on, past every rank (the ranks that wait go on to the new one).
 3. When every rank waits at the cut, the kernel says stop (``StopAt(None)``): each
    raises :class:`CutInterrupt` where it waits.
 
@@ -61,7 +61,7 @@ class _State:
         self.total = 0  # the cut: collectives on ``groups``
         self.now = False  # stop at once (no cut, or the kernel's word at the cut)
         self.tally: Tally | None = None  # this rank's count on ``groups`` (once it watches)
-        self.watching_from: int | None = None  # that count when the watch began
+        self.seen: int | None = None  # that count at the last point of the user's code looked at
         self.waiting_at: int | None = None  # the cut at which the main thread waits
         self.wake.clear()
 
@@ -132,20 +132,23 @@ def _watch() -> None:
         _state.tally = Tally(_state.groups)
     sys.setprofile(_at_users_code)
     if _state.tally is not None:
-        _state.watching_from = _state.tally.count()
+        _state.seen = _state.tally.count()
 
 
 def _at_users_code(frame: FrameType, event: str, arg: Any) -> None:
     """The profile function: at each point of the user's code, stop now if asked, else wait
-    there once this rank has reached the cut (when it began to watch before the cut)."""
+    there if the count crossed the cut since the point before (or since the watch began)."""
     if not _users(frame.f_back if event == "call" else frame):
         return
     state = _state
     if state.now:
         sys.setprofile(None)
         raise KeyboardInterrupt
-    start, total = state.watching_from, state.total
-    if start is None or start >= total or state.tally.count() < total:
+    if state.seen is None:
+        return  # the watch is only beginning
+    before, total = state.seen, state.total
+    state.seen = state.tally.count()
+    if not before < total <= state.seen:
         return
     state.waiting_at = total
     _say_where()
@@ -168,7 +171,7 @@ def _say_where() -> None:
     unasked when the main thread begins to wait at the cut, so that the stop takes no longer
     than it must)."""
     _answer(StopCount(group_counts(), *where_now(threading.main_thread().ident),
-                    watching_from=_state.watching_from, waiting_at=_state.waiting_at))
+                    seen=_state.seen, waiting_at=_state.waiting_at))
 
 
 def where_now(thread_id: int) -> tuple[tuple[tuple[str, int, int], ...], bool]:
