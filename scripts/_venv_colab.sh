@@ -12,7 +12,7 @@ if [ ! -f "$VENV/.made" ]; then
     rm -rf "$VENV"
     "$PY" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    pins=$(grep -E '^(ipython|ipykernel|jupyter_client|jupyter_core|ipywidgets|widgetsnbextension|jupyterlab_widgets|traitlets|tornado|pyzmq)==' tests/platforms/colab_gpu.txt)
+    pins=$(grep -E '^(ipython|ipykernel|jupyter_client|jupyter_core|ipywidgets|widgetsnbextension|jupyterlab_widgets|notebook|traitlets|tornado|pyzmq)==' tests/platforms/colab_gpu.txt)
     # shellcheck disable=SC2086
     "$VENV/bin/python" -m pip install -q $pins "torch==2.13.0"
     "$VENV/bin/python" -m pip list --format=freeze | sort > "$VENV/before.txt"
