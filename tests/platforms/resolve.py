@@ -41,7 +41,6 @@ class Profile:
     name: str
     python: str  # "3.13": the platform's Python, which pip resolves for
     pins: dict[str, str]  # canonical name -> version
-    path: Path
 
 
 def load(name: str) -> Profile:
@@ -58,7 +57,7 @@ def load(name: str) -> Profile:
         if line:
             pin, version = line.split("==")
             pins[canonical(pin)] = version
-    return Profile(name, python[1], pins, path)
+    return Profile(name, python[1], pins)
 
 
 def project_requirements() -> tuple[str, list[str], dict[str, list[str]]]:
@@ -116,12 +115,14 @@ def resolve(profile: Profile, wheel: Path, extra: str | None, work: Path) -> Res
     site = next(env_dir.glob("lib/python*/site-packages"))
     for name, version in profile.pins.items():
         install_stand_in(site, name, version, STAND_IN_REQUIRES.get(name, []))
+    pins = work / f"pins-{profile.name}.txt"
+    pins.write_text("".join(f"{name}=={version}\n" for name, version in profile.pins.items()))
     report = work / f"report-{profile.name}.json"
     target = f"{wheel}[{extra}]" if extra else str(wheel)
     done = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install",
          "--dry-run", "--quiet", "--report", str(report), "--only-binary", ":all:",
-         "--python-version", profile.python, target, "-r", str(profile.path)],
+         "--python-version", profile.python, target, "-r", str(pins)],
         capture_output=True, text=True, timeout=240,
     )
     installs = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.platforms.resolve import PROFILES, load, our_wheel, resolve
+from tests.platforms.resolve import PROFILES, Profile, load, our_wheel, resolve
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +39,10 @@ def test_the_old_ranges_would_replace_colabs_ipython(wheels, tmp_path):
     result = resolve(load("colab_gpu"), wheels["old"], "notebook", tmp_path)
     assert not result.ok
     assert "ipython" in result.output and "conflict" in result.output.lower(), result.output
+
+
+def test_the_google_colab_stand_in_requires_colabs_ipython(wheels, tmp_path):
+    """Its requirement reaches the resolver: beside IPython 9 it cannot be installed."""
+    profile = Profile("inconsistent", "3.13", {"google-colab": "1.0.0", "ipython": "9.5.0"})
+    result = resolve(profile, wheels["ours"], "notebook", tmp_path)
+    assert not result.ok and "google-colab" in result.output, result.output
