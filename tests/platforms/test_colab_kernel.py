@@ -90,6 +90,14 @@ def test_a_failing_rank_says_which_cell_and_line(k):
     assert f"Cell In[{defined}], line 3, in check\n    raise ValueError('rank 1 is bad')" in text, text
 
 
+def test_kernel_side_errors_show_the_users_line_only(k):
+    text = run(k, "notebook_launcher(check, num_processes=0)", ok=False).traceback
+    assert "num_processes=0 must be an int >= 1" in text
+    assert "notebook_accel/" not in text and "magics/" not in text, text
+    text = run(k, "%%accelerate -n 2\nx = (", ok=False).traceback
+    assert text.splitlines()[0].strip() == f"Cell In[{k.count}], line 2", text
+
+
 def test_a_warm_pool_keeps_state_across_cells(k):
     assert "pool up: 2 ranks on cpu" in run(k, "%accelerate start -n 2").stdout
     run(k, "%%accelerate\nimport os\nsteps = int(os.environ['RANK']) * 10")
