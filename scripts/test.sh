@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up .venv (if needed), check the code (ruff) and the layering (lint-imports: the contracts in
 # pyproject.toml), failing fast, then run the whole test suite, slow and browser tests included, then
-# the XLA tests in their own environment (scripts/test_xla.sh: torch_xla needs its own torch;
+# the platforms' stacks (scripts/test_platforms.sh: pip's resolver on Colab's, Kaggle's and
+# SageMaker's pins, a kernel on Colab's IPython 7.34 / ipywidgets 7.7.1; ~1.5 min the first time),
+# then the XLA tests in their own environment (scripts/test_xla.sh: torch_xla needs its own torch;
 # ~4.5 min and a 3.9 GB download the first time). NOTEBOOK_ACCEL_SKIP_XLA=1 skips that part.
 # Arguments go to the main pytest run.
 source "$(dirname "$0")/_venv.sh"
@@ -19,6 +21,7 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0
 fi
 export TEST_ARTIFACTS_DIR="${TEST_ARTIFACTS_DIR:-$PWD/test-artifacts}"
 .venv/bin/python -m pytest -q "$@"
+bash scripts/test_platforms.sh
 if [ -z "${NOTEBOOK_ACCEL_SKIP_XLA:-}" ]; then
     bash scripts/test_xla.sh
 fi

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 
 import psutil
 from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
 
 WORKER_NAME_PREFIX = "nbaccel-r"
 # Kernels started by this test session carry this marker in their environment, and so
@@ -42,13 +44,34 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
+def _kernel_manager(python: str | None) -> KernelManager:
+    """A manager for this interpreter's kernel, or ``python``'s (a kernel spec of its own)."""
+    if python is None:
+        return KernelManager(kernel_name="python3")
+    import json
+    import tempfile
+
+    specs = tempfile.mkdtemp(prefix="nbaccel-kernelspec-")
+    os.makedirs(os.path.join(specs, "other"))
+    with open(os.path.join(specs, "other", "kernel.json"), "w") as spec:
+        json.dump({"argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                   "display_name": python, "language": "python"}, spec)
+    manager = KernelManager(kernel_name="other",
+                            kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs]))
+    manager.kernel_spec  # read now, so the folder can go  # noqa: B018
+    shutil.rmtree(specs)
+    return manager
+
+
 class Kernel:
     """One IPython kernel running the test interpreter (so it sees this checkout)."""
 
-    def __init__(self, extra_env: dict[str, str] | None = None, history: bool = False) -> None:
-        """``history``: cells are numbered as in a notebook (``In [N]``), not all alike."""
+    def __init__(self, extra_env: dict[str, str] | None = None, history: bool = False,
+                 python: str | None = None) -> None:
+        """``history``: cells are numbered as in a notebook (``In [N]``), not all alike.
+        ``python``: the kernel's interpreter (another venv's), else the test interpreter."""
         self.history = history
-        self.manager = KernelManager(kernel_name="python3")
+        self.manager = _kernel_manager(python)
         env = dict(os.environ)
         env.pop("PYTEST_CURRENT_TEST", None)
         env.update(extra_env or {})
@@ -61,7 +84,7 @@ class Kernel:
         self.client.wait_for_ready(timeout=60)
         result = self.run("import sys, os; print(sys.executable, os.getpid())")
         executable, pid = result.stdout.split()
-        assert os.path.realpath(executable) == os.path.realpath(sys.executable), executable
+        assert os.path.realpath(executable) == os.path.realpath(python or sys.executable), executable
         self.pid = int(pid)
 
     def execute(self, code: str) -> str:

@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 from magics.cell.runner import CellCode
+from notebook_accel.launch import cell_numbers
 
 
 class CellSyntaxError(ValueError):
@@ -58,7 +59,7 @@ def cell_number(shell: Any) -> int:
     ``shell.execution_count`` is already the next cell's number while a cell runs
     (IPython counts up before running it), so find the running cell's frame instead.
     """
-    names = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    names = cell_numbers(shell)
     frame = sys._getframe(1)
     while frame is not None:
         number = names.get(frame.f_code.co_filename)

@@ -187,25 +187,27 @@ class DeepSpeedFields:
     def __init__(self, form: DeepSpeedForm, on_change: Callable[[dict], None]) -> None:
         import ipywidgets as widgets
 
+        from magics.panel.controls import tip
+
         label = {"description_width": "150px"}
         self._other = dict(form.other)
         self.zero_stage = widgets.Dropdown(options=[(STAGE_LABELS[s], s) for s in ZERO_STAGES],
                                            value=form.zero_stage, description="ZeRO stage", style=label,
-                                           tooltip="what is sharded over the processes")
+                                           **tip("what is sharded over the processes"))
         self.offload_optimizer = widgets.Dropdown(options=list(OFFLOAD_DEVICES), value=form.offload_optimizer_device,
                                                   description="Offload optimizer", style=label,
-                                                  tooltip="keep optimizer state (and its step) on cpu or nvme")
+                                                  **tip("keep optimizer state (and its step) on cpu or nvme"))
         self.optimizer_nvme_path = widgets.Text(value=form.offload_optimizer_nvme_path, style=label,
                                                 description="Optimizer NVMe path", placeholder="/local_nvme")
         self.offload_param = widgets.Dropdown(options=list(OFFLOAD_DEVICES), value=form.offload_param_device,
                                               description="Offload parameters", style=label,
-                                              tooltip="ZeRO stage 3 only")
+                                              **tip("ZeRO stage 3 only"))
         self.param_nvme_path = widgets.Text(value=form.offload_param_nvme_path, style=label,
                                             description="Parameter NVMe path", placeholder="/local_nvme")
         self.clipping = widgets.Text(value=form.gradient_clipping, description="Gradient clipping", style=label,
                                      placeholder="none (max norm, e.g. 1.0)")
         self.save16 = widgets.Checkbox(value=form.zero3_save_16bit_model, description="Save 16-bit model (ZeRO-3)",
-                                       tooltip="let save_model / get_state_dict gather ZeRO-3's weights")
+                                       **tip("let save_model / get_state_dict gather ZeRO-3's weights"))
         self.fields = (self.zero_stage, self.offload_optimizer, self.optimizer_nvme_path, self.offload_param,
                        self.param_nvme_path, self.clipping, self.save16)
         self.box = widgets.VBox(list(self.fields))

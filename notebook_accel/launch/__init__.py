@@ -33,6 +33,7 @@ _EXPORTS = {
     "serialise_payload": "notebook_accel.launch.payload",
     "dumps_result": "notebook_accel.launch.payload",
     "check_sendable": "notebook_accel.launch.payload",
+    "cell_numbers": "notebook_accel.launch.cells",
     "rank_bound_kind": "notebook_accel.launch.rank_identity",
     "join_process_group": "notebook_accel.launch.worker.serve",
     "launch_in_force": "notebook_accel.launch.in_force",

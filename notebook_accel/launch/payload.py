@@ -23,6 +23,7 @@ from typing import Any
 
 import cloudpickle
 
+from notebook_accel.launch.cells import compiled_cells
 from notebook_accel.launch.rank_identity import (
     RankBoundError,
     advice,
@@ -143,15 +144,16 @@ def load_payload(data: Payload) -> tuple[Any, tuple, dict]:
 
 def _cell_sources(skip: set[str]) -> dict[str, tuple]:
     """linecache entries of notebook cells (they exist in memory only), for tracebacks."""
-    sources, total = {}, 0
+    sources, total, cells = {}, 0, compiled_cells()
     for filename, entry in list(linecache.cache.items()):
-        if (filename in skip or len(entry) != 4 or entry[1] is not None
-                or os.path.exists(filename)):
+        if (filename in skip or len(entry) != 4 or os.path.exists(filename)
+                or (entry[1] is not None and filename not in cells)):
             continue  # a real file: the worker reads it itself
         size = sum(len(line) for line in entry[2])
         if total + size > _MAX_SOURCE_BYTES:
             break
-        sources[filename], total = entry, total + size
+        # No modification time: linecache.checkcache keeps it (IPython 7's cells have one).
+        sources[filename], total = (entry[0], None, entry[2], entry[3]), total + size
     return sources
 
 

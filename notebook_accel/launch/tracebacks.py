@@ -16,6 +16,8 @@ import traceback
 import types
 from typing import Any
 
+from notebook_accel.launch.cells import cell_numbers
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # notebook_accel/
 _OURS = (_PACKAGE + os.sep, os.path.join(os.path.dirname(_PACKAGE), "magics") + os.sep)
 _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker", "main.py")  # the entry point
@@ -28,22 +30,15 @@ def _shell() -> Any:
     return ipython.get_ipython() if ipython is not None else None
 
 
-def cell_label(filename: str) -> str | None:
-    """``"Cell In[3]"`` when ``filename`` is a notebook cell this kernel ran, else None."""
-    shell = _shell()
-    names = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
-    number = names.get(filename)
-    return None if number is None else f"Cell In[{number}]"
-
-
 def with_cell_labels(text: str) -> str:
     """Rewrite ``File "/tmp/ipykernel_1/2.py", line 5, in f`` as ``Cell In[3], line 5, in f``."""
+    numbers = cell_numbers(_shell())
 
     def label(match: re.Match[str]) -> str:
-        cell = cell_label(match["file"])
-        if cell is None:
+        number = numbers.get(match["file"])
+        if number is None:
             return match[0]
-        return f"{cell}, line {match['line']}, in "
+        return f"Cell In[{number}], line {match['line']}, in "
 
     return _TRACEBACK_FILE.sub(label, text)
 

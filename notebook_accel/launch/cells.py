@@ -1,0 +1,47 @@
+"""Which notebook cell compiled a file name, on IPython 8+ and on IPython 7 (Colab's 7.34).
+
+IPython 8 keeps the map (``shell.compile._filename_map``: file name -> execution count).
+IPython 7 keeps none: a cell's file name is ``<ipython-input-N-hash>`` or, under ipykernel 6,
+a temporary file name (``/tmp/ipykernel_1/2.py``) that says nothing of ``N``; its compiled
+cells are in ``linecache._ipython_cache`` (with a modification time, unlike IPython 8's). There
+the map is rebuilt from the history: a cell's cached text is its input, raw or transformed.
+This module is the one place that knows the difference.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_INPUT_NAME = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
+
+
+def compiled_cells() -> Mapping[str, tuple]:
+    """IPython 7's linecache entries of compiled cells (empty on IPython 8, whose entries
+    carry no modification time and so read as in-memory sources anyway)."""
+    return getattr(linecache, "_ipython_cache", {})
+
+
+def cell_numbers(shell: Any) -> Mapping[str, int]:
+    """File name -> execution count of the notebook cells ``shell`` compiled (``{}`` without
+    a shell). Cells run without history are numbered only on IPython 8."""
+    compiler = getattr(shell, "compile", None)
+    names = getattr(compiler, "_filename_map", None)
+    if names is not None:
+        return names
+    history = getattr(shell, "history_manager", None)
+    by_text = {}
+    for inputs in (getattr(history, "input_hist_raw", None) or [],
+                   getattr(history, "input_hist_parsed", None) or []):
+        for number, text in enumerate(inputs):  # index N is In[N]; a later run of the text wins
+            if text:
+                by_text[text] = number
+    numbers = {}
+    for filename, entry in list(compiled_cells().items()):
+        match = _INPUT_NAME.fullmatch(filename)
+        number = int(match[1]) if match else by_text.get("".join(entry[2]).rstrip("\n"))
+        if number is not None:
+            numbers[filename] = number
+    return numbers

@@ -1,0 +1,64 @@
+"""Which notebook cell a file name is, on IPython 8+ (its own map) and 7 (rebuilt from history)."""
+
+from __future__ import annotations
+
+import linecache
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from notebook_accel.launch.cells import cell_numbers
+from notebook_accel.launch.payload import load_payload, serialise_payload
+
+
+def _entry(name: str, text: str) -> tuple:
+    """An IPython 7 linecache entry: with a modification time, unlike IPython 8's."""
+    return (len(text), 1700000000.0, [line + "\n" for line in text.splitlines()], name)
+
+
+@pytest.fixture
+def ipython7(monkeypatch):
+    """A shell of IPython 7 under ipykernel 6: temporary-file cell names, no ``_filename_map``."""
+    cells = {
+        "/tmp/ipykernel_1/111.py": _entry("/tmp/ipykernel_1/111.py", "def f():\n    return 1\n"),
+        "/tmp/ipykernel_1/222.py": _entry("/tmp/ipykernel_1/222.py", "%%accelerate -n 2\nx = 1\n"),
+        "<ipython-input-7-0123456789ab>": _entry("<ipython-input-7-0123456789ab>", "y = 2\n"),
+        "/tmp/ipykernel_1/333.py": _entry("/tmp/ipykernel_1/333.py", "never run with history\n"),
+    }
+    monkeypatch.setattr(linecache, "_ipython_cache", cells, raising=False)
+    for name, entry in cells.items():
+        monkeypatch.setitem(linecache.cache, name, entry)
+    magic = "get_ipython().run_cell_magic('accelerate', '-n 2', 'x = 1\\n')"
+    history = SimpleNamespace(
+        input_hist_raw=["", "import os", "def f():\n    return 1", "%%accelerate -n 2\nx = 1"],
+        input_hist_parsed=["", "import os", "def f():\n    return 1", magic],
+    )
+    return SimpleNamespace(compile=SimpleNamespace(), history_manager=history)
+
+
+def test_ipython8_map_is_used_as_it_is():
+    names = {"/tmp/ipykernel_1/5.py": 3}
+    assert cell_numbers(SimpleNamespace(compile=SimpleNamespace(_filename_map=names))) is names
+    assert cell_numbers(None) == {}
+
+
+def test_ipython7_cells_are_numbered_from_the_history(ipython7):
+    assert cell_numbers(ipython7) == {
+        "/tmp/ipykernel_1/111.py": 2,  # a cell as typed
+        "/tmp/ipykernel_1/222.py": 3,  # %%accelerate recaches the raw cell under its name
+        "<ipython-input-7-0123456789ab>": 7,  # IPython 7 without ipykernel 6: in the name
+    }
+
+
+def test_ipython7_cell_sources_travel_to_spawned_workers(ipython7):
+    def f():
+        return 1
+
+    f.__code__ = f.__code__.replace(co_filename="/tmp/ipykernel_1/111.py")
+    payload = serialise_payload(f, (), {})
+    assert pickle.loads(payload)[3]["/tmp/ipykernel_1/111.py"][1] is None  # checkcache keeps it
+    del linecache.cache["/tmp/ipykernel_1/111.py"]  # as in a spawned worker
+    load_payload(payload)
+    linecache.checkcache("/tmp/ipykernel_1/111.py")
+    assert linecache.getline("/tmp/ipykernel_1/111.py", 2) == "    return 1\n"
