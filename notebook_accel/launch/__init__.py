@@ -27,7 +27,7 @@ _EXPORTS = {
     "rank_states": "notebook_accel.launch.views.text",
     "state_text": "notebook_accel.launch.views.text",
     "workers_text": "notebook_accel.launch.views.text",
-    "ranks_text": "notebook_accel.launch.views.text",
+    "ranks_text": "notebook_accel.launch.rank_ranges",
     "RankStatus": "notebook_accel.launch.record",
     "rich_hidden_text": "notebook_accel.launch.views.text",
     "serialise_payload": "notebook_accel.launch.payload",
