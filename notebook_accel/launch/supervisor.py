@@ -30,12 +30,12 @@ from notebook_accel.launch.interrupts import (
     take_interrupt,
 )
 from notebook_accel.launch.output import FLUSH_EVERY, OutputRelay
+from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
-from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.views.text import format_duration
 from notebook_accel.wire import Display, FailureRecord, FrameReader, Result, RunDone, StopCount
 
