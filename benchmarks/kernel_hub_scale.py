@@ -37,7 +37,6 @@ import resource
 import selectors
 import signal
 import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -89,7 +88,7 @@ def _drive(ranks: dict[int, dict[str, int]], command_r: int, scenario: str, worl
         now = time.time()
         due = start + step
         if now >= due and (scenario != "hang" or step <= 1):
-            for rank, fds in list(alive.items()):
+            for fds in list(alive.values()):
                 os.write(fds["stdout"], f"epoch {step} done\n".encode())
             step += 1
             if scenario == "success" and step > 4:
@@ -104,7 +103,7 @@ def _drive(ranks: dict[int, dict[str, int]], command_r: int, scenario: str, worl
                     fail(rank, f"DistBackendError: connection reset by rank {failing}",
                          secondary=True)
         if step and scenario != "hang" and int(now * 2) != int((now - 0.01) * 2):
-            for rank, fds in alive.items():
+            for fds in alive.values():
                 body = Progress({"id": 1, "n": step, "total": 5, "desc": "train"})
                 try:
                     os.write(fds["events"], _frame(body))
