@@ -7,7 +7,8 @@ pipe as the sentinel), driven through the real kernel side (``Supervisor``, ``Ou
 multiplex a quarter of the ranks: one loop writes each of its ranks' lines, events and results
 to that rank's own pipes, and obeys the kernel's signals (terminate, kill, stack dump) sent on
 a command pipe. Every rank prints ``epoch K done`` once a second (the same line on every rank)
-and a progress event twice a second. Three runs per size:
+and a 580-byte line of its own (``rank R metrics xxx...``), and sends a progress event twice
+a second. Three runs per size:
 - success: 4 s of lines, then every rank returns;
 - failure: at 2 s rank N/2 raises, and every other rank then fails with a broken-collective
   error (as gloo's peers do), so the error has N failures to report;
@@ -17,8 +18,9 @@ the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.w
 that scans its refs as Ray's does).
 
 For each side (this checkout, and BASELINE in a throwaway git worktree) and size, in its own
-process, alternating: kernel CPU, ms of work per wakeup of the wait loop (p50/p99, the time
-after ``select`` returned), line latency rank -> cell (p50/p99), bytes and writes per second
+process, alternating: kernel CPU, the work of one wakeup of the wait loop (p50/p99, after
+``select`` returned: the thread's CPU time, and wall time, which on 2 shared cores includes
+being descheduled), line latency rank -> cell (p50/p99), bytes and writes per second
 into the cell (the peak 1-s window; each write is one IOPub stream message or fewer), the
 kernel's peak fds and threads, time to connect every rank, failure -> WorkerError, the
 WorkerError's lines, and the live view's bytes per redraw.
@@ -88,8 +90,9 @@ def _drive(ranks: dict[int, dict[str, int]], command_r: int, scenario: str, worl
         now = time.time()
         due = start + step
         if now >= due and (scenario != "hang" or step <= 1):
-            for fds in list(alive.values()):
-                os.write(fds["stdout"], f"epoch {step} done\n".encode())
+            for rank, fds in list(alive.items()):
+                os.write(fds["stdout"], f"epoch {step} done\n".encode()
+                         + f"rank {rank} metrics {'x' * 560}\n".encode())
             step += 1
             if scenario == "success" and step > 4:
                 for rank, fds in list(alive.items()):
@@ -285,21 +288,26 @@ def run_scenario(world: int, scenario: str, drivers: int) -> dict:
 
     view = LiveView(record, display=display, appear_after=0.5)
     supervisor = Supervisor(handles, relay, 3.0 if scenario == "hang" else None, record, view)
-    waits, works, peaks = [], [], {"fds": 0, "threads": 0}
+    waits, works, cpus, peaks = [], [], [], {"fds": 0, "threads": 0}
     select = supervisor.selector.select
     poll = supervisor._poll
+
+    ready: list[int] = []
 
     def timed_select(timeout=None):
         began = time.perf_counter()
         try:
-            return select(timeout)
+            events = select(timeout)
+            ready.append(len(events))
+            return events
         finally:
             waits.append(time.perf_counter() - began)
 
     def timed_poll(timeout):
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.thread_time()
         poll(timeout)
         works.append(time.perf_counter() - began - waits[-1])
+        cpus.append(time.thread_time() - cpu_began)  # waiting in select takes no CPU
         if len(works) % 20 == 1:
             peaks["fds"] = max(peaks["fds"], len(os.listdir("/proc/self/fd")))
             peaks["threads"] = max(peaks["threads"], threading.active_count())
@@ -324,12 +332,21 @@ def run_scenario(world: int, scenario: str, drivers: int) -> dict:
     writes = sorted(out.writes + err.writes)
     peak_bytes, peak_writes = _peak_per_second(writes)
     latencies = sorted(out.latencies) or [float("nan")]
+    idle = sorted(cpu for cpu, count in zip(cpus, ready, strict=False) if not count)
+    busy = [(cpu, count) for cpu, count in zip(cpus, ready, strict=False) if count]
     works.sort()
+    cpus.sort()
     return {
         "cpu_s": (used.ru_utime + used.ru_stime) - (cpu.ru_utime + cpu.ru_stime),
         "wakeups": len(works),
         "wakeup_p50_ms": works[len(works) // 2] * 1e3 if works else None,
         "wakeup_p99_ms": works[int(len(works) * 0.99)] * 1e3 if works else None,
+        "wakeup_cpu_p50_ms": cpus[len(cpus) // 2] * 1e3 if cpus else None,
+        "wakeup_cpu_p99_ms": cpus[int(len(cpus) * 0.99)] * 1e3 if cpus else None,
+        "idle_wakeup_cpu_p50_ms": idle[len(idle) // 2] * 1e3 if idle else None,
+        "idle_wakeup_cpu_p99_ms": idle[int(len(idle) * 0.99)] * 1e3 if idle else None,
+        "cpu_us_per_ready_channel": (sum(c for c, _ in busy) / sum(n for _, n in busy) * 1e6
+                                     if busy else None),
         "latency_p50_s": latencies[len(latencies) // 2],
         "latency_p99_s": latencies[int(len(latencies) * 0.99)],
         "cell_peak_bytes_per_s": peak_bytes, "cell_peak_writes_per_s": peak_writes,
@@ -427,8 +444,14 @@ def _fmt(value) -> str:
 
 ROWS = [  # (scenario, key, label)
     ("success", "cpu_s", "kernel CPU s (success, 4.5 s)"),
-    ("success", "wakeup_p50_ms", "ms per wakeup p50"),
-    ("success", "wakeup_p99_ms", "ms per wakeup p99"),
+    ("success", "wakeups", "wakeups"),
+    ("success", "wakeup_cpu_p50_ms", "CPU ms per wakeup p50"),
+    ("success", "wakeup_cpu_p99_ms", "CPU ms per wakeup p99"),
+    ("success", "idle_wakeup_cpu_p50_ms", "CPU ms per idle wakeup p50"),
+    ("success", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99"),
+    ("success", "cpu_us_per_ready_channel", "CPU us per ready channel"),
+    ("success", "wakeup_p50_ms", "wall ms per wakeup p50 (2 cores shared)"),
+    ("success", "wakeup_p99_ms", "wall ms per wakeup p99 (2 cores shared)"),
     ("success", "latency_p50_s", "line latency rank->cell p50 s"),
     ("success", "latency_p99_s", "line latency rank->cell p99 s"),
     ("success", "cell_peak_bytes_per_s", "cell bytes/s (peak 1-s window)"),
@@ -441,7 +464,8 @@ ROWS = [  # (scenario, key, label)
     ("failure", "error_lines", "WorkerError lines (failure)"),
     ("failure", "cpu_s", "kernel CPU s (failure)"),
     ("hang", "error_lines", "WorkerError lines (timeout)"),
-    ("hang", "wakeup_p99_ms", "ms per wakeup p99 (hang)"),
+    ("hang", "wakeup_cpu_p99_ms", "CPU ms per wakeup p99 (hang)"),
+    ("hang", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99 (hang)"),
 ]
 
 

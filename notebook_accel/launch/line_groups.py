@@ -12,7 +12,7 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-WINDOW = 0.25  # seconds a line waits for the same line of other ranks
+WINDOW = 0.15  # seconds a line waits for the same line of other ranks
 
 
 @dataclass
@@ -54,6 +54,10 @@ class LineGroups:
             if self._open.get((group.name, group.text)) is group:
                 del self._open[(group.name, group.text)]
             emit(group.name, group.ranks, group.text)
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the oldest group's window has passed (inf: none waits)."""
+        return self._waiting[0].since + self.window - now if self._waiting else float("inf")
 
     def __len__(self) -> int:
         return len(self._waiting)

@@ -270,6 +270,16 @@ class OutputRelay:
         """Queue a rich display of the main worker, in order with the text around it."""
         self._pending.append((Kind.DISPLAY, message))
 
+    def due_in(self, pace: float = FLUSH_EVERY) -> float:
+        """Seconds until :meth:`flush` with ``pace`` has something to write (inf: nothing)."""
+        now = time.monotonic()
+        due = 0.0 if self._pending else float("inf")
+        if len(self.groups):
+            due = min(due, self.groups.due_in(now))
+        if self._cell.skipped_lines:
+            due = min(due, self._noticed + NOTICE_EVERY - now)
+        return max(due, self._flushed + pace - now, 0.0)
+
     def flush(self, pace: float = 0.0) -> None:
         """Write what was gathered to the cell, in arrival order: everything (lines still
         waiting for their group included), or with ``pace`` (seconds), nothing when the last

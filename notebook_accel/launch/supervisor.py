@@ -183,6 +183,8 @@ class Supervisor:
                 self._unregister(fd)
                 return
             self.relay.feed(worker.rank, name, data)
+            if len(data) < 1 << 16:
+                return  # drained (what comes later wakes the loop again): one read, not two
 
     def _read_events(self, worker: Worker) -> None:
         messages, still_open = worker.events.read()
@@ -305,6 +307,12 @@ class Supervisor:
         self._refresh()
         self._flush()
 
+    def _wait_for(self) -> float:
+        """How long the loop may wait: 0.1 s, less when gathered output is due in the cell."""
+        if getattr(self.view, "holds_output", False):
+            return 0.1
+        return min(0.1, self.relay.due_in(FLUSH_EVERY))
+
     def _refresh(self) -> None:
         """Bring the record up to date (new events and lines, states, memory) and redraw; costs
         what changed since the last wakeup, not the number of ranks."""
@@ -364,7 +372,7 @@ class Supervisor:
                 if self.timeout is not None and now - start >= self.timeout:
                     raise self._timed_out()
                 check_interrupt()
-                self._poll(0.1)
+                self._poll(self._wait_for())
         except KeyboardInterrupt:
             self._stop()
             self._finish()
