@@ -1,4 +1,6 @@
-"""The live view's header and per-rank table, as HTML and as plain text."""
+"""The live view's header and table, as HTML and as plain text: one row per rank, or above a
+few dozen ranks one per node plus the abnormal ranks (``notebook_accel.launch.views.nodes``),
+so that a redraw stays small whatever the scale."""
 
 from __future__ import annotations
 
@@ -6,10 +8,15 @@ from html import escape
 
 from notebook_accel.launch import (
     LaunchRecord,
+    NodeRow,
     RankStatus,
+    abnormal_ranks,
     format_bytes,
     format_duration,
+    node_rows,
+    per_node,
     rank_states,
+    ranks_text,
     state_text,
     workers_text,
 )
@@ -64,26 +71,67 @@ def _colour(record: LaunchRecord, rank: int, state: str) -> str:
     return STATE_COLOURS.get(state, "#000000")
 
 
+def _node_line(row: NodeRow, gpu: bool) -> str:
+    """``node 0 (ranks 0-7): 8 running, slowest rank 3, RSS 1.2 GB | epoch 1 | rank 5: other``."""
+    memory = f"RSS {format_bytes(row.rss)}" + (f", GPU {format_bytes(row.gpu_memory)}" if gpu else "")
+    slowest = f", slowest rank {row.slowest}" if row.slowest is not None else ""
+    line = f"node {row.node} ({ranks_text(row.ranks)}): {row.states_text}{slowest}, {memory}"
+    if row.common_line:
+        line += f" | {_short(row.common_line, 80)}"
+    if row.divergent is not None:
+        rank, text = row.divergent
+        more = f" (+{row.divergent_count - 1} more differ)" if row.divergent_count > 1 else ""
+        line += f" | rank {rank}: {_short(text, 60) or '(no output)'}{more}"
+    return line
+
+
+def _rank_line(record: LaunchRecord, status: RankStatus, gpu: bool) -> str:
+    memory = f"RSS {format_bytes(status.rss)}"
+    if gpu:
+        memory += f", GPU {format_bytes(status.gpu_memory)}"
+    label = _state_label(status, status.rank == record.root_cause)
+    line = (f"rank {status.rank}: {label}, "
+            f"pid {status.pid}, {format_duration(status.elapsed)}, {memory}")
+    if status.last_line.strip():
+        line += f" | {_short(status.last_line)}"
+    return line
+
+
+def _per_node_text(record: LaunchRecord, gpu: bool) -> list[str]:
+    rows, nodes_left = node_rows(record)
+    lines = [f"  {_node_line(row, gpu)}" for row in rows]
+    if nodes_left:
+        lines.append(f"  ... and {nodes_left} more nodes")
+    abnormal, ranks_left = abnormal_ranks(record)
+    lines += [f"  {_rank_line(record, status, gpu)}" for status in abnormal]
+    if ranks_left:
+        lines.append(f"  ... and {ranks_left} more failed or stopped ranks")
+    return lines
+
+
 def status_text(record: LaunchRecord) -> str:
-    """The header and one line per rank, for ``text/plain``."""
+    """The header and one line per rank (or per node, and the abnormal ranks), for ``text/plain``."""
     lines = [f"notebook_accel: {header_text(record)} · {rank_states(record)}"]
     gpu = _shows_gpu(record)
-    for rank, status in sorted(record.ranks.items()):
-        memory = f"RSS {format_bytes(status.rss)}"
-        if gpu:
-            memory += f", GPU {format_bytes(status.gpu_memory)}"
-        label = _state_label(status, rank == record.root_cause)
-        line = (f"  rank {rank}: {label}, "
-                f"pid {status.pid}, {format_duration(status.elapsed)}, {memory}")
-        if status.last_line.strip():
-            line += f" | {_short(status.last_line)}"
-        lines.append(line)
+    if per_node(record):
+        return "\n".join(lines + _per_node_text(record, gpu))
+    lines += [f"  {_rank_line(record, status, gpu)}" for _, status in sorted(record.ranks.items())]
     return "\n".join(lines)
 
 
+def _per_node_html(record: LaunchRecord, gpu: bool) -> str:
+    """Per node: one line each, then the abnormal ranks' (plain text in a ``<pre>``, escaped)."""
+    return ('<pre style="font-size:12px;margin:0;white-space:pre-wrap">'
+            + escape("\n".join(line.strip() for line in _per_node_text(record, gpu))) + "</pre>")
+
+
 def status_html(record: LaunchRecord) -> str:
-    """The header and a table of ranks (everything from workers is escaped)."""
+    """The header and a table of ranks, or per node (everything from workers is escaped)."""
     gpu = _shows_gpu(record)
+    if per_node(record):
+        return (f'<div style="margin-bottom:4px"><b>notebook_accel</b> · '
+                f'{escape(header_text(record))} · {escape(rank_states(record))}</div>'
+                + _per_node_html(record, gpu))
     heads = ["rank", "state", "pid", "elapsed", "RSS"] + (["GPU"] if gpu else []) + ["last output"]
     cell = 'style="padding:1px 8px;text-align:left;border:none"'
     rows = ["<tr>" + "".join(f"<th {cell}>{h}</th>" for h in heads) + "</tr>"]

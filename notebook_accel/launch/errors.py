@@ -1,10 +1,36 @@
-"""The exception raised in the kernel when a worker fails."""
+"""The exception raised in the kernel when a worker fails.
+
+Its text stays short at any scale: the root cause first, then the other ranks' failures
+grouped by their headline with rank ranges (``ranks 0-511, 513-1023: stopped``), at most
+``GROUPS_SHOWN`` groups; every rank's own record stays on the exception (``other_failures``).
+"""
 
 from __future__ import annotations
 
+import textwrap
 import time
 
+from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.wire import FailureRecord
+
+GROUPS_SHOWN = 8  # lines of "Other ranks:" before the rest is counted
+
+
+def other_ranks_lines(failures: list[FailureRecord], limit: int = GROUPS_SHOWN) -> list[str]:
+    """The other ranks' failures, one line per headline, most ranks first:
+    ``["ranks 0-511, 513-1023: stopped", "rank 512: RuntimeError: boom"]``; past ``limit``
+    groups, one line counts the rest."""
+    groups: dict[str, list[int]] = {}
+    for failure in failures:
+        first = failure.headline.splitlines()[0] if failure.headline else "failed"
+        groups.setdefault(textwrap.shorten(first, 300, placeholder=" …"), []).append(failure.rank)
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), min(item[1])))
+    lines = [f"{ranks_text(ranks)}: {headline}" for headline, ranks in ordered[:limit]]
+    if len(ordered) > limit:
+        rest = [rank for _, ranks in ordered[limit:] for rank in ranks]
+        lines.append(f"{ranks_text(rest)}: {len(ordered) - limit} other kinds of failure "
+                     "(each rank's record: .other_failures)")
+    return lines
 
 
 class WorkerError(RuntimeError):
@@ -20,7 +46,7 @@ class WorkerError(RuntimeError):
             pid, exit code or signal, exception type, traceback, time).
         other_failures: a :class:`~notebook_accel.wire.FailureRecord` per other rank
             that failed as a consequence (or was stopped); ``str()`` of one is a short
-            line, e.g. ``rank 0: stopped``.
+            line, e.g. ``rank 0: stopped``. The error's own text groups them by headline.
     """
 
     def __init__(
@@ -47,7 +73,8 @@ class WorkerError(RuntimeError):
         if self.remote_traceback:
             text += "\n\n" + self.remote_traceback.rstrip()
         if self.other_failures:
-            text += "\n\nOther ranks:\n" + "\n".join(f"  {line}" for line in self.other_failures)
+            text += "\n\nOther ranks:\n" + "\n".join(
+                f"  {line}" for line in other_ranks_lines(self.other_failures))
         return text
 
     def __reduce__(self):
@@ -64,7 +91,8 @@ class WorkerError(RuntimeError):
             lines += ["", f"{red}[rank {self.rank}]{reset}",
                       *with_cell_labels(self.remote_traceback.rstrip()).splitlines()]
         if self.other_failures:
-            lines += ["", "Other ranks:", *(f"  {line}" for line in self.other_failures)]
+            lines += ["", "Other ranks:",
+                      *(f"  {line}" for line in other_ranks_lines(self.other_failures))]
         return lines
 
 

@@ -6,6 +6,13 @@ at most every ``snapshot_every`` seconds while it is still moving. A rank that
 floods (more than a burst of ``BURST_BYTES`` then ``RATE_BYTES`` per second) has
 the excess counted, not relayed, so the kernel and the browser stay responsive;
 its last lines are still kept for error reports.
+
+Whatever the number of ranks, the cell gets at most ``CELL_BYTES`` per second (after a burst
+of ``CELL_BURST``) in at most ``1 / FLUSH_EVERY`` writes per stream, below Jupyter's IOPub
+limits (1 MB/s, 1000 messages/s); lines past that are counted and said. Above
+``DEDUP_ABOVE`` ranks, identical lines of many ranks are shown once with their ranks
+(``line_groups.py``). Every line of every rank is kept (``rank_logs.py``:
+``last_launch().logs(rank)``), whatever the cell showed.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from notebook_accel.launch.line_groups import LineGroups
+from notebook_accel.launch.rank_logs import RankLogs
+from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.views.rich_output import show_display
 from notebook_accel.wire import Display, Kind
 
@@ -24,6 +34,11 @@ OUTPUT_CHOICES = ("all", "main", "none")
 _TAIL_LINES = 200
 BURST_BYTES = 4 << 20
 RATE_BYTES = 256 << 10
+CELL_BYTES = 400_000  # bytes per second into the cell, every rank together
+CELL_BURST = 100_000
+DEDUP_ABOVE = 16  # ranks shown: above this, identical lines of many ranks are shown once
+FLUSH_EVERY = 0.05  # seconds between two writes to the cell while a job runs
+NOTICE_EVERY = 1.0  # seconds between two notices of lines the cell's budget left out
 
 
 class _Stream:
@@ -43,17 +58,18 @@ class _Stream:
 
 
 class _Budget:
-    """A token bucket of relayed bytes per rank; what does not fit is counted."""
+    """A token bucket of relayed bytes (a rank's, or the cell's); what does not fit is counted."""
 
-    def __init__(self) -> None:
-        self.tokens = float(BURST_BYTES)
+    def __init__(self, burst: float, rate: float) -> None:
+        self.burst, self.rate = burst, rate
+        self.tokens = float(burst)
         self.updated = time.monotonic()
         self.skipped_lines = 0
         self.skipped_bytes = 0
 
     def allow(self, size: int) -> bool:
         now = time.monotonic()
-        self.tokens = min(BURST_BYTES, self.tokens + (now - self.updated) * RATE_BYTES)
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
         self.updated = now
         if self.tokens >= size:
             self.tokens -= size
@@ -79,14 +95,16 @@ def _latest(segment: str) -> str:
 
 
 class OutputRelay:
-    """Prefixes, orders and forwards worker output; remembers each rank's last lines.
+    """Prefixes, orders and forwards worker output; keeps each rank's lines.
 
     Args:
         show: "all" relays every rank, "main" only rank 0, "none" nothing (the
-            tails are still kept, so failures can show what a rank printed).
+            lines are still kept, so failures can show what a rank printed).
         stdout, stderr: where relayed lines go (the cell's streams by default).
         snapshot_every: seconds between snapshots of a moving progress line.
         publish: shows a rich display message of the main worker (in the cell).
+        dedup: show identical lines of many ranks once; None (default): when more than
+            ``DEDUP_ABOVE`` ranks are shown.
     """
 
     def __init__(
@@ -96,6 +114,7 @@ class OutputRelay:
         stderr: TextIO | None = None,
         snapshot_every: float = 5.0,
         publish: Callable[[Display], None] = show_display,
+        dedup: bool | None = None,
     ) -> None:
         self.show = show
         self._targets = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
@@ -103,10 +122,31 @@ class OutputRelay:
         self._pending: list[tuple[str, Any]] = []  # ("stdout"|"stderr", line), (Kind.DISPLAY, msg)
         self._publish = publish
         self._budgets: dict[int, _Budget] = {}
+        self._cell = _Budget(CELL_BURST, CELL_BYTES)
+        self._cell_skipped: set[int] = set()  # ranks of the lines the cell's budget left out
+        self._noticed = float("-inf")
+        self._flushed = float("-inf")
         self._last: dict[int, str] = {}
         self._held: set[int] = set()
+        self._moving: set[tuple[int, str]] = set()  # streams with an unfinished line
+        self._touched: set[int] = set()  # ranks whose last line may have changed
         self.prefixes: dict[int, str] = {}  # rank -> its lines' label, where not "rank N"
         self.snapshot_every = snapshot_every
+        self.dedup = dedup
+        self.groups = LineGroups()
+        self.logs = RankLogs()
+
+    def watch(self, prefixes: dict[int, str]) -> None:
+        """The launch's ranks, each with the label of its lines (``rank 1``, ``node 1 rank 1``)."""
+        self.prefixes.update(prefixes)
+        self.logs.expect(len(self.prefixes))
+
+    @property
+    def deduplicating(self) -> bool:
+        """Whether identical lines of several ranks are shown once."""
+        if self.dedup is not None:
+            return self.dedup
+        return self.show == "all" and len(self.prefixes) > DEDUP_ABOVE
 
     def _stream(self, rank: int, name: str) -> _Stream:
         key = (rank, name)
@@ -128,18 +168,50 @@ class OutputRelay:
 
     def _emit(self, rank: int, name: str, text: str) -> None:
         self._stream(rank, name).add_line(text)
+        self.logs.add(rank, name, text)
         if rank in self._held:
             return
         if text.strip():
             self._last[rank] = text
+            self._touched.add(rank)
         if self._visible(rank):
-            line = f"{self.prefix(rank)}{text}\n"
-            budget = self._budgets.setdefault(rank, _Budget())
-            if budget.allow(len(line)):
+            budget = self._budgets.get(rank)
+            if budget is None:
+                budget = self._budgets[rank] = _Budget(BURST_BYTES, RATE_BYTES)
+            if budget.allow(len(self.prefix(rank)) + len(text) + 1):
                 notice = budget.notice()
                 if notice:
                     self._pending.append((name, f"{self.prefix(rank)}{notice}\n"))
-                self._pending.append((name, line))
+                self._queue(rank, name, text)
+
+    def _queue(self, rank: int, name: str, text: str) -> None:
+        """A line to show: grouped with the same line of other ranks, or shown on its own."""
+        if self.deduplicating:
+            self.groups.add(rank, name, text, time.monotonic())
+        else:
+            self._show(name, [rank], text)
+
+    def _show(self, name: str, ranks: list[int], text: str) -> None:
+        """Queue one line for the cell, within the cell's budget (else counted)."""
+        label = self.prefix(ranks[0]) if len(ranks) == 1 else f"[{ranks_text(ranks)}] "
+        line = f"{label}{text}\n"
+        if self._cell.allow(len(line)):
+            self._pending.append((name, line))
+        else:
+            self._cell_skipped.update(ranks)
+
+    def _cell_notice(self, now: float, force: bool) -> None:
+        """Say what the cell's budget left out (at most every ``NOTICE_EVERY`` seconds)."""
+        if not self._cell.skipped_lines or (not force and now - self._noticed < NOTICE_EVERY):
+            return
+        self._noticed = now
+        lines, size = self._cell.skipped_lines, self._cell.skipped_bytes
+        self._cell.skipped_lines = self._cell.skipped_bytes = 0
+        self._pending.append(("stderr", (
+            f"[notebook_accel] ... {lines} lines ({size / 1e6:.1f} MB) of "
+            f"{ranks_text(self._cell_skipped)} not shown: the cell shows at most "
+            f"{CELL_BYTES / 1e3:.0f} kB/s; every line is kept: last_launch().logs(rank)\n")))
+        self._cell_skipped = set()
 
     def feed(self, rank: int, name: str, data: bytes) -> None:
         """Take raw bytes read from ``rank``'s ``name`` ("stdout"/"stderr") pipe."""
@@ -150,11 +222,23 @@ class OutputRelay:
             self._emit(rank, name, _latest(line))
         if "\r" in stream.partial:
             stream.partial = "\r" + _latest(stream.partial)  # keep one state, not thousands
+        if stream.partial:
+            self._moving.add((rank, name))
+            self._touched.add(rank)
+        else:
+            self._moving.discard((rank, name))
+
+    def take_touched(self) -> set[int]:
+        """The ranks whose :meth:`last_line` may have changed since the last call."""
+        touched, self._touched = self._touched, set()
+        return touched
 
     def tick(self, now: float | None = None) -> None:
-        """Print a snapshot of progress lines that have moved for a while."""
+        """Print a snapshot of progress lines that have moved for a while; costs the number of
+        unfinished lines, not of ranks."""
         now = time.monotonic() if now is None else now
-        for (rank, name), stream in self._streams.items():
+        for rank, name in self._moving:
+            stream = self._streams[(rank, name)]
             current = _latest(stream.partial)
             if (
                 current
@@ -163,7 +247,7 @@ class OutputRelay:
             ):
                 stream.snapshot_at, stream.snapshot_text = now, current
                 if self._visible(rank) and rank not in self._held:
-                    self._pending.append((name, f"{self.prefix(rank)}{current}\n"))
+                    self._queue(rank, name, current)
 
     def finish(self, rank: int) -> None:
         """Flush the unfinished last line of ``rank`` (its process has ended)."""
@@ -177,6 +261,8 @@ class OutputRelay:
                 continue
             rest = stream.partial + stream.decoder.decode(b"", final=True)
             stream.partial = ""
+            self._moving.discard((rank, name))
+            self._touched.add(rank)
             if _latest(rest):
                 self._emit(rank, name, _latest(rest))
 
@@ -184,8 +270,26 @@ class OutputRelay:
         """Queue a rich display of the main worker, in order with the text around it."""
         self._pending.append((Kind.DISPLAY, message))
 
-    def flush(self) -> None:
-        """Write what was gathered since the last flush to the cell, in arrival order."""
+    def due_in(self, pace: float = FLUSH_EVERY) -> float:
+        """Seconds until :meth:`flush` with ``pace`` has something to write (inf: nothing)."""
+        now = time.monotonic()
+        due = 0.0 if self._pending else float("inf")
+        if len(self.groups):
+            due = min(due, self.groups.due_in(now))
+        if self._cell.skipped_lines:
+            due = min(due, self._noticed + NOTICE_EVERY - now)
+        return max(due, self._flushed + pace - now, 0.0)
+
+    def flush(self, pace: float = 0.0) -> None:
+        """Write what was gathered to the cell, in arrival order: everything (lines still
+        waiting for their group included), or with ``pace`` (seconds), nothing when the last
+        write was less than that ago, and only the groups whose window has passed."""
+        now = time.monotonic()
+        if pace and now - self._flushed < pace:
+            return
+        self._flushed = now
+        self.groups.release(now if pace else None, self._show)
+        self._cell_notice(now, force=not pace)
         pending, self._pending = self._pending, []
         index = 0
         while index < len(pending):

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from notebook_accel.wire import Dropped, Memory, Message, Metrics, Phase, Progress, RichHidden
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.rank_logs import RankLogs
 
 ENDED_STATES = ("finished", "failed", "stopped")  # how a rank ends (no phase replaces them)
 
@@ -23,6 +26,7 @@ class RankStatus:
 
     rank: int
     pid: int | None = None
+    node: int = 0  # the node it runs on (a cluster's)
     state: str = "starting"
     started: float = field(default_factory=time.time)
     ended: float | None = None
@@ -69,6 +73,7 @@ class LaunchRecord:
         root_cause: the rank whose failure ended the job (set when one failed).
         warm_pool: True when the ranks are a warm pool's workers, kept across calls (their
             handles are ``persistent``); False for workers started for this launch.
+        output: every rank's output lines, whatever the cell showed (see :meth:`logs`).
     """
 
     world_size: int
@@ -87,6 +92,7 @@ class LaunchRecord:
     outcome: str | None = None
     root_cause: int | None = None
     events: int = 0
+    output: RankLogs | None = field(default=None, repr=False)
 
     @property
     def elapsed(self) -> float:
@@ -109,6 +115,12 @@ class LaunchRecord:
             self.dropped[rank] = self.dropped.get(rank, 0) + message.count
         elif type(message) is RichHidden:
             self.rich_hidden[rank] = self.rich_hidden.get(rank, 0) + message.count
+
+    def logs(self, rank: int, stream: str | None = None) -> str:
+        """Everything ``rank`` printed (only ``stream``'s, "stdout" or "stderr", if given), one
+        line per line, also what the cell left out (rate-limited, or shown once for many
+        ranks); e.g. ``print(last_launch().logs(3))``."""
+        return self.output.text(rank, stream) if self.output is not None else ""
 
     def finish(self, outcome: str, ended: float | None = None) -> None:
         """Set the outcome; ``ended`` (a ``time.time()``) defaults to now."""

@@ -16,10 +16,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import select
 import selectors
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from notebook_accel.launch.backends.base import WorkerHandle
@@ -29,17 +29,20 @@ from notebook_accel.launch.interrupts import (
     check_interrupt,
     take_interrupt,
 )
-from notebook_accel.launch.output import OutputRelay
+from notebook_accel.launch.output import FLUSH_EVERY, OutputRelay
+from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
-from notebook_accel.launch.views.text import format_duration, ranks_text
+from notebook_accel.launch.views.text import format_duration
 from notebook_accel.wire import Display, FailureRecord, FrameReader, Result, RunDone, StopCount
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
 _STACK_DUMP_WAIT = 0.5
+_STACKS_SHOWN = 2  # distinct stacks a timeout's error shows (the rest are counted)
+_RSS_PER_WAKEUP = 8  # ranks whose memory one wakeup samples (each at most once a second)
 INTERRUPT_GRACE = 1.5  # seconds a persistent worker has to end its run after an interrupt
 
 
@@ -132,16 +135,24 @@ class Supervisor:
         self.stop_wait = stop_wait  # a pool run's ranks have this long to reach the stop's cut
         self.stopped_at_once: str | None = None  # why the stop button could not use a cut
         self.relay = relay
-        relay.prefixes.update({h.rank: h.prefix for h in handles})
+        relay.watch({h.rank: h.prefix for h in handles})
+        record.output = relay.logs  # every rank's lines: last_launch().logs(rank)
         self.timeout = timeout
         self.record = record
         self.view = view
-        # memory: sampled once a second; a warm pool's runs are often far shorter than that
-        self._next_sample = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         for w in workers:
-            record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid)
+            record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid, node=w.handle.node)
         self.by_rank = {w.rank: w for w in workers}
         self.selector = selectors.DefaultSelector()
+        # events are read when the loop wakes anyway, not woken per event (a pipe holds ~10k);
+        # a selector of their own tells which ranks have some, so a wakeup costs what is ready
+        self.event_selector = selectors.DefaultSelector()
+        self.unfinished = {w.rank for w in workers}
+        self._starting = True  # ranks still shown "starting" (until the first refresh)
+        # memory: each rank sampled once a second, a few per wakeup (a warm pool's runs are
+        # often far shorter than a second: its first samples wait that long)
+        first = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
+        self._samples: deque[tuple[float, int]] = deque((first, w.rank) for w in workers)
         self.first_failure: float | None = None
         self.timed_out_at: float | None = None  # time.time() when the timeout hit
 
@@ -153,6 +164,7 @@ class Supervisor:
             self.selector.register(w.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
             self.selector.register(w.control_fd, selectors.EVENT_READ, (w.rank, "control"))
             self.selector.register(w.handle.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
+            self.event_selector.register(w.handle.events_fd, selectors.EVENT_READ, w.rank)
 
     def _unregister(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -171,10 +183,16 @@ class Supervisor:
                 self._unregister(fd)
                 return
             self.relay.feed(worker.rank, name, data)
+            if len(data) < 1 << 16:
+                return  # drained (what comes later wakes the loop again): one read, not two
 
     def _read_events(self, worker: Worker) -> None:
-        for message in worker.events.read()[0]:
+        messages, still_open = worker.events.read()
+        for message in messages:
             self.record.apply(worker.rank, message)
+        if not still_open:
+            with contextlib.suppress(KeyError, ValueError):
+                self.event_selector.unregister(worker.handle.events_fd)
 
     def _read_control(self, worker: Worker) -> None:
         messages, still_open = worker.control.read()
@@ -197,6 +215,7 @@ class Supervisor:
     def _on_exit(self, worker: Worker) -> None:
         worker.handle.reap(timeout=1)
         worker.exited, worker.exit_time = True, time.time()
+        self.unfinished.discard(worker.rank)
         self._unregister(worker.handle.sentinel)
         self._await_ends(worker)
         self._read_control(worker)
@@ -217,17 +236,23 @@ class Supervisor:
         deadline = time.monotonic() + worker.handle.end_grace
         names = {worker.stdout_fd: "stdout", worker.stderr_fd: "stderr",
                  worker.control_fd: "control"}
-        while ((pending := [fd for fd in names if fd in self.selector.get_map()])
-               and (left := deadline - time.monotonic()) > 0):
-            for fd in select.select(pending, [], [], left)[0]:
-                if names[fd] == "control":
-                    self._read_control(worker)
-                else:
-                    self._read_output(worker, names[fd])
+        with selectors.DefaultSelector() as ends:  # never select.select: fds may pass 1023
+            for fd, name in names.items():
+                if fd in self.selector.get_map():
+                    ends.register(fd, selectors.EVENT_READ, name)
+            while ends.get_map() and (left := deadline - time.monotonic()) > 0:
+                for key, _ in ends.select(left):
+                    if key.data == "control":
+                        self._read_control(worker)
+                    else:
+                        self._read_output(worker, key.data)
+                    if key.fd not in self.selector.get_map():
+                        ends.unregister(key.fd)
 
     def _run_ended(self, worker: Worker) -> None:
         """A persistent worker reported the end of its run (its output is all in its pipes)."""
         worker.run_done = True
+        self.unfinished.discard(worker.rank)
         self._read_output(worker, "stdout")
         self._read_output(worker, "stderr")
         self._read_events(worker)
@@ -261,7 +286,7 @@ class Supervisor:
     def _flush(self) -> None:
         """Relay what was gathered, unless the live view still has to appear above it."""
         if not getattr(self.view, "holds_output", False):
-            self.relay.flush()
+            self.relay.flush(pace=FLUSH_EVERY)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -282,20 +307,35 @@ class Supervisor:
         self._refresh()
         self._flush()
 
+    def _wait_for(self) -> float:
+        """How long the loop may wait: 0.1 s, less when gathered output is due in the cell."""
+        if getattr(self.view, "holds_output", False):
+            return 0.1
+        return min(0.1, self.relay.due_in(FLUSH_EVERY))
+
     def _refresh(self) -> None:
-        """Bring the record up to date (states, memory once a second) and redraw."""
-        now = time.monotonic()
-        sample = now >= self._next_sample
-        if sample:
-            self._next_sample = now + 1.0
-        for w in self.workers:
-            self._read_events(w)  # polled here, not woken per event: the pipe holds ~10k
-            status = self.record.ranks[w.rank]
-            status.last_line = self.relay.last_line(w.rank)
-            if status.state == "starting" and not w.finished:
-                status.state = "running"
-            if sample and not w.exited:
-                status.rss = w.handle.rss() or status.rss
+        """Bring the record up to date (new events and lines, states, memory) and redraw; costs
+        what changed since the last wakeup, not the number of ranks."""
+        for key, _ in self.event_selector.select(0):
+            self._read_events(self.by_rank[key.data])
+        for rank in self.relay.take_touched():
+            self.record.ranks[rank].last_line = self.relay.last_line(rank)
+        if self._starting:
+            self._starting = False
+            for w in self.workers:
+                status = self.record.ranks[w.rank]
+                if status.state == "starting" and not w.finished:
+                    status.state = "running"
+        now, samples = time.monotonic(), self._samples
+        for _ in range(min(_RSS_PER_WAKEUP, len(samples))):
+            if samples[0][0] > now:
+                break
+            rank = samples.popleft()[1]
+            worker = self.by_rank[rank]
+            if not worker.exited:
+                status = self.record.ranks[rank]
+                status.rss = worker.handle.rss() or status.rss
+                samples.append((now + 1.0, rank))
         self.view.update(self.record)
 
     def run(self) -> list[Worker]:
@@ -325,14 +365,14 @@ class Supervisor:
         self._register()
         start = time.monotonic()
         try:
-            while any(not w.finished for w in self.workers):
+            while self.unfinished:
                 now = time.monotonic()
                 if self.first_failure is not None and now - self.first_failure >= _COLLECT_AFTER_FAILURE:
                     break
                 if self.timeout is not None and now - start >= self.timeout:
                     raise self._timed_out()
                 check_interrupt()
-                self._poll(0.1)
+                self._poll(self._wait_for())
         except KeyboardInterrupt:
             self._stop()
             self._finish()
@@ -398,6 +438,7 @@ class Supervisor:
             self.relay.finish(w.rank)
         self._flush()
         self.selector.close()
+        self.event_selector.close()
 
     # -- verdicts ------------------------------------------------------------------------------
 
@@ -419,17 +460,21 @@ class Supervisor:
         for w in running:
             stack = main_thread_stack(self.relay.tail(w.rank, since=marks[w.rank]))
             stacks.setdefault(stack, []).append(w.rank)
-        ranks = ", ".join(str(w.rank) for w in running)
         message = (f"timed out after {format_duration(elapsed)} (timeout={self.timeout:g} s): "
-                   f"rank{'s' if len(running) > 1 else ''} {ranks} stopped while still running")
-        where = "\n\n".join(
-            f"{ranks_text(group)} {'was' if len(group) == 1 else 'were'} here when stopped:\n"
-            f"{stack}"
-            for stack, group in stacks.items())
+                   f"{ranks_text(w.rank for w in running)} stopped while still running")
+        groups = sorted(stacks.items(), key=lambda item: -len(item[1]))
+        texts = [f"{ranks_text(group)} {'was' if len(group) == 1 else 'were'} here when stopped:\n"
+                 f"{stack}" for stack, group in groups]
+        where = "\n\n".join(texts)  # every stack: kept on the error's failure record
+        shown = "\n\n".join(texts[:_STACKS_SHOWN])
+        if len(groups) > _STACKS_SHOWN:
+            rest = [rank for _, group in groups[_STACKS_SHOWN:] for rank in group]
+            shown += (f"\n\n{ranks_text(rest)}: {len(groups) - _STACKS_SHOWN} other stacks "
+                      "(all in .failure.traceback)")
         failure = FailureRecord(rank=first.rank, pid=first.pid, exitcode=None,
                                 exc_type=None, headline=message, traceback=where,
                                 timestamp=self.timed_out_at)
-        return WorkerError(message, rank=first.rank, remote_traceback=where, failure=failure)
+        return WorkerError(message, rank=first.rank, remote_traceback=shown, failure=failure)
 
     def _root_cause(self) -> WorkerError:
         candidates = []

@@ -19,12 +19,12 @@ from __future__ import annotations
 import functools
 import os
 import re
-import select
 import signal
 import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait
 
 from notebook_accel.machine.hardware import Capability, Hardware
 
@@ -156,7 +156,7 @@ def in_forked_child(call: Callable[[], str], timeout: float = 30.0) -> str | Non
     try:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([read_fd], [], [], left)[0]:
+            if left <= 0 or not wait([read_fd], left):  # any fd number (select: < 1024)
                 return None
             chunk = os.read(read_fd, 65536)
             if not chunk:

@@ -43,6 +43,7 @@ class WorkerHandle(abc.ABC):
     stderr_fd: int
     control_fd: int
     events_fd: int
+    node: int = 0  # the node it runs on (a cluster's; 0 on this machine)
     persistent: bool = False  # it outlives the run: the run ends with a RunDone, not an exit
     # seconds the kernel may wait, once the worker has ended, for the rest of its output and
     # control channels: 0 where they are local pipes (all there by then), more over a network

@@ -24,6 +24,7 @@ from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.cluster.channel_relay import RelayedChannels
 from notebook_accel.launch.cluster.channel_server import ChannelServer
 from notebook_accel.launch.environment import worker_environment
+from notebook_accel.launch.fd_limit import ensure_fd_room
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.views import in_kernel
@@ -151,6 +152,7 @@ class ClusterBackend(Backend):
 def start_ranks(plan: LaunchPlan, payload: Payload | None) -> list[ClusterHandle]:
     """Fork one worker per rank from the placed agents (``payload`` None: warm pool workers,
     serving runs from their commands channel); returns their handles once all connected."""
+    ensure_fd_room(plan.world_size)
     placed = placement.placement_for(plan)
     ray = placement.ray_module()
     port_ref = placed.agents[0].free_port.remote(placed.addresses[0])
@@ -161,11 +163,11 @@ def start_ranks(plan: LaunchPlan, payload: Payload | None) -> list[ClusterHandle
     payload_ref = ray.put(payload)
     pids: dict[int, int] = {}
     try:
-        starts = [
+        starts = {
             agent.start.remote(_spec(plan, placed, rank, port), payload_ref, server.address,
-                               server.token)
+                               server.token): rank
             for rank, agent in enumerate(placed.agents)
-        ]
+        }
         channels = server.accept(time.monotonic() + CONNECT_TIMEOUT,
                                  lambda: _collect(ray, starts, pids))
         _collect(ray, starts, pids, wait=True)
@@ -199,13 +201,16 @@ def _spec(plan: LaunchPlan, placed: placement.Placement, rank: int, port: int) -
                       rich_output=plan.output != "none" and in_kernel())
 
 
-def _collect(ray: Any, starts: list, pids: dict[int, int], wait: bool = False) -> None:
-    """Record the pids of the workers the agents forked; raise if an agent failed to."""
-    done, _ = ray.wait(starts, num_returns=len(starts), timeout=None if wait else 0)
+def _collect(ray: Any, starts: dict, pids: dict[int, int], wait: bool = False) -> None:
+    """Record the pids of the workers the agents forked (``starts``: each agent's start
+    reference -> its rank; those collected are taken out, so a call costs what is still
+    pending); raise if an agent failed to."""
+    pending = list(starts)
+    if not pending:
+        return
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=None if wait else 0)
     for ref in done:
-        rank = starts.index(ref)
-        if rank not in pids:
-            pids[rank] = ray.get(ref)
+        pids[starts.pop(ref)] = ray.get(ref)
 
 
 class ClusterPoolWorkers:

@@ -24,6 +24,7 @@ import psutil
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
 from notebook_accel.launch.cluster.node_join import announce, await_nodes
 from notebook_accel.launch.environment import network_environment, worker_environment
+from notebook_accel.launch.fd_limit import ensure_fd_room
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous
@@ -192,6 +193,7 @@ def start_workers(
     started, so a forked worker never closes an fd number that got reused.
     """
     context = get_context(plan.start.method)
+    ensure_fd_room(plan.num_processes)
     alive_r, alive_w = _pipe()
     ends = [(_pipe(), _pipe(), _pipe(), _pipe()) for _ in range(plan.num_processes)]
     for triple in ends:

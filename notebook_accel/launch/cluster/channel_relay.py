@@ -23,11 +23,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import select
 import socket
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import wait
 from typing import Any
 
 from notebook_accel.launch.cluster.channel_server import ChannelServer
@@ -95,7 +95,7 @@ class _Session:
                 room = {self.socks[k]: (k, BUFFER_LIMIT - len(self.buffers[k])) for k in self.socks
                         if k not in self.ended and len(self.buffers[k]) < BUFFER_LIMIT}
             try:
-                readable, _, _ = select.select([*room, self._wake_r], [], [], PULL_WAIT)
+                readable = wait([*room, self._wake_r], PULL_WAIT)  # poll: any fd number
             except (OSError, ValueError):  # closed under us: the session ended
                 return
             for sock in readable:
@@ -314,7 +314,7 @@ class RelayedChannels:
         in_flight: collections.deque = collections.deque()
         try:
             while open_ and not self._done.is_set():
-                readable, _, _ = select.select(list(open_), [], [], PULL_WAIT)
+                readable = wait(list(open_), PULL_WAIT)
                 for sock in readable:
                     try:
                         data = sock.recv(65536)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from notebook_accel.launch.worker.node_agent import CHANNELS, HELLO, RUN_CHANNELS
 
 _HELLO_TIMEOUT = 5.0
+CHECK_EVERY = 0.25  # seconds between two calls of ``check`` while connections arrive
 
 
 class ChannelServer:
@@ -38,18 +39,22 @@ class ChannelServer:
 
         Args:
             deadline: ``time.monotonic()`` by which all must have arrived.
-            check: called between connections; raises when a rank can no longer connect.
+            check: called at most every ``CHECK_EVERY`` seconds while connections arrive (not
+                once per connection: thousands arrive); raises when a rank can no longer
+                connect.
         Raises:
             TimeoutError: not all arrived by ``deadline``, naming the ranks missing.
         """
         got: dict[int, dict[str, socket.socket]] = {}
         expected = self.world_size * len(self.channels)
-        count = 0
+        count, checked = 0, float("-inf")
         with selectors.DefaultSelector() as selector:
             selector.register(self._listener, selectors.EVENT_READ)
             try:
                 while count < expected:
-                    check()
+                    if time.monotonic() - checked >= CHECK_EVERY:
+                        check()
+                        checked = time.monotonic()
                     if time.monotonic() > deadline:
                         missing = sorted(r for r in range(self.world_size)
                                          if len(got.get(r, {})) < len(self.channels))

@@ -13,9 +13,10 @@ import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TextIO
 
+from notebook_accel.launch.rank_ranges import ranks_text  # noqa: F401 - the words every view uses
 from notebook_accel.launch.record import ENDED_STATES as _ENDED
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.observe.progress import bar_label, job_progress
@@ -52,12 +53,6 @@ def format_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    """``"rank 1"`` or ``"ranks 0, 1"``."""
-    ranks = list(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def workers_text(record: LaunchRecord) -> str:

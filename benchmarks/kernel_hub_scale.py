@@ -1,0 +1,520 @@
+"""The kernel side at scale: what 8 to 1024 ranks cost the one kernel, against a baseline revision.
+
+Fake ranks speak the real wire over real pipes (stdout, stderr, control, events, and an exit
+pipe as the sentinel), driven through the real kernel side (``Supervisor``, ``OutputRelay``,
+``LaunchRecord``, the notebook's ``LiveView`` with a display that only counts); no torch. To keep
+1024 ranks feasible on 2 cores, a few driver processes (``--drivers``, default 4) each
+multiplex a quarter of the ranks: one loop writes each of its ranks' lines, events and results
+to that rank's own pipes, and obeys the kernel's signals (terminate, kill, stack dump) sent on
+a command pipe. Every rank prints ``epoch K done`` once a second (the same line on every rank)
+and a 580-byte line of its own (``rank R metrics xxx...``), and sends a progress event twice
+a second. Three runs per size:
+- success: 4 s of lines, then every rank returns;
+- failure: at 2 s rank N/2 raises, and every other rank then fails with a broken-collective
+  error (as gloo's peers do), so the error has N failures to report;
+- hang: the ranks go silent after 1 s; ``timeout=3`` stops them with their stacks.
+Also the connect-back: ``ChannelServer.accept`` of N ranks x 5 channels over loopback TCP, with
+the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.wait``/``ray.get``
+that scans its refs as Ray's does).
+
+For each side (this checkout, and BASELINE in a throwaway git worktree) and size, in its own
+process, alternating: kernel CPU, the work of one wakeup of the wait loop (p50/p99, after
+``select`` returned: the thread's CPU time, and wall time, which on 2 shared cores includes
+being descheduled), line latency rank -> cell (p50/p99), bytes and writes per second
+into the cell (the peak 1-s window; each write is one IOPub stream message or fewer), the
+kernel's peak fds and threads, time to connect every rank, failure -> WorkerError, the
+WorkerError's lines, and the live view's bytes per redraw.
+
+    python benchmarks/kernel_hub_scale.py [--baseline 70fe29e] [--sizes 8,32,128,512,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import pickle
+import resource
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = struct.Struct("!Ic")  # rank, what: T(erminate) K(ill) D(ump stacks)
+STACK = ("Thread 0x00007f0000000001 (most recent call first):\n"
+         '  File "/tmp/train.py", line 12 in wait_forever\n'
+         '  File "/tmp/train.py", line 20 in job\n')
+
+
+# -- the ranks' side: a driver process multiplexing many fake ranks ---------------------------
+
+def _drive(ranks: dict[int, dict[str, int]], command_r: int, scenario: str, world: int,
+           start: float) -> None:
+    """One driver: every rank's lines, events, result or failure, on that rank's own fds."""
+    from notebook_accel.wire import FailureRecord, Progress, Result, send
+
+    alive = dict(ranks)
+    os.set_blocking(command_r, False)
+    buffer = b""
+
+    def end(rank: int, code: int) -> None:
+        fds = alive.pop(rank, None)
+        if fds is None:
+            return
+        for name in ("stdout", "stderr", "control", "events"):
+            os.close(fds[name])
+        os.write(fds["exit"], struct.pack("b", code))
+        os.close(fds["exit"])
+
+    def fail(rank: int, headline: str, secondary: bool) -> None:
+        fds = alive[rank]
+        trace = ("Traceback (most recent call last):\n  File \"/tmp/train.py\", line 20, in job\n"
+                 "    step()\n  File \"/tmp/train.py\", line 9, in step\n"
+                 f"    raise RuntimeError(...)\n{headline}\n")
+        send(fds["control"], FailureRecord(rank=rank, pid=os.getpid(), exitcode=1,
+                                           exc_type=headline.split(":")[0], headline=headline,
+                                           traceback=trace, secondary=secondary,
+                                           timestamp=time.time()))
+        end(rank, 1)
+
+    step, failing = 0, world // 2
+    while alive:
+        now = time.time()
+        due = start + step
+        if now >= due and (scenario != "hang" or step <= 1):
+            for rank, fds in list(alive.items()):
+                os.write(fds["stdout"], f"epoch {step} done\n".encode()
+                         + f"rank {rank} metrics {'x' * 560}\n".encode())
+            step += 1
+            if scenario == "success" and step > 4:
+                for rank, fds in list(alive.items()):
+                    send(fds["control"], Result(pickle.dumps(rank) if rank == 0 else None))
+                    end(rank, 0)
+            if scenario == "failure" and step == 3:
+                if failing in alive:
+                    fail(failing, "RuntimeError: boom", secondary=False)
+                time.sleep(0.05)
+                for rank in list(alive):
+                    fail(rank, f"DistBackendError: connection reset by rank {failing}",
+                         secondary=True)
+        if step and scenario != "hang" and int(now * 2) != int((now - 0.01) * 2):
+            for fds in alive.values():
+                body = Progress({"id": 1, "n": step, "total": 5, "desc": "train"})
+                try:
+                    os.write(fds["events"], _frame(body))
+                except BlockingIOError:
+                    pass
+        try:
+            buffer += os.read(command_r, 65536)
+        except BlockingIOError:
+            pass
+        while len(buffer) >= COMMAND.size:
+            rank, what = COMMAND.unpack_from(buffer)
+            buffer = buffer[COMMAND.size:]
+            if rank in alive and what == b"D":
+                os.write(alive[rank]["stderr"], STACK.encode())
+            elif rank in alive:
+                end(rank, -signal.SIGTERM if what == b"T" else -signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _frame(message) -> bytes:
+    from notebook_accel import wire
+
+    body = wire._body(message)
+    return wire.HEADER.pack(len(body)) + body
+
+
+# -- the kernel's side ----------------------------------------------------------------------
+
+def _handle_class():
+    from notebook_accel.launch.backends.base import WorkerHandle
+
+    class FakeHandle(WorkerHandle):
+        """A rank of a driver: the kernel's ends of its pipes; signals go to its driver."""
+
+        def __init__(self, rank: int, fds: dict[str, int], command_w: int, driver: int,
+                     node: int) -> None:
+            self.rank, self._fds, self._command, self._driver = rank, fds, command_w, driver
+            self.node = node
+            self.stdout_fd, self.stderr_fd = fds["stdout"], fds["stderr"]
+            self.control_fd, self.events_fd = fds["control"], fds["events"]
+            self._code: int | None = None
+
+        pid = property(lambda self: self._driver)
+        sentinel = property(lambda self: self._fds["exit"])
+
+        @property
+        def exitcode(self):
+            if self._code is None:
+                try:
+                    data = os.read(self._fds["exit"], 1)
+                except BlockingIOError:
+                    return None
+                self._code = struct.unpack("b", data)[0] if data else -9
+            return self._code
+
+        def _send(self, what: bytes) -> None:
+            try:
+                os.write(self._command, COMMAND.pack(self.rank, what))
+            except OSError:
+                pass
+
+        def terminate(self):
+            self._send(b"T")
+
+        def kill(self):
+            self._send(b"K")
+
+        def dump_stacks(self):
+            self._send(b"D")
+
+        def reap(self, timeout):
+            deadline = time.monotonic() + timeout
+            while self.exitcode is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+        def rss(self):
+            try:
+                with open(f"/proc/{self._driver}/statm") as f:
+                    return int(f.read().split()[1]) * 4096
+            except OSError:
+                return None
+
+        def close(self):
+            for fd in self._fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    return FakeHandle
+
+
+class _Cell:
+    """The cell's stream: counts writes and bytes per second, and when each epoch line came."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.writes: list[tuple[float, int]] = []
+        self.latencies: list[float] = []
+
+    def write(self, text: str) -> None:
+        now = time.time()
+        self.writes.append((now, len(text.encode())))
+        for line in text.splitlines():
+            if "] epoch " in line and line.endswith(" done"):
+                step = int(line.rsplit(" ", 2)[1])
+                self.latencies.append(now - (self.start + step))
+
+    def flush(self) -> None:
+        pass
+
+
+def _peak_per_second(writes: list[tuple[float, int]]) -> tuple[float, float]:
+    """The largest bytes and writes in any 1-s window."""
+    best_bytes = best_writes = 0
+    left, total = 0, 0
+    for right, (when, size) in enumerate(writes):
+        total += size
+        while writes[left][0] < when - 1.0:
+            total -= writes[left][1]
+            left += 1
+        best_bytes, best_writes = max(best_bytes, total), max(best_writes, right - left + 1)
+    return best_bytes, best_writes
+
+
+def run_scenario(world: int, scenario: str, drivers: int) -> dict:
+    from magics.view.live_view import LiveView
+    from notebook_accel.launch.errors import WorkerError
+    from notebook_accel.launch.output import OutputRelay
+    from notebook_accel.launch.record import LaunchRecord
+    from notebook_accel.launch.supervisor import Supervisor
+
+    FakeHandle = _handle_class()
+    start = time.time() + 0.5
+    kernel_ends, rank_ends = {}, {}
+    for rank in range(world):
+        kernel_ends[rank], rank_ends[rank] = {}, {}
+        for name in ("stdout", "stderr", "control", "events", "exit"):
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            kernel_ends[rank][name], rank_ends[rank][name] = r, w
+    commands = [os.pipe() for _ in range(drivers)]
+    pids = []
+    for d in range(drivers):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                mine = {rank: rank_ends[rank] for rank in range(d, world, drivers)}
+                keep = {fd for fds in mine.values() for fd in fds.values()} | {commands[d][0]}
+                for fd in [*(fd for fds in kernel_ends.values() for fd in fds.values()),
+                           *(fd for fds in rank_ends.values() for fd in fds.values()),
+                           *(fd for pair in commands for fd in pair)]:
+                    if fd not in keep:
+                        os.close(fd)
+                _drive(mine, commands[d][0], scenario, world, start)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    for fds in rank_ends.values():
+        for fd in fds.values():
+            os.close(fd)
+    for r, _ in commands:
+        os.close(r)
+    handles = [FakeHandle(rank, kernel_ends[rank], commands[rank % drivers][1],
+                          pids[rank % drivers], node=rank // 8) for rank in range(world)]
+    out, err = _Cell(start), _Cell(start)
+    relay = OutputRelay(show="all", stdout=out, stderr=err)
+    record = LaunchRecord(world_size=world, num_processes=world, device_type="cpu",
+                          start_method="fork", mixed_precision="no")
+    redraws: list[int] = []
+
+    class Shown:
+        def update(self, bundle, raw=True):
+            redraws.append(sum(len(v.encode()) for v in bundle.values()))
+
+    def display(bundle):
+        Shown().update(bundle)
+        return Shown()
+
+    view = LiveView(record, display=display, appear_after=0.5)
+    supervisor = Supervisor(handles, relay, 3.0 if scenario == "hang" else None, record, view)
+    waits, works, cpus, peaks = [], [], [], {"fds": 0, "threads": 0}
+    select = supervisor.selector.select
+    poll = supervisor._poll
+
+    ready: list[int] = []
+
+    def timed_select(timeout=None):
+        began = time.perf_counter()
+        try:
+            events = select(timeout)
+            ready.append(len(events))
+            return events
+        finally:
+            waits.append(time.perf_counter() - began)
+
+    def timed_poll(timeout):
+        began, cpu_began = time.perf_counter(), time.thread_time()
+        poll(timeout)
+        works.append(time.perf_counter() - began - waits[-1])
+        cpus.append(time.thread_time() - cpu_began)  # waiting in select takes no CPU
+        if len(works) % 20 == 1:
+            peaks["fds"] = max(peaks["fds"], len(os.listdir("/proc/self/fd")))
+            peaks["threads"] = max(peaks["threads"], threading.active_count())
+
+    supervisor.selector.select, supervisor._poll = timed_select, timed_poll
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
+    error_lines = error_after = None
+    try:
+        supervisor.run()
+    except WorkerError as error:
+        raised = time.time()
+        error_lines = len(str(error).splitlines())
+        if scenario == "failure":
+            error_after = raised - error.failure.timestamp
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    for handle in handles:
+        handle.close()
+    for _, w in commands:
+        os.close(w)
+    writes = sorted(out.writes + err.writes)
+    peak_bytes, peak_writes = _peak_per_second(writes)
+    latencies = sorted(out.latencies) or [float("nan")]
+    idle = sorted(cpu for cpu, count in zip(cpus, ready, strict=False) if not count)
+    busy = [(cpu, count) for cpu, count in zip(cpus, ready, strict=False) if count]
+    works.sort()
+    cpus.sort()
+    return {
+        "cpu_s": (used.ru_utime + used.ru_stime) - (cpu.ru_utime + cpu.ru_stime),
+        "wakeups": len(works),
+        "wakeup_p50_ms": works[len(works) // 2] * 1e3 if works else None,
+        "wakeup_p99_ms": works[int(len(works) * 0.99)] * 1e3 if works else None,
+        "wakeup_cpu_p50_ms": cpus[len(cpus) // 2] * 1e3 if cpus else None,
+        "wakeup_cpu_p99_ms": cpus[int(len(cpus) * 0.99)] * 1e3 if cpus else None,
+        "idle_wakeup_cpu_p50_ms": idle[len(idle) // 2] * 1e3 if idle else None,
+        "idle_wakeup_cpu_p99_ms": idle[int(len(idle) * 0.99)] * 1e3 if idle else None,
+        "cpu_us_per_ready_channel": (sum(c for c, _ in busy) / sum(n for _, n in busy) * 1e6
+                                     if busy else None),
+        "latency_p50_s": latencies[len(latencies) // 2],
+        "latency_p99_s": latencies[int(len(latencies) * 0.99)],
+        "cell_peak_bytes_per_s": peak_bytes, "cell_peak_writes_per_s": peak_writes,
+        "cell_bytes": sum(size for _, size in writes),
+        "fds": peaks["fds"], "threads": peaks["threads"],
+        "error_lines": error_lines, "error_after_s": error_after,
+        "view_bytes_per_redraw": max(redraws, default=0),
+    }
+
+
+def connect_time(world: int) -> float:
+    """Seconds for ``world`` ranks x 5 channels to connect back and be accepted."""
+    from notebook_accel.launch.backends import cluster
+    from notebook_accel.launch.cluster.channel_server import ChannelServer
+    from notebook_accel.launch.worker.node_agent import HELLO, RUN_CHANNELS
+
+    class Ref:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+    class FakeRay:  # ray.wait scans its refs (and ray.get answers at once): the started agents
+        @staticmethod
+        def wait(refs, num_returns, timeout=None):
+            done = [ref for ref in refs if ref.rank >= 0]
+            return done[:num_returns], done[num_returns:]
+
+        @staticmethod
+        def get(ref):
+            return 1000 + ref.rank
+
+    server = ChannelServer("127.0.0.1", world)
+    refs = [Ref(rank) for rank in range(world)]
+    by_dict = "starts.pop" in inspect.getsource(cluster._collect)
+    starts = {ref: ref.rank for ref in refs} if by_dict else refs
+    pids: dict[int, int] = {}
+    clients: list[socket.socket] = []
+    lock = threading.Lock()
+
+    def connect(ranks) -> None:
+        for rank in ranks:
+            for index in range(len(RUN_CHANNELS)):
+                sock = socket.create_connection(server.address)
+                sock.sendall(HELLO.pack(server.token, rank, index))
+                with lock:
+                    clients.append(sock)
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=connect, args=(range(i, world, 4),)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    got = server.accept(time.monotonic() + 300, lambda: cluster._collect(FakeRay, starts, pids))
+    took = time.perf_counter() - began
+    for thread in threads:
+        thread.join()
+    server.close()
+    for channels in got.values():
+        for sock in channels.values():
+            sock.close()
+    for sock in clients:
+        sock.close()
+    return took
+
+
+def measure(world: int, drivers: int) -> dict:
+    """One side's figures at one size (in a process with that side's code on PYTHONPATH)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the harness's own pipes, both sides
+    with selectors.DefaultSelector():
+        pass
+    figures = {name: run_scenario(world, name, drivers) for name in ("success", "failure", "hang")}
+    figures["connect_s"] = connect_time(world)
+    return figures
+
+
+# -- the two sides --------------------------------------------------------------------------
+
+def _side(directory: Path, world: int, drivers: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(directory))
+    out = subprocess.run([sys.executable, __file__, "--measure", str(world), "--drivers",
+                          str(drivers)], env=env, capture_output=True, text=True, timeout=600,
+                         check=False, cwd=directory)
+    line = next((line for line in out.stdout.splitlines() if line.startswith("FIGURES ")), None)
+    if line is None:
+        return {"error": (out.stdout[-1500:] + out.stderr[-1500:]).strip()}
+    return json.loads(line[len("FIGURES "):])
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+ROWS = [  # (scenario, key, label)
+    ("success", "cpu_s", "kernel CPU s (success, 4.5 s)"),
+    ("success", "wakeups", "wakeups"),
+    ("success", "wakeup_cpu_p50_ms", "CPU ms per wakeup p50"),
+    ("success", "wakeup_cpu_p99_ms", "CPU ms per wakeup p99"),
+    ("success", "idle_wakeup_cpu_p50_ms", "CPU ms per idle wakeup p50"),
+    ("success", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99"),
+    ("success", "cpu_us_per_ready_channel", "CPU us per ready channel"),
+    ("success", "wakeup_p50_ms", "wall ms per wakeup p50 (2 cores shared)"),
+    ("success", "wakeup_p99_ms", "wall ms per wakeup p99 (2 cores shared)"),
+    ("success", "latency_p50_s", "line latency rank->cell p50 s"),
+    ("success", "latency_p99_s", "line latency rank->cell p99 s"),
+    ("success", "cell_peak_bytes_per_s", "cell bytes/s (peak 1-s window)"),
+    ("success", "cell_peak_writes_per_s", "cell writes/s (peak 1-s window)"),
+    ("success", "fds", "kernel fds (peak)"),
+    ("success", "threads", "kernel threads (peak)"),
+    ("success", "view_bytes_per_redraw", "live view bytes per redraw (max)"),
+    (None, "connect_s", "connect every rank s"),
+    ("failure", "error_after_s", "failure -> WorkerError s"),
+    ("failure", "error_lines", "WorkerError lines (failure)"),
+    ("failure", "cpu_s", "kernel CPU s (failure)"),
+    ("hang", "error_lines", "WorkerError lines (timeout)"),
+    ("hang", "wakeup_cpu_p99_ms", "CPU ms per wakeup p99 (hang)"),
+    ("hang", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99 (hang)"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default="70fe29e", help="the revision to compare against")
+    parser.add_argument("--sizes", default="8,32,128,512,1024")
+    parser.add_argument("--drivers", type=int, default=4, help="processes simulating the ranks")
+    parser.add_argument("--measure", type=int, metavar="RANKS", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure is not None:  # one side, one size, in its own process
+        print("FIGURES", json.dumps(measure(args.measure, args.drivers)), flush=True)
+        return
+    sizes = [int(size) for size in args.sizes.split(",")]
+    results: dict[int, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory() as work:
+        base = Path(work) / "baseline"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
+                        args.baseline], check=True)
+        try:
+            for world in sizes:
+                results[world] = {"baseline": _side(base, world, args.drivers),
+                                  "this": _side(ROOT, world, args.drivers)}
+                print(f"measured {world} ranks", file=sys.stderr, flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                           check=False)
+    print(f"baseline {args.baseline} vs this checkout; {args.drivers} driver processes; "
+          f"cell = the relay's target stream; ratio = this / baseline")
+    for world in sizes:
+        sides = results[world]
+        print(f"\n{world} ranks")
+        for side in ("baseline", "this"):
+            if "error" in sides[side]:
+                print(f"  {side} FAILED: {sides[side]['error'][-800:]}")
+        for scenario, key, label in ROWS:
+            values = []
+            for side in ("baseline", "this"):
+                figures = sides[side]
+                if "error" in figures:
+                    values.append(None)
+                    continue
+                values.append(figures[key] if scenario is None else figures[scenario][key])
+            before, after = values
+            ratio = (f"{after / before:.2f}" if isinstance(before, (int, float)) and before
+                     and isinstance(after, (int, float)) else "-")
+            print(f"  {label:<36} baseline {_fmt(before):>10}  this {_fmt(after):>10}  "
+                  f"ratio {ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""The kernel side at a thousand ranks: rank ranges, grouped errors, deduplicated and budgeted
+output, every line kept, the live view per node, the open-file limit, connect-back checks."""
+
+from __future__ import annotations
+
+import io
+import resource
+import socket
+import threading
+import time
+
+import pytest
+
+from notebook_accel.launch import output
+from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.line_groups import WINDOW, LineGroups
+from notebook_accel.launch.output import OutputRelay
+from notebook_accel.launch.rank_logs import RankLogs
+from notebook_accel.launch.rank_ranges import ranks_text
+from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.wire import FailureRecord
+
+
+def test_rank_lists_are_written_as_ranges():
+    assert ranks_text([3]) == "rank 3"
+    assert ranks_text([1, 0]) == "ranks 0, 1"
+    assert ranks_text([0, 1, 2, 5]) == "ranks 0-2, 5"
+    assert ranks_text(r for r in range(1024) if r != 512) == "ranks 0-511, 513-1023"
+    assert ranks_text(range(0, 40, 2), limit=3) == "ranks 0, 2, 4, ... and 17 more"
+
+
+def _failure(rank, headline, secondary=True):
+    return FailureRecord(rank=rank, pid=100 + rank, exitcode=1, exc_type=headline.split(":")[0],
+                         headline=headline, traceback="", secondary=secondary, timestamp=1.0)
+
+
+@pytest.mark.parametrize("world", [4, 256, 1024])
+def test_a_worker_error_groups_the_other_ranks_by_headline_in_at_most_40_lines(world):
+    cause = world // 2
+    trace = "Traceback (most recent call last):\n  File \"<cell 1>\", line 3, in job\nRuntimeError: boom"
+    others = [_failure(rank, "DistBackendError: connection reset") for rank in range(world)
+              if rank not in (cause, 1)]
+    others.append(_failure(1, "was killed by SIGKILL"))
+    error = WorkerError("rank 2 failed: RuntimeError: boom", rank=cause, exitcode=1,
+                        remote_traceback=trace, other_failures=others,
+                        failure=_failure(cause, "RuntimeError: boom", secondary=False))
+    text = str(error)
+    assert len(text.splitlines()) <= 40
+    assert text.startswith("rank 2 failed: RuntimeError: boom") and "RuntimeError: boom" in text
+    most = [r for r in range(world) if r not in (cause, 1)]
+    assert f"  {ranks_text(most)}: DistBackendError: connection reset" in text
+    assert "  rank 1: was killed by SIGKILL" in text
+    assert text.index("DistBackendError") < text.index("SIGKILL")  # the largest group first
+    assert len(error.other_failures) == world - 1  # every rank's record stays
+    assert len(error._render_traceback_()) <= 40
+
+
+def test_past_eight_kinds_of_failure_the_rest_are_counted():
+    others = [_failure(rank, f"ValueError: case {rank}") for rank in range(20)]
+    text = str(WorkerError("rank 99 failed", rank=99, other_failures=others))
+    assert "ranks 8-19: 12 other kinds of failure (each rank's record: .other_failures)" in text
+    assert len(text.splitlines()) == 3 + 9
+
+
+def test_line_groups_keep_each_ranks_order():
+    groups, shown = LineGroups(window=0.25), []
+    groups.add(1, "stdout", "B", now=0.0)
+    groups.add(0, "stdout", "A", now=0.01)
+    groups.add(0, "stdout", "B", now=0.02)  # B's group began before rank 0's A: a new one
+    groups.add(1, "stdout", "A", now=0.03)  # rank 1's B came first: A joins after it
+    groups.add(2, "stdout", "A", now=0.04)
+    groups.release(0.1, lambda *line: shown.append(line))
+    assert shown == []  # still in the window
+    groups.release(None, lambda *line: shown.append(line))
+    assert shown == [("stdout", [1], "B"), ("stdout", [0, 1, 2], "A"), ("stdout", [0], "B")]
+
+
+def relay_of(world, **options):
+    out, err = io.StringIO(), io.StringIO()
+    relay = OutputRelay(show="all", stdout=out, stderr=err, **options)
+    relay.watch({rank: f"rank {rank}" for rank in range(world)})
+    return relay, out, err
+
+
+def test_above_16_ranks_identical_lines_are_shown_once_with_their_ranks():
+    relay, out, _ = relay_of(1024)
+    assert relay.deduplicating and not relay_of(16)[0].deduplicating
+    for rank in range(1024):
+        relay.feed(rank, "stdout", b"epoch 1 done\n")
+    relay.feed(7, "stdout", b"loss 0.5\n")
+    relay.flush()
+    assert out.getvalue() == "[ranks 0-1023] epoch 1 done\n[rank 7] loss 0.5\n"
+
+
+def test_grouped_lines_wait_for_their_window_only():
+    relay, out, _ = relay_of(64)
+    relay.feed(0, "stdout", b"hello\n")
+    relay.flush(pace=0.01)
+    assert out.getvalue() == ""  # waiting for the same line of other ranks
+    time.sleep(WINDOW + 0.05)
+    relay.flush(pace=0.01)
+    assert out.getvalue() == "[rank 0] hello\n"
+
+
+def test_the_cell_gets_at_most_its_budget_whatever_the_ranks_and_every_line_is_kept():
+    relay, out, err = relay_of(1024, dedup=False)
+    began = time.monotonic()
+    for rank in range(1024):
+        relay.feed(rank, "stdout", f"{rank:04d} ".encode() + b"x" * 995 + b"\n")
+    relay.flush()
+    shown = out.getvalue()
+    assert len(shown) <= output.CELL_BURST + output.CELL_BYTES * (time.monotonic() - began) + 1100
+    left_out = 1024 - shown.count("\n")
+    assert left_out > 900
+    assert (f"[notebook_accel] ... {left_out} lines (" in err.getvalue()
+            and "not shown: the cell shows at most 400 kB/s; every line is kept: "
+                "last_launch().logs(rank)" in err.getvalue())
+    record = LaunchRecord(world_size=1024, num_processes=1024, device_type="cpu",
+                          start_method="fork", mixed_precision="no", output=relay.logs)
+    assert record.logs(1023) == "1023 " + "x" * 995
+
+
+def test_a_ranks_log_keeps_its_share_and_says_what_it_dropped(monkeypatch):
+    from notebook_accel.launch import rank_logs
+
+    monkeypatch.setattr(rank_logs, "RANK_MIN", 100)
+    monkeypatch.setattr(rank_logs, "LOG_BYTES", 200)
+    logs = RankLogs(ranks=2)
+    for index in range(30):
+        logs.add(0, "stdout" if index % 2 else "stderr", f"line {index:02d}")
+    text = logs.text(0).splitlines()
+    assert text[0].startswith("[notebook_accel] 18 earlier lines (0.0 MB) not kept")
+    assert text[1:] == [f"line {index:02d}" for index in range(18, 30)]
+    assert logs.text(0, "stdout").splitlines()[1] == "line 19"
+
+
+def _big_record(world):
+    record = LaunchRecord(world_size=world, num_processes=world, device_type="cuda",
+                          start_method="fork", mixed_precision="bf16")
+    for rank in range(world):
+        record.ranks[rank] = RankStatus(rank=rank, pid=1000 + rank, node=rank // 8,
+                                        state="running", rss=2_000_000_000 + rank,
+                                        gpu_memory=10_000_000_000, last_line="epoch 3 done " * 12)
+        record.progress[rank] = {"n": 40 if rank != 77 else 12, "total": 100, "time": time.time()}
+    if world > 301:
+        record.ranks[77].last_line = "waiting for data"
+        for rank in (300, 301):
+            record.ranks[rank].state, record.ranks[rank].exitcode = "failed", 1
+        record.root_cause = 301
+    return record
+
+
+@pytest.mark.parametrize("world", [1024, 8192])
+def test_the_live_view_is_per_node_above_32_ranks_and_at_most_50_kb(world):
+    from magics.view.live_view import render
+
+    record = _big_record(world)
+    bundle = render(record)
+    assert sum(len(value.encode()) for value in bundle.values()) <= 50_000
+    plain = bundle["text/plain"]
+    assert "node 9 (ranks 72-79): 8 running, slowest rank 77" in plain
+    assert "rank 77: waiting for data" in plain
+    assert plain.index("node 37 (ranks 296-303): 6 running, 2 failed") < plain.index("node 0 ")
+    assert plain.index("rank 301: failed (exit 1) · root cause") < plain.index("rank 300: failed")
+    small = _big_record(32)
+    assert "rank 31: running, pid 1031" in render(small)["text/plain"]
+
+
+def test_a_launch_raises_the_soft_open_file_limit_up_to_the_hard_one():
+    from notebook_accel.launch.fd_limit import FDS_PER_RANK, ensure_fd_room, open_fds
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < open_fds() + 1000 * FDS_PER_RANK:
+        pytest.skip(f"hard limit {hard} is too low to show it")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(open_fds() + 64, 256), hard))
+    try:
+        ensure_fd_room(1000)
+        raised = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert raised[0] >= open_fds() + 1000 * FDS_PER_RANK and raised[1] == hard
+        ensure_fd_room(10)  # never lowered
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == raised
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
+    from notebook_accel.launch.backends.cluster import _collect
+    from notebook_accel.launch.cluster.channel_server import ChannelServer
+    from notebook_accel.launch.worker.node_agent import HELLO, RUN_CHANNELS
+
+    world, calls = 200, []
+    server = ChannelServer("127.0.0.1", world)
+    clients = []
+
+    def connect():
+        for rank in range(world):
+            for index in range(len(RUN_CHANNELS)):
+                sock = socket.create_connection(server.address)
+                sock.sendall(HELLO.pack(server.token, rank, index))
+                clients.append(sock)
+
+    thread = threading.Thread(target=connect)
+    thread.start()
+    began = time.monotonic()
+    got = server.accept(time.monotonic() + 60, lambda: calls.append(1))
+    thread.join()
+    assert len(got) == world
+    assert len(calls) <= 2 + (time.monotonic() - began) / 0.25  # not 1000
+    for channels in got.values():
+        for sock in channels.values():
+            sock.close()
+    for sock in clients:
+        sock.close()
+    server.close()
+
+    class Ray:
+        waited: list[int] = []
+
+        def wait(self, refs, num_returns, timeout):
+            self.waited.append(len(refs))
+            return refs[:2], refs[2:]
+
+        def get(self, ref):
+            return ref * 10
+
+    starts, pids, ray = {r: r for r in range(5)}, {}, Ray()  # ref -> rank
+    _collect(ray, starts, pids)
+    _collect(ray, starts, pids)
+    assert pids == {0: 0, 1: 10, 2: 20, 3: 30} and ray.waited == [5, 3]  # only what is pending
