@@ -12,7 +12,9 @@ one :class:`Kind`, over two private channels:
 
 A warm pool's worker (``launch/pool.py``) also reads a third, **commands** channel
 from the kernel: :class:`Run` (run this payload); after each run's outcome it sends
-:class:`RunDone` on its control channel (it stays up, idle, for the next run).
+:class:`RunDone` on its control channel (it stays up, idle, for the next run). The same
+channel carries the stop button's :class:`StopAsk` / :class:`StopAt`, the live stacks'
+:class:`StackAsk` and the debugger's :class:`InputLine` (answering its :class:`InputAsk`).
 
 One framing for all (:func:`encode` and :func:`send` write it, :class:`FrameReader`
 reads it): an 8-byte little-endian length, then a pickle of ``(kind value, timestamp,
@@ -65,6 +67,11 @@ class Kind(str, enum.Enum):
     STOP_ASK = "stop_ask"  # kernel -> a pool worker: the stop button; say where you are
     STOP_COUNT = "stop_count"  # a pool worker's answer: its collective counts, its stack
     STOP_AT = "stop_at"  # kernel -> a pool worker: wait at this cut (None: stop now)
+    STACK_ASK = "stack_ask"  # kernel -> a pool worker: send your main thread's stack now
+    STACK = "stack"  # a pool worker's answer: its main thread's stack, its collective count
+    INPUT_ASK = "input_ask"  # a pool worker's debugger waits for a line (its prompt)
+    INPUT_LINE = "input_line"  # kernel -> a pool worker: the line typed at its debugger's prompt
+    DEBUG_END = "debug_end"  # a pool worker's debugger session ended (continue, quit)
 
     @property
     def reliable(self) -> bool:
@@ -73,7 +80,8 @@ class Kind(str, enum.Enum):
 
 
 _RELIABLE = frozenset({Kind.DISPLAY, Kind.RESULT, Kind.ERROR, Kind.RUN, Kind.RUN_DONE,
-                       Kind.STOP_ASK, Kind.STOP_COUNT, Kind.STOP_AT})
+                       Kind.STOP_ASK, Kind.STOP_COUNT, Kind.STOP_AT, Kind.STACK_ASK, Kind.STACK,
+                       Kind.INPUT_ASK, Kind.INPUT_LINE, Kind.DEBUG_END})
 
 _TYPES: dict[str, type] = {}  # Kind value -> message class
 _FIELDS: dict[type, tuple[str, ...]] = {}  # message class -> its fields in wire order
@@ -343,9 +351,69 @@ class StopAt:
     timestamp: float = field(default=0.0, kw_only=True)
 
 
-Message = Progress | Metrics | Memory | Dropped | RichHidden | Display | Result | FailureRecord | Run | RunDone | StopAsk | StopCount | StopAt
-"""Any message on the wire (all from a worker, except :class:`Run`, :class:`StopAsk` and
-:class:`StopAt`)."""
+@_message
+@dataclass(slots=True)
+class StackAsk:
+    """Kernel -> a pool worker, at any time: send your main thread's stack (answered by the
+    worker's reader thread, whatever the main thread does)."""
+
+    kind: ClassVar[Kind] = Kind.STACK_ASK
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(slots=True)
+class Stack:
+    """A pool worker's answer to :class:`StackAsk`.
+
+    Attributes:
+        frames: its main thread's stack, ``(file, line, function)`` per frame, innermost last.
+        collectives: the collectives its default process group has issued (as
+            :attr:`RunDone.collectives`).
+    """
+
+    kind: ClassVar[Kind] = Kind.STACK
+    frames: tuple[tuple[str, int, str], ...]
+    collectives: int | None = None
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(slots=True)
+class InputAsk:
+    """A pool worker's debugger (``breakpoint()``, a post-mortem) waits for one line, showing
+    ``prompt``; its output so far is in its stdout pipe."""
+
+    kind: ClassVar[Kind] = Kind.INPUT_ASK
+    prompt: str
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(slots=True)
+class InputLine:
+    """Kernel -> a pool worker: the line typed at its debugger's prompt (None: no more input,
+    as at the end of a file)."""
+
+    kind: ClassVar[Kind] = Kind.INPUT_LINE
+    text: str | None
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+@_message
+@dataclass(slots=True)
+class DebugEnd:
+    """A pool worker's debugger session ended (``c``, ``q``): its rank runs on."""
+
+    kind: ClassVar[Kind] = Kind.DEBUG_END
+    timestamp: float = field(default=0.0, kw_only=True)
+
+
+Message = (Progress | Metrics | Memory | Dropped | RichHidden | Display | Result | FailureRecord
+           | Run | RunDone | StopAsk | StopCount | StopAt | StackAsk | Stack | InputAsk
+           | InputLine | DebugEnd)
+"""Any message on the wire (all from a worker, except :class:`Run`, :class:`StopAsk`,
+:class:`StopAt`, :class:`StackAsk` and :class:`InputLine`)."""
 
 
 # ---- the framing -------------------------------------------------------------------------------

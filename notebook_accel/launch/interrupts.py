@@ -106,3 +106,23 @@ def deferred_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if deferral.presses:
         raise LaunchInterrupted("launch interrupted")
+
+
+@contextlib.contextmanager
+def interrupts_raised() -> Iterator[None]:
+    """Inside :func:`deferred_interrupts`: let the stop button raise KeyboardInterrupt at once,
+    for a wait only the user ends (a debugger's prompt). A press pending already raises now.
+
+    Raises:
+        LaunchInterrupted: a press was pending.
+    """
+    deferral = _active
+    if deferral is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    check_interrupt()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, deferral.handler)

@@ -259,8 +259,9 @@ def print_notes(plan: LaunchPlan, notes: list[str]) -> None:
 def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
     """Start the workers through ``backend``, supervise them, collect their values."""
     check_interrupt("launch interrupted before any worker started")
-    relay = OutputRelay(show=plan.output)
     group = backend.start(plan, payload)
+    subset = group.collectives_before is not None  # the user chose the ranks: show theirs
+    relay = OutputRelay(show="all" if subset and plan.output == "main" else plan.output)
     try:
         ran = group.plan  # what the workers run (XLA: its one host worker)
         record = LaunchRecord(
@@ -271,7 +272,8 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
         )
         remember(record)
         workers = Supervisor(group.handles, relay, plan.timeout, record,
-                             make_view(record, plan.output), plan.stop_wait).run()
+                             make_view(record, plan.output), plan.stop_wait,
+                             group.collectives_before).run()
         results = []
         for worker in workers:
             if worker.result is None:

@@ -19,23 +19,28 @@ import difflib
 import signal
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
+from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.shared_tensors import SharedTensors
+from notebook_accel.launch.stack_groups import stacks_text
 from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.launch.supervisor import INTERRUPT_GRACE
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views.text import ranks_text
+from notebook_accel.launch.worker.debugger import post_mortem
 from notebook_accel.launch.worker.serve import join_process_group
+from notebook_accel.launch.worker_stacks import ask_stacks
 from notebook_accel.wire import RunDone
 
 # the options table's arguments a pool takes, plus notebook_launcher's keywords outside the table
@@ -130,6 +135,7 @@ class WorkerPool:
             self._current = _Current()
             self._finalizer = weakref.finalize(self, self._current.close)
             self._report = RunDone(None, False)  # rank 0's report of the latest run
+            self._failed_rank: int | None = None  # the root cause of the latest failed run
             self._start()
 
     @staticmethod
@@ -227,6 +233,62 @@ class WorkerPool:
                 or its workers are replaced when its process group cannot be trusted (said).
             KeyboardInterrupt: interrupted; every rank stopped its run.
         """
+        return self._run(None, function, args, kwargs)
+
+    def run_on(self, ranks: int | str | Iterable[int], function: Callable[..., Any],
+               *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` on some ranks of the pool only (the others stay
+        idle, their state untouched), as :meth:`run` does on every rank.
+
+        Args:
+            ranks: ``1``, ``"0,2-3"`` or ``[0, 2]``.
+        Returns:
+            The first chosen rank's value (every chosen rank's with ``return_all=True``).
+        Raises:
+            ValueError: a rank outside the pool.
+            WorkerError: as :meth:`run`; also when a rank enters a collective of the whole
+                process group, which the other ranks never join: the run is stopped within
+                a second or two (the cause named) and, as its group is left inside a
+                collective, the workers are replaced (said).
+
+        Example:
+            >>> pool.run_on(1, inspect_batch)  # doctest: +SKIP
+        """
+        try:
+            chosen = parse_ranks(ranks, self.plan.world_size)
+        except ValueError as error:
+            hide_our_frames(error)
+            raise
+        return self._run(chosen, function, args, kwargs)
+
+    def debug(self, rank: int | None = None) -> None:
+        """Open pdb at the frame that raised in the latest failed run, on its root-cause rank
+        (or ``rank``), driven from the notebook's input box (``p``, ``up``, ``l``, ``q``...).
+        The other ranks are not disturbed; the rank's state stays.
+
+        Raises:
+            RuntimeError: no failed run to debug (none yet, or the workers were replaced).
+        """
+        rank = self._failed_rank if rank is None else rank
+        if rank is None:
+            raise hide_our_frames(RuntimeError(
+                "no failed run to debug: the pool's latest run did not fail, or its workers "
+                "were replaced since (their state, the failure's frames included, is gone)"))
+        self.run_on(rank, post_mortem)
+
+    def stacks(self, timeout: float = 1.0) -> str:
+        """Every rank's current Python stack, ranks at the same place grouped
+        (``ranks 0, 2-7: all_reduce <- step <- train``); idle ranks say so.
+
+        Raises:
+            PoolUnavailable: the pool is closed.
+        """
+        workers = self._usable()
+        stacks, silent = ask_stacks(workers.handles, timeout)
+        return stacks_text(stacks, silent)
+
+    def _run(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with deferred_interrupts():
             try:
                 if not callable(function):
@@ -247,9 +309,12 @@ class WorkerPool:
                     raise
                 ended = "failed"
                 try:
-                    value = launch_once(PoolBackend(workers), self.plan, payload)
+                    value = launch_once(PoolBackend(workers, ranks), self.plan, payload)
                     ended = "finished"
                     return value
+                except WorkerError as error:
+                    self._failed_rank = error.rank
+                    raise
                 except KeyboardInterrupt:
                     ended = "interrupted"
                     raise
@@ -311,6 +376,7 @@ class WorkerPool:
         self._replace(reason, self.lost if rank0 is None else _lost(rank0))
 
     def _replace(self, reason: str, lost: tuple[str, ...]) -> None:
+        self._failed_rank = None  # its frames are gone with the workers
         self._current.close()
         self._start()
         print(f"[notebook_accel] the pool's workers were replaced ({reason}; a process group "

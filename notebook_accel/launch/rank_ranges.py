@@ -55,3 +55,31 @@ def _expand(runs: list[tuple[int, int]]) -> Iterable[int]:
 def _count(piece: str) -> int:
     first, _, last = piece.partition("-")
     return int(last) - int(first) + 1 if last else 1
+
+
+def parse_ranks(ranks: int | str | Iterable[int], world_size: int) -> tuple[int, ...]:
+    """The ranks a user chose (``1``, ``"0,2-3"``, ``[0, 2]``), sorted and distinct.
+
+    Raises:
+        ValueError: not a rank list, or a rank outside ``0..world_size-1`` (both named).
+    """
+    if isinstance(ranks, bool):
+        raise ValueError(f"ranks={ranks!r}: give ranks as 1, '0,2-3' or [0, 2]")
+    if isinstance(ranks, int):
+        chosen = [ranks]
+    elif isinstance(ranks, str):
+        chosen = []
+        try:
+            for piece in ranks.replace(" ", "").split(","):
+                first, dash, last = piece.partition("-")
+                chosen += range(int(first), int(last) + 1) if dash else [int(first)]
+        except ValueError:
+            raise ValueError(f"ranks={ranks!r}: give ranks as '1', '0,2-3' or '0-3'") from None
+    else:
+        chosen = list(ranks)
+    outside = sorted({r for r in chosen if not isinstance(r, int) or not 0 <= r < world_size},
+                     key=str)
+    if outside or not chosen:
+        raise ValueError(f"ranks={ranks!r}: choose among ranks 0-{world_size - 1} "
+                         f"(outside: {', '.join(map(str, outside)) or 'none chosen'})")
+    return tuple(sorted(set(chosen)))

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from notebook_accel.launch.backends.base import WorkerHandle
+from notebook_accel.launch.debug_prompt import Prompts
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.interrupts import (
     LaunchInterrupted,
@@ -32,18 +33,31 @@ from notebook_accel.launch.interrupts import (
 from notebook_accel.launch.output import FLUSH_EVERY, OutputRelay
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.stack_groups import headline, stacks_text, users_part
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
 from notebook_accel.launch.views.text import format_duration
-from notebook_accel.wire import Display, FailureRecord, FrameReader, Result, RunDone, StopCount
+from notebook_accel.wire import (
+    DebugEnd,
+    Display,
+    FailureRecord,
+    FrameReader,
+    InputAsk,
+    Result,
+    RunDone,
+    Stack,
+    StackAsk,
+    StopCount,
+)
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
 _STACK_DUMP_WAIT = 0.5
 _STACKS_SHOWN = 2  # distinct stacks a timeout's error shows (the rest are counted)
 _RSS_PER_WAKEUP = 8  # ranks whose memory one wakeup samples (each at most once a second)
 INTERRUPT_GRACE = 1.5  # seconds a persistent worker has to end its run after an interrupt
+_LOOK_EVERY = 0.5  # seconds between two looks at the stacks of a run on some ranks of a pool
 
 
 @dataclass
@@ -59,6 +73,7 @@ class Worker:
     stopped: bool = False  # we stopped it (after another rank failed, a timeout, an interrupt)
     run_done: bool = False  # a persistent worker reported the end of its run
     stop_count: StopCount | None = None  # its answer when the stop button asked where it is
+    stack: Stack | None = None  # its latest answer to a StackAsk
     control: FrameReader = field(init=False)
     events: FrameReader = field(init=False)
 
@@ -130,8 +145,15 @@ class Supervisor:
         record: LaunchRecord,
         view: View,
         stop_wait: float = STOP_WAIT,
+        collectives_before: dict[int, int | None] | None = None,
     ) -> None:
         self.workers = workers = [Worker(handle) for handle in handles]
+        # a run on some ranks of a pool: each rank's default-group count before it (one more
+        # is a collective the other ranks never join: the run is stopped)
+        self.collectives_before = collectives_before
+        self._looked = 0.0
+        self.prompts = Prompts()  # the ranks' debugger prompts
+        self.at_once: str | None = None  # why a stop cannot wait for a cut (stop at once)
         self.stop_wait = stop_wait  # a pool run's ranks have this long to reach the stop's cut
         self.stopped_at_once: str | None = None  # why the stop button could not use a cut
         self.relay = relay
@@ -209,10 +231,18 @@ class Supervisor:
                 self._run_ended(worker)
             elif type(message) is StopCount:
                 worker.stop_count = message
+            elif type(message) is InputAsk:
+                self.prompts.ask(worker, message)
+            elif type(message) is DebugEnd:
+                self.prompts.end(worker.rank)
+            elif type(message) is Stack:
+                worker.stack = message
+                self._check_collective(worker, message)
         if not still_open:
             self._unregister(worker.control_fd)
 
     def _on_exit(self, worker: Worker) -> None:
+        self.prompts.end(worker.rank)
         worker.handle.reap(timeout=1)
         worker.exited, worker.exit_time = True, time.time()
         self.unfinished.discard(worker.rank)
@@ -252,6 +282,7 @@ class Supervisor:
     def _run_ended(self, worker: Worker) -> None:
         """A persistent worker reported the end of its run (its output is all in its pipes)."""
         worker.run_done = True
+        self.prompts.end(worker.rank)
         self.unfinished.discard(worker.rank)
         self._read_output(worker, "stdout")
         self._read_output(worker, "stderr")
@@ -373,7 +404,11 @@ class Supervisor:
                     raise self._timed_out()
                 check_interrupt()
                 self._poll(self._wait_for())
+                self._look_at_stacks()
+                self.prompts.serve(self._show_output)
         except KeyboardInterrupt:
+            if self.prompts.interrupted:
+                self.at_once = "the stop button was pressed at a debugger's prompt"
             self._stop()
             self._finish()
             raise LaunchInterrupted(self._interrupted_line()) from None
@@ -414,7 +449,7 @@ class Supervisor:
         live = [w for w in self.workers if not w.finished]
         for w in live:
             w.stopped = True
-        self.stopped_at_once = agree_and_stop(live, self._poll, self.stop_wait)
+        self.stopped_at_once = self.at_once or agree_and_stop(live, self._poll, self.stop_wait)
         if self.stopped_at_once is None:
             return
         live = [w for w in live if not w.finished]
@@ -428,6 +463,43 @@ class Supervisor:
         for w in stuck:
             w.handle.reap(timeout=5.0)
         take_interrupt()  # more presses meanwhile asked for what was just done
+
+    def _show_output(self, worker: Worker) -> None:
+        """Everything ``worker`` wrote so far, in the cell now (before its debugger's prompt)."""
+        self._read_output(worker, "stdout")
+        self._read_output(worker, "stderr")
+        self.relay.tick()
+        self.relay.flush()
+
+    def _look_at_stacks(self) -> None:
+        """On a run on some ranks of a pool, ask the ranks where they are every ``_LOOK_EVERY``
+        seconds (their answers go to :meth:`_check_collective`)."""
+        if not self.collectives_before or time.monotonic() - self._looked < _LOOK_EVERY:
+            return
+        self._looked = time.monotonic()
+        for w in self.workers:
+            if not w.finished:
+                w.handle.command(StackAsk())
+
+    def _check_collective(self, worker: Worker, stack: Stack) -> None:
+        """A rank of a run on some ranks entered a collective of the whole group, which the
+        other ranks never join: it fails (the cause named) and the run stops at once."""
+        before = (self.collectives_before or {}).get(worker.rank)
+        if (before is None or stack.collectives is None or stack.collectives <= before
+                or worker.error is not None or worker.finished):
+            return
+        here = {w.rank for w in self.workers}
+        others = [r for r in range(self.record.world_size) if r not in here]
+        frames = users_part(stack.frames)
+        worker.error = FailureRecord(
+            rank=worker.rank, pid=worker.pid, exitcode=None, exc_type=None,
+            headline=(f"entered a collective of the whole process group ({headline(frames)}), "
+                      f"which {ranks_text(others)} never {'joins' if len(others) == 1 else 'join'} "
+                      f"in a run on {ranks_text(here)}; "
+                      "it was stopped (run collectives in a cell on every rank)"),
+            traceback=stacks_text({worker.rank: stack.frames}), timestamp=time.time())
+        self.at_once = "a rank waits in a collective the other ranks never join"
+        self._failed()
 
     def _finish(self) -> None:
         for w in self.workers:

@@ -19,7 +19,7 @@ from typing import Any
 from notebook_accel.launch.cells import cell_numbers
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # notebook_accel/
-_OURS = (_PACKAGE + os.sep, os.path.join(os.path.dirname(_PACKAGE), "magics") + os.sep)
+OURS = (_PACKAGE + os.sep, os.path.join(os.path.dirname(_PACKAGE), "magics") + os.sep)
 _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker", "main.py")  # the entry point
 _TRACEBACK_FILE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<sep>,? in )')
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$')
@@ -76,7 +76,7 @@ def main_thread_stack(dump: str) -> str:
 def _without_our_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     kept = []
     while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(_OURS):
+        if not tb.tb_frame.f_code.co_filename.startswith(OURS):
             kept.append(tb)
         tb = tb.tb_next
     chain = None

@@ -136,6 +136,9 @@ class WorkerGroup(abc.ABC):
     def __init__(self, plan: LaunchPlan, handles: list[WorkerHandle]) -> None:
         self.plan = plan
         self.handles = handles
+        # a run on some ranks of a pool: their default-group collective counts before it
+        # (None: a run on every rank); the supervisor stops one that enters a collective
+        self.collectives_before: dict[int, int | None] | None = None
 
     def result(self, values: list[Any]) -> Any:
         """The call's return value from the ranks' values: rank 0's, or all with ``return_all``."""

@@ -97,16 +97,21 @@ class PoolBackend(Backend):
 
     name = "pool"
 
-    def __init__(self, workers: PoolWorkers) -> None:
+    def __init__(self, workers: PoolWorkers, ranks: tuple[int, ...] | None = None) -> None:
         self.workers = workers
+        self.ranks = ranks  # a run on these ranks only (None: every rank)
 
     def start(self, plan: LaunchPlan, payload: Payload) -> PoolRun:
         if isinstance(payload, InheritedPayload):  # pragma: no cover - the pool never asks for it
             raise TypeError("a warm pool's workers cannot inherit objects; send picklable values")
-        handles = self.workers.handles
+        handles = [h for h in self.workers.handles if self.ranks is None or h.rank in self.ranks]
+        before = {h.rank: h.last_report.collectives if h.last_report else None for h in handles}
         for local_rank, handle in enumerate(handles):
-            handle.last_report = None
+            handle.last_report = None  # the others keep theirs: the group's counts still compare
             send_result = plan.return_all or local_rank == 0
             with contextlib.suppress(BrokenPipeError):  # died just now: the supervisor reports it
                 wire.send(handle.commands_fd, Run(payload, send_result))
-        return PoolRun(plan, list(handles))
+        run = PoolRun(plan, handles)
+        if self.ranks is not None:
+            run.collectives_before = before
+        return run

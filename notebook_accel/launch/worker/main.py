@@ -179,10 +179,18 @@ def setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _set_process_name(spec.rank, spec.env.get("WORLD_SIZE", "?"))
     _reset_signals()
     os.environ.update(spec.env)
+    if not os.environ.get("PYTHONBREAKPOINT"):
+        sys.breakpointhook = _no_prompt  # a pool worker's serve() installs its prompt instead
     if spec.num_threads:
         import torch
 
         torch.set_num_threads(spec.num_threads)
+
+
+def _no_prompt(*args: Any, **kwargs: Any) -> None:
+    from notebook_accel.launch.worker.debugger import no_prompt
+
+    no_prompt()
 
 
 def _format_exception(exc: BaseException) -> str:
@@ -241,8 +249,12 @@ def execute(spec: WorkerSpec, payload: Payload,
         value = None
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the kernel
         events.close()
+        # kept as Python keeps an uncaught error, for a post-mortem (pdb.pm(), %accelerate debug)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        sys.last_exc = exc
         return 1, failure_record(spec, exc, 1)
     events.close()
+    sys.last_type = sys.last_value = sys.last_traceback = sys.last_exc = None  # frees its frames
     try:
         data = dumps_result(value) if spec.send_result else None
     except Exception as exc:

@@ -6,20 +6,25 @@ payload (same outcome messages), with the function bound to this rank's namespac
 run is over and whether the process group can still be trusted.
 
 SIGINT (how the kernel stops a run) raises KeyboardInterrupt only while a run is in
-progress; an interrupt that arrives after the run ended is ignored.
+progress; an interrupt that arrives after the run ended is ignored. Between runs and
+during them the reader thread also answers stack requests (:mod:`.live_stack`) and
+feeds the debugger's prompt (:mod:`.debugger`: ``breakpoint()``, a post-mortem).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import signal
+import threading
 import traceback
 
 from notebook_accel import wire
-from notebook_accel.launch.worker import namespace, stop_cut
+from notebook_accel.launch.worker import debugger, namespace, stop_cut
 from notebook_accel.launch.worker.collectives import default_count
+from notebook_accel.launch.worker.live_stack import main_stack
 from notebook_accel.launch.worker.main import (
     WorkerPipes,
     WorkerSpec,
@@ -29,7 +34,7 @@ from notebook_accel.launch.worker.main import (
     send,
     setup,
 )
-from notebook_accel.wire import FailureRecord, Run, RunDone
+from notebook_accel.wire import FailureRecord, InputLine, Run, RunDone, StackAsk
 
 _LAST_FRAME = re.compile(r'File "([^"]+)"')
 
@@ -53,7 +58,11 @@ def serve(spec: WorkerSpec, pipes: WorkerPipes) -> int:
     # a rank forked by a cluster's agent (a Ray actor's thread) inherits that thread's blocked
     # signals: the stop button must reach this one
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    commands = stop_cut.Commands(pipes.commands.fileno(), lambda message: send(pipes, message))
+    main = threading.main_thread().ident
+    answer = functools.partial(send, pipes)
+    debugger.install(answer)  # breakpoint(): a prompt in the notebook
+    commands = stop_cut.Commands(pipes.commands.fileno(), answer, {
+        StackAsk: lambda _: answer(main_stack(main)), InputLine: debugger.feed})
     while True:
         message = commands.next()
         if message is None:  # the pool is closing

@@ -189,8 +189,9 @@ class Commands:
     """The worker's reader of its commands channel: runs go to the main loop
     (:meth:`next`); stop requests are answered here, whatever the main thread does."""
 
-    def __init__(self, fd: int, answer: Any) -> None:
+    def __init__(self, fd: int, answer: Any, handlers: dict[type, Any] | None = None) -> None:
         self.fd = fd
+        self.handlers = handlers or {}  # other commands: message type -> its handler (this thread)
         global _answer
         _answer = answer  # sends a message on the control channel (thread-safe)
         self.main = threading.main_thread().ident
@@ -219,6 +220,8 @@ class Commands:
             elif type(message) is StopAt:
                 if _state.active:
                     self._stop_at(message)
+            elif type(message) in self.handlers:
+                self.handlers[type(message)](message)
             else:
                 if type(message) is Run:  # stop requests from now on are for this run
                     _state.reset(active=True)

@@ -1,0 +1,23 @@
+"""A pool worker's answer to :class:`~notebook_accel.wire.StackAsk`: where its main thread is now.
+
+Read by the worker's reader thread from ``sys._current_frames()``, so it answers while the
+main thread computes, sleeps or waits inside a collective.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from notebook_accel.launch.worker.collectives import default_count
+from notebook_accel.wire import Stack
+
+
+def main_stack(thread_id: int) -> Stack:
+    """The stack of thread ``thread_id`` (``(file, line, function)``, innermost last) and the
+    default group's collective count."""
+    frame = sys._current_frames().get(thread_id)
+    frames = []
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return Stack(tuple(reversed(frames)), default_count())

@@ -1,0 +1,40 @@
+"""Ask idle pool workers where their main threads are (:class:`~notebook_accel.wire.StackAsk`).
+
+While a run is in progress the supervisor reads the workers' control channels; between
+runs nobody does, so this reads the answers itself.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections.abc import Sequence
+
+from notebook_accel.launch.backends.base import WorkerHandle
+from notebook_accel.wire import FrameReader, Stack, StackAsk
+
+Frames = tuple[tuple[str, int, str], ...]
+
+
+def ask_stacks(handles: Sequence[WorkerHandle],
+               timeout: float = 1.0) -> tuple[dict[int, Frames], list[int]]:
+    """Every idle worker's main-thread stack; returns (rank -> frames, ranks that did not
+    answer within ``timeout`` seconds)."""
+    stacks: dict[int, Frames] = {}
+    waiting = {h.control_fd: (h, FrameReader(h.control_fd)) for h in handles
+               if h.exitcode is None and h.command(StackAsk())}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        for fd in waiting:
+            selector.register(fd, selectors.EVENT_READ)
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                handle, reader = waiting[key.fd]
+                messages, still_open = reader.read()
+                for message in messages:
+                    if type(message) is Stack:
+                        stacks[handle.rank] = message.frames
+                if handle.rank in stacks or not still_open:
+                    selector.unregister(key.fd)
+                    del waiting[key.fd]
+    return stacks, [h.rank for h in handles if h.rank not in stacks]
