@@ -82,6 +82,11 @@ class AccelerateMagics(Magics):
                                  later cells run on its workers, whose state stays
             %accelerate status   its ranks, pids, memory, the names living on them
             %accelerate restart  fresh workers for the pool; %accelerate stop ends it
+            %accelerate debug    pdb on the rank that failed the pool's last run
+            %accelerate stacks   every rank's stack now, ranks at one place grouped
+
+        ``%%accelerate --ranks 1`` (or ``0,2-3``) runs the cell on some ranks of the pool;
+        ``breakpoint()`` in a pool cell opens pdb on that rank, in the cell's input box.
 
         Unset flags fall back to NOTEBOOK_ACCEL_* environment variables, then the
         config file (--config, else the default one), then auto-detection.
@@ -103,7 +108,8 @@ class AccelerateMagics(Magics):
                              "workers (%%accelerate? for help)")
         runner = {"env": commands.env, "test": commands.test, "config": commands.config,
                   "start": notebook_pool.start, "status": notebook_pool.status,
-                  "restart": notebook_pool.restart, "stop": notebook_pool.stop}
+                  "restart": notebook_pool.restart, "stop": notebook_pool.stop,
+                  "debug": notebook_pool.debug, "stacks": notebook_pool.stacks}
         return runner[args.command](args)
 
     def _cell(self, args: Any, line: str, body: str) -> Any:
@@ -116,6 +122,7 @@ class AccelerateMagics(Magics):
                              "which keeps the flags it was started with; add --fresh to run it "
                              "on fresh workers with these flags, or %accelerate stop and start "
                              "the pool again with them")
+        ranks = self._ranks(args, pool)
         if pool is not None:
             pool.revive()  # one rule: workers that died, idle or mid-run, are replaced (said)
         on_workers = set(pool.names) if pool is not None else set()
@@ -130,14 +137,17 @@ class AccelerateMagics(Magics):
                                     pool.copies if pool is not None else (), args.push)
         shipment = collect_names(crossing.send, user_ns, self.shell.user_ns_hidden, LEDGER)
         pull = names.assigns if args.pull is None else args.pull
+        if ranks is not None and args.pull is None:
+            pull = ()  # names come back from rank 0; from other ranks only when asked (--pull)
         if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):
             pull = (*pull, CELL_VALUE)
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
-                       pooled=pool is not None, replace=tuple(crossing.replace))
+                       pooled=pool is not None, replace=tuple(crossing.replace),
+                       pack_rank=None if ranks is None else ranks[0])
         number = cell_number(self.shell)
         LEDGER.record_sent(shipment.values, number, on_pool=pool is not None)
         crossings.report_kept(crossing)
-        result = self._run(job, pool, args)
+        result = self._run(job, pool, args, ranks)
         values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)
         value = values.pop(CELL_VALUE, None)
         if CELL_VALUE in failed:
@@ -151,13 +161,29 @@ class AccelerateMagics(Magics):
         return value
 
     @staticmethod
-    def _run(job: Any, pool: Any, args: Any) -> Any:
-        """Run the cell's job on the pool, or on fresh workers with the cell's flags."""
+    def _ranks(args: Any, pool: Any) -> tuple[int, ...] | None:
+        """The ranks ``--ranks`` chose (None: every rank)."""
+        if args.ranks is None:
+            return None
+        if pool is None:
+            raise UsageError("--ranks runs a cell on some ranks of the notebook's pool: start "
+                             "one with %accelerate start -n N (fresh workers run every rank)")
+        from notebook_accel.launch import parse_ranks
+
+        try:
+            return parse_ranks(args.ranks, pool.plan.world_size)
+        except ValueError as error:
+            raise UsageError(f"--ranks: {error}") from None
+
+    @staticmethod
+    def _run(job: Any, pool: Any, args: Any, ranks: tuple[int, ...] | None) -> Any:
+        """Run the cell's job on the pool (some of its ranks), or on fresh workers with the
+        cell's flags."""
         if pool is not None:
             from notebook_accel.launch import PoolUnavailable
 
             try:
-                return pool.run(job)
+                return pool.run(job) if ranks is None else pool.run_on(ranks, job)
             except PoolUnavailable as error:  # said in the magic's words
                 raise UsageError(f"{error.reason}; %accelerate start starts a new pool, or "
                                  "%%accelerate --fresh runs this cell on fresh workers") from None

@@ -96,6 +96,28 @@ def _workers_names(pool: WorkerPool, gone: list[int]) -> str:
     return line
 
 
+def debug(args: argparse.Namespace) -> None:
+    """``%accelerate debug``: pdb on the root-cause rank of the pool's last failed run, at the
+    frame that raised, in the cell's input box."""
+    pool = _require()
+    try:
+        pool.debug()
+    except RuntimeError as error:
+        if type(error) is not RuntimeError:
+            raise
+        raise UsageError(str(error)) from None
+
+
+def stacks(args: argparse.Namespace) -> None:
+    """``%accelerate stacks``: every rank's stack now, ranks at the same place grouped."""
+    pool = current()
+    if pool is None:
+        print("no pool is up; a running launch shows its ranks' stacks grouped when it seems "
+              "hung (hang_after=), and a timeout= error shows where each rank was")
+        return
+    print(pool.stacks())
+
+
 def restart(args: argparse.Namespace) -> None:
     """``%accelerate restart``: fresh workers in the pool (their names are dropped)."""
     pool = _require()

@@ -16,7 +16,7 @@ from IPython.core.magic_arguments import argument, argument_group, magic_argumen
 
 from notebook_accel.contract import OPTIONS, LaunchOption, check_flags
 
-COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop")
+COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -55,13 +55,15 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         magic_arguments(),
         argument("command", nargs="?", choices=COMMANDS,
-                 metavar="{env,test,config,start,status,restart,stop}",
+                 metavar="{env,test,config,start,status,restart,stop,debug,stacks}",
                  help="line magic only: 'env' reports versions, devices and the config in "
                       "force; 'test' runs a short training sanity check on the workers; "
                       "'config' opens the config panel; 'start' starts the notebook's warm "
                       "pool (with the launch flags), 'status' shows it, 'restart' gives it "
-                      "fresh workers, 'stop' ends it. Without it (cell magic) the cell "
-                      "runs on every worker (on the pool's, while one is up)."),
+                      "fresh workers, 'stop' ends it; 'debug' opens pdb on the rank that "
+                      "failed the pool's last run, 'stacks' shows every rank's stack. "
+                      "Without it (cell magic) the cell runs on every worker (on the pool's, "
+                      "while one is up)."),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
         *(_flag(OPTIONS[name]) for name in _LAUNCH_GROUP),
         argument("--fsdp", dest="fsdp", action="store_const", const=True, default=None,
@@ -77,6 +79,9 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
         argument("--stop-wait", type=float, default=None, metavar="SECONDS",
                  help="%%accelerate start only: how long every rank has, after the stop "
                       "button, to reach the point where they all stop together (default 5)"),
+        argument("--ranks", default=None, metavar="RANKS",
+                 help="on the pool: run this cell on these ranks only (1, 0,2-3); the cell's "
+                      "value comes from the first of them, names come back only with --pull"),
         argument("--push", type=_names, default=(), metavar="NAMES",
                  help="on the pool: send these notebook names even though the workers hold "
                       "their own, replacing theirs (comma-separated)"),

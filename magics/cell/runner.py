@@ -72,8 +72,8 @@ class PulledNames:
 
 
 def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
-             pull: tuple[str, ...], pooled: bool = False,
-             replace: tuple[str, ...] = ()) -> Callable[[], PulledNames | None]:
+             pull: tuple[str, ...], pooled: bool = False, replace: tuple[str, ...] = (),
+             pack_rank: int | None = None) -> Callable[[], PulledNames | None]:
     """The callable the launcher runs on every worker: run the cell, then pack the names.
 
     The cell runs in a fresh namespace holding the shipped names (modules travel as
@@ -90,6 +90,8 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
         pooled: the cell runs on a warm pool's workers: in each worker's namespace, whose
             names win over the shipped ones, and what the cell assigns stays there.
         replace: on a pool, the shipped names that replace the workers' own.
+        pack_rank: the rank that sends the names back (a cell on some ranks of a pool);
+            None: the node's first worker.
     Returns:
         A picklable callable returning :class:`PulledNames` on the node's first
         worker (None elsewhere, or when ``pull`` is empty).
@@ -98,7 +100,8 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     namespace.update({name: importlib.import_module(module) for name, module in modules.items()})
     namespace.update(values)
     outer = {"_cell": cell.compile(), "_namespace": namespace, "__tracebackhide__": True,
-             "_pull": tuple(pull), "_pack": _pack_on_first_worker, "_show": _show_figures,
+             "_pull": tuple(pull),
+             "_pack": functools.partial(_pack_on_first_worker, rank=pack_rank), "_show": _show_figures,
              "_join": _nothing if pooled else join_process_group}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
     line_one = compile("(_join(), exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[3]",
@@ -136,8 +139,11 @@ def _show_figures() -> None:
     pyplot.close("all")
 
 
-def _pack_on_first_worker(namespace: dict[str, Any], pull: tuple[str, ...]) -> PulledNames | None:
-    if not pull or os.environ.get("LOCAL_RANK", "0") != "0":
+def _pack_on_first_worker(namespace: dict[str, Any], pull: tuple[str, ...],
+                          rank: int | None = None) -> PulledNames | None:
+    packs = (os.environ.get("LOCAL_RANK", "0") == "0" if rank is None
+             else os.environ.get("RANK") == str(rank))
+    if not pull or not packs:
         return None
     return pack_names({name: namespace[name] for name in pull if name in namespace})
 

@@ -28,6 +28,7 @@ _EXPORTS = {
     "state_text": "notebook_accel.launch.views.text",
     "workers_text": "notebook_accel.launch.views.text",
     "ranks_text": "notebook_accel.launch.rank_ranges",
+    "parse_ranks": "notebook_accel.launch.rank_ranges",
     "RankStatus": "notebook_accel.launch.record",
     "NodeRow": "notebook_accel.launch.views.nodes",
     "node_rows": "notebook_accel.launch.views.nodes",

@@ -36,14 +36,15 @@ class Prompts:
         if self.holder == rank:
             self.holder = None
 
-    def serve(self, show_output: Callable[[Any], None]) -> None:
-        """Show the waiting prompt, if any, and send the line typed (blocks until then).
+    def serve(self, show_output: Callable[[Any], None]) -> bool:
+        """Show the waiting prompt, if any, and send the line typed (blocks until then);
+        returns whether it did.
 
         Raises:
             KeyboardInterrupt: the stop button at the prompt (``interrupted`` is set).
         """
         if not self.asks or (self.holder is not None and self.holder not in self.asks):
-            return  # no prompt, or the holder runs on between two prompts
+            return False  # no prompt, or the holder runs on between two prompts
         rank = self.holder if self.holder is not None else min(self.asks)
         worker, prompt = self.asks.pop(rank)
         self.holder = rank
@@ -59,3 +60,4 @@ class Prompts:
                   file=sys.stderr, flush=True)
             text = None
         worker.handle.command(InputLine(text))
+        return True

@@ -273,7 +273,7 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
         remember(record)
         workers = Supervisor(group.handles, relay, plan.timeout, record,
                              make_view(record, plan.output), plan.stop_wait,
-                             group.collectives_before).run()
+                             group.collectives_before, plan.hang_after).run()
         results = []
         for worker in workers:
             if worker.result is None:

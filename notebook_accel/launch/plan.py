@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from notebook_accel.contract import DYNAMO_BACKEND_ENV, OPTIONS
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
+from notebook_accel.launch.hang_watch import HANG_AFTER
 from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.machine import devices, gpu_support, hardware
 from notebook_accel.machine.tpu import XlaJob, xla_job
@@ -45,6 +46,7 @@ class LaunchPlan:
     worker_env: dict[str, str] = field(default_factory=dict)
     cluster: str | None = None  # a Ray cluster's address: the kernel drives every node through Ray
     stop_wait: float = STOP_WAIT  # a pool run's ranks have this long to reach the stop button's cut
+    hang_after: float | None = HANG_AFTER  # seconds without progress before a rank is marked
 
     @property
     def world_size(self) -> int:

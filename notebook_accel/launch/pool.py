@@ -45,7 +45,7 @@ from notebook_accel.wire import RunDone
 
 # the options table's arguments a pool takes, plus notebook_launcher's keywords outside the table
 POOL_OPTIONS = (*(o.name for o in OPTIONS.values() if o.argument and o.not_for_pool is None),
-                "return_all", "stop_wait")
+                "return_all", "stop_wait", "hang_after")
 _NOT_FOR_A_POOL = {
     **{o.name: o.not_for_pool for o in OPTIONS.values() if o.not_for_pool},
     "rdzv_backend": "a pool uses its own static rendezvous",
@@ -110,7 +110,9 @@ class WorkerPool:
     ``cluster``, ``dynamo_backend``), resolved and checked
     the same way, and ``stop_wait``: the seconds every rank has, after the stop button, to
     reach the point where they all stop together (default 5; then they are stopped at once,
-    as a rank stuck in compute or diverging ranks would never get there). The workers start
+    as a rank stuck in compute or diverging ranks would never get there), and ``hang_after``:
+    the seconds a rank may show no progress (no output, event or collective) before the
+    cell marks it and shows every rank's stack once (default 60; None: never). The workers start
     at once. Closed by :meth:`close`, at the end of a
     ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
     when the kernel dies.
@@ -166,7 +168,13 @@ class WorkerPool:
             raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
                              "notebook_launcher (or %%accelerate --fresh) on a TPU")
         print_notes(plan, notes)
-        return dataclasses.replace(plan, stop_wait=float(stop_wait))
+        hang_after = options.get("hang_after", plan.hang_after)
+        if hang_after is not None and (isinstance(hang_after, bool) or not isinstance(
+                hang_after, (int, float)) or hang_after <= 0):
+            raise ValueError(f"hang_after={hang_after!r}: give the seconds (a number > 0) a rank "
+                             "may make no progress before it is marked, e.g. hang_after=60, or "
+                             "None (never)")
+        return dataclasses.replace(plan, stop_wait=float(stop_wait), hang_after=hang_after)
 
     def _start(self) -> None:
         self._current.workers = workers = pool_workers(self.plan)

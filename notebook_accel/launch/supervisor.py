@@ -18,6 +18,7 @@ import dataclasses
 import os
 import selectors
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.debug_prompt import Prompts
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.hang_watch import HANG_AFTER, HangWatch
 from notebook_accel.launch.interrupts import (
     LaunchInterrupted,
     check_interrupt,
@@ -146,6 +148,7 @@ class Supervisor:
         view: View,
         stop_wait: float = STOP_WAIT,
         collectives_before: dict[int, int | None] | None = None,
+        hang_after: float | None = HANG_AFTER,
     ) -> None:
         self.workers = workers = [Worker(handle) for handle in handles]
         # a run on some ranks of a pool: each rank's default-group count before it (one more
@@ -175,6 +178,7 @@ class Supervisor:
         # often far shorter than a second: its first samples wait that long)
         first = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         self._samples: deque[tuple[float, int]] = deque((first, w.rank) for w in workers)
+        self.hangs = HangWatch(list(self.by_rank), hang_after, record, self._report)
         self.first_failure: float | None = None
         self.timed_out_at: float | None = None  # time.time() when the timeout hit
 
@@ -205,11 +209,14 @@ class Supervisor:
                 self._unregister(fd)
                 return
             self.relay.feed(worker.rank, name, data)
+            self.hangs.moved(worker.rank)
             if len(data) < 1 << 16:
                 return  # drained (what comes later wakes the loop again): one read, not two
 
     def _read_events(self, worker: Worker) -> None:
         messages, still_open = worker.events.read()
+        if messages:
+            self.hangs.moved(worker.rank)
         for message in messages:
             self.record.apply(worker.rank, message)
         if not still_open:
@@ -235,9 +242,11 @@ class Supervisor:
                 self.prompts.ask(worker, message)
             elif type(message) is DebugEnd:
                 self.prompts.end(worker.rank)
-            elif type(message) is Stack:
+            elif type(message) is Stack:  # not progress: an answer
                 worker.stack = message
                 self._check_collective(worker, message)
+                continue
+            self.hangs.moved(worker.rank)
         if not still_open:
             self._unregister(worker.control_fd)
 
@@ -405,7 +414,9 @@ class Supervisor:
                 check_interrupt()
                 self._poll(self._wait_for())
                 self._look_at_stacks()
-                self.prompts.serve(self._show_output)
+                self.hangs.look(self.workers)
+                if self.prompts.serve(self._show_output):
+                    self.hangs.waited()
         except KeyboardInterrupt:
             if self.prompts.interrupted:
                 self.at_once = "the stop button was pressed at a debugger's prompt"
@@ -463,6 +474,11 @@ class Supervisor:
         for w in stuck:
             w.handle.reap(timeout=5.0)
         take_interrupt()  # more presses meanwhile asked for what was just done
+
+    def _report(self, text: str) -> None:
+        """A note of ours in the cell, below the output gathered so far."""
+        self.relay.flush()
+        print(f"[notebook_accel] {text}", file=sys.stderr, flush=True)
 
     def _show_output(self, worker: Worker) -> None:
         """Everything ``worker`` wrote so far, in the cell now (before its debugger's prompt)."""
