@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from notebook_accel.contract import DYNAMO_BACKEND_ENV, OPTIONS
+from notebook_accel.launch.hang_watch import HANG_AFTER
 from notebook_accel.launch.ports import parse_port
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
-from notebook_accel.launch.hang_watch import HANG_AFTER
 from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.machine import devices, gpu_support, hardware
 from notebook_accel.machine.tpu import XlaJob, xla_job
