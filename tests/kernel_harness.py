@@ -93,8 +93,13 @@ class Kernel:
         self.sent[msg_id] = sent
         return msg_id
 
-    def collect(self, msg_id: str, timeout: float = 120.0, on_output=None) -> CellResult:
-        """Gather the outputs of one execution until the kernel is idle again."""
+    def collect(self, msg_id: str, timeout: float = 120.0, on_output=None,
+                on_input=None) -> CellResult:
+        """Gather the outputs of one execution until the kernel is idle again.
+
+        ``on_input(prompt, result)``: answers the kernel's input requests (Jupyter's stdin
+        channel, as a notebook's input box); returns the line to send, or None to send none.
+        """
         result = CellResult()
         start = self.sent.pop(msg_id, time.monotonic())
         deadline = time.monotonic() + timeout
@@ -102,8 +107,17 @@ class Kernel:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"cell did not finish in {timeout} s; so far: {result}")
+            if on_input is not None:
+                try:
+                    request = self.client.get_stdin_msg(timeout=0.01)
+                except queue.Empty:
+                    request = None
+                if request is not None and request["msg_type"] == "input_request":
+                    line = on_input(request["content"]["prompt"], result)
+                    if line is not None:
+                        self.client.input(line)
             try:
-                msg = self.client.get_iopub_msg(timeout=min(remaining, 1.0))
+                msg = self.client.get_iopub_msg(timeout=min(remaining, 0.05 if on_input else 1.0))
             except queue.Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:

@@ -82,6 +82,10 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
         argument("--ranks", default=None, metavar="RANKS",
                  help="on the pool: run this cell on these ranks only (1, 0,2-3); the cell's "
                       "value comes from the first of them, names come back only with --pull"),
+        argument("--hang-after", type=float, default=None, metavar="SECONDS",
+                 help="%%accelerate start only: the seconds a rank may show no progress (no "
+                      "output, event or collective) before it is marked and every rank's stack "
+                      "is shown (default 60)"),
         argument("--push", type=_names, default=(), metavar="NAMES",
                  help="on the pool: send these notebook names even though the workers hold "
                       "their own, replacing theirs (comma-separated)"),

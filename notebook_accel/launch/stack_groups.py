@@ -49,8 +49,10 @@ def headline(frames: Sequence[Frame]) -> str:
     or ``idle``."""
     if not frames:
         return "idle (no run)"
-    names = [frames[-1][2]] + [name for filename, _, name in reversed(frames[:-1])
-                                if _users(filename)]
+    names = [frames[-1][2]]
+    for filename, _, name in reversed(frames[:-1]):
+        if _users(filename) and name != names[-1]:  # (a cell's <module> once, not per frame)
+            names.append(name)
     more = " <- ..." if len(names) > _NAMED else ""
     return " <- ".join(names[:_NAMED]) + more
 

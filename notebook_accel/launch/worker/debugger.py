@@ -58,7 +58,12 @@ class _Lines:
         return "" if text is None else text + "\n"  # "": end of input (pdb quits)
 
 
-class RankPdb(pdb.Pdb):
+# the standard library's pdb: a worker forked from an IPython kernel inherits ipykernel's
+# replacement (pdb.Pdb patched), whose command loop swallows the stop button's interrupt
+_Pdb = next(cls for cls in pdb.Pdb.__mro__ if cls.__module__ == "pdb")
+
+
+class RankPdb(_Pdb):
     """pdb whose lines come from the notebook, one rank at a time."""
 
     def __init__(self) -> None:

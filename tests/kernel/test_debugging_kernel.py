@@ -1,0 +1,143 @@
+"""Debugging a pool from the notebook, in a real kernel: a cell on some ranks, a post-mortem
+and ``breakpoint()`` driven through Jupyter's stdin channel, the stacks of a hung job."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.kernel_harness import Kernel, worker_processes
+
+pytestmark = pytest.mark.slow
+SHARED_WORKERS = True  # the kernel's pool outlives each test: conftest checks for leaks per module
+
+
+@pytest.fixture(scope="module")
+def k():
+    """One kernel with a 2-rank pool (ranks silent for 2 s are marked)."""
+    kernel = Kernel()
+    kernel.ok("%load_ext notebook_accel")
+    kernel.ok("%accelerate start -n 2 --hang-after 2")
+    yield kernel
+    kernel.shutdown()
+
+
+def answers(*lines):
+    """An ``on_input`` that types ``lines`` in turn, keeping the prompts it saw."""
+    typed = iter(lines)
+    prompts = []
+
+    def on_input(prompt, result):
+        prompts.append((prompt, time.time()))
+        return next(typed)
+
+    on_input.prompts = prompts
+    return on_input
+
+
+def reduce_is_right(k):
+    out = k.ok("%%accelerate\nimport torch, torch.distributed as dist\nt = torch.tensor([dist.get_rank() + 1.0])\ndist.all_reduce(t)\n"
+               "t.item()")
+    assert "3.0" in str(out.outputs), out
+
+
+def test_a_post_mortem_on_the_failing_rank(k):
+    pids = [p.pid for p in worker_processes()]
+    failed = k.run("""%%accelerate
+import torch, torch.distributed as dist
+def inner(a):
+    local_value = a * 10
+    raise ValueError("boom on rank 1")
+def outer():
+    caller_value = dist.get_rank() + 100
+    if dist.get_rank() == 1:
+        inner(caller_value)
+outer()
+""")
+    assert "rank 1 failed: ValueError: boom on rank 1" in failed.error["evalue"]
+    typing = answers("p local_value", "up", "p caller_value", "q")
+    result = k.collect(k.execute("%accelerate debug"), timeout=30, on_input=typing)
+    assert result.error is None, result.traceback
+    assert [prompt for prompt, _ in typing.prompts] == ["(Pdb rank 1) "] * 4
+    assert "[rank 1] 1010" in result.stdout and "[rank 1] 101\n" in result.stdout
+    assert "[rank 0]" not in result.stdout  # rank 0 was not disturbed
+    both = k.ok("%%accelerate\nprint('alive', callable(outer))")
+    assert "[rank 0] alive True" in both.stdout and "[rank 1] alive True" in both.stdout
+    reduce_is_right(k)
+    assert sorted(p.pid for p in worker_processes()) == sorted(pids)  # the same workers
+
+
+def test_breakpoint_on_rank_one_in_a_loop(k):
+    typing = answers("p value", "c")
+    result = k.collect(k.execute("""%%accelerate
+import time
+total = 0
+for i in range(5):
+    value = i * (dist.get_rank() + 1)
+    if dist.get_rank() == 1 and i == 2:
+        print("reaching", time.time(), flush=True)
+        breakpoint()
+    total += value
+t = torch.tensor([float(total)])
+dist.all_reduce(t)
+t.item()
+"""), timeout=60, on_input=typing)
+    assert result.error is None, result.traceback
+    reached = float(result.stdout.split("[rank 1] reaching ")[1].split()[0])
+    assert typing.prompts[0][0] == "(Pdb rank 1) "
+    assert typing.prompts[0][1] - reached < 2.0
+    assert "[rank 1] 4\n" in result.stdout  # rank 1's value (i * 2)
+    assert "30.0" in str(result.outputs)  # 10 + 20: the job's normal result
+
+
+def test_the_stop_button_at_the_prompt_ends_the_job(k):
+    pids = sorted(p.pid for p in worker_processes())
+    at = {}
+
+    def interrupt(prompt, result):
+        at["t"] = time.monotonic()
+        k.manager.interrupt_kernel()
+        return None
+
+    result = k.collect(k.execute("""%%accelerate
+import time, torch, torch.distributed as dist
+for i in range(300):
+    if dist.get_rank() == 1 and i == 3:
+        breakpoint()
+    time.sleep(0.1)
+"""), timeout=60, on_input=interrupt)
+    assert time.monotonic() - at["t"] < 2.0
+    assert result.error is not None and "debugger's prompt" in result.traceback, result
+    reduce_is_right(k)
+    assert sorted(p.pid for p in worker_processes()) == pids
+
+
+def test_a_cell_on_rank_one_only(k):
+    result = k.ok("%%accelerate --ranks 1\nprint('here', dist.get_rank())\ndist.get_rank() * 10")
+    assert "[rank 1] here 1" in result.stdout and "[rank 0]" not in result.stdout
+    assert "10" in str(result.outputs)
+    started = time.monotonic()
+    lone = k.run("%%accelerate --ranks 1\ndist.all_reduce(torch.ones(1))")
+    assert time.monotonic() - started < 10
+    assert "entered a collective of the whole process group (all_reduce" in lone.error["evalue"]
+    assert "rank 0 never joins" in lone.error["evalue"]
+    assert "the pool's workers were replaced" in lone.stderr  # its group is never reused
+    reduce_is_right(k)
+
+
+def test_a_hung_rank_is_marked_and_the_stacks_are_shown_grouped(k):
+    result = k.ok("""%%accelerate
+import time, torch, torch.distributed as dist
+if dist.get_rank() == 1:
+    time.sleep(4)
+dist.all_reduce(torch.ones(1))
+""")
+    assert "no progress (no output, event or collective) for 2 s" in result.stderr
+    stacks = result.stderr.split("every rank's stack now:")[1]
+    assert "rank 0: all_reduce <- <module>\n" in stacks  # rank 0 waits in the collective
+    assert "rank 1: <module>\n" in stacks and "time.sleep(4)" in stacks  # rank 1 sleeps
+    started = time.monotonic()
+    idle = k.ok("%accelerate stacks")
+    assert time.monotonic() - started < 2.0
+    assert "ranks 0, 1: idle (no run)" in idle.stdout
