@@ -1,0 +1,72 @@
+"""The pure parts of debugging: rank lists, grouped stacks, the prompt's turn-taking."""
+
+from __future__ import annotations
+
+import pytest
+
+from notebook_accel.launch.debug_prompt import Prompts
+from notebook_accel.launch.rank_ranges import parse_ranks
+from notebook_accel.launch.stack_groups import group_stacks, headline, stacks_text, users_part
+from notebook_accel.launch.tracebacks import OURS
+from notebook_accel.wire import InputAsk, InputLine
+
+WORKER = OURS[0] + "launch/worker/serve.py"
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def test_ranks_as_typed():
+    assert parse_ranks(1, 4) == (1,)
+    assert parse_ranks("0,2-3", 4) == (0, 2, 3)
+    assert parse_ranks([3, 0, 3], 4) == (0, 3)
+    for bad in ("1-x", 4, "0,5", [], True):
+        with pytest.raises(ValueError, match="ranks="):
+            parse_ranks(bad, 4)
+
+
+def test_stacks_grouped_by_place_innermost_first():
+    waiting = ((WORKER, 70, "serve"), ("/nb/train.py", 3, "train"), ("/nb/train.py", 9, "step"),
+               (TORCH, 3252, "all_reduce"))
+    loading = ((WORKER, 70, "serve"), ("/nb/train.py", 5, "train"),
+               ("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 1, "__next__"))
+    idle = ((WORKER, 67, "serve"),)
+    stacks = {0: waiting, 2: waiting, 3: waiting, 1: loading, 4: idle}
+    assert users_part(waiting) == waiting[1:]
+    assert users_part(idle) == ()
+    assert headline(users_part(waiting)) == "all_reduce <- step <- train"
+    assert [ranks for ranks, _ in group_stacks(stacks)] == [[0, 2, 3], [1], [4]]
+    text = stacks_text(stacks, silent=[5])
+    assert text.splitlines()[0] == "ranks 0, 2, 3: all_reduce <- step <- train"
+    assert "rank 1: __next__ <- train" in text and "rank 4: idle (no run)" in text
+    assert "rank 5: no answer" in text and "serve.py" not in text
+
+
+class _Handle:
+    def __init__(self):
+        self.sent = []
+
+    def command(self, message):
+        self.sent.append(message)
+        return True
+
+
+class _Worker:
+    def __init__(self, rank):
+        self.rank, self.handle = rank, _Handle()
+
+
+def test_one_rank_has_the_prompt_until_its_session_ends(monkeypatch):
+    typed = iter(["p x", "c", "q"])
+    shown = []
+    monkeypatch.setattr("builtins.input", lambda prompt: (shown.append(prompt), next(typed))[1])
+    prompts, one, two = Prompts(), _Worker(1), _Worker(2)
+    prompts.ask(two, InputAsk("(Pdb rank 2) "))
+    prompts.ask(one, InputAsk("(Pdb rank 1) "))
+    assert prompts.serve(lambda worker: None)  # rank 1 first (lowest), and keeps the prompt
+    prompts.ask(one, InputAsk("(Pdb rank 1) "))
+    assert prompts.serve(lambda worker: None)
+    assert not prompts.serve(lambda worker: None)  # rank 1 runs on: rank 2 still waits
+    prompts.end(1)
+    assert prompts.serve(lambda worker: None)
+    assert shown == ["(Pdb rank 1) ", "(Pdb rank 1) ", "(Pdb rank 2) "]
+    assert one.handle.sent == [InputLine("p x"), InputLine("c")]
+    assert two.handle.sent == [InputLine("q")]
