@@ -159,13 +159,20 @@ def test_wire_round_trips_every_message_kind_in_one_framing():
         wire.RunDone(12, False, ("model", "loader"), ("loader",), ("torch",), timestamp=5.5),
         wire.StopAsk(timestamp=6.0),
         wire.StopCount({"0": 41}, (("<cell>", 3, 12),), True, timestamp=6.5),
+        wire.StopCount({"0": 41}, (("<cell>", 3, 12),), False, seen=40, waiting_at=None, timestamp=6.7),
         wire.StopAt(("0",), 42, timestamp=7.0),
+        wire.StackAsk(timestamp=7.5),
+        wire.Stack((("<cell>", 3, "train"),), 41, timestamp=8.0),
+        wire.InputAsk("(Pdb rank 1) ", timestamp=8.5),
+        wire.InputLine("p value", timestamp=9.0),
+        wire.InputLine(None, timestamp=9.2),
+        wire.DebugEnd(timestamp=9.5),
     ]
     assert {type(m).kind for m in messages} == set(wire.Kind)  # every kind has its message
-    assert {k for k in wire.Kind if k.reliable} == {wire.Kind.DISPLAY, wire.Kind.RESULT,
-                                                   wire.Kind.ERROR, wire.Kind.RUN,
-                                                   wire.Kind.RUN_DONE, wire.Kind.STOP_ASK,
-                                                   wire.Kind.STOP_COUNT, wire.Kind.STOP_AT}
+    K = wire.Kind
+    assert {k for k in K if k.reliable} == {K.DISPLAY, K.RESULT, K.ERROR, K.RUN, K.RUN_DONE,
+                                           K.STOP_ASK, K.STOP_COUNT, K.STOP_AT, K.STACK_ASK,
+                                           K.STACK, K.INPUT_ASK, K.INPUT_LINE, K.DEBUG_END}
     assert [wire.decode(wire.encode(m)) for m in messages] == messages
     read_fd, write_fd = os.pipe()
     try:
