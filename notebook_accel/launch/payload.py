@@ -146,8 +146,8 @@ def _cell_sources(skip: set[str]) -> dict[str, tuple]:
     """linecache entries of notebook cells (they exist in memory only), for tracebacks."""
     sources, total, cells = {}, 0, compiled_cells()
     for filename, entry in list(linecache.cache.items()):
-        if (filename in skip or len(entry) != 4 or os.path.exists(filename)
-                or (entry[1] is not None and filename not in cells)):
+        if (filename in skip or len(entry) != 4 or (entry[1] is not None and filename not in cells)
+                or os.path.exists(filename)):  # the stat last: every run asks
             continue  # a real file: the worker reads it itself
         size = sum(len(line) for line in entry[2])
         if total + size > _MAX_SOURCE_BYTES:
