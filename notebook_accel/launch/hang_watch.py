@@ -16,7 +16,6 @@ from typing import Any
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord
 from notebook_accel.launch.stack_groups import stacks_text
-from notebook_accel.wire import StackAsk
 
 NO_PROGRESS = "no progress"  # the rank's state (a phase) while it makes none
 HANG_AFTER = 60.0  # default seconds without progress before a rank is marked
@@ -68,7 +67,7 @@ class HangWatch:
             status = self.record.ranks[w.rank]
             if status.state != NO_PROGRESS:
                 status.enter_phase(NO_PROGRESS, time.time() - (now - self.progress[w.rank]))
-        asked = [w for w in running if w.handle.command(StackAsk())]  # a pool's ranks answer
+        asked = [w for w in running if w.ask_stack()]  # a pool's ranks answer
         answered = {w.rank: w.stack.frames for w in asked if w.stack is not None}
         marked = [w.rank for w in silent if self.record.ranks[w.rank].state == NO_PROGRESS]
         if marked and not self.said and asked and len(answered) == len(asked):

@@ -70,3 +70,32 @@ def test_one_rank_has_the_prompt_until_its_session_ends(monkeypatch):
     assert shown == ["(Pdb rank 1) ", "(Pdb rank 1) ", "(Pdb rank 2) "]
     assert one.handle.sent == [InputLine("p x"), InputLine("c")]
     assert two.handle.sent == [InputLine("q")]
+
+
+def test_a_stack_answer_left_unread_by_an_earlier_run_is_not_taken_for_this_runs():
+    """A rank answers a StackAsk after its run ended; the answer waits in the channel and
+    the next run's supervisor reads it first: it must not pass for where the rank is now."""
+    import os
+    from types import SimpleNamespace
+
+    from notebook_accel.launch.supervisor import Worker
+    from notebook_accel.launch.worker_stacks import stack_ask
+    from notebook_accel.wire import Stack
+
+    stale = stack_ask()  # asked during an earlier run
+    read, write = os.pipe()
+    sent = []
+    handle = SimpleNamespace(rank=1, control_fd=read, events_fd=read,
+                             command=lambda ask: sent.append(ask) or True)
+    try:
+        worker = Worker(handle)
+        idle = Stack((), 0, stale.ask)
+        assert not worker.answered(idle) and worker.stack is None  # no request of this run yet
+        assert worker.ask_stack()
+        assert not worker.answered(idle) and worker.stack is None  # still the earlier run's
+        now = Stack((("cell.py", 3, "train"),), 5, sent[0].ask)
+        assert worker.answered(now) and worker.stack is now
+        assert sent[0].ask > stale.ask
+    finally:
+        os.close(read)
+        os.close(write)
