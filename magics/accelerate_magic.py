@@ -93,10 +93,8 @@ class AccelerateMagics(Magics):
         """
         check_words(self.accelerate.parser, line, cell is not None, COMMANDS)
         args = parse_argstring(self.accelerate, line)
-        for flag in ("stop_wait", "hang_after"):
-            if getattr(args, flag) is not None and args.command != "start":
-                raise UsageError(f"--{flag.replace('_', '-')} sets the notebook's pool: use it "
-                                 "with %accelerate start")
+        if args.stop_wait is not None and args.command != "start":
+            raise UsageError("--stop-wait sets the notebook's pool: use it with %accelerate start")
         if cell is not None and args.command:
             raise UsageError(f"'{args.command}' is a line magic: use %accelerate {args.command} "
                              "(one % sign) in a cell of its own")

@@ -26,6 +26,7 @@ from typing import Any
 from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.hang_watch import HANG_AFTER
 from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
@@ -45,7 +46,7 @@ from notebook_accel.wire import RunDone
 
 # the options table's arguments a pool takes, plus notebook_launcher's keywords outside the table
 POOL_OPTIONS = (*(o.name for o in OPTIONS.values() if o.argument and o.not_for_pool is None),
-                "return_all", "stop_wait", "hang_after")
+                "return_all", "stop_wait")
 _NOT_FOR_A_POOL = {
     **{o.name: o.not_for_pool for o in OPTIONS.values() if o.not_for_pool},
     "rdzv_backend": "a pool uses its own static rendezvous",
@@ -107,13 +108,10 @@ class WorkerPool:
     Takes the options of :func:`~notebook_accel.notebook_launcher` (``num_processes``,
     ``mixed_precision``, ``use_port``, ``master_addr``, ``start_method``, ``timeout``,
     ``return_all``, ``output``, ``device``, ``config_file``, ``fsdp``, ``num_nodes``,
-    ``cluster``, ``dynamo_backend``), resolved and checked
-    the same way, and ``stop_wait``: the seconds every rank has, after the stop button, to
-    reach the point where they all stop together (default 5; then they are stopped at once,
-    as a rank stuck in compute or diverging ranks would never get there), and ``hang_after``:
-    the seconds a rank may show no progress (no output, event or collective) before the
-    cell marks it and shows every rank's stack once (default 60; None: never). The workers start
-    at once. Closed by :meth:`close`, at the end of a
+    ``cluster``, ``dynamo_backend``, ``hang_after``), resolved and checked the same way, and
+    ``stop_wait``: the seconds every rank has, after the stop button, to reach the point where
+    they all stop together (default 5; then they are stopped at once, as a rank stuck in
+    compute or diverging ranks would never get there). The workers start at once. Closed by :meth:`close`, at the end of a
     ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
     when the kernel dies.
 
@@ -160,7 +158,8 @@ class WorkerPool:
                            config_file=options.get("config_file"), fsdp=options.get("fsdp"),
                            notes=notes, timeout=options.get("timeout"),
                            output=options.get("output", "all"),
-                           return_all=options.get("return_all", False), max_restarts=0)
+                           return_all=options.get("return_all", False), max_restarts=0,
+                           hang_after=options.get("hang_after", HANG_AFTER))
         if plan.num_nodes != 1 and plan.cluster is None:
             raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool spans "
                              "several nodes only on a Ray cluster; give cluster=, or num_nodes=1")
@@ -168,13 +167,7 @@ class WorkerPool:
             raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
                              "notebook_launcher (or %%accelerate --fresh) on a TPU")
         print_notes(plan, notes)
-        hang_after = options.get("hang_after", plan.hang_after)
-        if hang_after is not None and (isinstance(hang_after, bool) or not isinstance(
-                hang_after, (int, float)) or hang_after <= 0):
-            raise ValueError(f"hang_after={hang_after!r}: give the seconds (a number > 0) a rank "
-                             "may make no progress before it is marked, e.g. hang_after=60, or "
-                             "None (never)")
-        return dataclasses.replace(plan, stop_wait=float(stop_wait), hang_after=hang_after)
+        return dataclasses.replace(plan, stop_wait=float(stop_wait))
 
     def _start(self) -> None:
         self._current.workers = workers = pool_workers(self.plan)

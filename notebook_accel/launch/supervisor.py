@@ -35,6 +35,7 @@ from notebook_accel.launch.interrupts import (
 from notebook_accel.launch.output import FLUSH_EVERY, OutputRelay
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.stack_dumps import StackDumps
 from notebook_accel.launch.stack_groups import headline, stacks_text, users_part
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
@@ -194,7 +195,8 @@ class Supervisor:
         # often far shorter than a second: its first samples wait that long)
         first = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         self._samples: deque[tuple[float, int]] = deque((first, w.rank) for w in workers)
-        self.hangs = HangWatch(list(self.by_rank), hang_after, record, self._report)
+        self.dumps = StackDumps(relay)  # the stacks of ranks that cannot answer a StackAsk
+        self.hangs = HangWatch(list(self.by_rank), hang_after, record, self._report, self.dumps)
         self.first_failure: float | None = None
         self.timed_out_at: float | None = None  # time.time() when the timeout hit
 
@@ -534,6 +536,8 @@ class Supervisor:
         self._failed()
 
     def _finish(self) -> None:
+        if self.dumps.taking:  # the job ended while the ranks' stacks were being dumped
+            self.dumps.take()
         for w in self.workers:
             if not w.exited and w.exitcode is not None:
                 self._on_exit(w)
