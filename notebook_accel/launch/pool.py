@@ -134,7 +134,7 @@ class WorkerPool:
                 raise
             self._current = _Current()
             self._finalizer = weakref.finalize(self, self._current.close)
-            self._report = RunDone(None, False)  # rank 0's report of the latest run
+            self._reports: tuple[RunDone, ...] = ()  # each rank's latest report
             self._failed_rank: int | None = None  # the root cause of the latest failed run
             self._start()
 
@@ -171,7 +171,7 @@ class WorkerPool:
 
     def _start(self) -> None:
         self._current.workers = workers = pool_workers(self.plan)
-        self._report = RunDone(None, False)
+        self._reports = ()
         try:  # the process group is ready before the first run
             launch_once(PoolBackend(workers), self.plan,
                         serialise_payload(join_process_group, (), {}))
@@ -188,20 +188,41 @@ class WorkerPool:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The names living on the workers (rank 0's, after the latest run); none while a
-        worker is gone (its state is lost: :meth:`revive` replaces the workers)."""
-        return () if self._gone() else self._report.names
+        """The names living on every rank (a name that a run on some ranks assigned, or that
+        only some ranks assigned, is not one: :meth:`names_on`); none while a worker is gone
+        (its state is lost: :meth:`revive` replaces the workers)."""
+        return self.names_on()
+
+    def names_on(self, ranks: int | str | Iterable[int] | None = None) -> tuple[str, ...]:
+        """The names living on every one of ``ranks`` (``1``, ``"0,2-3"``, ``[0, 2]``; default:
+        every rank), in the order the first of them reports them."""
+        return self._on_all(ranks, "names")
 
     @property
     def copies(self) -> tuple[str, ...]:
-        """Those of :attr:`names` that still hold the copy the notebook sent."""
-        return () if self._gone() else self._report.copies
+        """Those of :attr:`names` that still hold the copy the notebook sent, on every rank."""
+        return self.copies_on()
+
+    def copies_on(self, ranks: int | str | Iterable[int] | None = None) -> tuple[str, ...]:
+        """Those of :meth:`names_on` ``ranks`` that still hold the notebook's copy on each."""
+        return self._on_all(ranks, "copies")
+
+    def _on_all(self, ranks: int | str | Iterable[int] | None, field: str) -> tuple[str, ...]:
+        """The names in ``field`` (``names``, ``copies``) of the chosen ranks' reports, all."""
+        if self._gone() or not self._reports:
+            return ()
+        chosen = range(len(self._reports)) if ranks is None else parse_ranks(
+            ranks, self.plan.world_size)
+        first, *rest = (getattr(self._reports[rank], field) for rank in chosen)
+        others = [set(names) for names in rest]
+        return tuple(name for name in first if all(name in names for names in others))
 
     @property
     def lost(self) -> tuple[str, ...]:
-        """What replacing the workers now would lose: :attr:`names` that hold state (not
-        modules, nor functions and classes imported from one), even when a worker is gone."""
-        return _lost(self._report)
+        """What replacing the workers now would lose: the names on any rank that hold state
+        (not modules, nor functions and classes imported from one), even when a worker is
+        gone."""
+        return _lost(self._reports)
 
     def revive(self) -> None:
         """Replace the workers if any is gone (idle or mid-run: one rule), saying what was
@@ -370,11 +391,12 @@ class WorkerPool:
     def _after_run(self, workers: PoolWorkers, ended: str) -> None:
         """Keep the workers when every rank is idle with a group it can trust; else replace them."""
         reason = _distrust(workers, ended)
-        rank0 = workers.handles[0].last_report
+        reports = tuple(h.last_report for h in workers.handles)
         if reason is None:
-            self._report = rank0
+            self._reports = reports  # (ranks a run on some ranks left idle: their last ones)
             return
-        self._replace(reason, self.lost if rank0 is None else _lost(rank0))
+        known = tuple(r for r in reports if r is not None)
+        self._replace(reason, _lost(known) if known else self.lost)
 
     def _replace(self, reason: str, lost: tuple[str, ...]) -> None:
         self._failed_rank = None  # its frames are gone with the workers
@@ -385,9 +407,13 @@ class WorkerPool:
               f"lost{': ' + _listed(lost) if lost else ''}", file=sys.stderr, flush=True)
 
 
-def _lost(report: RunDone) -> tuple[str, ...]:
-    imported = set(report.imported)
-    return tuple(name for name in report.names if name not in imported)
+def _lost(reports: tuple[RunDone, ...]) -> tuple[str, ...]:
+    """The names holding state on any rank (modules and imported code do not), once each."""
+    lost: dict[str, None] = {}
+    for report in reports:
+        imported = set(report.imported)
+        lost.update((name, None) for name in report.names if name not in imported)
+    return tuple(lost)
 
 
 def _distrust(workers: PoolWorkers, ended: str) -> str | None:
