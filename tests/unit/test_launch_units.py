@@ -160,12 +160,20 @@ def test_wire_round_trips_every_message_kind_in_one_framing():
         wire.StopAsk(timestamp=6.0),
         wire.StopCount({"0": 41}, (("<cell>", 3, 12),), True, timestamp=6.5),
         wire.StopAt(("0",), 42, timestamp=7.0),
+        wire.StackAsk(3, timestamp=7.5),
+        wire.Stack((("<cell>", 3, "train"),), 41, 3, timestamp=8.0),
+        wire.InputAsk("(Pdb rank 1) ", timestamp=8.5),
+        wire.InputLine("p x", timestamp=9.0),
+        wire.DebugEnd(timestamp=9.5),
     ]
     assert {type(m).kind for m in messages} == set(wire.Kind)  # every kind has its message
     assert {k for k in wire.Kind if k.reliable} == {wire.Kind.DISPLAY, wire.Kind.RESULT,
                                                    wire.Kind.ERROR, wire.Kind.RUN,
                                                    wire.Kind.RUN_DONE, wire.Kind.STOP_ASK,
-                                                   wire.Kind.STOP_COUNT, wire.Kind.STOP_AT}
+                                                   wire.Kind.STOP_COUNT, wire.Kind.STOP_AT,
+                                                   wire.Kind.STACK_ASK, wire.Kind.STACK,
+                                                   wire.Kind.INPUT_ASK, wire.Kind.INPUT_LINE,
+                                                   wire.Kind.DEBUG_END}
     assert [wire.decode(wire.encode(m)) for m in messages] == messages
     read_fd, write_fd = os.pipe()
     try:
