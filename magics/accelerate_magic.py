@@ -93,10 +93,8 @@ class AccelerateMagics(Magics):
         """
         check_words(self.accelerate.parser, line, cell is not None, COMMANDS)
         args = parse_argstring(self.accelerate, line)
-        for flag in ("stop_wait", "hang_after"):
-            if getattr(args, flag) is not None and args.command != "start":
-                raise UsageError(f"--{flag.replace('_', '-')} sets the notebook's pool: use it "
-                                 "with %accelerate start")
+        if args.stop_wait is not None and args.command != "start":
+            raise UsageError("--stop-wait sets the notebook's pool: use it with %accelerate start")
         if cell is not None and args.command:
             raise UsageError(f"'{args.command}' is a line magic: use %accelerate {args.command} "
                              "(one % sign) in a cell of its own")
@@ -127,7 +125,7 @@ class AccelerateMagics(Magics):
         ranks = self._ranks(args, pool)
         if pool is not None:
             pool.revive()  # one rule: workers that died, idle or mid-run, are replaced (said)
-        on_workers = set(pool.names) if pool is not None else set()
+        on_workers = set(pool.names_on(ranks)) if pool is not None else set()  # (the chosen ranks')
         user_ns = self.shell.user_ns
         missing = [name for name in args.push if name not in user_ns]
         if missing:
@@ -136,7 +134,7 @@ class AccelerateMagics(Magics):
                    for node in ast.walk(tree)):  # `import *` binds names we cannot know
             check_defined(names.reads, names.assigns, {**dict.fromkeys(on_workers), **user_ns})
         crossing = crossings.choose(names.reads, user_ns, LEDGER, on_workers,
-                                    pool.copies if pool is not None else (), args.push)
+                                    pool.copies_on(ranks) if pool is not None else (), args.push)
         shipment = collect_names(crossing.send, user_ns, self.shell.user_ns_hidden, LEDGER)
         pull = names.assigns if args.pull is None else args.pull
         if ranks is not None and args.pull is None:

@@ -219,6 +219,11 @@ _OPTIONS = (
     _Opt("timeout", float, "stop the job after this many seconds", metavar="SECONDS",
          positive=True,
          magic_flag="--timeout", cli_flag="--timeout"),
+    _Opt("hang_after", float, "mark a rank that shows no progress (no output, event or "
+         "collective) for this many seconds, and show every rank's stack once (default 60; "
+         "None: never)", metavar="SECONDS",
+         positive=True, default=60.0,
+         magic_flag="--hang-after"),
     _Opt("output", str, "whose output to show: all ranks (default), the main process, none",
          choices=OUTPUT_CHOICES, default="all",
          magic_flag="--output", cli_flag="--output", cli_launch_only=True),

@@ -355,9 +355,12 @@ class StopAt:
 @dataclass(slots=True)
 class StackAsk:
     """Kernel -> a pool worker, at any time: send your main thread's stack (answered by the
-    worker's reader thread, whatever the main thread does)."""
+    worker's reader thread, whatever the main thread does). ``ask``: the kernel's number for
+    this request, echoed in the answer (an answer that arrives after its asker stopped
+    reading must not pass for the answer to a later request)."""
 
     kind: ClassVar[Kind] = Kind.STACK_ASK
+    ask: int = 0
     timestamp: float = field(default=0.0, kw_only=True)
 
 
@@ -370,11 +373,13 @@ class Stack:
         frames: its main thread's stack, ``(file, line, function)`` per frame, innermost last.
         collectives: the collectives its default process group has issued (as
             :attr:`RunDone.collectives`).
+        ask: the :attr:`StackAsk.ask` it answers.
     """
 
     kind: ClassVar[Kind] = Kind.STACK
     frames: tuple[tuple[str, int, str], ...]
     collectives: int | None = None
+    ask: int = 0
     timestamp: float = field(default=0.0, kw_only=True)
 
 

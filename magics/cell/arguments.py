@@ -29,10 +29,13 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 _LAUNCH_GROUP = ("num_processes", "mixed_precision", "start_method", "device", "use_port",
-                 "timeout", "config_file", "num_nodes", "cluster", "dynamo_backend")  # in --help's order; output and fsdp: below
+                 "timeout", "hang_after", "config_file", "num_nodes", "cluster",
+                 "dynamo_backend")  # in --help's order; output and fsdp: below
 
 
-_ONLY_WHEN_SET = ("num_nodes", "cluster")  # a pool or the sanity check on this machine: unset
+# passed only when set: a pool or the sanity check on this machine (num_nodes, cluster); the
+# default seconds (hang_after, whose None means never)
+_ONLY_WHEN_SET = ("num_nodes", "cluster", "hang_after")
 
 
 def _dest(option: LaunchOption) -> str:
@@ -82,10 +85,6 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
         argument("--ranks", default=None, metavar="RANKS",
                  help="on the pool: run this cell on these ranks only (1, 0,2-3); the cell's "
                       "value comes from the first of them, names come back only with --pull"),
-        argument("--hang-after", type=float, default=None, metavar="SECONDS",
-                 help="%%accelerate start only: the seconds a rank may show no progress (no "
-                      "output, event or collective) before it is marked and every rank's stack "
-                      "is shown (default 60)"),
         argument("--push", type=_names, default=(), metavar="NAMES",
                  help="on the pool: send these notebook names even though the workers hold "
                       "their own, replacing theirs (comma-separated)"),

@@ -3,8 +3,10 @@
 Progress is anything a rank does that the kernel sees: a line of output, an event, a
 control message, or (a pool's ranks, asked for their stacks while silent) a collective
 issued. A rank silent for ``after`` seconds is marked ``no progress`` in the record (the
-live view and the text view show it, with the time); on a pool every rank's stack is
-then shown once, grouped (:mod:`.stack_groups`). A rank that moves again loses the mark.
+live view and the text view show it, with the time), and every running rank's stack is
+then shown once, grouped (:mod:`.stack_groups`): a pool's ranks answer a ``StackAsk``, a
+one-off launch's dump theirs through faulthandler (:mod:`.stack_dumps`). A rank that moves
+again loses the mark.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord
+from notebook_accel.launch.stack_dumps import StackDumps
 from notebook_accel.launch.stack_groups import stacks_text
-from notebook_accel.wire import StackAsk
 
 NO_PROGRESS = "no progress"  # the rank's state (a phase) while it makes none
-HANG_AFTER = 60.0  # default seconds without progress before a rank is marked
+HANG_AFTER: float = OPTIONS["hang_after"].default  # seconds without progress before a mark
 _LOOK_EVERY = 0.5
 
 
@@ -27,18 +30,22 @@ class HangWatch:
     """The ranks' latest progress, for one launch's supervisor."""
 
     def __init__(self, ranks: Sequence[int], after: float | None, record: LaunchRecord,
-                 report: Callable[[str], None]) -> None:
+                 report: Callable[[str], None], dumps: StackDumps | None = None) -> None:
+        """``dumps``: the stacks of ranks that cannot answer a ``StackAsk`` (None: not shown)."""
         now = time.monotonic()
         self.after = after
         self.record = record
         self.report = report  # shows a text in the cell (the grouped stacks)
+        self.dumps = dumps
         self.progress = dict.fromkeys(ranks, now)
         self.counts: dict[int, int | None] = {}  # collectives at the last stack seen
         self.said = False
         self._looked = now
 
     def moved(self, rank: int) -> None:
-        """``rank`` showed progress now."""
+        """``rank`` showed progress now (its own stack dump is none)."""
+        if self.dumps is not None and rank in self.dumps.ranks():
+            return
         self.progress[rank] = time.monotonic()
         status = self.record.ranks[rank]
         if status.state == NO_PROGRESS:
@@ -55,6 +62,10 @@ class HangWatch:
         if self.after is None or now - self._looked < _LOOK_EVERY:
             return
         self._looked = now
+        if self.dumps is not None and self.dumps.taking:
+            if self.dumps.ready():
+                self._show(self.dumps.take())
+            return
         running = [w for w in workers if not w.finished]
         silent = [w for w in running if now - self.progress[w.rank] >= self.after]
         if not silent:
@@ -68,10 +79,21 @@ class HangWatch:
             status = self.record.ranks[w.rank]
             if status.state != NO_PROGRESS:
                 status.enter_phase(NO_PROGRESS, time.time() - (now - self.progress[w.rank]))
-        asked = [w for w in running if w.handle.command(StackAsk())]  # a pool's ranks answer
+        asked = [w for w in running if w.ask_stack()]  # a pool's ranks answer
         answered = {w.rank: w.stack.frames for w in asked if w.stack is not None}
-        marked = [w.rank for w in silent if self.record.ranks[w.rank].state == NO_PROGRESS]
-        if marked and not self.said and asked and len(answered) == len(asked):
+        if self.said or not any(self.record.ranks[w.rank].state == NO_PROGRESS for w in silent):
+            return
+        if asked:
+            if len(answered) == len(asked):
+                self._show(answered)
+        elif self.dumps is not None:
+            self.dumps.ask(running)  # taken at a later look, once they had time to arrive
+
+    def _show(self, stacks: dict[int, Any]) -> None:
+        """Say which ranks are marked, with every running rank's stack, once (none marked
+        any more: nothing, and a later silence is said)."""
+        marked = [rank for rank, status in self.record.ranks.items() if status.state == NO_PROGRESS]
+        if marked:
             self.said = True
             self.report(f"no progress (no output, event or collective) for {self.after:g} s on "
-                        f"{ranks_text(marked)}; every rank's stack now:\n{stacks_text(answered)}")
+                        f"{ranks_text(marked)}; every rank's stack now:\n{stacks_text(stacks)}")

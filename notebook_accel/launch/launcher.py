@@ -14,6 +14,7 @@ from notebook_accel.contract import ENV_OPTIONS, OPTIONS
 from notebook_accel.launch.backends import Backend, backend_for
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.global_check import warn_missing_globals
+from notebook_accel.launch.hang_watch import HANG_AFTER
 from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupts
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
@@ -52,6 +53,7 @@ def notebook_launcher(
     fsdp: Any = None,
     cluster: str | None = None,
     dynamo_backend: str | None = None,
+    hang_after: float | None = HANG_AFTER,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
 
@@ -100,6 +102,10 @@ def notebook_launcher(
             (``"inductor"``, ``"aot_eager"``, ``"eager"``..., ``"no"``: default); the workers get
             it as ``ACCELERATE_DYNAMO_BACKEND``. The config file's ``dynamo_config`` sets the
             mode, ``fullgraph``, ``dynamic`` and regional compilation.
+        hang_after: seconds a rank may show no progress (no output, event or collective)
+            before the live view marks it ``no progress`` and every running rank's stack is
+            printed once, grouped (default 60; None: never). The job runs on: ``timeout``
+            stops it.
 
     Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
     then the config file, then the defaults (``mixed_precision="no"``,
@@ -128,7 +134,8 @@ def notebook_launcher(
             return _launch(function, args, num_processes, mixed_precision, use_port,
                            master_addr, node_rank, num_nodes, rdzv_backend, rdzv_endpoint,
                            max_restarts, kwargs, start_method, timeout, return_all, output,
-                           device, config_file, monitor_interval, fsdp, cluster, dynamo_backend)
+                           device, config_file, monitor_interval, fsdp, cluster, dynamo_backend,
+                           hang_after)
         except (TypeError, ValueError) as error:  # bad input: IPython shows no frame of ours
             hide_our_frames(error)
             raise
@@ -137,7 +144,7 @@ def notebook_launcher(
 def _launch(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
             num_nodes, rdzv_backend, rdzv_endpoint, max_restarts, kwargs, start_method, timeout,
             return_all, output, device, config_file, monitor_interval, fsdp, cluster,
-            dynamo_backend) -> Any:
+            dynamo_backend, hang_after) -> Any:
     if not callable(function):
         raise TypeError(f"function={function!r} is not callable; pass the function to run")
     if not isinstance(args, (tuple, list)):
@@ -158,7 +165,7 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
          "num_nodes": num_nodes, "start_method": start_method, "device": device,
          "cluster": cluster, "dynamo_backend": dynamo_backend},
         config_file=config_file, fsdp=fsdp, notes=notes, timeout=timeout, output=output,
-        return_all=return_all, max_restarts=max_restarts)
+        return_all=return_all, max_restarts=max_restarts, hang_after=hang_after)
     local = plan.cluster is None
     inherit = local and plan.start.method == "fork" and plan.device_type != "xla"  # queues, locks
     with SharedTensors() as shared:  # big tensors: one shared copy, not one per worker (locally)

@@ -163,14 +163,29 @@ class OutputRelay:
 
     def hold(self, rank: int) -> None:
         """Keep ``rank``'s further lines for :meth:`tail` only (not shown, not its last line):
-        a stack dump the error report will show once, cleaned up."""
+        a stack dump shown once, cleaned up (in a timeout's error, or grouped while the job
+        runs on: then :meth:`release` shows the lines around it)."""
         self._held.add(rank)
+
+    def release(self, rank: int, since: dict[str, int], drop: Callable[[str], bool]) -> None:
+        """Show ``rank``'s lines again: those it wrote while held (numbered ``since[name]`` or
+        later in each stream) are shown now, except the ones ``drop`` picks (a stack dump)."""
+        self._held.discard(rank)
+        for name in ("stdout", "stderr"):
+            held = [text for index, text in self._stream(rank, name).tail
+                    if index >= since.get(name, 0)]
+            for text in held:
+                if not drop(text):
+                    self._relay(rank, name, text)
 
     def _emit(self, rank: int, name: str, text: str) -> None:
         self._stream(rank, name).add_line(text)
         self.logs.add(rank, name, text)
-        if rank in self._held:
-            return
+        if rank not in self._held:
+            self._relay(rank, name, text)
+
+    def _relay(self, rank: int, name: str, text: str) -> None:
+        """A line of ``rank``'s, kept already: its last line, and in the cell (within budget)."""
         if text.strip():
             self._last[rank] = text
             self._touched.add(rank)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from notebook_accel.contract import DYNAMO_BACKEND_ENV, OPTIONS
 from notebook_accel.launch.hang_watch import HANG_AFTER
@@ -158,6 +158,7 @@ def make_plan(
     worker_env: dict[str, str] | None = None,
     cluster: str | None = None,
     dynamo_backend: str | None = None,
+    hang_after: float | None = HANG_AFTER,
     starting: Callable[[int, StartChoice], None] | None = None,
     sources: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
@@ -190,10 +191,13 @@ def make_plan(
     max_restarts = OPTIONS["max_restarts"].check(max_restarts)
     if timeout is not None:
         timeout = OPTIONS["timeout"].check(timeout)
+    if hang_after is not None:
+        hang_after = OPTIONS["hang_after"].check(hang_after)
     if cluster is not None:
-        return _cluster_plan(OPTIONS["cluster"].check(cluster), num_processes, num_nodes, node_rank,
+        plan = _cluster_plan(OPTIONS["cluster"].check(cluster), num_processes, num_nodes, node_rank,
                              device, mixed_precision, start_method, timeout, output, return_all,
                              max_restarts, worker_env)
+        return replace(plan, hang_after=hang_after)
     if num_nodes > 1:
         if master_addr in _LOOPBACK:
             raise ValueError(
@@ -227,7 +231,7 @@ def make_plan(
         num_processes=count, num_nodes=num_nodes, node_rank=node_rank, device_type=device_type,
         mixed_precision=mixed_precision, start=start, master_addr=master_addr, port=port,
         timeout=timeout, output=output, return_all=bool(return_all), max_restarts=max_restarts,
-        xla=xla, worker_env=dict(worker_env or {}),
+        xla=xla, worker_env=dict(worker_env or {}), hang_after=hang_after,
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.hang_watch import HANG_AFTER
 from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
@@ -45,7 +46,7 @@ from notebook_accel.wire import RunDone
 
 # the options table's arguments a pool takes, plus notebook_launcher's keywords outside the table
 POOL_OPTIONS = (*(o.name for o in OPTIONS.values() if o.argument and o.not_for_pool is None),
-                "return_all", "stop_wait", "hang_after")
+                "return_all", "stop_wait")
 _NOT_FOR_A_POOL = {
     **{o.name: o.not_for_pool for o in OPTIONS.values() if o.not_for_pool},
     "rdzv_backend": "a pool uses its own static rendezvous",
@@ -107,13 +108,10 @@ class WorkerPool:
     Takes the options of :func:`~notebook_accel.notebook_launcher` (``num_processes``,
     ``mixed_precision``, ``use_port``, ``master_addr``, ``start_method``, ``timeout``,
     ``return_all``, ``output``, ``device``, ``config_file``, ``fsdp``, ``num_nodes``,
-    ``cluster``, ``dynamo_backend``), resolved and checked
-    the same way, and ``stop_wait``: the seconds every rank has, after the stop button, to
-    reach the point where they all stop together (default 5; then they are stopped at once,
-    as a rank stuck in compute or diverging ranks would never get there), and ``hang_after``:
-    the seconds a rank may show no progress (no output, event or collective) before the
-    cell marks it and shows every rank's stack once (default 60; None: never). The workers start
-    at once. Closed by :meth:`close`, at the end of a
+    ``cluster``, ``dynamo_backend``, ``hang_after``), resolved and checked the same way, and
+    ``stop_wait``: the seconds every rank has, after the stop button, to reach the point where
+    they all stop together (default 5; then they are stopped at once, as a rank stuck in
+    compute or diverging ranks would never get there). The workers start at once. Closed by :meth:`close`, at the end of a
     ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
     when the kernel dies.
 
@@ -136,7 +134,7 @@ class WorkerPool:
                 raise
             self._current = _Current()
             self._finalizer = weakref.finalize(self, self._current.close)
-            self._report = RunDone(None, False)  # rank 0's report of the latest run
+            self._reports: tuple[RunDone, ...] = ()  # each rank's latest report
             self._failed_rank: int | None = None  # the root cause of the latest failed run
             self._start()
 
@@ -160,7 +158,8 @@ class WorkerPool:
                            config_file=options.get("config_file"), fsdp=options.get("fsdp"),
                            notes=notes, timeout=options.get("timeout"),
                            output=options.get("output", "all"),
-                           return_all=options.get("return_all", False), max_restarts=0)
+                           return_all=options.get("return_all", False), max_restarts=0,
+                           hang_after=options.get("hang_after", HANG_AFTER))
         if plan.num_nodes != 1 and plan.cluster is None:
             raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool spans "
                              "several nodes only on a Ray cluster; give cluster=, or num_nodes=1")
@@ -168,17 +167,11 @@ class WorkerPool:
             raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
                              "notebook_launcher (or %%accelerate --fresh) on a TPU")
         print_notes(plan, notes)
-        hang_after = options.get("hang_after", plan.hang_after)
-        if hang_after is not None and (isinstance(hang_after, bool) or not isinstance(
-                hang_after, (int, float)) or hang_after <= 0):
-            raise ValueError(f"hang_after={hang_after!r}: give the seconds (a number > 0) a rank "
-                             "may make no progress before it is marked, e.g. hang_after=60, or "
-                             "None (never)")
-        return dataclasses.replace(plan, stop_wait=float(stop_wait), hang_after=hang_after)
+        return dataclasses.replace(plan, stop_wait=float(stop_wait))
 
     def _start(self) -> None:
         self._current.workers = workers = pool_workers(self.plan)
-        self._report = RunDone(None, False)
+        self._reports = ()
         try:  # the process group is ready before the first run
             launch_once(PoolBackend(workers), self.plan,
                         serialise_payload(join_process_group, (), {}))
@@ -195,20 +188,41 @@ class WorkerPool:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The names living on the workers (rank 0's, after the latest run); none while a
-        worker is gone (its state is lost: :meth:`revive` replaces the workers)."""
-        return () if self._gone() else self._report.names
+        """The names living on every rank (a name that a run on some ranks assigned, or that
+        only some ranks assigned, is not one: :meth:`names_on`); none while a worker is gone
+        (its state is lost: :meth:`revive` replaces the workers)."""
+        return self.names_on()
+
+    def names_on(self, ranks: int | str | Iterable[int] | None = None) -> tuple[str, ...]:
+        """The names living on every one of ``ranks`` (``1``, ``"0,2-3"``, ``[0, 2]``; default:
+        every rank), in the order the first of them reports them."""
+        return self._on_all(ranks, "names")
 
     @property
     def copies(self) -> tuple[str, ...]:
-        """Those of :attr:`names` that still hold the copy the notebook sent."""
-        return () if self._gone() else self._report.copies
+        """Those of :attr:`names` that still hold the copy the notebook sent, on every rank."""
+        return self.copies_on()
+
+    def copies_on(self, ranks: int | str | Iterable[int] | None = None) -> tuple[str, ...]:
+        """Those of :meth:`names_on` ``ranks`` that still hold the notebook's copy on each."""
+        return self._on_all(ranks, "copies")
+
+    def _on_all(self, ranks: int | str | Iterable[int] | None, field: str) -> tuple[str, ...]:
+        """The names in ``field`` (``names``, ``copies``) of the chosen ranks' reports, all."""
+        if self._gone() or not self._reports:
+            return ()
+        chosen = range(len(self._reports)) if ranks is None else parse_ranks(
+            ranks, self.plan.world_size)
+        first, *rest = (getattr(self._reports[rank], field) for rank in chosen)
+        others = [set(names) for names in rest]
+        return tuple(name for name in first if all(name in names for names in others))
 
     @property
     def lost(self) -> tuple[str, ...]:
-        """What replacing the workers now would lose: :attr:`names` that hold state (not
-        modules, nor functions and classes imported from one), even when a worker is gone."""
-        return _lost(self._report)
+        """What replacing the workers now would lose: the names on any rank that hold state
+        (not modules, nor functions and classes imported from one), even when a worker is
+        gone."""
+        return _lost(self._reports)
 
     def revive(self) -> None:
         """Replace the workers if any is gone (idle or mid-run: one rule), saying what was
@@ -377,11 +391,12 @@ class WorkerPool:
     def _after_run(self, workers: PoolWorkers, ended: str) -> None:
         """Keep the workers when every rank is idle with a group it can trust; else replace them."""
         reason = _distrust(workers, ended)
-        rank0 = workers.handles[0].last_report
+        reports = tuple(h.last_report for h in workers.handles)
         if reason is None:
-            self._report = rank0
+            self._reports = reports  # (ranks a run on some ranks left idle: their last ones)
             return
-        self._replace(reason, self.lost if rank0 is None else _lost(rank0))
+        known = tuple(r for r in reports if r is not None)
+        self._replace(reason, _lost(known) if known else self.lost)
 
     def _replace(self, reason: str, lost: tuple[str, ...]) -> None:
         self._failed_rank = None  # its frames are gone with the workers
@@ -392,9 +407,13 @@ class WorkerPool:
               f"lost{': ' + _listed(lost) if lost else ''}", file=sys.stderr, flush=True)
 
 
-def _lost(report: RunDone) -> tuple[str, ...]:
-    imported = set(report.imported)
-    return tuple(name for name in report.names if name not in imported)
+def _lost(reports: tuple[RunDone, ...]) -> tuple[str, ...]:
+    """The names holding state on any rank (modules and imported code do not), once each."""
+    lost: dict[str, None] = {}
+    for report in reports:
+        imported = set(report.imported)
+        lost.update((name, None) for name in report.names if name not in imported)
+    return tuple(lost)
 
 
 def _distrust(workers: PoolWorkers, ended: str) -> str | None:

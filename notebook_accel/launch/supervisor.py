@@ -35,12 +35,14 @@ from notebook_accel.launch.interrupts import (
 from notebook_accel.launch.output import FLUSH_EVERY, OutputRelay
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.stack_dumps import StackDumps
 from notebook_accel.launch.stack_groups import headline, stacks_text, users_part
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
 from notebook_accel.launch.views.text import format_duration
+from notebook_accel.launch.worker_stacks import stack_ask
 from notebook_accel.wire import (
     DebugEnd,
     Display,
@@ -50,7 +52,6 @@ from notebook_accel.wire import (
     Result,
     RunDone,
     Stack,
-    StackAsk,
     StopCount,
 )
 
@@ -75,7 +76,8 @@ class Worker:
     stopped: bool = False  # we stopped it (after another rank failed, a timeout, an interrupt)
     run_done: bool = False  # a persistent worker reported the end of its run
     stop_count: StopCount | None = None  # its answer when the stop button asked where it is
-    stack: Stack | None = None  # its latest answer to a StackAsk
+    stack: Stack | None = None  # its latest answer to a StackAsk of this run
+    first_ask: int | None = None  # the number of this run's first StackAsk to it
     control: FrameReader = field(init=False)
     events: FrameReader = field(init=False)
 
@@ -86,6 +88,21 @@ class Worker:
     @property
     def rank(self) -> int:
         return self.handle.rank
+
+    def ask_stack(self) -> bool:
+        """Ask for its stack (a pool's worker answers; False: it cannot)."""
+        ask = stack_ask()
+        if self.first_ask is None:
+            self.first_ask = ask.ask
+        return self.handle.command(ask)
+
+    def answered(self, stack: Stack) -> bool:
+        """Whether ``stack`` answers a request of this run (not one an earlier run left
+        unread in the channel); if so, it is the latest known."""
+        if self.first_ask is None or stack.ask < self.first_ask:
+            return False
+        self.stack = stack
+        return True
 
     @property
     def finished(self) -> bool:
@@ -178,7 +195,8 @@ class Supervisor:
         # often far shorter than a second: its first samples wait that long)
         first = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         self._samples: deque[tuple[float, int]] = deque((first, w.rank) for w in workers)
-        self.hangs = HangWatch(list(self.by_rank), hang_after, record, self._report)
+        self.dumps = StackDumps(relay)  # the stacks of ranks that cannot answer a StackAsk
+        self.hangs = HangWatch(list(self.by_rank), hang_after, record, self._report, self.dumps)
         self.first_failure: float | None = None
         self.timed_out_at: float | None = None  # time.time() when the timeout hit
 
@@ -243,8 +261,8 @@ class Supervisor:
             elif type(message) is DebugEnd:
                 self.prompts.end(worker.rank)
             elif type(message) is Stack:  # not progress: an answer
-                worker.stack = message
-                self._check_collective(worker, message)
+                if worker.answered(message):
+                    self._check_collective(worker, message)
                 continue
             self.hangs.moved(worker.rank)
         if not still_open:
@@ -495,7 +513,7 @@ class Supervisor:
         self._looked = time.monotonic()
         for w in self.workers:
             if not w.finished:
-                w.handle.command(StackAsk())
+                w.ask_stack()
 
     def _check_collective(self, worker: Worker, stack: Stack) -> None:
         """A rank of a run on some ranks entered a collective of the whole group, which the
@@ -518,6 +536,8 @@ class Supervisor:
         self._failed()
 
     def _finish(self) -> None:
+        if self.dumps.taking:  # the job ended while the ranks' stacks were being dumped
+            self.dumps.take()
         for w in self.workers:
             if not w.exited and w.exitcode is not None:
                 self._on_exit(w)

@@ -23,6 +23,8 @@ OURS = (_PACKAGE + os.sep, os.path.join(os.path.dirname(_PACKAGE), "magics") + o
 _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker", "main.py")  # the entry point
 _TRACEBACK_FILE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<sep>,? in )')
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$')
+_DUMP_LINE = re.compile(r'^(?:(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*|Stack \(most recent call '
+                        r'first\):|\s+File ".*", line \d+ in .*|\s*<no Python frame>|\s*\.\.\.|\s*)$')
 
 
 def _shell() -> Any:
@@ -43,6 +45,23 @@ def with_cell_labels(text: str) -> str:
     return _TRACEBACK_FILE.sub(label, text)
 
 
+def is_dump_line(text: str) -> bool:
+    """Whether ``text`` is a line of a faulthandler dump (a thread's header, a frame, a gap)."""
+    return bool(_DUMP_LINE.match(text))
+
+
+def dump_frames(dump: str) -> tuple[tuple[str, int, str], ...]:
+    """The dumped ("Current thread": the main) thread's frames of a faulthandler dump,
+    ``(file, line, function)``, innermost last; empty when there is no such thread."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
+    current = [block for block in blocks if block.startswith("Current thread")]
+    if not current:
+        return ()
+    frames = [(match["file"], int(match["line"]), match["name"])
+              for line in current[-1].splitlines()[1:] if (match := _DUMP_FRAME.match(line))]
+    return tuple(reversed(frames))
+
+
 def main_thread_stack(dump: str) -> str:
     """The user's part of a faulthandler dump, as a traceback (most recent call last).
 
@@ -50,22 +69,20 @@ def main_thread_stack(dump: str) -> str:
     above the worker's entry point; other threads are counted, not listed.
     """
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
-    current = [block for block in blocks if block.startswith("Current thread")]
     others = len([block for block in blocks  # the worker's own watch threads do not count
                   if block.startswith("Thread ") and _WORKER_FILE not in block])
-    if not current:
+    if not any(block.startswith("Current thread") for block in blocks):
         return dump.strip()
-    frames = [match for line in current[-1].splitlines()[1:]
-              if (match := _DUMP_FRAME.match(line))]
-    user = []
-    for match in frames:  # most recent first: stop at the worker's entry point
-        if match["file"] == _WORKER_FILE:
+    frames = dump_frames(dump)
+    user: list[tuple[str, int, str]] = []
+    for frame in reversed(frames):  # most recent first: stop at the worker's entry point
+        if frame[0] == _WORKER_FILE:
             break
-        user.append(match)
+        user.append(frame)
     lines = ["Traceback (most recent call last):"]
-    for match in reversed(user or frames):
-        lines.append(f'  File "{match["file"]}", line {match["line"]}, in {match["name"]}')
-        source = linecache.getline(match["file"], int(match["line"])).strip()
+    for filename, line, name in (reversed(user) if user else frames):
+        lines.append(f'  File "{filename}", line {line}, in {name}')
+        source = linecache.getline(filename, line).strip()
         if source:
             lines.append(f"    {source}")
     if others:

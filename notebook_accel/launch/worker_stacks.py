@@ -6,6 +6,7 @@ runs nobody does, so this reads the answers itself.
 
 from __future__ import annotations
 
+import itertools
 import selectors
 import time
 from collections.abc import Sequence
@@ -14,6 +15,13 @@ from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.wire import FrameReader, Stack, StackAsk
 
 Frames = tuple[tuple[str, int, str], ...]
+_asks = itertools.count(1)
+
+
+def stack_ask() -> StackAsk:
+    """A request for a worker's stack, numbered: a later request has a larger number, so an
+    answer to an earlier one (read late, by a later run) is known for what it is."""
+    return StackAsk(next(_asks))
 
 
 def ask_stacks(handles: Sequence[WorkerHandle],
@@ -21,8 +29,9 @@ def ask_stacks(handles: Sequence[WorkerHandle],
     """Every idle worker's main-thread stack; returns (rank -> frames, ranks that did not
     answer within ``timeout`` seconds)."""
     stacks: dict[int, Frames] = {}
+    ask = stack_ask()
     waiting = {h.control_fd: (h, FrameReader(h.control_fd)) for h in handles
-               if h.exitcode is None and h.command(StackAsk())}
+               if h.exitcode is None and h.command(ask)}
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as selector:
         for fd in waiting:
@@ -32,7 +41,7 @@ def ask_stacks(handles: Sequence[WorkerHandle],
                 handle, reader = waiting[key.fd]
                 messages, still_open = reader.read()
                 for message in messages:
-                    if type(message) is Stack:
+                    if type(message) is Stack and message.ask == ask.ask:
                         stacks[handle.rank] = message.frames
                 if handle.rank in stacks or not still_open:
                     selector.unregister(key.fd)

@@ -117,6 +117,12 @@ def test_a_cell_on_rank_one_only(k):
     result = k.ok("%%accelerate --ranks 1\nprint('here', dist.get_rank())\ndist.get_rank() * 10")
     assert "[rank 1] here 1" in result.stdout and "[rank 0]" not in result.stdout
     assert "10" in str(result.outputs)
+    k.ok("%%accelerate --ranks 1\nonly_on_one = 7")  # lives on rank 1 only
+    again = k.ok("%%accelerate --ranks 1\nonly_on_one + 1")
+    assert "8" in str(again.outputs)
+    everywhere = k.run("%%accelerate\nonly_on_one")  # rank 0 has no such name: said before it runs
+    assert everywhere.error is not None and "only_on_one" in everywhere.error["evalue"], everywhere
+    assert "[rank 1]" not in everywhere.stdout
     started = time.monotonic()
     lone = k.run("%%accelerate --ranks 1\ndist.all_reduce(torch.ones(1))")
     assert time.monotonic() - started < 10

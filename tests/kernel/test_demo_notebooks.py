@@ -10,7 +10,10 @@ import pytest
 
 from tests.cluster_harness import private_network
 
-HAVE_OWN_TEST = {"02_cell_magic.ipynb"}  # tests/kernel/test_magic_demo.py runs it
+HAVE_OWN_TEST = {
+    "02_cell_magic.ipynb",  # tests/kernel/test_magic_demo.py runs it
+    "07_debugging.ipynb",  # tests/kernel/test_debugging_demo.py: its pdb prompts need answers
+}
 # The demos ask for every device and the best precision; these run them on 2 CPU workers through the
 # environment tier (a user's NOTEBOOK_ACCEL_NUM_PROCESSES), as on any machine with 2 cores. 03
 # saves a config file and launches from it, so it runs as it is (its count: every CPU core).

@@ -78,7 +78,7 @@ def test_magic_flags_match_the_table():
     assert table <= flags
     launch_like = {"--num-processes", "--mixed-precision", "--start-method", "--device", "--port",
                    "--timeout", "--config", "--fsdp", "--output", "--nodes", "--cluster",
-                   "--dynamo-backend"}
+                   "--dynamo-backend", "--hang-after"}
     assert launch_like == table
     for option in OPTIONS.values():
         if option.magic_flag and option.choices:

@@ -87,6 +87,26 @@ def test_a_name_living_on_the_workers_wins_over_the_notebooks_copy(pool):
     assert pool.run(shadowing["read_data"]).tolist() == [0, 1, 2]
 
 
+def test_names_are_those_living_on_every_rank_after_a_run_on_some_ranks(pool):
+    """A run on rank 1 only assigns a name there: ``pool.names`` (what a cell on every rank
+    can read) does not list it, ``names_on(1)`` does, and what a replacement loses does."""
+    cells = notebook("""
+        def only_here():
+            global only_on_one
+            only_on_one = 1
+
+        def everywhere():
+            global on_both
+            on_both = 2
+    """)
+    pool.run(cells["everywhere"])
+    pool.run_on(1, cells["only_here"])
+    assert "on_both" in pool.names and "only_on_one" not in pool.names
+    assert "only_on_one" in pool.names_on(1) and "only_on_one" not in pool.names_on([0])
+    assert "on_both" in pool.names_on(1)
+    assert "only_on_one" in pool.lost and "on_both" in pool.lost
+
+
 def test_return_all_and_status(pool):
     pids = [info.pid for info in pool.status()]
     assert len(pids) == 2 and all(info.alive and info.rss for info in pool.status())

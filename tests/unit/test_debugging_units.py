@@ -70,3 +70,87 @@ def test_one_rank_has_the_prompt_until_its_session_ends(monkeypatch):
     assert shown == ["(Pdb rank 1) ", "(Pdb rank 1) ", "(Pdb rank 2) "]
     assert one.handle.sent == [InputLine("p x"), InputLine("c")]
     assert two.handle.sent == [InputLine("q")]
+
+
+def test_a_stack_answer_left_unread_by_an_earlier_run_is_not_taken_for_this_runs():
+    """A rank answers a StackAsk after its run ended; the answer waits in the channel and
+    the next run's supervisor reads it first: it must not pass for where the rank is now."""
+    import os
+    from types import SimpleNamespace
+
+    from notebook_accel.launch.supervisor import Worker
+    from notebook_accel.launch.worker_stacks import stack_ask
+    from notebook_accel.wire import Stack
+
+    stale = stack_ask()  # asked during an earlier run
+    read, write = os.pipe()
+    sent = []
+    handle = SimpleNamespace(rank=1, control_fd=read, events_fd=read,
+                             command=lambda ask: sent.append(ask) or True)
+    try:
+        worker = Worker(handle)
+        idle = Stack((), 0, stale.ask)
+        assert not worker.answered(idle) and worker.stack is None  # no request of this run yet
+        assert worker.ask_stack()
+        assert not worker.answered(idle) and worker.stack is None  # still the earlier run's
+        now = Stack((("cell.py", 3, "train"),), 5, sent[0].ask)
+        assert worker.answered(now) and worker.stack is now
+        assert sent[0].ask > stale.ask
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_hang_after_is_one_launch_option_of_the_table():
+    """notebook_launcher, WorkerPool and %%accelerate take it, checked once, by the table."""
+    from magics.accelerate_magic import AccelerateMagics
+    from magics.cell.arguments import launch_options
+    from notebook_accel.launch.hang_watch import HANG_AFTER
+    from notebook_accel.launch.plan import make_plan
+    from notebook_accel.launch.pool import POOL_OPTIONS
+
+    parser = AccelerateMagics.accelerate.parser
+    assert launch_options(parser.parse_args(["--hang-after", "2.5"]))["hang_after"] == 2.5
+    assert "hang_after" not in launch_options(parser.parse_args([]))  # unset: the default, not None
+    assert "hang_after" in POOL_OPTIONS and HANG_AFTER == 60.0
+    common = dict(num_processes=2, mixed_precision="no", use_port=None, master_addr="127.0.0.1",
+                  node_rank=0, num_nodes=1, start_method="fork", timeout=None, output="all",
+                  return_all=False, max_restarts=0, device="cpu")
+    assert make_plan(**common).hang_after == HANG_AFTER
+    assert make_plan(**common, hang_after=3).hang_after == 3.0
+    assert make_plan(**common, hang_after=None).hang_after is None
+    with pytest.raises(ValueError, match=r"hang_after=0 must be a positive number of seconds"):
+        make_plan(**common, hang_after=0)
+
+
+def test_a_stack_dump_is_kept_out_of_the_cell_and_the_lines_around_it_are_shown():
+    """A one-off launch's rank dumps its stacks to its stderr while it runs on: held, the
+    dump parsed for its main thread, the rank's other lines shown after all."""
+    import io
+
+    from notebook_accel.launch.output import OutputRelay
+    from notebook_accel.launch.tracebacks import dump_frames, is_dump_line
+
+    out, err = io.StringIO(), io.StringIO()
+    relay = OutputRelay(stdout=out, stderr=err)
+    relay.watch({0: "rank 0"})
+    relay.feed(0, "stderr", b"before\n")
+    marks = {"stdout": relay.line_count(0, "stdout"), "stderr": relay.line_count(0, "stderr")}
+    relay.hold(0)
+    relay.feed(0, "stdout", b"meanwhile\n")
+    relay.feed(0, "stderr", (
+        b'Thread 0x00007f00 (most recent call first):\n'
+        b'  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+        b'Current thread 0x00007f01 (most recent call first):\n'
+        b'  File "/x/distributed_c10d.py", line 3252 in all_reduce\n'
+        b'  File "/tmp/ipykernel_1/2.py", line 7 in train\n'))
+    relay.flush()
+    assert "meanwhile" not in out.getvalue() and "Thread" not in err.getvalue()
+    dump = relay.tail(0, since=marks["stderr"])
+    assert dump_frames(dump) == (("/tmp/ipykernel_1/2.py", 7, "train"),
+                                 ("/x/distributed_c10d.py", 3252, "all_reduce"))
+    relay.release(0, marks, drop=is_dump_line)
+    relay.feed(0, "stderr", b"after\n")
+    relay.flush()
+    assert out.getvalue() == "[rank 0] meanwhile\n"
+    assert err.getvalue() == "[rank 0] before\n[rank 0] after\n"

@@ -1,0 +1,60 @@
+"""Where each rank of a one-off launch is: faulthandler's dump, read back from its stderr.
+
+A one-off launch's workers have no commands channel to answer a ``StackAsk``; each has
+faulthandler registered on ``SIGUSR1`` (``worker/main.py``), which writes every thread's
+stack to its stderr even while its main thread waits inside C++ code (a collective). The
+same mechanism gives a timeout's error its stacks; here the job runs on, so the ranks'
+lines are held while their dumps arrive, then shown again without the dumps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from notebook_accel.launch.output import OutputRelay
+from notebook_accel.launch.tracebacks import dump_frames, is_dump_line
+
+Frames = tuple[tuple[str, int, str], ...]
+DUMP_WAIT = 0.5  # seconds the dumps have to arrive (written at once, by a signal handler)
+
+
+class StackDumps:
+    """One round of stack dumps at a time, for one launch's supervisor."""
+
+    def __init__(self, relay: OutputRelay) -> None:
+        self.relay = relay
+        self._marks: dict[int, dict[str, int]] = {}  # rank -> its lines before the dump
+        self._since: float | None = None
+
+    @property
+    def taking(self) -> bool:
+        """A round of dumps was asked for and is not taken yet."""
+        return self._since is not None
+
+    def ranks(self) -> tuple[int, ...]:
+        """The ranks of the round under way."""
+        return tuple(self._marks)
+
+    def ask(self, workers: Sequence[Any]) -> None:
+        """Have each of ``workers`` (the supervisor's) dump its stacks to its stderr."""
+        for w in workers:
+            self._marks[w.rank] = {name: self.relay.line_count(w.rank, name)
+                                   for name in ("stdout", "stderr")}
+            self.relay.hold(w.rank)
+            w.handle.dump_stacks()
+        self._since = time.monotonic()
+
+    def ready(self) -> bool:
+        """The dumps had their time (read meanwhile by the supervisor's loop)."""
+        return self._since is not None and time.monotonic() - self._since >= DUMP_WAIT
+
+    def take(self) -> dict[int, Frames]:
+        """Each rank's main-thread frames (empty: no dump came), and its other lines shown."""
+        stacks = {}
+        for rank, marks in self._marks.items():
+            stacks[rank] = dump_frames(self.relay.tail(rank, since=marks["stderr"], limit=1000))
+            self.relay.release(rank, marks, drop=is_dump_line)
+        self._marks, self._since = {}, None
+        return stacks
