@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import selectors
 import signal
@@ -196,7 +197,9 @@ class Supervisor:
         first = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         self._samples: deque[tuple[float, int]] = deque((first, w.rank) for w in workers)
         self.dumps = StackDumps(relay)  # the stacks of ranks that cannot answer a StackAsk
-        self.hangs = HangWatch(list(self.by_rank), hang_after, record, self._report, self.dumps)
+        # (a function of the relay, not a method: no cycle keeps the workers' pipes open after)
+        self.hangs = HangWatch(list(self.by_rank), hang_after, record,
+                               functools.partial(_report, relay), self.dumps)
         self.first_failure: float | None = None
         self.timed_out_at: float | None = None  # time.time() when the timeout hit
 
@@ -493,11 +496,6 @@ class Supervisor:
             w.handle.reap(timeout=5.0)
         take_interrupt()  # more presses meanwhile asked for what was just done
 
-    def _report(self, text: str) -> None:
-        """A note of ours in the cell, below the output gathered so far."""
-        self.relay.flush()
-        print(f"[notebook_accel] {text}", file=sys.stderr, flush=True)
-
     def _show_output(self, worker: Worker) -> None:
         """Everything ``worker`` wrote so far, in the cell now (before its debugger's prompt)."""
         self._read_output(worker, "stdout")
@@ -625,3 +623,8 @@ class Supervisor:
             timestamp=worker.exit_time or time.time(),
         )
 
+
+def _report(relay: OutputRelay, text: str) -> None:
+    """A note of ours in the cell, below the output gathered so far."""
+    relay.flush()
+    print(f"[notebook_accel] {text}", file=sys.stderr, flush=True)
