@@ -223,7 +223,7 @@ _OPTIONS = (
          "collective) for this many seconds, and show every rank's stack once (default 60; "
          "None: never)", metavar="SECONDS",
          positive=True, default=60.0,
-         magic_flag="--hang-after"),
+         magic_flag="--hang-after", cli_flag="--hang-after"),
     _Opt("output", str, "whose output to show: all ranks (default), the main process, none",
          choices=OUTPUT_CHOICES, default="all",
          magic_flag="--output", cli_flag="--output", cli_launch_only=True),
