@@ -31,8 +31,8 @@ def test_the_relay_holds_at_most_its_limit_while_the_kernel_does_not_read():
 def test_a_kernel_that_stops_beating_has_its_ranks_channels_closed():
     """A dead kernel (no beats) behind a Ray Client address: its ranks see their channels end
     after the relay's silence, as they would see a dead kernel's own connections close."""
+    started = time.monotonic()  # before _open: the relay's silence clock starts inside it
     relay, _, channels, workers = _open(silence=1.0, beats=False)
-    started = time.monotonic()
     for name in ("alive", "commands"):
         workers[0][name].settimeout(5)
         assert workers[0][name].recv(1) == b""
