@@ -1,6 +1,6 @@
 """What the hardware cannot do is said before any worker starts (issue 31, part 3), on this CPU
-machine: the probes' inputs are faked (an nvidia-smi on PATH, the driver's /proc entries, torch's
-arch list), and /dev/shm is a 64 MB tmpfs in a private mount namespace."""
+machine, in this process: what the probes find is faked (the detected hardware, torch's arch list);
+the probes themselves, with child processes, are in tests/runtime/test_hardware_truth.py."""
 
 from __future__ import annotations
 
@@ -49,61 +49,6 @@ def launch_plan(notes=None, config_file=None, **explicit):
     return plan_launch({key: explicit.get(key) for key in keys}, config_file=config_file,
                        fsdp=None, notes=[] if notes is None else notes, timeout=None,
                        output="none", return_all=False, max_restarts=0)
-
-
-# -- the probes: nvidia-smi and the driver's /proc entries ------------------------------------
-
-def fake_smi(tmp_path: Path, monkeypatch, rows: list[str], knows_compute_cap: bool = True) -> None:
-    """An ``nvidia-smi`` on PATH answering ``--query-gpu`` with ``rows`` ("name, 7.5"); an old
-    driver's refuses the ``compute_cap`` field, as the real one does (exit code 2)."""
-    names = "\n".join(row.rsplit(",", 1)[0] for row in rows)
-    full = "\n".join(rows)
-    script = tmp_path / "bin" / "nvidia-smi"
-    script.parent.mkdir(exist_ok=True)
-    refuse = ('echo \'Field "compute_cap" is not a valid field to query.\'; exit 2'
-              if not knows_compute_cap else f"printf '%s\\n' '{full}'")
-    script.write_text("#!/bin/sh\n"
-                      'case "$1" in\n'
-                      f"  --query-gpu=name) printf '%s\\n' '{names}' ;;\n"
-                      f"  --query-gpu=name,compute_cap) {refuse} ;;\n"
-                      "  *) exit 3 ;;\n"
-                      "esac\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
-
-
-def fake_proc(tmp_path: Path, monkeypatch, names: list[str]) -> None:
-    root = tmp_path / "proc_gpus"
-    for i, name in enumerate(names):
-        entry = root / f"0000:00:0{i + 4}.0"
-        entry.mkdir(parents=True)
-        (entry / "information").write_text(f"Model: \t\t {name}\nIRQ:   36\n")
-    monkeypatch.setattr(hardware, "_NVIDIA_PROC", root)
-
-
-def test_capabilities_come_from_nvidia_smi_and_follow_cuda_visible_devices(tmp_path, monkeypatch):
-    fake_proc(tmp_path, monkeypatch, ["NVIDIA A100-SXM4-40GB", "Tesla T4"])
-    fake_smi(tmp_path, monkeypatch, ["NVIDIA A100-SXM4-40GB, 8.0", "Tesla T4, 7.5"])
-    monkeypatch.setattr(torch.version, "cuda", "12.8")  # gpu_names wants a CUDA build of torch
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    hardware._detect.cache_clear()
-    try:
-        hw = hardware.detect()
-    finally:
-        hardware._detect.cache_clear()
-    assert hw.gpus() == [("Tesla T4", (7, 5))]
-    assert gpu_support.bf16_verdicts(hw) == {"Tesla T4 (compute capability 7.5)": False}
-
-
-def test_an_old_driver_without_compute_cap_leaves_the_name_to_judge(tmp_path, monkeypatch):
-    fake_smi(tmp_path, monkeypatch, ["Tesla V100-SXM2-16GB, 7.0"], knows_compute_cap=False)
-    assert hardware._gpu_names_from_smi() == ["Tesla V100-SXM2-16GB"]
-    assert hardware.gpu_capabilities(["Tesla V100-SXM2-16GB"]) == (None,)
-    hw = Hardware(cpu_count=2, gpu_names=("Tesla V100-SXM2-16GB",), gpu_capabilities=(None,))
-    assert gpu_support.bf16_verdicts(hw) == {"Tesla V100-SXM2-16GB": False}  # by its name
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi at all
-    assert hardware.gpu_capabilities(["Tesla T4"]) == (None,)
-    assert hardware.gpu_capabilities([]) == ()  # no GPU: nothing is asked
 
 
 def test_bf16_is_judged_by_the_capability_before_the_name():
