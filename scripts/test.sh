@@ -5,10 +5,16 @@
 # SageMaker's pins, a kernel on Colab's IPython 7.34 / ipywidgets 7.7.1; ~1.5 min the first time),
 # then the XLA tests in their own environment (scripts/test_xla.sh: torch_xla needs its own torch;
 # ~4.5 min and a 3.9 GB download the first time). NOTEBOOK_ACCEL_SKIP_XLA=1 skips that part.
-# Arguments go to the main pytest run.
+# Arguments go to the main pytest run, which prints the 25 slowest tests.
+# --fast (first argument): the inner loop: ruff, lint-imports and tests/unit only (one process,
+# no subprocess, kernel or training: under a minute), then stop; other arguments go to that pytest.
 source "$(dirname "$0")/_venv.sh"
 .venv/bin/ruff check .
 .venv/bin/lint-imports
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    exec .venv/bin/python -m pytest -q tests/unit "$@"
+fi
 # The config panel's browser test needs Chromium (it skips, saying why, without it); the cluster
 # tests run their raylets in a private network namespace, whose loopback iproute2's ip brings up
 # (without it they bind loopback addresses in the machine's namespace).
@@ -20,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0
         || echo "could not install ${missing[*]}: the browser test skips, the cluster tests use loopback addresses"
 fi
 export TEST_ARTIFACTS_DIR="${TEST_ARTIFACTS_DIR:-$PWD/test-artifacts}"
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=25 "$@"
 bash scripts/test_platforms.sh
 if [ -z "${NOTEBOOK_ACCEL_SKIP_XLA:-}" ]; then
     bash scripts/test_xla.sh

@@ -49,17 +49,32 @@ def test_notebook_launcher_takes_every_option_of_the_table():
 
 
 def test_vocabularies_are_the_tables():
-    from notebook_accel.config import schema
-    from notebook_accel.launch import environment, start_method
-    from notebook_accel.launch.output import OUTPUT_CHOICES
+    """What takes each vocabulary accepts exactly it. (launch/environment.py, launch/start_method.py
+    and config/schema.py import contract's tuples: comparing those names would compare an object
+    with itself, so their users are asked instead.)"""
+    import multiprocessing
 
-    # a launch also takes "auto", resolved in the kernel: the workers get the rest
-    assert OPTIONS["mixed_precision"].choices == (*environment.MIXED_PRECISION_CHOICES, "auto")
-    assert OPTIONS["mixed_precision"].choices == contract.LAUNCH_MIXED_PRECISIONS
-    assert OPTIONS["device"].choices == environment.DEVICE_TYPE_CHOICES
-    assert OPTIONS["start_method"].choices == start_method.START_METHODS
+    from notebook_accel.config import schema
+    from notebook_accel.launch.output import OUTPUT_CHOICES
+    from notebook_accel.machine.devices import best_precision
+    from notebook_accel.runtime.precision import resolve_mixed_precision
+
+    # a launch also takes "auto", resolved in the kernel: the workers take the rest, and only those
+    workers = [c for c in OPTIONS["mixed_precision"].choices if c != "auto"]
+    assert [resolve_mixed_precision(c) for c in workers] == workers
+    for refused in ("auto", "fp8"):
+        with pytest.raises(ValueError, match=f"mixed_precision='{refused}' is not valid"):
+            resolve_mixed_precision(refused)
+    machines = (Hardware(cpu_count=2), Hardware(cpu_count=2, cpu_bf16=True),
+                Hardware(cpu_count=2, gpu_names=("H100",), gpu_capabilities=((9, 0),)),
+                Hardware(cpu_count=2, gpu_names=("Tesla T4",), gpu_capabilities=((7, 5),)))
+    assert {best_precision(d, hw) for d in OPTIONS["device"].choices for hw in machines} == set(workers)
+    # every start method but "auto" is one multiprocessing has here (Linux)
+    assert set(OPTIONS["start_method"].choices) - {"auto"} == set(multiprocessing.get_all_start_methods())
     assert OPTIONS["output"].choices == OUTPUT_CHOICES  # launch/output.py keeps its own copy
-    assert set(OPTIONS["mixed_precision"].choices) <= set(schema.MIXED_PRECISIONS)
+    assert schema.LaunchConfig(mixed_precision="fp8").mixed_precision == "fp8"  # a file may hold fp8
+    for device in OPTIONS["device"].choices:  # the file can say every device, in the peer's keys
+        assert schema.LaunchConfig(num_processes=2).with_device(device).device_type == device
     assert ENV_OPTIONS == {"num_processes": "NOTEBOOK_ACCEL_NUM_PROCESSES",
                            "mixed_precision": "NOTEBOOK_ACCEL_MIXED_PRECISION",
                            "start_method": "NOTEBOOK_ACCEL_START_METHOD",

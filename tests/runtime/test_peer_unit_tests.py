@@ -17,6 +17,9 @@ from tests.peer_shim import run_peer_tests
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # passes per file on CPU (torch 2.13, every extra installed: transformers, datasets, wandb, mlflow)
+# Three floors stay 0 (measured: 0 passed, 0 failed): test_hooks.py (15) and test_offload.py (4) are
+# departures as a whole (DEPARTURES in run_peer_tests.py); test_metrics.py's one class skips its 4
+# tests under numpy >= 2 (the peer's own skipIf; numpy 2 is installed).
 PASS_FLOORS = {
     "test_accelerator.py": 22, "test_big_modeling.py": 3, "test_compile.py": 2, "test_cpu.py": 1,
     "test_data_loader.py": 23, "test_grad_sync.py": 2, "test_hooks.py": 0, "test_kwargs_handlers.py": 2,

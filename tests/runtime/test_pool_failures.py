@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import textwrap
 import threading
 import time
 
@@ -15,7 +16,7 @@ from tests.runtime.test_pool import notebook
 
 pytestmark = pytest.mark.slow
 
-CELLS = notebook("""
+SOURCE = """
     import os, time
 
     def keep(value):
@@ -69,7 +70,14 @@ CELLS = notebook("""
 
     def pid():
         return os.getpid()
-""")
+"""
+CELLS = notebook(SOURCE)
+
+
+def _line_of(text: str) -> int:
+    """The line number of ``text`` in the cells' source, as a traceback names it."""
+    [number] = [n for n, line in enumerate(textwrap.dedent(SOURCE).splitlines(), 1) if text in line]
+    return number
 
 
 @pytest.fixture
@@ -90,7 +98,7 @@ def test_a_run_raising_on_some_ranks_names_the_root_cause_and_keeps_the_pool(poo
     pids = pool.run(CELLS["pid"])
     with pytest.raises(WorkerError, match="rank 1 failed: ValueError: rank 1 gave up") as info:
         pool.run(CELLS["raise_on"], 1)
-    assert info.value.rank == 1 and 'line 21, in raise_on' in info.value.remote_traceback
+    assert info.value.rank == 1 and f'line {_line_of("{rank_to_fail} gave up")}, in raise_on' in info.value.remote_traceback
     assert pool.run(CELLS["pid"]) == pids
     assert pool.run(CELLS["read_kept"]) == ["precious", "precious"]
     assert pool.run(CELLS["reduce_rank"]) == [3.0, 3.0]

@@ -229,15 +229,6 @@ def test_panel_test_button_without_the_sanity_module(cfg_path, monkeypatch):
     assert panel.test() is None and "notebook_accel.cli.sanity is missing" in panel.status.value
 
 
-@pytest.mark.slow
-def test_panel_test_button_runs_real_workers(cfg_path):
-    panel = config_panel(hardware=CPU2)
-    panel.start_method.value = "fork"
-    assert panel.test() is True, panel.test_output.outputs
-    text = "".join(o["text"] for o in panel.test_output.outputs)
-    assert "PASS" in text and "2 workers" in text
-
-
 def test_panel_loads_the_peers_file_and_saves_ours(cfg_path, tmp_path):
     peer = tmp_path / "hf" / "accelerate" / "default_config.yaml"
     peer.parent.mkdir(parents=True)

@@ -25,13 +25,6 @@ def plugin(names: list[str] | None = None) -> FullyShardedDataParallelPlugin:
                                           transformer_cls_names_to_wrap=names)
 
 
-def test_default_is_the_models_no_split_modules():
-    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2, vocab_size=32))
-    assert block_class_names(plugin(), gpt2()) == ["GPT2Block"]
-    assert block_class_names(plugin(), llama) == ["LlamaDecoderLayer"]
-
-
 def test_given_names_win_over_the_default():
     assert block_class_names(plugin(["GPT2MLP"]), gpt2()) == ["GPT2MLP"]
 

@@ -162,20 +162,6 @@ def test_plots_thin_long_histories_and_skip_non_finite_values():
     assert "<circle" in metric_svg("one", single)
 
 
-def test_redraws_stay_cheap_with_long_histories():
-    record = make_record(age=5.0, ranks=8)
-    view_plots = Plots()
-    for name in ("loss", "acc", "lr"):
-        record.history[name] = [(i, math.cos(i / 50)) for i in range(200_000)]
-    render(record, view_plots)
-    for name in record.history:
-        record.history[name].extend((i, 0.5) for i in range(200_000, 200_100))
-    start = time.perf_counter()
-    bundle = render(record, view_plots)
-    assert time.perf_counter() - start < 0.1  # re-reading everything takes ~1 s
-    assert bundle["text/html"].count("<svg") == 3 and len(bundle["text/html"]) < 60_000
-
-
 def test_a_failing_display_never_breaks_the_job(capsys):
     def broken(bundle):
         raise RuntimeError("no frontend")
