@@ -24,7 +24,7 @@ MARKER = "GPU_CHECK_RESULT "
 # (script, seconds it may take on the GPU machine); in the order of the list
 CHECKS = [("check_kernel", 150), ("check_training", 90), ("check_two_ranks", 90), ("check_sharding", 240),
           ("check_big_model", 90), ("check_failure_memory", 90), ("check_throughput", 200),
-          ("check_pool_compile", 120)]
+          ("check_pool_compile", 120), ("check_hardware_truth", 60)]
 
 
 def machine() -> dict:

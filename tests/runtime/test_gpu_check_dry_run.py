@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ITEMS = ["1a", "1b", "7a", "2a", "2b", "2c", "2d", "2e", "3a", "3b", "3c", "4a", "4b", "4c", "4d", "5", "6", "7b", "8a", "8b"]
+ITEMS = ["1a", "1b", "7a", "2a", "2b", "2c", "2d", "2e", "3a", "3b", "3c", "4a", "4b", "4c", "4d", "5", "6", "7b", "8a", "8b", "9a", "9b"]
 
 
 @pytest.mark.slow
