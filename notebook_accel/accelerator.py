@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
+from notebook_accel import _peer_paths
 from notebook_accel.checkpoint import training_state as checkpoint
 from notebook_accel.checkpoint.training_state import ProjectConfiguration
 from notebook_accel.data.prepare import (
@@ -69,6 +70,15 @@ def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, An
     if handler is None:
         return {}
     return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
+
+
+def _process_group_kwargs(handlers: list[Any] | None) -> dict[str, Any]:
+    """``AcceleratorState``'s process-group arguments from an ``InitProcessGroupKwargs`` (ours or the
+    peer's): its timeout, init method, and backend unless it is the default ``"nccl"`` (the device's own)."""
+    kwargs = _handler_kwargs(handlers, "InitProcessGroupKwargs")
+    if kwargs.get("backend") == "nccl":
+        del kwargs["backend"]
+    return {k: v for k, v in kwargs.items() if k in ("backend", "init_method", "timeout")}
 
 
 def _mark_prepared(obj: Any) -> Any:
@@ -111,7 +121,7 @@ class Accelerator:
         ddp_kwargs: extra ``DistributedDataParallel`` arguments.
         scaler_kwargs: extra ``GradScaler`` arguments.
         kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` (also its ``comm_hook``),
-            ``ProfileKwargs`` / ``GradScalerKwargs``
+            ``ProfileKwargs`` / ``GradScalerKwargs`` / ``InitProcessGroupKwargs``
             objects are understood too.
         fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
             models with FSDP2 instead of DDP; default: one from the environment when
@@ -155,7 +165,7 @@ class Accelerator:
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}, dynamo_plugin=...): give one "
                              "of them (the plugin has a backend field)")
-        self.state = AcceleratorState(mixed_precision, cpu=cpu)
+        self.state = AcceleratorState(mixed_precision, cpu=cpu, **_process_group_kwargs(kwargs_handlers))
         # how prepare compiles models (the peer keeps it on its state)
         if dynamo_backend is not None:
             dynamo_backend = parse_backend(dynamo_backend, "Accelerator(dynamo_backend=...)")
@@ -801,3 +811,7 @@ class _AcceleratorCounters:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.accelerator.step = int(state["step"])
         self.accelerator.gradient_state.load_state_dict(state["gradient_state"])
+
+
+# the peer's ``accelerate.accelerator`` also holds names other modules own (gather, PartialState...)
+_peer_paths.add_peer_names(sys.modules[__name__])

@@ -1,7 +1,8 @@
 """Where a user switching from ``accelerate.utils`` finds the helpers: a re-export module, no code of its own.
 
 Also serves the peer's ``accelerate.utils.dataclasses`` and
-``accelerate.utils.operations`` names (the same objects).
+``accelerate.utils.operations`` names (the same objects). ``merge_fsdp_weights`` is imported
+on first use (torch's distributed checkpoint is slow to import).
 """
 
 from notebook_accel.big_model import (
@@ -43,6 +44,7 @@ from notebook_accel.machine.availability import (
     is_xpu_available,
 )
 from notebook_accel.machine.versions import compare_versions, is_torch_version
+from notebook_accel.observe.progress import tqdm
 from notebook_accel.runtime.compilation import (
     compile_regions,
     has_compiled_regions,
@@ -88,18 +90,21 @@ from notebook_accel.runtime.plugins import (
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
+    InitProcessGroupKwargs,
     KwargsHandler,
 )
 from notebook_accel.runtime.precision import convert_to_fp32
-from notebook_accel.runtime.profiling import ProfileKwargs
+from notebook_accel.runtime.profiling import PROFILE_PATTERN_NAME, ProfileKwargs
 from notebook_accel.runtime.rng_sync import RNGType, synchronize_rng_state, synchronize_rng_states
 from notebook_accel.runtime.seeding import set_seed
 from notebook_accel.runtime.state import DistributedType
-from notebook_accel.strategies.deepspeed.plugin import DummyOptim, DummyScheduler
+from notebook_accel.strategies.deepspeed.plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
     "DistributedType", "DynamoBackend", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProfileKwargs",
+    "DeepSpeedPlugin", "FullyShardedDataParallelPlugin", "InitProcessGroupKwargs", "PROFILE_PATTERN_NAME", "tqdm",
     "ProjectConfiguration", "TorchDynamoPlugin",
     "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compile_regions",
     "compile_regions_deepspeed", "compile_regions_fsdp2", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",
@@ -114,3 +119,11 @@ __all__ = [
     "pad_input_tensors", "patch_environment", "purge_accelerate_environment", "recursively_apply", "reduce", "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size",
     "str_to_bool", "synchronize_rng_state", "synchronize_rng_states", "wait_for_everyone",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "merge_fsdp_weights":
+        from notebook_accel.strategies.fsdp.state_dict import merge_fsdp_weights
+
+        return merge_fsdp_weights
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,11 +22,13 @@ class AcceleratorState(PartialState):
             (see ``precision.resolve_mixed_precision``).
         cpu: force the CPU even when a GPU is present.
         timeout: collective timeout for the process group, if one is created here.
+        backend, init_method: see ``PartialState``.
     """
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False,
-                 timeout: timedelta | None = None) -> None:
-        super().__init__(cpu=cpu, timeout=timeout)
+                 timeout: timedelta | None = None, backend: str | None = None,
+                 init_method: str | None = None) -> None:
+        super().__init__(cpu=cpu, timeout=timeout, backend=backend, init_method=init_method)
         self.mixed_precision = precision.resolve_mixed_precision(mixed_precision)
         # the Accelerator's plugins (the peer's names; scripts test them, e.g. peft's FSDP examples)
         self.deepspeed_plugin: Any = None  # when it trains through DeepSpeed
