@@ -220,8 +220,9 @@ class PartialState:
         if self.backend is not None and self.device_type != "xla":
             self.backend = backend or self.backend
         if self.backend is not None:
+            meeting = {"init_method": init_method} if init_method else {}
             ensure_process_group(self.backend, self.process_index, self.num_processes, timeout, self.device,
-                                 init_method=init_method)
+                                 **meeting)
 
     def __repr__(self) -> str:
         return (
