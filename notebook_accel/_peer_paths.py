@@ -53,6 +53,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
                        "is_torch_xla_available is_xpu_available",
     },
     "notebook_accel.optimizer": {
+        "notebook_accel.runtime.ops": "honor_type",
         "notebook_accel.runtime.accelerator_state": "AcceleratorState",
         "notebook_accel.runtime.state": "DistributedType",
         _AVAILABILITY: "is_torch_xla_available",
@@ -89,7 +90,8 @@ PEER_NAMES: dict[str, dict[str, str]] = {
         "notebook_accel.observe.tracking": "GeneralTracker LOGGER_TYPE_TO_CLASS",
         "notebook_accel.runtime.compilation": "compile_regions is_compiled_module",
         "notebook_accel.runtime.dynamo": "DynamoBackend",
-        "notebook_accel.utils": "compile_regions_deepspeed compile_regions_fsdp2",
+        "notebook_accel.utils": "compile_regions_deepspeed compile_regions_fsdp2 check_os_kernel get_model_tp_size "
+                                "has_offloaded_params save",
         "notebook_accel.runtime.helpers": "convert_outputs_to_fp32 extract_model_from_parallel wait_for_everyone",
         "notebook_accel.runtime.ops": "gather gather_object pad_across_processes recursively_apply reduce",
         "notebook_accel.runtime.plugins": "AutocastKwargs DistributedDataParallelKwargs GradScalerKwargs "

@@ -623,12 +623,14 @@ class Accelerator:
         return self.strategy.model_state_dict(model, unwrap)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-        """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict).
+        """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict: tensors
+        sharing memory stored once); on each machine's with ``ProjectConfiguration(save_on_each_node=True)``.
 
         XLA tensors are copied to the CPU first, so the file loads without torch_xla.
         """
         obj = self.strategy.to_cpu(obj)
-        if self.is_main_process:
+        on_each_node = self.project_configuration.save_on_each_node
+        if self.is_local_main_process if on_each_node else self.is_main_process:
             checkpoint.save_object(obj, Path(f), safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],

@@ -12,6 +12,8 @@ from notebook_accel.big_model import (
     infer_auto_device_map,
     load_checkpoint_in_model,
 )
+from notebook_accel.big_model.hooks import has_offloaded_params
+from notebook_accel.checkpoint.saving import save
 from notebook_accel.checkpoint.training_state import ProjectConfiguration
 from notebook_accel.data.prepare import DataLoaderConfiguration
 from notebook_accel.flags import str_to_bool
@@ -43,7 +45,7 @@ from notebook_accel.machine.availability import (
     is_wandb_available,
     is_xpu_available,
 )
-from notebook_accel.machine.versions import compare_versions, is_torch_version
+from notebook_accel.machine.versions import check_os_kernel, compare_versions, is_torch_version
 from notebook_accel.observe.progress import tqdm
 from notebook_accel.runtime.compilation import (
     compile_regions,
@@ -56,11 +58,13 @@ from notebook_accel.runtime.dynamo import DynamoBackend, TorchDynamoPlugin
 from notebook_accel.runtime.helpers import (
     clear_environment,
     concatenate,
+    convert_dict_to_env_variables,
     convert_outputs_to_fp32,
     copy_tensor_to_devices,
     extract_model_from_parallel,
     find_batch_size,
     find_device,
+    get_model_tp_size,
     listify,
     pad_input_tensors,
     patch_environment,
@@ -75,10 +79,14 @@ from notebook_accel.runtime.memory import (
 )
 from notebook_accel.runtime.op_checks import DistributedOperationException
 from notebook_accel.runtime.ops import (
+    CannotPadNestedTensorWarning,
     broadcast,
     broadcast_object_list,
     gather,
     gather_object,
+    honor_type,
+    is_namedtuple,
+    is_torch_tensor,
     pad_across_processes,
     recursively_apply,
     reduce,
@@ -105,6 +113,8 @@ __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
     "DistributedType", "DynamoBackend", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProfileKwargs",
     "DeepSpeedPlugin", "FullyShardedDataParallelPlugin", "InitProcessGroupKwargs", "PROFILE_PATTERN_NAME", "tqdm",
+    "CannotPadNestedTensorWarning", "check_os_kernel", "convert_dict_to_env_variables", "get_model_tp_size",
+    "has_offloaded_params", "honor_type", "is_namedtuple", "is_torch_tensor", "save",
     "ProjectConfiguration", "TorchDynamoPlugin",
     "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compile_regions",
     "compile_regions_deepspeed", "compile_regions_fsdp2", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",

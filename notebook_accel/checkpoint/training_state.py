@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from notebook_accel.checkpoint.weight_shards import (
+    drop_shared,
     parse_size,
     save_object,
     save_shards,
@@ -246,20 +247,9 @@ def save_state(
 
 def save_weights_file(state: dict[str, torch.Tensor], path: Path) -> None:
     """One safetensors file of ``state``, tied weights stored once (fsync'd)."""
-    save_object(_untied(state), path, safe_serialization=True)
+    save_object(drop_shared(state)[0], path, safe_serialization=True)
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
-
-
-def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    seen: set[tuple[Any, int]] = set()
-    unique = {}
-    for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key not in seen:
-            seen.add(key)
-            unique[name] = tensor.contiguous()
-    return unique
 
 
 def save_weights(
@@ -275,7 +265,7 @@ def save_weights(
     limit = parse_size(max_shard_size)
     directory.mkdir(parents=True, exist_ok=True)
     if safe_serialization:
-        state = _untied(state)
+        state = drop_shared(state)[0]
     return save_shards(split_state(state, limit), directory, safe_serialization)
 
 
@@ -373,6 +363,8 @@ class ProjectConfiguration:
             ``<project_dir>/checkpoints/checkpoint_<iteration>``; ``load_state()`` loads the latest.
         total_limit: keep at most this many automatic checkpoints (oldest removed).
         iteration: the number the next automatic checkpoint gets.
+        save_on_each_node: ``Accelerator.save`` writes on each machine's local main process
+            (machines without a shared file system), not only on the main process.
     """
 
     project_dir: str | os.PathLike[str] | None = None
@@ -380,6 +372,7 @@ class ProjectConfiguration:
     automatic_checkpoint_naming: bool = False
     total_limit: int | None = None
     iteration: int = 0
+    save_on_each_node: bool = False
 
     def resolve(self, path: str | os.PathLike[str] | None, saving: bool) -> Path:
         """The directory ``save_state`` / ``load_state`` use when given ``path`` (maybe ``None``).

@@ -1,5 +1,8 @@
 """The peer's names and parameters that a user switching from Accelerate relies on (issue 33):
-``InitProcessGroupKwargs``, ..."""
+``InitProcessGroupKwargs``, the ``accelerate.utils`` helpers (``is_namedtuple``, ``honor_type`` and
+the peer's words for an unsupported leaf, a nested tensor not padded, ``save`` of tensors sharing
+memory, ``check_os_kernel``, ``convert_dict_to_env_variables``, ``get_model_tp_size``,
+``has_offloaded_params``)."""
 
 from __future__ import annotations
 
@@ -51,3 +54,129 @@ def test_the_peers_own_handler_is_understood(groups_made):
     peer = pytest.importorskip("accelerate.utils")
     Accelerator(kwargs_handlers=[peer.InitProcessGroupKwargs(timeout=timedelta(seconds=3))])
     assert groups_made[-1][0][3] == timedelta(seconds=3)
+
+
+def test_namedtuples_of_every_kind_keep_their_type_and_other_leaves_are_named_as_the_peer_does():
+    from collections import namedtuple
+    from typing import NamedTuple
+
+    import torch
+
+    from notebook_accel.utils import honor_type, is_namedtuple, recursively_apply
+
+    class Base(NamedTuple):
+        value: torch.Tensor
+        scale: torch.Tensor | None
+
+    class Second(Base):
+        pass
+
+    point = namedtuple("Point", "x y")(1, 2)
+    assert all(map(is_namedtuple, (Base(torch.ones(1), None), Second(torch.ones(1), None), point)))
+    assert not any(map(is_namedtuple, ((1, 2), "hey", object())))
+    assert honor_type(point, iter((3, 4))) == (3, 4) and type(honor_type(point, iter((3, 4)))) is type(point)
+    doubled = recursively_apply(lambda t, k: t * k, Second(torch.ones(1), None), 2)
+    assert type(doubled) is Second and doubled.value.item() == 2.0
+    with pytest.raises(TypeError) as error:
+        recursively_apply(torch.tensor, (torch.tensor(1), 1), error_on_other_type=True)
+    assert str(error.value) == ("Unsupported types (<class 'int'>) passed to `tensor`. Only nested list/tuple/dicts "
+                                "of objects that are valid for `is_torch_tensor` should be passed.")
+
+
+def test_a_nested_tensor_is_returned_unpadded_with_a_warning():
+    import torch
+
+    from notebook_accel.utils import CannotPadNestedTensorWarning, pad_across_processes
+
+    nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(1)])
+    with pytest.warns(CannotPadNestedTensorWarning):
+        assert pad_across_processes({"a": nested})["a"] is nested
+    plain = torch.ones(4, 3)
+    assert pad_across_processes(plain, dim=-4) is plain
+
+
+def test_save_stores_tensors_sharing_memory_once_saying_which(tmp_path, caplog):
+    import torch
+    from safetensors.torch import load_file
+
+    from notebook_accel.utils import save
+
+    model = torch.nn.Module()
+    model.a = torch.nn.Linear(3, 3)
+    model.b = model.a
+    with caplog.at_level("WARNING"):
+        save(model.state_dict(), tmp_path / "model.safetensors", safe_serialization=True)
+    assert [r for r in caplog.records if "Removed shared tensor ['b.weight', 'b.bias']" in r.getMessage()]
+    assert sorted(load_file(tmp_path / "model.safetensors")) == ["a.bias", "a.weight"]
+    save({"x": torch.ones(2)}, tmp_path / "x.pt")
+    assert torch.load(tmp_path / "x.pt")["x"].sum() == 2
+
+
+def test_save_writes_on_the_main_process_only_or_each_machines_with_save_on_each_node(tmp_path, monkeypatch):
+    import torch
+
+    from notebook_accel.utils import save
+
+    monkeypatch.setattr(state_module, "ensure_process_group", lambda *args, **kwargs: None)
+    for name, value in {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "NOTEBOOK_ACCEL_DEVICE": "cpu"}.items():
+        monkeypatch.setenv(name, value)
+    save({"x": torch.ones(1)}, tmp_path / "main.pt")
+    save({"x": torch.ones(1)}, tmp_path / "node.pt", save_on_each_node=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node.pt"]
+
+
+def test_check_os_kernel_warns_below_linux_5_5_only(monkeypatch, caplog):
+    import platform
+    from types import SimpleNamespace
+
+    from notebook_accel.utils import check_os_kernel
+
+    for system, release, warned in (("Linux", "5.15.0-35-generic", False), ("Darwin", "5.4.0", False),
+                                    ("Linux", "5.4.0-35-generic", True)):
+        monkeypatch.setattr(platform, "uname", lambda s=system, r=release: SimpleNamespace(system=s, release=r))
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            check_os_kernel()
+        messages = [r.getMessage() for r in caplog.records]
+        assert bool(messages) == warned and all("5.4.0" in m and "5.5.0" in m for m in messages)
+
+
+def test_convert_dict_to_env_variables_leaves_out_unsafe_values(caplog):
+    from notebook_accel.utils import convert_dict_to_env_variables
+
+    env = {"ACCELERATE_DEBUG_MODE": "1", "BAD_ENV_NAME": "<mything", "OTHER_ENV": "2", "EMPTY": ""}
+    with caplog.at_level("WARNING"):
+        assert convert_dict_to_env_variables(env) == ["ACCELERATE_DEBUG_MODE=1\n", "OTHER_ENV=2\n"]
+    assert len(caplog.records) == 2 and "BAD_ENV_NAME" in caplog.records[0].getMessage()
+
+
+def test_get_model_tp_size_reads_transformers_four_and_five():
+    from types import SimpleNamespace
+
+    from notebook_accel.utils import get_model_tp_size
+
+    model = SimpleNamespace()
+    assert get_model_tp_size(model) is None
+    model.tp_size = 2
+    assert get_model_tp_size(model) == 2
+    model.tp_size, model.config = None, SimpleNamespace(distributed_config=SimpleNamespace(tp_size=4))
+    assert get_model_tp_size(model) == 4
+    model.config = SimpleNamespace(distributed_config={"tp_size": 8})
+    assert get_model_tp_size(model) == 8
+
+
+def test_has_offloaded_params_is_true_while_a_modules_weights_live_elsewhere(tmp_path):
+    import torch
+
+    from notebook_accel import cpu_offload, disk_offload, undispatch_model
+    from notebook_accel.utils import has_offloaded_params
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    assert not has_offloaded_params(model[0])
+    cpu_offload(model, execution_device=torch.device("cpu"))  # executed where they are: nothing offloaded
+    assert not has_offloaded_params(model[0])
+    undispatch_model(model)
+    disk_offload(model, tmp_path, execution_device=torch.device("cpu"))
+    assert has_offloaded_params(model[0]) and has_offloaded_params(model[1]) and not has_offloaded_params(model)
+    undispatch_model(model)
+    assert not has_offloaded_params(model[0])
