@@ -180,3 +180,25 @@ def test_has_offloaded_params_is_true_while_a_modules_weights_live_elsewhere(tmp
     assert has_offloaded_params(model[0]) and has_offloaded_params(model[1]) and not has_offloaded_params(model)
     undispatch_model(model)
     assert not has_offloaded_params(model[0])
+
+
+def test_a_datasets_stream_with_a_shard_per_process_is_cut_by_datasets_each_rank_reading_its_own():
+    datasets = pytest.importorskip("datasets")
+    from torch.utils.data import DataLoader
+
+    from notebook_accel.data.iterable import IterableDatasetShard
+    from notebook_accel.data_loader import prepare_data_loader
+
+    def batches(num_shards, rank, **kwargs):
+        stream = datasets.Dataset.from_dict({"x": list(range(10))}).to_iterable_dataset(num_shards=num_shards)
+        loader = prepare_data_loader(DataLoader(stream, batch_size=4), num_processes=2, process_index=rank,
+                                     dispatch_batches=False, **kwargs)
+        return loader, [b["x"].tolist() for b in loader]
+
+    (loader, rank0), (_, rank1) = batches(2, 0), batches(2, 1)
+    assert not isinstance(loader.dataset, IterableDatasetShard) and loader.total_batch_size == 8
+    assert (rank0, rank1) == ([[0, 1, 2, 3], [4]], [[5, 6, 7, 8], [9]])
+    loader, rank0 = batches(1, 0)  # fewer shards than processes: every rank reads all, keeps its slice
+    assert isinstance(loader.dataset, IterableDatasetShard) and rank0 == [[0, 1, 2, 3], [8, 9, 0, 1]]
+    loader, _ = batches(2, 0, split_batches=True)
+    assert isinstance(loader.dataset, IterableDatasetShard)
