@@ -689,13 +689,14 @@ class Accelerator:
         return handle
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None,
-                   safe_serialization: bool = False) -> Path:
+                   safe_serialization: bool = True) -> Path:
         """Atomically checkpoint models, optimizers, schedulers, loaders, scaler and RNGs (all processes call it).
 
         Without ``output_dir``: the next automatic checkpoint when ``automatic_checkpoint_naming``
         is on (older ones beyond ``total_limit`` are removed), else ``<project_dir>/checkpoint``.
-        ``safe_serialization`` stores the models as safetensors (``model.safetensors``...);
-        ``load_state`` reads either.
+        The peer's layout (``checkpoint.layout``): the peer loads it, and ``load_state`` loads the
+        peer's. ``safe_serialization`` (the default, as the peer's) stores the models as safetensors
+        (``model.safetensors``...), else ``pytorch_model.bin``...; ``load_state`` reads either.
         """
         config = self.project_configuration
         automatic = output_dir is None and config.automatic_checkpoint_naming
@@ -708,7 +709,7 @@ class Accelerator:
             items.models = list(items.models)
             for hook in list(self._save_state_pre_hooks.values()):
                 hook(items.models, items.model_states, target)
-        path = checkpoint.save_state(target, items, self.state, safe_serialization)
+        path = checkpoint.save_state(target, items, self.state, safe_serialization, step=self.step)
         if automatic:
             config.iteration += 1
             if self.is_main_process:
@@ -811,8 +812,10 @@ class _AcceleratorCounters:
         return {"step": self.accelerator.step, "gradient_state": self.accelerator.gradient_state.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """``step``, and the accumulation counters where the checkpoint has them (the peer's has not)."""
         self.accelerator.step = int(state["step"])
-        self.accelerator.gradient_state.load_state_dict(state["gradient_state"])
+        if "gradient_state" in state:
+            self.accelerator.gradient_state.load_state_dict(state["gradient_state"])
 
 
 # the peer's ``accelerate.accelerator`` also holds names other modules own (gather, PartialState...)

@@ -1,16 +1,16 @@
 """Saving and restoring the whole training state, atomically.
 
-A checkpoint is a directory::
+A checkpoint is a directory, in the peer's layout (``layout``: each library loads the other's)::
 
-    model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process;
-                                       model.safetensors, ... with safe_serialization)
+    model.safetensors, model_1.safetensors, ...  state dicts of the unwrapped models (main process;
+                                       pytorch_model.bin, ... with safe_serialization=False)
     pytorch_model_fsdp_0/, optimizer_0/  instead, under FSDP: one shard file per rank (see fsdp.checkpointing)
-    optimizer.pt, scheduler.pt, ...    likewise, one per prepared object
-    dataloader.pt, ...                 shuffling generator and position in the epoch
+    optimizer.bin, scheduler.bin, ...  likewise, one per prepared object (optimizer_1.bin...)
+    dataloader.pt, ...                 shuffling generator and position in the epoch (ours)
     scaler.pt                          the fp16 GradScaler, when there is one
-    custom_checkpoint_0.pt, ...        objects given to ``register_for_checkpointing``
-    accelerator.pt                     accumulation counters and the tracker step
-    random_states_<rank>.pt            python, numpy, torch, CUDA/XLA RNGs of each process
+    custom_checkpoint_0.pkl, ...       objects given to ``register_for_checkpointing``
+    accelerator.pt                     accumulation counters and the tracker step (ours)
+    random_states_<rank>.pkl           python, numpy, torch, CUDA/XLA RNGs of each process, and the step
 
 Atomicity: everything is written (and fsync'd) into ``<dir>.tmp``; only then does
 the main process move the old ``<dir>`` aside to ``<dir>.old``, rename
@@ -33,6 +33,7 @@ arbitrary pickled objects; a state that needs them can be loaded with
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -44,6 +45,7 @@ from typing import Any
 
 import torch
 
+from notebook_accel.checkpoint import layout
 from notebook_accel.checkpoint.weight_shards import (
     drop_shared,
     parse_size,
@@ -72,7 +74,8 @@ class CheckpointItems:
 
 
 _CHECKPOINT_FILE = re.compile(  # what save_state itself writes (stale ones are not carried over)
-    r"(model|optimizer|scheduler|dataloader|custom_checkpoint|random_states)(_\d+)?\.(pt|bin|safetensors)"
+    r"(pytorch_model|model|optimizer|scheduler|dataloader|custom_checkpoint|random_states)(_\d+)?"
+    r"\.(pt|bin|pkl|safetensors)"
     r"|scaler\.pt|accelerator\.pt|(pytorch_model_fsdp|optimizer)_\d+")
 
 
@@ -82,10 +85,6 @@ def _carry_over(final: Path, tmp: Path) -> None:
     for entry in final.iterdir():
         if not _CHECKPOINT_FILE.fullmatch(entry.name) and not (tmp / entry.name).exists():
             os.rename(entry, tmp / entry.name)
-
-
-def _name(prefix: str, index: int) -> str:
-    return f"{prefix}.pt" if index == 0 else f"{prefix}_{index}.pt"
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -99,42 +98,66 @@ def _read(path: Path, weights_only: bool) -> Any:
     return torch.load(path, map_location="cpu", weights_only=weights_only)
 
 
-def rng_state(xla_device: bool = False) -> dict[str, Any]:
-    """Every RNG state of this process, in types ``weights_only`` loading accepts."""
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+def rng_state(xla_device: bool = False, step: int | None = None) -> dict[str, Any]:
+    """Every RNG state of this process under the peer's keys, in plain types: ``weights_only``
+    loading accepts them, and so does the peer's ``load_state``. ``step``: the Accelerator's, kept there too."""
+    state: dict[str, Any] = {"random_state": random.getstate(), "torch_manual_seed": torch.get_rng_state()}
     try:
         import numpy as np
     except ImportError:  # pragma: no cover
         pass
     else:
         kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+        state["numpy_random_seed"] = (kind, keys.tolist(), int(pos), int(has_gauss), float(cached))
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
     if xla_device:
         from notebook_accel.runtime import xla
 
-        state["xla"] = xla.rng_state()
+        state["xm_seed"] = xla.rng_state()
+    if step is not None:
+        state["step"] = step
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` returned."""
-    version, internal, gauss = state["python"]
+    """Restore what ``rng_state`` returned (or the peer's file held, or our earlier layout's)."""
+    if "python" in state:  # our earlier layout
+        version, internal, gauss = state["python"]
+        kind, keys, pos, has_gauss, cached = state.get("numpy") or (None,) * 5
+        state = {"random_state": (version, tuple(internal), gauss), "torch_manual_seed": state["torch"],
+                 "numpy_random_seed": kind and (kind, keys.numpy().astype("uint32"), pos, has_gauss, cached),
+                 "torch_cuda_manual_seed": state.get("cuda"), "xm_seed": state.get("xla")}
+    version, internal, gauss = state["random_state"]
     random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
+    torch.set_rng_state(state["torch_manual_seed"])
+    if state.get("numpy_random_seed"):
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "xla" in state:
+        np.random.set_state(tuple(state["numpy_random_seed"]))
+    if state.get("torch_cuda_manual_seed") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["torch_cuda_manual_seed"])
+    if state.get("xm_seed") is not None:
         from notebook_accel.runtime import xla
 
-        xla.set_rng_state(state["xla"])
+        xla.set_rng_state(state["xm_seed"])
+
+
+def _read_rng(path: Path, weights_only: bool) -> Any:
+    """A random-states file; the peer's holds numpy arrays, which ``weights_only`` loading takes
+    once numpy's array types are allowed (torch >= 2.5)."""
+    try:
+        return _read(path, weights_only)
+    except pickle.UnpicklingError:
+        allow = getattr(torch.serialization, "safe_globals", None)
+        if not weights_only or allow is None:
+            raise
+        import numpy as np
+
+        core = np._core if hasattr(np, "_core") else np.core  # numpy 2, numpy 1
+        reconstruct = core.multiarray._reconstruct
+        with allow([reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]):
+            return _read(path, weights_only)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -178,12 +201,9 @@ def _create_exclusive(path: Path) -> bool:
     return True
 
 
-def _model_file(index: int, safe_serialization: bool) -> str:
-    return _name("model", index).replace(".pt", ".safetensors") if safe_serialization else _name("model", index)
-
-
 def save_state(
-    output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, safe_serialization: bool = False,
+    output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, safe_serialization: bool = True,
+    step: int | None = None,
 ) -> Path:
     """Write a checkpoint of ``items`` to ``output_dir`` atomically; returns its path.
 
@@ -191,6 +211,7 @@ def save_state(
     share the directory (each its own path, or machines without a shared file system),
     one process per file system writes the shared files there too, so every copy is complete.
     ``safe_serialization`` writes the models as ``model.safetensors``, ``model_1.safetensors``...
+    (else ``pytorch_model.bin``...); ``step`` goes into the random-states files, as the peer's.
     """
     final = Path(output_dir).absolute()
     tmp = final.with_name(final.name + ".tmp")
@@ -214,21 +235,21 @@ def save_state(
     if owner:
         for i, weights in enumerate(model_states):
             if safe_serialization:
-                save_weights_file(weights, tmp / _model_file(i, True))
+                save_weights_file(weights, tmp / layout.model_file(i, True))
             else:
-                _write(weights, tmp / _model_file(i, False))
+                _write(weights, tmp / layout.model_file(i, False))
         for i, opt in enumerate(items.optimizers if items.sharded is None else ()):
-            _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / _name("optimizer", i))
-        for prefix, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
+            _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / layout.object_file("optimizer", i))
+        for kind, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
             for i, obj in enumerate(objs):
-                _write(obj.state_dict(), tmp / _name(prefix, i))
+                _write(obj.state_dict(), tmp / layout.object_file(kind, i))
         for i, obj in enumerate(items.custom):
-            _write(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
+            _write(obj.state_dict(), tmp / layout.custom_file(i))
         if items.scaler is not None:
             _write(items.scaler.state_dict(), tmp / "scaler.pt")
         if items.accelerator is not None:
             _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
-    _write(rng_state(on_xla), tmp / f"random_states_{state.process_index}.pt")
+    _write(rng_state(on_xla, step), tmp / layout.rng_file(state.process_index))
     state.wait_for_everyone()
     if owner:
         if final.exists():
@@ -315,8 +336,8 @@ def load_state(
                          "restores sharded models whole: use strict=True (the default)")
 
     def read(name: str) -> Any:
-        file = path / name
-        if not file.is_file():
+        file = layout.find(path, name)
+        if file is None:
             raise FileNotFoundError(
                 f"checkpoint {path} has no {name}; was it saved with the same prepared objects?"
             )
@@ -325,30 +346,38 @@ def load_state(
     if items.sharded is not None:
         items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
     for i, model in enumerate(items.models if items.sharded is None else ()):
-        safe = path / _model_file(i, True)
+        safe = path / layout.model_file(i, True)
         if safe.is_file():  # load_model: tied weights were stored once, under one name
             from safetensors.torch import load_model
 
             load_model(_unwrap(model), str(safe), strict=strict)
         else:
-            _unwrap(model).load_state_dict(read(_model_file(i, False)), strict=strict)
-    for prefix, objs in (
-        ("optimizer", items.optimizers if items.sharded is None else []), ("scheduler", items.schedulers),
-        ("dataloader", items.dataloaders),
-    ):
+            _unwrap(model).load_state_dict(read(layout.model_file(i, False)), strict=strict)
+    for kind, objs in (("optimizer", items.optimizers if items.sharded is None else []),
+                       ("scheduler", items.schedulers)):
         for i, obj in enumerate(objs):
-            obj.load_state_dict(read(_name(prefix, i)))
+            obj.load_state_dict(read(layout.object_file(kind, i)))
+    for i, loader in enumerate(items.dataloaders):
+        if layout.find(path, layout.object_file("dataloader", i)) is not None:
+            loader.load_state_dict(read(layout.object_file("dataloader", i)))
+        else:  # the peer's checkpoint: it keeps no loader position
+            warnings.warn(f"{path} has no {layout.object_file('dataloader', i)} (a checkpoint of the peer's?): "
+                          "that loader starts its epoch from the beginning", stacklevel=2)
     for i, obj in enumerate(items.custom):
-        obj.load_state_dict(read(f"custom_checkpoint_{i}.pt"))
+        obj.load_state_dict(read(layout.custom_file(i)))
     if items.scaler is not None:
         items.scaler.load_state_dict(read("scaler.pt"))
     if items.accelerator is not None and (path / "accelerator.pt").is_file():
         items.accelerator.load_state_dict(read("accelerator.pt"))
-    rng_file = path / f"random_states_{state.process_index}.pt"
-    if rng_file.is_file():
-        set_rng_state(_read(rng_file, weights_only))
+    rng_file = layout.find(path, layout.rng_file(state.process_index))
+    if rng_file is not None:
+        states = _read_rng(rng_file, weights_only)
+        set_rng_state(states)
+        if items.accelerator is not None and not (path / "accelerator.pt").is_file() and "step" in states:
+            items.accelerator.load_state_dict({"step": states["step"]})  # the peer's checkpoint
     else:
-        warnings.warn(f"{rng_file.name} not found in {path}; random states not restored", stacklevel=2)
+        warnings.warn(f"{layout.rng_file(state.process_index)} not found in {path}; random states not restored",
+                      stacklevel=2)
     return path
 
 
