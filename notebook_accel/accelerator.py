@@ -180,6 +180,8 @@ class Accelerator:
             getattr(plugin, "sync_with_dataloader", True),
         )
         self.sync_each_batch = bool(getattr(plugin, "sync_each_batch", False))  # all-reduce every micro-step
+        AcceleratorState.adopt(self.state)  # what AcceleratorState() / GradientState() answer (runtime.latest)
+        GradientState.adopt(self.gradient_state)
         ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
         scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
         self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)

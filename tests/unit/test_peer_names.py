@@ -202,3 +202,33 @@ def test_a_datasets_stream_with_a_shard_per_process_is_cut_by_datasets_each_rank
     assert isinstance(loader.dataset, IterableDatasetShard) and rank0 == [[0, 1, 2, 3], [8, 9, 0, 1]]
     loader, _ = batches(2, 0, split_batches=True)
     assert isinstance(loader.dataset, IterableDatasetShard)
+
+
+def test_gradient_state_and_accelerator_state_without_arguments_are_the_latest_accelerators():
+    import gc
+
+    from notebook_accel import AcceleratorState, GradientState
+
+    GradientState._reset_state()
+    AcceleratorState._reset_state()
+    alone = GradientState()
+    assert GradientState() is not alone  # no Accelerator: each call builds its own
+    first = Accelerator(mixed_precision="bf16")
+    state = GradientState()
+    assert state is first.gradient_state and state.num_steps == 1
+    first.gradient_accumulation_steps = 4  # the peer's test_mutable_states
+    first.sync_gradients = False
+    assert state.num_steps == 4 and state.sync_gradients is False
+    assert AcceleratorState() is first.state and AcceleratorState().mixed_precision == "bf16"
+    assert GradientState(2).num_steps == 2 and GradientState(2) is not state  # arguments: a new one
+    second = Accelerator()
+    assert GradientState() is second.gradient_state and first.gradient_accumulation_steps == 4  # independent
+    GradientState._reset_state()
+    AcceleratorState._reset_state(True)
+    assert GradientState() is not second.gradient_state and AcceleratorState() is not second.state
+    assert second.prepare(__import__("torch").nn.Linear(1, 1)) is not None  # a reset breaks nothing
+    second_state = second.gradient_state
+    GradientState.adopt(second_state)
+    del first, second, state, second_state
+    gc.collect()
+    assert GradientState.latest() is None  # held weakly: a finished Accelerator's state is freed
