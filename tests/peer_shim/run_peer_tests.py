@@ -65,9 +65,10 @@ _depart("bitsandbytes 8-bit models (not installed; GPU only)",
 _depart("the peer's hook API (ModelHook, AlignDevicesHook, add_hook_to_module, layer-wise casting "
         "hooks) drives its big-model dispatch; ours dispatches through big_model/hooks.ModuleHook, "
         "not a public API", "test_hooks.py::*", "test_big_modeling.py::*::test_cpu_offload",
-        "test_big_modeling.py::*::test_disk_offload")
-_depart("preload_module_classes (keeps a module's weights on the device through its forward) is not "
-        "implemented in our cpu_offload/disk_offload; the tests also call the peer's remove_hook_from_submodules", "test_big_modeling.py::*_with_unused_submodules")
+        "test_big_modeling.py::*::test_disk_offload",
+        # preload_module_classes is ours too (tests/unit/test_peer_names.py); these then call remove_hook_from_submodules
+        "test_big_modeling.py::*::test_cpu_offload_with_unused_submodules",
+        "test_big_modeling.py::*::test_disk_offload_with_unused_submodules")
 _depart("init_empty_weights: the peer leaves nn.Module.register_parameter alone on torch >= 2 (a meta "
         "device context); ours patches it inside the context (restored on exit): an internal",
         "test_big_modeling.py::*::test_init_empty_weights")
@@ -88,8 +89,6 @@ _depart("our planner (big_model/planner.py) places modules by its own rule (larg
         "buffer warning differ: not matched",
         "test_modeling_utils.py::*::test_infer_auto_device_map", "test_modeling_utils.py::*::test_infer_auto_"
         "device_map_with_*")
-_depart("load_checkpoint_in_model: no offload_state_dict argument (ours streams tensor by tensor); "
-        "unexpected keys are reported with warnings.warn, not the peer's logger (assertLogs)", "test_modeling_utils.py::*::test_load_checkpoint_in_model_*")
 _depart("downloads a model from the Hub (no network in tests)",
         "test_modeling_utils.py::*::test_infer_auto_device_map_on_t0pp")
 _depart("the peer's disk-offload format helpers (offload_state_dict, offload_weight, OffloadedWeightsLoader, "

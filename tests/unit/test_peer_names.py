@@ -232,3 +232,54 @@ def test_gradient_state_and_accelerator_state_without_arguments_are_the_latest_a
     del first, second, state, second_state
     gc.collect()
     assert GradientState.latest() is None  # held weakly: a finished Accelerator's state is freed
+
+
+def test_preload_module_classes_brings_a_submodules_weights_that_are_read_without_calling_it(tmp_path):
+    import torch
+
+    from notebook_accel import disk_offload, undispatch_model
+
+    class ReadsItsChild(torch.nn.Module):  # uses linear's weights, never calls linear
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.linear.weight, self.linear.bias)
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(3, 3), ReadsItsChild())
+
+    x = torch.ones(1, 3)
+    expected = model()(x)
+    offloaded = disk_offload(model(), tmp_path / "a", execution_device=torch.device("cpu"))
+    with pytest.raises(Exception):  # noqa: B017  (its child's weights are still on the meta device)
+        offloaded(x)
+    undispatch_model(offloaded)
+    preloaded = disk_offload(model(), tmp_path / "b", execution_device=torch.device("cpu"),
+                             preload_module_classes=["ReadsItsChild"])
+    assert torch.allclose(preloaded(x), expected)
+    assert preloaded[1].linear.weight.is_meta  # dropped again after the forward
+
+
+def test_load_checkpoint_in_model_takes_the_peers_parameters_and_logs_unused_weights(tmp_path, caplog):
+    import torch
+
+    from notebook_accel import load_checkpoint_in_model
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+    state = {**model().state_dict(), "foo": torch.ones(1)}
+    torch.save(state, tmp_path / "w.pt")
+    loaded = model()
+    with caplog.at_level("WARNING"):
+        load_checkpoint_in_model(loaded, tmp_path / "w.pt", offload_state_dict=True, dtype=torch.float16,
+                                 keep_in_fp32_modules=["1"])
+    assert any("were not used when initializing Sequential: foo" in r.getMessage() for r in caplog.records)
+    assert loaded[0].weight.dtype == torch.float16 and loaded[1][0].weight.dtype == torch.float32
+    assert torch.equal(loaded[1][0].weight, state["1.0.weight"])
+    with pytest.raises(ValueError, match="unexpected"):
+        load_checkpoint_in_model(model(), tmp_path / "w.pt", strict=True)
