@@ -77,6 +77,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
         "notebook_accel.runtime.state": "PartialState",
     },
     "notebook_accel.big_modeling": {
+        "notebook_accel.big_model.modeling": "check_device_map find_tied_parameters retie_parameters",
         _AVAILABILITY: "is_bnb_available is_mlu_available is_musa_available is_npu_available "
                        "is_sdaa_available is_xpu_available",
     },
@@ -92,6 +93,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
         "notebook_accel.runtime.dynamo": "DynamoBackend",
         "notebook_accel.utils": "compile_regions_deepspeed compile_regions_fsdp2 check_os_kernel get_model_tp_size "
                                 "has_offloaded_params save",
+        "notebook_accel.big_model.modeling": "get_state_dict_offloaded_model",
         "notebook_accel.runtime.helpers": "convert_outputs_to_fp32 extract_model_from_parallel wait_for_everyone",
         "notebook_accel.runtime.ops": "gather gather_object pad_across_processes recursively_apply reduce",
         "notebook_accel.runtime.plugins": "AutocastKwargs DistributedDataParallelKwargs GradScalerKwargs "

@@ -13,6 +13,20 @@ from notebook_accel.big_model import (
     load_checkpoint_in_model,
 )
 from notebook_accel.big_model.hooks import has_offloaded_params
+from notebook_accel.big_model.modeling import (
+    align_module_device,
+    check_device_map,
+    clean_device_map,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    find_tied_parameters,
+    get_non_persistent_buffers,
+    get_state_dict_offloaded_model,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
 from notebook_accel.checkpoint.saving import save
 from notebook_accel.checkpoint.training_state import ProjectConfiguration
 from notebook_accel.data.prepare import DataLoaderConfiguration
@@ -115,6 +129,9 @@ __all__ = [
     "DeepSpeedPlugin", "FullyShardedDataParallelPlugin", "InitProcessGroupKwargs", "PROFILE_PATTERN_NAME", "tqdm",
     "CannotPadNestedTensorWarning", "check_os_kernel", "convert_dict_to_env_variables", "get_model_tp_size",
     "has_offloaded_params", "honor_type", "is_namedtuple", "is_torch_tensor", "save",
+    "align_module_device", "check_device_map", "clean_device_map", "compute_module_total_buffer_size",
+    "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters", "get_non_persistent_buffers",
+    "get_state_dict_offloaded_model", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
     "ProjectConfiguration", "TorchDynamoPlugin",
     "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compile_regions",
     "compile_regions_deepspeed", "compile_regions_fsdp2", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",

@@ -17,6 +17,11 @@ from notebook_accel.big_model.safetensors_io import StoredTensor, map_tensors, p
 _OFFLOADING: weakref.WeakKeyDictionary[nn.Module, ModuleHook] = weakref.WeakKeyDictionary()  # module -> its hook
 
 
+def offloading_hook(module: nn.Module) -> ModuleHook | None:
+    """The hook that brings ``module``'s offloaded weights in while it runs, if it has one."""
+    return _OFFLOADING.get(module)
+
+
 def has_offloaded_params(module: nn.Module) -> bool:
     """Whether ``module``'s own weights are offloaded (``dispatch_model`` to "cpu" or "disk",
     ``cpu_offload``, ``disk_offload``): kept elsewhere, brought to its device only while it runs."""
