@@ -283,3 +283,21 @@ def test_load_checkpoint_in_model_takes_the_peers_parameters_and_logs_unused_wei
     assert torch.equal(loaded[1][0].weight, state["1.0.weight"])
     with pytest.raises(ValueError, match="unexpected"):
         load_checkpoint_in_model(model(), tmp_path / "w.pt", strict=True)
+
+
+def test_the_peers_rendezvous_arguments_become_our_meeting_point():
+    from notebook_accel.launch.rdzv import meeting_point
+
+    assert meeting_point("static", "", None, None) == (None, None)
+    assert meeting_point("c10d", "", "10.0.0.1", 29500) == ("10.0.0.1", 29500)
+    assert meeting_point("c10d", "10.0.0.1:29400", None, None) == ("10.0.0.1", 29400)
+    assert meeting_point("static", "[::1]:29400", None, "29400") == ("::1", 29400)
+    with pytest.raises(ValueError, match=r"'etcd' is not supported; choose one of \('static', 'c10d'\)"):
+        meeting_point("etcd", "", None, None)
+    with pytest.raises(ValueError, match="is not 'host:port'"):
+        meeting_point("c10d", "10.0.0.1", None, None)
+    with pytest.raises(ValueError, match="disagree"):
+        meeting_point("c10d", "10.0.0.1:29400", "10.0.0.2", None)
+    with pytest.raises(ValueError, match="disagree"):
+        meeting_point("c10d", "10.0.0.1:29400", None, 29500)
+
