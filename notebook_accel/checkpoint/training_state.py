@@ -33,8 +33,6 @@ arbitrary pickled objects; a state that needs them can be loaded with
 from __future__ import annotations
 
 import os
-import pickle
-import random
 import re
 import shutil
 import uuid
@@ -45,7 +43,7 @@ from typing import Any
 
 import torch
 
-from notebook_accel.checkpoint import layout
+from notebook_accel.checkpoint import layout, random_states
 from notebook_accel.checkpoint.weight_shards import (
     drop_shared,
     parse_size,
@@ -96,68 +94,6 @@ def _write(obj: Any, path: Path) -> None:
 
 def _read(path: Path, weights_only: bool) -> Any:
     return torch.load(path, map_location="cpu", weights_only=weights_only)
-
-
-def rng_state(xla_device: bool = False, step: int | None = None) -> dict[str, Any]:
-    """Every RNG state of this process under the peer's keys, in plain types: ``weights_only``
-    loading accepts them, and so does the peer's ``load_state``. ``step``: the Accelerator's, kept there too."""
-    state: dict[str, Any] = {"random_state": random.getstate(), "torch_manual_seed": torch.get_rng_state()}
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover
-        pass
-    else:
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy_random_seed"] = (kind, keys.tolist(), int(pos), int(has_gauss), float(cached))
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
-    if xla_device:
-        from notebook_accel.runtime import xla
-
-        state["xm_seed"] = xla.rng_state()
-    if step is not None:
-        state["step"] = step
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` returned (or the peer's file held, or our earlier layout's)."""
-    if "python" in state:  # our earlier layout
-        version, internal, gauss = state["python"]
-        kind, keys, pos, has_gauss, cached = state.get("numpy") or (None,) * 5
-        state = {"random_state": (version, tuple(internal), gauss), "torch_manual_seed": state["torch"],
-                 "numpy_random_seed": kind and (kind, keys.numpy().astype("uint32"), pos, has_gauss, cached),
-                 "torch_cuda_manual_seed": state.get("cuda"), "xm_seed": state.get("xla")}
-    version, internal, gauss = state["random_state"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch_manual_seed"])
-    if state.get("numpy_random_seed"):
-        import numpy as np
-
-        np.random.set_state(tuple(state["numpy_random_seed"]))
-    if state.get("torch_cuda_manual_seed") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["torch_cuda_manual_seed"])
-    if state.get("xm_seed") is not None:
-        from notebook_accel.runtime import xla
-
-        xla.set_rng_state(state["xm_seed"])
-
-
-def _read_rng(path: Path, weights_only: bool) -> Any:
-    """A random-states file; the peer's holds numpy arrays, which ``weights_only`` loading takes
-    once numpy's array types are allowed (torch >= 2.5)."""
-    try:
-        return _read(path, weights_only)
-    except pickle.UnpicklingError:
-        allow = getattr(torch.serialization, "safe_globals", None)
-        if not weights_only or allow is None:
-            raise
-        import numpy as np
-
-        core = np._core if hasattr(np, "_core") else np.core  # numpy 2, numpy 1
-        reconstruct = core.multiarray._reconstruct
-        with allow([reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]):
-            return _read(path, weights_only)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -249,7 +185,7 @@ def save_state(
             _write(items.scaler.state_dict(), tmp / "scaler.pt")
         if items.accelerator is not None:
             _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
-    _write(rng_state(on_xla, step), tmp / layout.rng_file(state.process_index))
+    _write(random_states.capture(on_xla, step), tmp / layout.rng_file(state.process_index))
     state.wait_for_everyone()
     if owner:
         if final.exists():
@@ -371,8 +307,8 @@ def load_state(
         items.accelerator.load_state_dict(read("accelerator.pt"))
     rng_file = layout.find(path, layout.rng_file(state.process_index))
     if rng_file is not None:
-        states = _read_rng(rng_file, weights_only)
-        set_rng_state(states)
+        states = random_states.read(rng_file, weights_only)
+        random_states.restore(states)
         if items.accelerator is not None and not (path / "accelerator.pt").is_file() and "step" in states:
             items.accelerator.load_state_dict({"step": states["step"]})  # the peer's checkpoint
     else:
