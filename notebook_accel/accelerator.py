@@ -42,6 +42,7 @@ from notebook_accel.data.prepare import (
     prepare_data_loader,
     skip_first_batches,
 )
+from notebook_accel.machine.versions import check_os_kernel
 from notebook_accel.observe import tracking
 from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
@@ -180,6 +181,7 @@ class Accelerator:
             getattr(plugin, "sync_with_dataloader", True),
         )
         self.sync_each_batch = bool(getattr(plugin, "sync_each_batch", False))  # all-reduce every micro-step
+        check_os_kernel()  # a warning on Linux below 5.5, as the peer's
         AcceleratorState.adopt(self.state)  # what AcceleratorState() / GradientState() answer (runtime.latest)
         GradientState.adopt(self.gradient_state)
         ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}

@@ -329,7 +329,8 @@ class ProjectConfiguration:
         total_limit: keep at most this many automatic checkpoints (oldest removed).
         iteration: the number the next automatic checkpoint gets.
         save_on_each_node: ``Accelerator.save`` writes on each machine's local main process
-            (machines without a shared file system), not only on the main process.
+            (machines without a shared file system), not only on the main process. ``save_state``
+            needs no such switch: it writes a complete copy on every file system by itself.
     """
 
     project_dir: str | os.PathLike[str] | None = None

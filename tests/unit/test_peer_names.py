@@ -139,6 +139,10 @@ def test_check_os_kernel_warns_below_linux_5_5_only(monkeypatch, caplog):
             check_os_kernel()
         messages = [r.getMessage() for r in caplog.records]
         assert bool(messages) == warned and all("5.4.0" in m and "5.5.0" in m for m in messages)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        Accelerator()  # checks it as the peer's does
+    assert any("5.5.0" in r.getMessage() for r in caplog.records)
 
 
 def test_convert_dict_to_env_variables_leaves_out_unsafe_values(caplog):
