@@ -37,6 +37,7 @@ _EXPORTS = {
     "KwargsHandler": "notebook_accel.runtime.plugins",
     "DistributedDataParallelKwargs": "notebook_accel.runtime.plugins",
     "GradScalerKwargs": "notebook_accel.runtime.plugins",
+    "InitProcessGroupKwargs": "notebook_accel.runtime.plugins",
     "AutocastKwargs": "notebook_accel.runtime.plugins",
     "DDPCommunicationHookType": "notebook_accel.runtime.plugins",
     "ProfileKwargs": "notebook_accel.runtime.profiling",

@@ -11,6 +11,10 @@ real ``__module__``, so pickles name the real path. A package's submodules come 
 ``Accelerator``; the ``accelerate.utils`` re-exports); every other module path is internal.
 The peer's ``accelerate.checkpointing`` has no path here: its functions have other names
 (``save_state`` / ``load_state`` are ``Accelerator`` methods).
+
+A peer module also holds names another of our modules owns (``accelerate.state.GradientState``,
+``accelerate.accelerator.gather``...): ``PEER_NAMES`` lists them per path, and the module serving
+the path resolves them on first access (``add_peer_names``), so they stay the owner's objects.
 """
 
 from __future__ import annotations
@@ -35,6 +39,73 @@ PEER_PATHS: dict[str, str] = {
     "notebook_accel.local_sgd": "notebook_accel.strategies.local_sgd",
 }
 
+_AVAILABILITY = "notebook_accel.machine.availability"
+# the peer path -> {the module that owns them -> names the peer's module has there, which its
+# serving module does not define}: the public names of the peer's module we have
+PEER_NAMES: dict[str, dict[str, str]] = {
+    "notebook_accel.state": {
+        "notebook_accel.runtime.accelerator_state": "AcceleratorState",
+        "notebook_accel.runtime.gradient_state": "GradientState",
+        "notebook_accel.runtime.plugins": "GradientAccumulationPlugin",
+        "notebook_accel.runtime.dynamo": "DynamoBackend",
+        _AVAILABILITY: "is_datasets_available is_deepspeed_available is_hpu_available is_mlu_available "
+                       "is_mps_available is_musa_available is_npu_available is_sdaa_available "
+                       "is_torch_xla_available is_xpu_available",
+    },
+    "notebook_accel.optimizer": {
+        "notebook_accel.runtime.ops": "honor_type",
+        "notebook_accel.runtime.accelerator_state": "AcceleratorState",
+        "notebook_accel.runtime.state": "DistributedType",
+        _AVAILABILITY: "is_torch_xla_available",
+    },
+    "notebook_accel.scheduler": {"notebook_accel.runtime.accelerator_state": "AcceleratorState"},
+    "notebook_accel.data_loader": {
+        _AVAILABILITY: "is_datasets_available is_torch_xla_available",
+        "notebook_accel.machine.versions": "compare_versions is_torch_version",
+        "notebook_accel.observe.logging": "get_logger",
+        "notebook_accel.runtime.helpers": "concatenate find_batch_size",
+        "notebook_accel.runtime.ops": "broadcast broadcast_object_list send_to_device",
+        "notebook_accel.runtime.rng_sync": "RNGType synchronize_rng_states",
+        "notebook_accel.runtime.state": "DistributedType",
+    },
+    "notebook_accel.tracking": {
+        "notebook_accel.flags": "str_to_bool",
+        _AVAILABILITY: "is_mlflow_available is_tensorboard_available is_wandb_available",
+        "notebook_accel.machine.versions": "compare_versions",
+        "notebook_accel.observe.logging": "get_logger",
+        "notebook_accel.runtime.helpers": "listify",
+        "notebook_accel.runtime.state": "PartialState",
+    },
+    "notebook_accel.big_modeling": {
+        "notebook_accel.big_model.modeling": "check_device_map find_tied_parameters retie_parameters",
+        _AVAILABILITY: "is_bnb_available is_mlu_available is_musa_available is_npu_available "
+                       "is_sdaa_available is_xpu_available",
+    },
+    "notebook_accel.local_sgd": {"notebook_accel.accelerator": "Accelerator"},
+    "notebook_accel.accelerator": {
+        "notebook_accel.data.dispatch": "DataLoaderDispatcher",
+        _AVAILABILITY: "is_bf16_available is_deepspeed_available is_mlu_available is_musa_available "
+                       "is_npu_available is_torch_xla_available is_xpu_available",
+        "notebook_accel.machine.versions": "compare_versions is_torch_version",
+        "notebook_accel.observe.logging": "get_logger",
+        "notebook_accel.observe.tracking": "GeneralTracker LOGGER_TYPE_TO_CLASS",
+        "notebook_accel.runtime.compilation": "compile_regions is_compiled_module",
+        "notebook_accel.runtime.dynamo": "DynamoBackend",
+        "notebook_accel.utils": "compile_regions_deepspeed compile_regions_fsdp2 check_os_kernel get_model_tp_size "
+                                "has_offloaded_params save",
+        "notebook_accel.big_model.modeling": "get_state_dict_offloaded_model",
+        "notebook_accel.runtime.helpers": "convert_outputs_to_fp32 extract_model_from_parallel wait_for_everyone",
+        "notebook_accel.runtime.ops": "gather gather_object pad_across_processes recursively_apply reduce",
+        "notebook_accel.runtime.plugins": "AutocastKwargs DistributedDataParallelKwargs GradScalerKwargs "
+                                          "GradientAccumulationPlugin KwargsHandler InitProcessGroupKwargs",
+        "notebook_accel.runtime.profiling": "PROFILE_PATTERN_NAME",
+        "notebook_accel.runtime.rng_sync": "RNGType",
+        "notebook_accel.runtime.state": "PartialState",
+        "notebook_accel.strategies.deepspeed.plugin": "DeepSpeedPlugin DummyOptim DummyScheduler",
+        "notebook_accel.strategies.fsdp.plugin": "FullyShardedDataParallelPlugin",
+    },
+}
+
 
 def real_name(name: str) -> str | None:
     """The module ``name`` stands for (``"notebook_accel.fsdp.plugin"`` ->
@@ -55,11 +126,49 @@ class _PeerPathFinder:
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
         module = importlib.import_module(real_name(spec.name))
+        add_peer_names(module)
         spec.loader_state = module.__spec__  # the import system sets __spec__ to ours next
         return module
 
     def exec_module(self, module: ModuleType) -> None:
         module.__spec__ = module.__spec__.loader_state  # the real path again (reload, pickle)
+
+
+def peer_names(module_name: str) -> dict[str, str]:
+    """The names ``PEER_NAMES`` gives the module ``module_name`` (under any of its peer paths),
+    each with the module that owns it."""
+    names: dict[str, str] = {}
+    for path, owners in PEER_NAMES.items():
+        if path == module_name or real_name(path) == module_name:
+            for owner, listed in owners.items():
+                names.update(dict.fromkeys(listed.split(), owner))
+    return names
+
+
+def add_peer_names(module: ModuleType) -> None:
+    """Let ``module`` answer its ``peer_names``: imported from their owner on first access
+    (the owner's object, kept in ``module``), after the module's own ``__getattr__``, if any."""
+    names = peer_names(module.__name__)
+    own = module.__dict__.get("__getattr__")
+    if not names or getattr(own, "peer_names", None) is not None:  # none, or already added
+        return
+    namespace = module.__dict__
+
+    def __getattr__(name: str) -> object:
+        owner = names.get(name)
+        if owner is None:
+            if own is not None:
+                return own(name)
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(owner), name)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(names))
+
+    __getattr__.peer_names = names  # type: ignore[attr-defined]
+    namespace["__getattr__"], namespace["__dir__"] = __getattr__, __dir__
 
 
 def install() -> None:

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
+from notebook_accel import _peer_paths
 from notebook_accel.checkpoint import training_state as checkpoint
 from notebook_accel.checkpoint.training_state import ProjectConfiguration
 from notebook_accel.data.prepare import (
@@ -41,6 +42,7 @@ from notebook_accel.data.prepare import (
     prepare_data_loader,
     skip_first_batches,
 )
+from notebook_accel.machine.versions import check_os_kernel
 from notebook_accel.observe import tracking
 from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
@@ -69,6 +71,15 @@ def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, An
     if handler is None:
         return {}
     return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
+
+
+def _process_group_kwargs(handlers: list[Any] | None) -> dict[str, Any]:
+    """``AcceleratorState``'s process-group arguments from an ``InitProcessGroupKwargs`` (ours or the
+    peer's): its timeout, init method, and backend unless it is the default ``"nccl"`` (the device's own)."""
+    kwargs = _handler_kwargs(handlers, "InitProcessGroupKwargs")
+    if kwargs.get("backend") == "nccl":
+        del kwargs["backend"]
+    return {k: v for k, v in kwargs.items() if k in ("backend", "init_method", "timeout")}
 
 
 def _mark_prepared(obj: Any) -> Any:
@@ -111,7 +122,7 @@ class Accelerator:
         ddp_kwargs: extra ``DistributedDataParallel`` arguments.
         scaler_kwargs: extra ``GradScaler`` arguments.
         kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` (also its ``comm_hook``),
-            ``ProfileKwargs`` / ``GradScalerKwargs``
+            ``ProfileKwargs`` / ``GradScalerKwargs`` / ``InitProcessGroupKwargs``
             objects are understood too.
         fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
             models with FSDP2 instead of DDP; default: one from the environment when
@@ -155,7 +166,7 @@ class Accelerator:
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}, dynamo_plugin=...): give one "
                              "of them (the plugin has a backend field)")
-        self.state = AcceleratorState(mixed_precision, cpu=cpu)
+        self.state = AcceleratorState(mixed_precision, cpu=cpu, **_process_group_kwargs(kwargs_handlers))
         # how prepare compiles models (the peer keeps it on its state)
         if dynamo_backend is not None:
             dynamo_backend = parse_backend(dynamo_backend, "Accelerator(dynamo_backend=...)")
@@ -170,6 +181,9 @@ class Accelerator:
             getattr(plugin, "sync_with_dataloader", True),
         )
         self.sync_each_batch = bool(getattr(plugin, "sync_each_batch", False))  # all-reduce every micro-step
+        check_os_kernel()  # a warning on Linux below 5.5, as the peer's
+        AcceleratorState.adopt(self.state)  # what AcceleratorState() / GradientState() answer (runtime.latest)
+        GradientState.adopt(self.gradient_state)
         ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
         scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
         self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)
@@ -613,12 +627,14 @@ class Accelerator:
         return self.strategy.model_state_dict(model, unwrap)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-        """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict).
+        """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict: tensors
+        sharing memory stored once); on each machine's with ``ProjectConfiguration(save_on_each_node=True)``.
 
         XLA tensors are copied to the CPU first, so the file loads without torch_xla.
         """
         obj = self.strategy.to_cpu(obj)
-        if self.is_main_process:
+        on_each_node = self.project_configuration.save_on_each_node
+        if self.is_local_main_process if on_each_node else self.is_main_process:
             checkpoint.save_object(obj, Path(f), safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
@@ -677,13 +693,14 @@ class Accelerator:
         return handle
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None,
-                   safe_serialization: bool = False) -> Path:
+                   safe_serialization: bool = True) -> Path:
         """Atomically checkpoint models, optimizers, schedulers, loaders, scaler and RNGs (all processes call it).
 
         Without ``output_dir``: the next automatic checkpoint when ``automatic_checkpoint_naming``
         is on (older ones beyond ``total_limit`` are removed), else ``<project_dir>/checkpoint``.
-        ``safe_serialization`` stores the models as safetensors (``model.safetensors``...);
-        ``load_state`` reads either.
+        The peer's layout (``checkpoint.layout``): the peer loads it, and ``load_state`` loads the
+        peer's. ``safe_serialization`` (the default, as the peer's) stores the models as safetensors
+        (``model.safetensors``...), else ``pytorch_model.bin``...; ``load_state`` reads either.
         """
         config = self.project_configuration
         automatic = output_dir is None and config.automatic_checkpoint_naming
@@ -696,7 +713,7 @@ class Accelerator:
             items.models = list(items.models)
             for hook in list(self._save_state_pre_hooks.values()):
                 hook(items.models, items.model_states, target)
-        path = checkpoint.save_state(target, items, self.state, safe_serialization)
+        path = checkpoint.save_state(target, items, self.state, safe_serialization, step=self.step)
         if automatic:
             config.iteration += 1
             if self.is_main_process:
@@ -799,5 +816,11 @@ class _AcceleratorCounters:
         return {"step": self.accelerator.step, "gradient_state": self.accelerator.gradient_state.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """``step``, and the accumulation counters where the checkpoint has them (the peer's has not)."""
         self.accelerator.step = int(state["step"])
-        self.accelerator.gradient_state.load_state_dict(state["gradient_state"])
+        if "gradient_state" in state:
+            self.accelerator.gradient_state.load_state_dict(state["gradient_state"])
+
+
+# the peer's ``accelerate.accelerator`` also holds names other modules own (gather, PartialState...)
+_peer_paths.add_peer_names(sys.modules[__name__])

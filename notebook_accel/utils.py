@@ -1,7 +1,8 @@
 """Where a user switching from ``accelerate.utils`` finds the helpers: a re-export module, no code of its own.
 
 Also serves the peer's ``accelerate.utils.dataclasses`` and
-``accelerate.utils.operations`` names (the same objects).
+``accelerate.utils.operations`` names (the same objects). ``merge_fsdp_weights`` is imported
+on first use (torch's distributed checkpoint is slow to import).
 """
 
 from notebook_accel.big_model import (
@@ -11,6 +12,22 @@ from notebook_accel.big_model import (
     infer_auto_device_map,
     load_checkpoint_in_model,
 )
+from notebook_accel.big_model.hooks import has_offloaded_params
+from notebook_accel.big_model.modeling import (
+    align_module_device,
+    check_device_map,
+    clean_device_map,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    find_tied_parameters,
+    get_non_persistent_buffers,
+    get_state_dict_offloaded_model,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from notebook_accel.checkpoint.saving import save
 from notebook_accel.checkpoint.training_state import ProjectConfiguration
 from notebook_accel.data.prepare import DataLoaderConfiguration
 from notebook_accel.flags import str_to_bool
@@ -42,7 +59,8 @@ from notebook_accel.machine.availability import (
     is_wandb_available,
     is_xpu_available,
 )
-from notebook_accel.machine.versions import compare_versions, is_torch_version
+from notebook_accel.machine.versions import check_os_kernel, compare_versions, is_torch_version
+from notebook_accel.observe.progress import tqdm
 from notebook_accel.runtime.compilation import (
     compile_regions,
     has_compiled_regions,
@@ -54,11 +72,13 @@ from notebook_accel.runtime.dynamo import DynamoBackend, TorchDynamoPlugin
 from notebook_accel.runtime.helpers import (
     clear_environment,
     concatenate,
+    convert_dict_to_env_variables,
     convert_outputs_to_fp32,
     copy_tensor_to_devices,
     extract_model_from_parallel,
     find_batch_size,
     find_device,
+    get_model_tp_size,
     listify,
     pad_input_tensors,
     patch_environment,
@@ -73,10 +93,14 @@ from notebook_accel.runtime.memory import (
 )
 from notebook_accel.runtime.op_checks import DistributedOperationException
 from notebook_accel.runtime.ops import (
+    CannotPadNestedTensorWarning,
     broadcast,
     broadcast_object_list,
     gather,
     gather_object,
+    honor_type,
+    is_namedtuple,
+    is_torch_tensor,
     pad_across_processes,
     recursively_apply,
     reduce,
@@ -88,18 +112,26 @@ from notebook_accel.runtime.plugins import (
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
+    InitProcessGroupKwargs,
     KwargsHandler,
 )
 from notebook_accel.runtime.precision import convert_to_fp32
-from notebook_accel.runtime.profiling import ProfileKwargs
+from notebook_accel.runtime.profiling import PROFILE_PATTERN_NAME, ProfileKwargs
 from notebook_accel.runtime.rng_sync import RNGType, synchronize_rng_state, synchronize_rng_states
 from notebook_accel.runtime.seeding import set_seed
 from notebook_accel.runtime.state import DistributedType
-from notebook_accel.strategies.deepspeed.plugin import DummyOptim, DummyScheduler
+from notebook_accel.strategies.deepspeed.plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedOperationException",
     "DistributedType", "DynamoBackend", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProfileKwargs",
+    "DeepSpeedPlugin", "FullyShardedDataParallelPlugin", "InitProcessGroupKwargs", "PROFILE_PATTERN_NAME", "tqdm",
+    "CannotPadNestedTensorWarning", "check_os_kernel", "convert_dict_to_env_variables", "get_model_tp_size",
+    "has_offloaded_params", "honor_type", "is_namedtuple", "is_torch_tensor", "save",
+    "align_module_device", "check_device_map", "clean_device_map", "compute_module_total_buffer_size",
+    "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters", "get_non_persistent_buffers",
+    "get_state_dict_offloaded_model", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
     "ProjectConfiguration", "TorchDynamoPlugin",
     "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compile_regions",
     "compile_regions_deepspeed", "compile_regions_fsdp2", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",
@@ -114,3 +146,11 @@ __all__ = [
     "pad_input_tensors", "patch_environment", "purge_accelerate_environment", "recursively_apply", "reduce", "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size",
     "str_to_bool", "synchronize_rng_state", "synchronize_rng_states", "wait_for_everyone",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "merge_fsdp_weights":
+        from notebook_accel.strategies.fsdp.state_dict import merge_fsdp_weights
+
+        return merge_fsdp_weights
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -57,6 +57,7 @@ def dispatch_model(
     offload_buffers: bool = False,
     skip_keys: Iterable[str] | None = None,
     force_hooks: bool = False,
+    preload_module_classes: Iterable[str] | None = None,
 ) -> nn.Module:
     """Place ``model`` as ``device_map`` says and hook it so it runs across those devices.
 
@@ -75,6 +76,9 @@ def dispatch_model(
         offload_buffers: offload buffers with their module (default: they stay on the main device).
         skip_keys: keys of dict outputs left where they are when outputs go back.
         force_hooks: hook the model even when it all sits on one device.
+        preload_module_classes: class names of modules whose offloaded weights, their submodules'
+            included, are all brought in when the module starts (a module that reads a submodule's
+            weights without calling it).
 
     Returns:
         ``model`` itself. ``undispatch_model(model)`` or ``model.to(device)`` turn it back.
@@ -118,7 +122,8 @@ def dispatch_model(
     model.hf_device_map = dict(device_map)
     if len(set(device_map.values())) == 1 and not sources and not force_hooks:
         return model
-    hooks = _hook(model, device_map, entries, sources, devices.torch_device(main), tiers, skip_keys)
+    hooks = _hook(model, device_map, entries, sources, devices.torch_device(main), tiers, skip_keys,
+                  set(preload_module_classes or ()))
     ties = shared_names(model)
     setattr(model, DISPATCHED, _Dispatch(hooks, sources, {n: ties[n] for n in sources}, devices.torch_device(main)))
     for method in _MOVERS:
@@ -171,8 +176,9 @@ def _replace_with_placeholders(model, sources) -> None:
         set_tensor(model, name, placeholders[id(tensor)])
 
 
-def _hook(model, device_map, entries, sources, main, tiers, skip_keys) -> list[ModuleHook]:
-    """One ``ModuleHook`` per placed module (and per module owning placed tensors), plus the root."""
+def _hook(model, device_map, entries, sources, main, tiers, skip_keys, preload=frozenset()) -> list[ModuleHook]:
+    """One ``ModuleHook`` per placed module (and per module owning placed tensors), plus the root;
+    a module of a ``preload`` class brings its submodules' offloaded weights with its own."""
     devices = current_devices()
     modules = dict(model.named_modules(remove_duplicate=False))
     specs: dict[str, dict] = {"": {"device": main, "sources": {}, "move_inputs": True}}
@@ -190,6 +196,7 @@ def _hook(model, device_map, entries, sources, main, tiers, skip_keys) -> list[M
         local = name[len(owner) + 1:] if owner else name
         specs[owner]["sources"][local] = source
         specs[owner]["device"] = main
+    _preload(modules, specs, preload, main)
     hooks = []
     for name, spec in specs.items():
         hooks.append(ModuleHook(
@@ -200,6 +207,24 @@ def _hook(model, device_map, entries, sources, main, tiers, skip_keys) -> list[M
     for hook, following in zip(streamed, streamed[1:], strict=False):
         hook.next_streamed = following
     return hooks
+
+
+def _preload(modules: dict[str, nn.Module], specs: dict[str, dict], preload: set[str], main: torch.device) -> None:
+    """Move the sources of every module inside one of a ``preload`` class (outermost first) into
+    that module's spec, named relative to it."""
+    taken: set[str] = set()
+    for name in sorted((n for n, m in modules.items() if type(m).__name__ in preload), key=len):
+        if any(name.startswith(t + ".") for t in taken):
+            continue  # inside a module that already brings everything in
+        taken.add(name)
+        spec = specs.setdefault(name, {"device": main, "sources": {}, "move_inputs": False})
+        for inner, inner_spec in specs.items():
+            if inner.startswith(name + ".") and inner_spec["sources"]:
+                local = inner[len(name) + 1:]
+                spec["sources"].update({f"{local}.{t}": s for t, s in inner_spec.pop("sources").items()})
+                inner_spec["sources"] = {}
+        if spec["sources"]:
+            spec["device"] = main
 
 
 def _undispatching_mover(model: nn.Module, method: str):

@@ -3,6 +3,7 @@ just before it runs and drop them right after."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -12,6 +13,19 @@ from torch.utils._pytree import tree_map
 
 from notebook_accel.big_model.model_tensors import set_tensor
 from notebook_accel.big_model.safetensors_io import StoredTensor, map_tensors, prefetch
+
+_OFFLOADING: weakref.WeakKeyDictionary[nn.Module, ModuleHook] = weakref.WeakKeyDictionary()  # module -> its hook
+
+
+def offloading_hook(module: nn.Module) -> ModuleHook | None:
+    """The hook that brings ``module``'s offloaded weights in while it runs, if it has one."""
+    return _OFFLOADING.get(module)
+
+
+def has_offloaded_params(module: nn.Module) -> bool:
+    """Whether ``module``'s own weights are offloaded (``dispatch_model`` to "cpu" or "disk",
+    ``cpu_offload``, ``disk_offload``): kept elsewhere, brought to its device only while it runs."""
+    return module in _OFFLOADING
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,8 @@ class ModuleHook:
             held = owner._parameters if attr in owner._parameters else owner._buffers
             self.placeholders[name] = held[attr]
         self._input_device: list[torch.device | None] = []
+        if self.sources:
+            _OFFLOADING[self.module] = self
         self.handles = [
             self.module.register_forward_pre_hook(self._before, with_kwargs=True),
             self.module.register_forward_hook(self._after, with_kwargs=True, always_call=True),
@@ -117,5 +133,7 @@ class ModuleHook:
             set_tensor(self.module, name, placeholder)
 
     def remove(self) -> None:
+        if _OFFLOADING.get(self.module) is self:
+            del _OFFLOADING[self.module]
         for handle in self.handles:
             handle.remove()

@@ -26,6 +26,7 @@ def load_checkpoint_and_dispatch(
     skip_keys: Iterable[str] | None = None,
     force_hooks: bool = False,
     strict: bool = False,
+    preload_module_classes: Iterable[str] | None = None,
 ) -> nn.Module:
     """Load ``checkpoint`` into ``model`` (built under ``init_empty_weights``) and dispatch it.
 
@@ -41,6 +42,7 @@ def load_checkpoint_and_dispatch(
         skip_keys: dict output keys left on their device.
         force_hooks: hook even a model that sits on one device.
         strict: missing or unexpected checkpoint names are an error.
+        preload_module_classes: see ``dispatch_model``.
 
     Returns:
         ``model``, with ``model.hf_device_map`` set.
@@ -61,4 +63,4 @@ def load_checkpoint_and_dispatch(
     if plan is None:
         return model
     return dispatch_model(model, plan, offload_buffers=offload_buffers, skip_keys=skip_keys,
-                          force_hooks=force_hooks)
+                          force_hooks=force_hooks, preload_module_classes=preload_module_classes)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,6 +32,8 @@ from notebook_accel.big_model.safetensors_io import StoredTensor, read_tensor, w
 # Set on a model by load_checkpoint_in_model: {tensor name: WeightSource} of its offloaded tensors,
 # consumed by dispatch_model.
 OFFLOADED = "_notebook_accel_offloaded"
+
+logger = logging.getLogger(__name__)
 
 
 def _cast(dtype: torch.dtype | None, stored_dtype: torch.dtype) -> torch.dtype:
@@ -68,6 +70,8 @@ def load_checkpoint_in_model(
     dtype: torch.dtype | str | None = None,
     offload_buffers: bool = False,
     strict: bool = False,
+    offload_state_dict: bool | None = None,
+    keep_in_fp32_modules: list[str] | None = None,
 ) -> None:
     """Load ``checkpoint`` into ``model`` file by file, each tensor straight to its device.
 
@@ -84,7 +88,12 @@ def load_checkpoint_in_model(
         offload_folder: where disk-placed tensors of ``.bin`` checkpoints are written.
         dtype: cast floating-point tensors to this dtype.
         offload_buffers: offload buffers with their module (default: they stay on the main device).
-        strict: raise on checkpoint tensors the model lacks, and on model tensors it lacks.
+        strict: raise on checkpoint tensors the model lacks, and on model tensors it lacks
+            (without it, the first are named in a logged warning, in the peer's words).
+        offload_state_dict: the peer's switch to stage the CPU part of the state dict on disk when
+            it does not fit in memory; accepted, and needless here: tensors are read one at a time.
+        keep_in_fp32_modules: names of modules whose floating-point weights stay in float32 when
+            ``dtype`` casts the others.
 
     Raises:
         ValueError: a tensor the model needs is neither in the checkpoint nor already real; with
@@ -118,6 +127,11 @@ def load_checkpoint_in_model(
                 placeholder = get_tensor(model, name)
                 record[name] = offload_as
 
+    kept = set(keep_in_fp32_modules or ())
+
+    def dtype_of(key: str) -> torch.dtype | None:  # float32 inside a keep_in_fp32_modules module
+        return torch.float32 if dtype is not None and kept & set(key.split(".")[:-1]) else dtype
+
     found: set[str] = set()
     unexpected: list[str] = []
     for path in checkpoint_files(checkpoint):
@@ -129,7 +143,7 @@ def load_checkpoint_in_model(
                     continue
                 names = shared[key]
                 found.update(names)
-                target = _cast(dtype, entry.dtype)
+                target = _cast(dtype_of(key), entry.dtype)
                 homes = [home(n) for n in names if home(n) is not None]
                 if homes:
                     value = _materialize(entry, fd, devices.torch_device(homes[0]), target)
@@ -139,7 +153,7 @@ def load_checkpoint_in_model(
                     put(names, value, WeightSource(value))
                 elif isinstance(entry, StoredTensor):
                     put(names, torch.empty(entry.shape, dtype=target, device="meta"),
-                        WeightSource(entry, dtype))
+                        WeightSource(entry, dtype_of(key)))
                 else:
                     to_write[key] = names
             if to_write:
@@ -152,15 +166,16 @@ def load_checkpoint_in_model(
                 out = Path(offload_folder) / f"{path.stem}.offload.safetensors"
                 written = write_safetensors(out, {key: stored[key] for key in to_write})
                 for key, names in to_write.items():
-                    meta = torch.empty(written[key].shape, dtype=_cast(dtype, written[key].dtype), device="meta")
-                    put(names, meta, WeightSource(written[key], dtype))
+                    meta = torch.empty(written[key].shape, dtype=_cast(dtype_of(key), written[key].dtype),
+                                       device="meta")
+                    put(names, meta, WeightSource(written[key], dtype_of(key)))
 
     missing = [name for name in placed if name not in found]
     if strict and (missing or unexpected):
         raise ValueError(f"checkpoint {checkpoint}: missing {_few(missing)}, unexpected {_few(unexpected)}")
     if unexpected:
-        warnings.warn(f"checkpoint {checkpoint} holds tensors the model lacks (ignored): {_few(unexpected)}",
-                      stacklevel=2)
+        logger.warning(f"Some weights of the model checkpoint at {checkpoint} were not used when initializing "
+                       f"{type(model).__name__}: {_few(unexpected)}")
     _place_missing(model, missing, home, placed, record, devices)
     setattr(model, OFFLOADED, record)
 

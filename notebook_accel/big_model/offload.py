@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -33,12 +34,14 @@ def cpu_offload(
     model: nn.Module,
     execution_device: DeviceKey | torch.device | None = None,
     offload_buffers: bool = False,
+    preload_module_classes: Iterable[str] | None = None,
 ) -> nn.Module:
     """Keep the weights in CPU memory and copy each module's to ``execution_device`` (default: the
-    first GPU, else the CPU, where nothing needs copying) only while it runs."""
+    first GPU, else the CPU, where nothing needs copying) only while it runs; a module of a
+    ``preload_module_classes`` class brings its submodules' weights with its own."""
     return dispatch_model(
         model, _per_module(model, "cpu"), main_device=_execution_device(execution_device),
-        offload_buffers=offload_buffers, force_hooks=True,
+        offload_buffers=offload_buffers, force_hooks=True, preload_module_classes=preload_module_classes,
     )
 
 
@@ -47,10 +50,13 @@ def disk_offload(
     offload_dir: str | os.PathLike,
     execution_device: DeviceKey | torch.device | None = None,
     offload_buffers: bool = False,
+    preload_module_classes: Iterable[str] | None = None,
 ) -> nn.Module:
     """Write the weights once to a safetensors file in ``offload_dir`` and free them; each module's
-    weights are then memory-mapped from there (zero-copy on the CPU) only while it runs."""
+    weights are then memory-mapped from there (zero-copy on the CPU) only while it runs (with its
+    submodules' for a ``preload_module_classes`` class)."""
     return dispatch_model(
         model, _per_module(model, "disk"), main_device=_execution_device(execution_device),
         offload_dir=offload_dir, offload_buffers=offload_buffers, force_hooks=True,
+        preload_module_classes=preload_module_classes,
     )

@@ -1,16 +1,16 @@
 """Saving and restoring the whole training state, atomically.
 
-A checkpoint is a directory::
+A checkpoint is a directory, in the peer's layout (``layout``: each library loads the other's)::
 
-    model.pt, model_1.pt, ...          state dicts of the unwrapped models (main process;
-                                       model.safetensors, ... with safe_serialization)
+    model.safetensors, model_1.safetensors, ...  state dicts of the unwrapped models (main process;
+                                       pytorch_model.bin, ... with safe_serialization=False)
     pytorch_model_fsdp_0/, optimizer_0/  instead, under FSDP: one shard file per rank (see fsdp.checkpointing)
-    optimizer.pt, scheduler.pt, ...    likewise, one per prepared object
-    dataloader.pt, ...                 shuffling generator and position in the epoch
+    optimizer.bin, scheduler.bin, ...  likewise, one per prepared object (optimizer_1.bin...)
+    dataloader.pt, ...                 shuffling generator and position in the epoch (ours)
     scaler.pt                          the fp16 GradScaler, when there is one
-    custom_checkpoint_0.pt, ...        objects given to ``register_for_checkpointing``
-    accelerator.pt                     accumulation counters and the tracker step
-    random_states_<rank>.pt            python, numpy, torch, CUDA/XLA RNGs of each process
+    custom_checkpoint_0.pkl, ...       objects given to ``register_for_checkpointing``
+    accelerator.pt                     accumulation counters and the tracker step (ours)
+    random_states_<rank>.pkl           python, numpy, torch, CUDA/XLA RNGs of each process, and the step
 
 Atomicity: everything is written (and fsync'd) into ``<dir>.tmp``; only then does
 the main process move the old ``<dir>`` aside to ``<dir>.old``, rename
@@ -33,7 +33,6 @@ arbitrary pickled objects; a state that needs them can be loaded with
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import uuid
@@ -44,7 +43,9 @@ from typing import Any
 
 import torch
 
+from notebook_accel.checkpoint import layout, random_states
 from notebook_accel.checkpoint.weight_shards import (
+    drop_shared,
     parse_size,
     save_object,
     save_shards,
@@ -71,7 +72,8 @@ class CheckpointItems:
 
 
 _CHECKPOINT_FILE = re.compile(  # what save_state itself writes (stale ones are not carried over)
-    r"(model|optimizer|scheduler|dataloader|custom_checkpoint|random_states)(_\d+)?\.(pt|bin|safetensors)"
+    r"(pytorch_model|model|optimizer|scheduler|dataloader|custom_checkpoint|random_states)(_\d+)?"
+    r"\.(pt|bin|pkl|safetensors)"
     r"|scaler\.pt|accelerator\.pt|(pytorch_model_fsdp|optimizer)_\d+")
 
 
@@ -83,10 +85,6 @@ def _carry_over(final: Path, tmp: Path) -> None:
             os.rename(entry, tmp / entry.name)
 
 
-def _name(prefix: str, index: int) -> str:
-    return f"{prefix}.pt" if index == 0 else f"{prefix}_{index}.pt"
-
-
 def _write(obj: Any, path: Path) -> None:
     with open(path, "wb") as f:
         torch.save(obj, f)
@@ -96,44 +94,6 @@ def _write(obj: Any, path: Path) -> None:
 
 def _read(path: Path, weights_only: bool) -> Any:
     return torch.load(path, map_location="cpu", weights_only=weights_only)
-
-
-def rng_state(xla_device: bool = False) -> dict[str, Any]:
-    """Every RNG state of this process, in types ``weights_only`` loading accepts."""
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover
-        pass
-    else:
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    if xla_device:
-        from notebook_accel.runtime import xla
-
-        state["xla"] = xla.rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` returned."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "xla" in state:
-        from notebook_accel.runtime import xla
-
-        xla.set_rng_state(state["xla"])
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -177,12 +137,9 @@ def _create_exclusive(path: Path) -> bool:
     return True
 
 
-def _model_file(index: int, safe_serialization: bool) -> str:
-    return _name("model", index).replace(".pt", ".safetensors") if safe_serialization else _name("model", index)
-
-
 def save_state(
-    output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, safe_serialization: bool = False,
+    output_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, safe_serialization: bool = True,
+    step: int | None = None,
 ) -> Path:
     """Write a checkpoint of ``items`` to ``output_dir`` atomically; returns its path.
 
@@ -190,6 +147,7 @@ def save_state(
     share the directory (each its own path, or machines without a shared file system),
     one process per file system writes the shared files there too, so every copy is complete.
     ``safe_serialization`` writes the models as ``model.safetensors``, ``model_1.safetensors``...
+    (else ``pytorch_model.bin``...); ``step`` goes into the random-states files, as the peer's.
     """
     final = Path(output_dir).absolute()
     tmp = final.with_name(final.name + ".tmp")
@@ -213,21 +171,21 @@ def save_state(
     if owner:
         for i, weights in enumerate(model_states):
             if safe_serialization:
-                save_weights_file(weights, tmp / _model_file(i, True))
+                save_weights_file(weights, tmp / layout.model_file(i, True))
             else:
-                _write(weights, tmp / _model_file(i, False))
+                _write(weights, tmp / layout.model_file(i, False))
         for i, opt in enumerate(items.optimizers if items.sharded is None else ()):
-            _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / _name("optimizer", i))
-        for prefix, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
+            _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / layout.object_file("optimizer", i))
+        for kind, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
             for i, obj in enumerate(objs):
-                _write(obj.state_dict(), tmp / _name(prefix, i))
+                _write(obj.state_dict(), tmp / layout.object_file(kind, i))
         for i, obj in enumerate(items.custom):
-            _write(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
+            _write(obj.state_dict(), tmp / layout.custom_file(i))
         if items.scaler is not None:
             _write(items.scaler.state_dict(), tmp / "scaler.pt")
         if items.accelerator is not None:
             _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
-    _write(rng_state(on_xla), tmp / f"random_states_{state.process_index}.pt")
+    _write(random_states.capture(on_xla, step), tmp / layout.rng_file(state.process_index))
     state.wait_for_everyone()
     if owner:
         if final.exists():
@@ -246,20 +204,9 @@ def save_state(
 
 def save_weights_file(state: dict[str, torch.Tensor], path: Path) -> None:
     """One safetensors file of ``state``, tied weights stored once (fsync'd)."""
-    save_object(_untied(state), path, safe_serialization=True)
+    save_object(drop_shared(state)[0], path, safe_serialization=True)
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
-
-
-def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    seen: set[tuple[Any, int]] = set()
-    unique = {}
-    for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key not in seen:
-            seen.add(key)
-            unique[name] = tensor.contiguous()
-    return unique
 
 
 def save_weights(
@@ -275,7 +222,7 @@ def save_weights(
     limit = parse_size(max_shard_size)
     directory.mkdir(parents=True, exist_ok=True)
     if safe_serialization:
-        state = _untied(state)
+        state = drop_shared(state)[0]
     return save_shards(split_state(state, limit), directory, safe_serialization)
 
 
@@ -325,8 +272,8 @@ def load_state(
                          "restores sharded models whole: use strict=True (the default)")
 
     def read(name: str) -> Any:
-        file = path / name
-        if not file.is_file():
+        file = layout.find(path, name)
+        if file is None:
             raise FileNotFoundError(
                 f"checkpoint {path} has no {name}; was it saved with the same prepared objects?"
             )
@@ -335,30 +282,38 @@ def load_state(
     if items.sharded is not None:
         items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
     for i, model in enumerate(items.models if items.sharded is None else ()):
-        safe = path / _model_file(i, True)
+        safe = path / layout.model_file(i, True)
         if safe.is_file():  # load_model: tied weights were stored once, under one name
             from safetensors.torch import load_model
 
             load_model(_unwrap(model), str(safe), strict=strict)
         else:
-            _unwrap(model).load_state_dict(read(_model_file(i, False)), strict=strict)
-    for prefix, objs in (
-        ("optimizer", items.optimizers if items.sharded is None else []), ("scheduler", items.schedulers),
-        ("dataloader", items.dataloaders),
-    ):
+            _unwrap(model).load_state_dict(read(layout.model_file(i, False)), strict=strict)
+    for kind, objs in (("optimizer", items.optimizers if items.sharded is None else []),
+                       ("scheduler", items.schedulers)):
         for i, obj in enumerate(objs):
-            obj.load_state_dict(read(_name(prefix, i)))
+            obj.load_state_dict(read(layout.object_file(kind, i)))
+    for i, loader in enumerate(items.dataloaders):
+        if layout.find(path, layout.object_file("dataloader", i)) is not None:
+            loader.load_state_dict(read(layout.object_file("dataloader", i)))
+        else:  # the peer's checkpoint: it keeps no loader position
+            warnings.warn(f"{path} has no {layout.object_file('dataloader', i)} (a checkpoint of the peer's?): "
+                          "that loader starts its epoch from the beginning", stacklevel=2)
     for i, obj in enumerate(items.custom):
-        obj.load_state_dict(read(f"custom_checkpoint_{i}.pt"))
+        obj.load_state_dict(read(layout.custom_file(i)))
     if items.scaler is not None:
         items.scaler.load_state_dict(read("scaler.pt"))
     if items.accelerator is not None and (path / "accelerator.pt").is_file():
         items.accelerator.load_state_dict(read("accelerator.pt"))
-    rng_file = path / f"random_states_{state.process_index}.pt"
-    if rng_file.is_file():
-        set_rng_state(_read(rng_file, weights_only))
+    rng_file = layout.find(path, layout.rng_file(state.process_index))
+    if rng_file is not None:
+        states = random_states.read(rng_file, weights_only)
+        random_states.restore(states)
+        if items.accelerator is not None and not (path / "accelerator.pt").is_file() and "step" in states:
+            items.accelerator.load_state_dict({"step": states["step"]})  # the peer's checkpoint
     else:
-        warnings.warn(f"{rng_file.name} not found in {path}; random states not restored", stacklevel=2)
+        warnings.warn(f"{layout.rng_file(state.process_index)} not found in {path}; random states not restored",
+                      stacklevel=2)
     return path
 
 
@@ -373,6 +328,9 @@ class ProjectConfiguration:
             ``<project_dir>/checkpoints/checkpoint_<iteration>``; ``load_state()`` loads the latest.
         total_limit: keep at most this many automatic checkpoints (oldest removed).
         iteration: the number the next automatic checkpoint gets.
+        save_on_each_node: ``Accelerator.save`` writes on each machine's local main process
+            (machines without a shared file system), not only on the main process. ``save_state``
+            needs no such switch: it writes a complete copy on every file system by itself.
     """
 
     project_dir: str | os.PathLike[str] | None = None
@@ -380,6 +338,7 @@ class ProjectConfiguration:
     automatic_checkpoint_naming: bool = False
     total_limit: int | None = None
     iteration: int = 0
+    save_on_each_node: bool = False
 
     def resolve(self, path: str | os.PathLike[str] | None, saving: bool) -> Path:
         """The directory ``save_state`` / ``load_state`` use when given ``path`` (maybe ``None``).

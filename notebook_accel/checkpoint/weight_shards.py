@@ -9,12 +9,14 @@ A tensor larger than the limit gets a shard of its own.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+logger = logging.getLogger(__name__)
 
 def parse_size(size: int | str) -> int:
     """Bytes in ``size``: an int, or a string like ``"10GB"``, ``"500MiB"`` (``big_model``'s units).
@@ -38,11 +40,34 @@ def parse_size(size: int | str) -> int:
     return limit
 
 
+def drop_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """``state`` with each tensor that shares memory with an earlier one (tied weights) left out,
+    the others made contiguous (safetensors refuses both); and the names left out."""
+    seen: set[tuple[Any, int]] = set()
+    unique, dropped = {}, []
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen:
+            dropped.append(name)
+        else:
+            seen.add(key)
+            unique[name] = tensor.contiguous()
+    return unique, dropped
+
+
 def save_object(obj: Any, path: Path, safe_serialization: bool = False) -> None:
-    """``torch.save`` (or safetensors' ``save_file`` for a dict of tensors) to ``path``."""
+    """``torch.save`` (or safetensors' ``save_file`` for a dict of tensors) to ``path``.
+
+    safetensors stores a tensor sharing memory with another (tied weights) once, under its first
+    name, and logs a warning naming the others (the peer's ``save``).
+    """
     if safe_serialization:
         from safetensors.torch import save_file
 
+        obj, dropped = drop_shared(dict(obj))
+        if dropped:
+            logger.warning(f"Removed shared tensor {dropped} while saving {path.name}: each is stored once, under "
+                           "the first name sharing its memory (tie the weights again after loading)")
         save_file(obj, str(path), metadata={"format": "pt"})
     else:
         torch.save(obj, path)

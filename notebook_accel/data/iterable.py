@@ -8,11 +8,18 @@ completed with samples from the first one, so every process gets the same number
 of full batches; ``remainder`` then says how many samples of that chunk were real,
 for ``gather_for_metrics``. Known in the main process only with ``num_workers=0``
 or a dataset with ``__len__``; otherwise the duplicates are not dropped.
+
+A ``datasets.IterableDataset`` with at least as many shards (files) as processes is instead
+cut by datasets itself (``shard_natively``), as the peer does: each process reads only its own
+files. Their lengths may differ, so the processes may get different numbers of batches (the
+peer's behaviour too): give such a dataset shards of equal size, or ``n_shards`` below the
+number of processes to have every process read the whole stream and keep its slice.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,3 +89,14 @@ class IterableDatasetShard(IterableDataset):
         while len(current) < self.chunk:
             current.extend(filler[: self.chunk - len(current)])
         yield from current[mine]
+
+
+def shard_natively(dataset: Any, num_processes: int, process_index: int, split_batches: bool) -> Any | None:
+    """This process's shards of a ``datasets.IterableDataset`` with ``n_shards >= num_processes``
+    (``dataset.shard``), or ``None`` when it is no such dataset, or with ``split_batches``."""
+    datasets = sys.modules.get("datasets")  # such a dataset exists only once datasets is imported
+    if datasets is None or split_batches or num_processes == 1:
+        return None
+    if not isinstance(dataset, datasets.IterableDataset) or dataset.n_shards < num_processes:
+        return None
+    return dataset.shard(num_shards=num_processes, index=process_index)

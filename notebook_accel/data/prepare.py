@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from notebook_accel.data.dispatch import DataLoaderDispatcher
-from notebook_accel.data.iterable import IterableDatasetShard
+from notebook_accel.data.iterable import IterableDatasetShard, shard_natively
 from notebook_accel.data.samplers import SeedableRandomSampler
 from notebook_accel.data.shard import DataLoaderShard, LoaderProgress, loader_kwargs
 from notebook_accel.data.sharding import ShardBatchSampler
@@ -166,6 +166,12 @@ def shard_data_loader(
         if dispatch_batches:
             return _dispatcher(loader, None, num_processes, process_index, split_batches, even_batches, common,
                                batch_size=loader.batch_size, drop_last=loader.drop_last)
+        own_shards = shard_natively(loader.dataset, num_processes, process_index, split_batches)
+        if own_shards is not None:  # datasets cuts it by files: this process reads only its own
+            return DataLoaderShard(
+                own_shards, None, total_batch_size=(loader.batch_size or 1) * num_processes,
+                batch_size=loader.batch_size, drop_last=loader.drop_last, **common, **loader_kwargs(loader),
+            )
         shard_ds = IterableDatasetShard(
             loader.dataset, loader.batch_size or 1, loader.drop_last, num_processes, process_index, split_batches
         )

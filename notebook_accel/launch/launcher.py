@@ -20,6 +20,7 @@ from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan, shm_note
+from notebook_accel.launch.rdzv import meeting_point
 from notebook_accel.launch.record import LaunchRecord, remember
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.supervisor import Supervisor
@@ -75,7 +76,9 @@ def notebook_launcher(
         master_addr, node_rank, num_nodes: multi-machine jobs (same call on each node). The
             nodes must meet within 300 s (or ``timeout``, if shorter), else a ``TimeoutError``
             names the node that did not come.
-        rdzv_backend, rdzv_endpoint: only the static rendezvous is supported.
+        rdzv_backend, rdzv_endpoint: ``"static"`` (default) or ``"c10d"``, and where the nodes meet
+            (``"host:port"``, instead of ``master_addr`` / ``use_port``); both meet at a store
+            this kernel hosts (``launch/rdzv.py`` says how c10d differs across machines).
         max_restarts: relaunch the whole job up to this many times after a failure.
         start_method: "auto" (fork when safe, else a warm forkserver), "fork",
             "forkserver" or "spawn".
@@ -153,11 +156,7 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
         raise TypeError(f"kwargs must be a dict or None, not {type(kwargs).__name__}")
     if not isinstance(monitor_interval, (int, float)) or monitor_interval <= 0:
         raise ValueError(f"monitor_interval must be a positive number of seconds, got {monitor_interval!r}")
-    if rdzv_backend != "static" or rdzv_endpoint:
-        raise ValueError(
-            f"rdzv_backend={rdzv_backend!r} / rdzv_endpoint={rdzv_endpoint!r}: only the static "
-            "rendezvous is supported; give master_addr and use_port (the same on every node)"
-        )
+    master_addr, use_port = meeting_point(rdzv_backend, rdzv_endpoint, master_addr, use_port)
     notes: list[str] = []
     plan = plan_launch(
         {"num_processes": num_processes, "mixed_precision": mixed_precision,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import operator
+import platform
 
 import torch
 from torch.torch_version import TorchVersion  # PEP 440 comparisons with plain strings
@@ -29,3 +31,19 @@ def compare_versions(library_or_version: str, operation: str, requirement_versio
 def is_torch_version(operation: str, version: str) -> bool:
     """The running torch's version ``operation`` ``version``, e.g. ``is_torch_version(">=", "2.3")``."""
     return compare_versions(torch.__version__, operation, version)
+
+
+MIN_LINUX_KERNEL = "5.5.0"
+
+
+def check_os_kernel() -> None:
+    """Warn (logging) when this is Linux below ``MIN_LINUX_KERNEL``: processes can hang there."""
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    version = info.release.split("-")[0]
+    if compare_versions(version, "<", MIN_LINUX_KERNEL):
+        logging.getLogger(__name__).warning(
+            f"Detected kernel version {version}, which is below the recommended minimum of {MIN_LINUX_KERNEL}; "
+            "this can cause the process to hang. Upgrade the kernel to the minimum version or higher."
+        )

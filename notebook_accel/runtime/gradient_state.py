@@ -1,20 +1,25 @@
 """Shared, per-Accelerator bookkeeping of gradient accumulation and the active data loaders.
 
 One ``GradientState`` belongs to one ``Accelerator``; its optimizers, schedulers
-and data loaders hold a reference to it. Nothing here is process-global.
+and data loaders hold a reference to it. ``GradientState()`` without arguments is the
+latest Accelerator's (``runtime.latest``: the peer's singleton, as far as users see it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from notebook_accel.runtime.latest import LatestOrNew
 
-class GradientState:
+
+class GradientState(metaclass=LatestOrNew):
     """Whether this step syncs gradients, and where the innermost active loader stands.
 
     Args:
         num_steps: gradient accumulation steps.
         sync_with_dataloader: force a sync on the last batch of a loader.
+
+    Without arguments: the latest ``Accelerator``'s, if one lives (see ``runtime.latest``).
     """
 
     def __init__(self, num_steps: int = 1, sync_with_dataloader: bool = True) -> None:
@@ -28,7 +33,8 @@ class GradientState:
 
     @classmethod
     def _reset_state(cls) -> None:
-        """The peer's reset of its shared singleton; each ``GradientState`` here is its own, so none."""
+        """The peer's reset of its singleton: ``GradientState()`` builds a new one again."""
+        LatestOrNew.forget(cls)
 
     @property
     def active_dataloader(self) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -13,6 +14,8 @@ import torch
 from notebook_accel.runtime.compilation import has_compiled_regions, is_compiled_module
 from notebook_accel.runtime.ops import recursively_apply
 from notebook_accel.runtime.precision import convert_to_fp32, unwrap_forward
+
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -49,6 +52,22 @@ def clear_environment() -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+_FORBIDDEN_IN_ENV = (";", "\n", "<", ">", " ")
+
+
+def convert_dict_to_env_variables(current_env: Mapping[str, str]) -> list[str]:
+    """``NAME=value\n`` lines for an environment file, leaving out (with a warning) each variable that is
+    empty or holds a character a shell would read otherwise (``; < > space newline``)."""
+    lines = []
+    for key, value in current_env.items():
+        text = f"{key}{value}"
+        if key and value and not any(char in text for char in _FORBIDDEN_IN_ENV):
+            lines.append(f"{key}={value}\n")
+        else:
+            logger.warning(f"Skipping {key}={value}: empty, or holds one of {_FORBIDDEN_IN_ENV}")
+    return lines
 
 
 @contextlib.contextmanager
@@ -236,3 +255,15 @@ def wait_for_everyone() -> None:
     from notebook_accel.runtime.state import PartialState
 
     PartialState().wait_for_everyone()
+
+
+def get_model_tp_size(model: Any) -> int | None:
+    """The tensor-parallel degree transformers recorded for ``model`` (``model.tp_size``, or since
+    transformers 5 its ``config.distributed_config``'s ``tp_size``), or ``None``."""
+    size = getattr(model, "tp_size", None)
+    if size is not None:
+        return size
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    if isinstance(distributed, Mapping):
+        return distributed.get("tp_size")
+    return getattr(distributed, "tp_size", None)

@@ -8,6 +8,7 @@ own collectives (``notebook_accel.runtime.xla``) for gather, reduce and broadcas
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,27 +30,49 @@ def _on_xla_group() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_backend() == "xla"
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """``pad_across_processes`` was given a nested tensor, which it returns as it is."""
+
+
+def is_torch_tensor(data: Any) -> bool:
+    """Whether ``data`` is a tensor (the default leaf test of ``recursively_apply``)."""
+    return isinstance(data, torch.Tensor)
+
+
+def is_namedtuple(data: Any) -> bool:
+    """Whether ``data`` is a namedtuple (``collections.namedtuple`` or ``typing.NamedTuple``, subclasses too)."""
+    return isinstance(data, tuple) and hasattr(data, "_asdict") and hasattr(data, "_fields")
+
+
+def honor_type(obj: Any, generator: Any) -> Any:
+    """``generator``'s items in a container of ``obj``'s type (a namedtuple takes them as fields)."""
+    return type(obj)(*generator) if is_namedtuple(obj) else type(obj)(generator)
+
+
 def recursively_apply(
-    func: Callable[[torch.Tensor], Any], data: Any, *, error_on_other_type: bool = False
+    func: Callable[..., Any], data: Any, *args: Any, test_type: Callable[[Any], bool] = is_torch_tensor,
+    error_on_other_type: bool = False, **kwargs: Any,
 ) -> Any:
-    """Apply ``func`` to every tensor in ``data``, keeping the structure.
+    """Apply ``func(leaf, *args, **kwargs)`` to every leaf of ``data`` that passes ``test_type``
+    (a tensor by default), keeping the structure (lists, tuples, namedtuples, mappings).
 
     Raises:
-        TypeError: when ``error_on_other_type`` and a leaf is not a tensor.
+        TypeError: when ``error_on_other_type`` and a leaf fails ``test_type`` (the peer's words).
     """
-    if isinstance(data, torch.Tensor):
-        return func(data)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(recursively_apply(func, x, error_on_other_type=error_on_other_type) for x in data))
+    if test_type(data):
+        return func(data, *args, **kwargs)
     if isinstance(data, (list, tuple)):
-        return type(data)(recursively_apply(func, x, error_on_other_type=error_on_other_type) for x in data)
+        return honor_type(data, (recursively_apply(func, x, *args, test_type=test_type,
+                                                   error_on_other_type=error_on_other_type, **kwargs) for x in data))
     if isinstance(data, Mapping):
-        return type(data)(
-            {k: recursively_apply(func, v, error_on_other_type=error_on_other_type) for k, v in data.items()}
-        )
+        return type(data)({k: recursively_apply(func, v, *args, test_type=test_type,
+                                                error_on_other_type=error_on_other_type, **kwargs)
+                           for k, v in data.items()})
     if error_on_other_type:
         raise TypeError(
-            f"expected tensors or nested lists/tuples/dicts of tensors, found {type(data).__name__}"
+            f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
+            f"list/tuple/dicts of objects that are valid for `{getattr(test_type, '__name__', test_type)}` "
+            "should be passed."
         )
     return data
 
@@ -225,13 +248,19 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first:
         dim: the dimension to pad.
         pad_index: the fill value.
         pad_first: pad at the start instead of the end.
+
+    A nested tensor is returned as it is, with a ``CannotPadNestedTensorWarning`` (as the peer).
     """
-    if world_size() == 1:
-        return data
-    _verify("pad_across_processes", data, skip_dim=dim)
+    distributed = world_size() > 1
+    if distributed:
+        _verify("pad_across_processes", data, skip_dim=dim)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
-        if dim >= tensor.ndim or dim < -tensor.ndim:
+        if tensor.is_nested:
+            warnings.warn("pad_across_processes: a nested tensor cannot be padded; it is returned as it is",
+                          CannotPadNestedTensorWarning, stacklevel=4)
+            return tensor
+        if not distributed or dim >= tensor.ndim or dim < -tensor.ndim:
             return tensor
         return _pad(tensor, dim, max(_all_gather_sizes(tensor, dim)), pad_index, pad_first)
 

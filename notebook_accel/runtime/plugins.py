@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import enum
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 
@@ -94,6 +95,22 @@ class AutocastKwargs(KwargsHandler):
 
     enabled: bool = True
     cache_enabled: bool | None = None
+
+
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """How an ``Accelerator`` creates the process group (``torch.distributed.init_process_group``).
+
+    Attributes:
+        backend: the collective backend; the default ``"nccl"`` means "the device's own"
+            (nccl on GPUs, gloo on the CPU), as with the peer; another value is used as given.
+        init_method: where the processes meet; default the torchrun environment (``env://``).
+        timeout: how long a collective may wait, or ``None`` for torch's default.
+    """
+
+    backend: str | None = "nccl"
+    init_method: str | None = None
+    timeout: timedelta | None = None
 
 
 @dataclass

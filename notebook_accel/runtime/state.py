@@ -121,7 +121,7 @@ def collective_backend(device_type: str) -> str:
 
 def ensure_process_group(
     backend: str, rank: int, world_size: int, timeout: timedelta | None, device: torch.device | None = None,
-    *, alone: bool = False,
+    *, alone: bool = False, init_method: str | None = None,
 ) -> None:
     """Create the default process group once per process; later calls reuse it (the one place that creates it).
 
@@ -136,6 +136,7 @@ def ensure_process_group(
         device: for nccl, this process's GPU, bound to the group where torch supports it.
         alone: with ``world_size`` 1, create a one-process group anyway (a strategy that needs
             one, DeepSpeed); it meets nobody, so it uses an in-process store: no port, no race.
+        init_method: where the processes meet (default ``env://``: the torchrun environment).
     """
     if world_size <= 1 and not alone:
         return
@@ -152,7 +153,7 @@ def ensure_process_group(
 
         kwargs["init_method"] = "xla://"
     else:
-        kwargs["init_method"] = "env://"
+        kwargs["init_method"] = init_method or "env://"
     if backend == "nccl" and device is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
@@ -168,6 +169,9 @@ class PartialState:
     Args:
         cpu: force the CPU even when a GPU is present.
         timeout: collective timeout for the process group, if one is created here.
+        backend: the collective backend, if one is created here (default: the device's own,
+            ``collective_backend``).
+        init_method: where the processes meet, if a group is created here (default ``env://``).
 
     Example:
         >>> state = PartialState()
@@ -175,7 +179,8 @@ class PartialState:
         (1, device(type='cpu'))
     """
 
-    def __init__(self, cpu: bool = False, timeout: timedelta | None = None) -> None:
+    def __init__(self, cpu: bool = False, timeout: timedelta | None = None, backend: str | None = None,
+                 init_method: str | None = None) -> None:
         self.device_type = _device_type(cpu)
         if self.device_type == "xla":
             from notebook_accel.runtime import xla
@@ -212,8 +217,12 @@ class PartialState:
                 f"rank {self.process_index} is outside the world of {self.num_processes} processes"
             )
         self.num_local_processes = _env_int(contract.LOCAL_WORLD_SIZE, self.num_processes)
+        if self.backend is not None and self.device_type != "xla":
+            self.backend = backend or self.backend
         if self.backend is not None:
-            ensure_process_group(self.backend, self.process_index, self.num_processes, timeout, self.device)
+            meeting = {"init_method": init_method} if init_method else {}
+            ensure_process_group(self.backend, self.process_index, self.num_processes, timeout, self.device,
+                                 **meeting)
 
     def __repr__(self) -> str:
         return (

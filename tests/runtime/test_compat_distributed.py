@@ -24,12 +24,13 @@ def test_two_processes_with_the_users_generator_train_the_one_process_model(rank
 
 
 def test_save_state_into_a_directory_per_rank_is_complete_on_every_rank(ranks):
-    want = ["accelerator.pt", "model.pt", "random_states_0.pt"]
+    want = ["accelerator.pt", "model.safetensors", "random_states_0.pkl"]
     assert ranks[0]["unshared_files"] == want
-    assert ranks[1]["unshared_files"] == ["accelerator.pt", "model.pt", "random_states_1.pt"]
+    assert ranks[1]["unshared_files"] == ["accelerator.pt", "model.safetensors", "random_states_1.pkl"]
     for rank in ranks:
         assert rank["unshared_leftovers"] == []  # no .tmp, .old or lock files left
-        assert rank["shared_files"] == ["accelerator.pt", "model.pt", "random_states_0.pt", "random_states_1.pt"]
+        assert rank["shared_files"] == ["accelerator.pt", "model.safetensors", "random_states_0.pkl",
+                                        "random_states_1.pkl"]
 
 
 def test_max_min_reductions_and_split_of_a_dataset(ranks):

@@ -11,3 +11,10 @@ def test_a_fresh_interpreter_can_import_a_peer_path_first():
             "import notebook_accel.runtime.state as s; assert PartialState is s.PartialState; "
             "import notebook_accel.fsdp.plugin as p, notebook_accel.strategies.fsdp.plugin as q; assert p is q")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_state_path_has_the_peers_state_classes_in_a_fresh_interpreter():
+    code = ("from notebook_accel.state import AcceleratorState, GradientState, PartialState; "
+            "import notebook_accel.runtime.gradient_state as g; assert GradientState is g.GradientState; "
+            "from notebook_accel.accelerator import gather, InitProcessGroupKwargs")
+    subprocess.run([sys.executable, "-c", code], check=True)

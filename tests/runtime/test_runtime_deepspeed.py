@@ -88,7 +88,7 @@ def test_plugin_from_the_launchers_variables_and_zero3_consolidation(runs):
 def test_checkpoint_resumes_bit_for_bit(runs):
     files = runs["train"][0]["files"]
     assert {f"pytorch_model/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= set(files)
-    assert {"scheduler.pt", "random_states_0.pt", "random_states_1.pt", "dataloader.pt"} <= set(files)
+    assert {"scheduler.bin", "random_states_0.pkl", "random_states_1.pkl", "dataloader.pt"} <= set(files)
     for before, after in zip(runs["train"], runs["resume"], strict=True):
         full, resumed = before["uninterrupted"], after["resumed"]
         assert resumed["losses"] == full["losses"][5:]

@@ -79,7 +79,7 @@ def _checkpoints(accelerator, model: torch.nn.Module, out: Path) -> dict:
     plain = Net()  # uncompiled: the files load into it, strictly
     plain.load_state_dict(load_file(out / "model" / "model.safetensors"))
     from_save_model = _same(plain.state_dict(), state)
-    plain.load_state_dict(torch.load(out / "state" / "model.pt", weights_only=True))
+    plain.load_state_dict(load_file(out / "state" / "model.safetensors"))
     from_save_state = _same(plain.state_dict(), state)
     with torch.no_grad():  # load_state into the compiled model restores it
         for param in model.parameters():

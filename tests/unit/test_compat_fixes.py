@@ -134,7 +134,7 @@ def test_preparing_a_model_twice_registers_it_once(tmp_path):
     assert acc.prepare(first) is first and acc.prepare(model) is first
     assert len(acc._models) == 1
     acc.save_state(tmp_path / "ckpt")
-    assert not (tmp_path / "ckpt" / "model_1.pt").exists()
+    assert (tmp_path / "ckpt" / "model.safetensors").exists() and not (tmp_path / "ckpt" / "model_1.safetensors").exists()
 
 
 # 6 -------------------------------------------------------------------------------------

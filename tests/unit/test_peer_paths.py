@@ -1,12 +1,14 @@
 """The peer's module paths under our name (``notebook_accel/_peer_paths.py``): each is the very
-module that owns the concept, submodules included, and pickles still name the real path."""
+module that owns the concept, submodules included, and pickles still name the real path; the
+peer module's names that other modules own are there too (``PEER_NAMES``)."""
 
 import importlib
+import inspect
 import pickle
 
 import pytest
 
-from notebook_accel._peer_paths import PEER_PATHS, real_name
+from notebook_accel._peer_paths import PEER_NAMES, PEER_PATHS, peer_names, real_name
 
 
 @pytest.mark.parametrize("alias", sorted(PEER_PATHS))
@@ -39,3 +41,31 @@ def test_unknown_paths_stay_unknown():
     assert real_name("notebook_accel.stateful") is None
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("notebook_accel.data_loaders")
+
+
+@pytest.mark.parametrize("path", sorted(PEER_NAMES))
+def test_the_names_a_peer_path_adds_are_their_owners_objects(path):
+    module = importlib.import_module(path)
+    for name, owner in peer_names(real_name(path) or path).items():
+        assert getattr(module, name) is getattr(importlib.import_module(owner), name), (path, name)
+        assert name in dir(module)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_peer_name'"):
+        module.not_a_peer_name  # noqa: B018
+
+
+def _public(module):
+    return {n for n in dir(module) if not n.startswith("_") and not inspect.ismodule(getattr(module, n))}
+
+
+@pytest.mark.parametrize("path", [*sorted(PEER_PATHS), "notebook_accel.accelerator"])
+def test_every_name_of_the_peers_module_that_we_export_is_at_its_path_too(path):
+    """Against the installed peer: a name of ``accelerate.X`` that we export (at the top or in
+    ``notebook_accel.utils``) is also ``notebook_accel.X``'s."""
+    peer = pytest.importorskip("accelerate" + path[len("notebook_accel"):])
+    import notebook_accel
+    import notebook_accel.utils
+
+    ours = set(notebook_accel.__all__) | _public(notebook_accel.utils)
+    module = importlib.import_module(path)
+    lacking = sorted(n for n in _public(peer) & ours if not hasattr(module, n))
+    assert lacking == []

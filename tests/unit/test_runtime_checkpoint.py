@@ -83,7 +83,7 @@ def test_crash_inside_save_state_leaves_previous_checkpoint_loadable(tmp_path, m
     real_write = ckpt._write
 
     def crashing_write(obj, path):
-        if path.name == "optimizer.pt":
+        if path.name == "optimizer.bin":
             raise OSError("disk full (injected)")
         real_write(obj, path)
 
@@ -126,9 +126,11 @@ def test_checkpoint_files_load_with_weights_only(tmp_path):
     acc, *_ = setup("fp16")
     acc.save_state(tmp_path / "ck")
     names = sorted(p.name for p in (tmp_path / "ck").iterdir())
-    assert names == ["accelerator.pt", "dataloader.pt", "model.pt", "optimizer.pt", "random_states_0.pt",
-                     "scaler.pt", "scheduler.pt"]
+    assert names == ["accelerator.pt", "dataloader.pt", "model.safetensors", "optimizer.bin", "random_states_0.pkl",
+                     "scaler.pt", "scheduler.bin"]  # the peer's layout, plus our two
     for name in names:
+        if name.endswith(".safetensors"):
+            continue
         torch.load(tmp_path / "ck" / name, weights_only=True)
 
 
@@ -138,8 +140,8 @@ def test_untrusted_pickles_are_refused_by_default(tmp_path):
             return (print, ("pwned",))
 
     acc, *_ = setup()
-    acc.save_state(tmp_path / "ck")
-    with open(tmp_path / "ck" / "model.pt", "wb") as f:
+    acc.save_state(tmp_path / "ck", safe_serialization=False)
+    with open(tmp_path / "ck" / "pytorch_model.bin", "wb") as f:
         pickle.dump(Evil(), f, protocol=2)
     with pytest.raises(pickle.UnpicklingError):
         acc.load_state(tmp_path / "ck")
@@ -150,8 +152,8 @@ def test_missing_directory_and_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
         acc.load_state(tmp_path / "nothing")
     acc.save_state(tmp_path / "ck")
-    (tmp_path / "ck" / "scheduler.pt").unlink()
-    with pytest.raises(FileNotFoundError, match="scheduler.pt"):
+    (tmp_path / "ck" / "scheduler.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="scheduler.bin"):
         acc.load_state(tmp_path / "ck")
     with pytest.raises(ValueError, match="project_dir"):
         acc.save_state()
@@ -276,13 +278,13 @@ def test_files_a_save_hook_writes_are_there_for_the_load_hook(tmp_path):
     acc.register_load_state_pre_hook(load_config)
     target = tmp_path / "ckpt"
     acc.save_state(target)  # a first checkpoint, then one over it, with a stale file of ours
-    torch.save({}, target / "model_3.pt")
+    torch.save({}, target / "pytorch_model_3.bin")
     (target / "notes.txt").write_text("mine")
     acc.save_state(target)
     model.class_name = "random"
     acc.load_state(target)
     assert model.class_name == "Linear"
-    assert (target / "notes.txt").read_text() == "mine" and not (target / "model_3.pt").exists()
+    assert (target / "notes.txt").read_text() == "mine" and not (target / "pytorch_model_3.bin").exists()
 
 
 def test_a_model_with_tied_weights_loads_from_a_safetensors_checkpoint(tmp_path):
@@ -364,3 +366,24 @@ def test_log_with_all_builds_every_installed_tracker(tmp_path, monkeypatch):
     assert [t.name for t in acc.trackers] == ["jsonl"]
     acc.end_training()
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_a_checkpoint_in_our_earlier_layout_still_loads(tmp_path):
+    acc, model, opt, loader, sched = setup()
+    train(acc, model, opt, sched, loader)
+    acc.save_state(tmp_path / "ck", safe_serialization=False)
+    saved, at_save = weights(model), torch.get_rng_state()
+    ck = tmp_path / "ck"  # the names and the random-states format before the peer's layout
+    for new, old in (("pytorch_model.bin", "model.pt"), ("optimizer.bin", "optimizer.pt"),
+                     ("scheduler.bin", "scheduler.pt")):
+        os.rename(ck / new, ck / old)
+    rng = torch.load(ck / "random_states_0.pkl", weights_only=True)
+    version, internal, gauss = rng["random_state"]
+    kind, keys, pos, has_gauss, cached = rng["numpy_random_seed"]
+    torch.save({"python": [version, list(internal), gauss], "torch": rng["torch_manual_seed"],
+                "numpy": [kind, torch.tensor(keys, dtype=torch.int64), pos, has_gauss, cached]},
+               ck / "random_states_0.pt")
+    (ck / "random_states_0.pkl").unlink()
+    train(acc, model, opt, sched, loader)
+    acc.load_state(ck)
+    assert torch.equal(weights(model), saved) and torch.equal(torch.get_rng_state(), at_save)

@@ -252,6 +252,6 @@ def test_xla_checkpoint_saves_and_restores_the_xla_rng(fake_xla, tmp_path):
     acc = Accelerator()
     acc.prepare(torch.nn.Linear(2, 1), device_placement=[False])
     acc.save_state(tmp_path / "ck")
-    assert torch.load(tmp_path / "ck" / "random_states_0.pt", weights_only=True)["xla"] == 5
+    assert torch.load(tmp_path / "ck" / "random_states_0.pkl", weights_only=True)["xm_seed"] == 5
     acc.load_state(tmp_path / "ck")
     assert "rng=5" in fake_xla.calls

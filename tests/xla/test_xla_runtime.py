@@ -118,10 +118,11 @@ def test_training_loop_on_xla_trains_saves_and_restores(tmp_path, capfd, create_
     assert "[rank 0] epoch 3: loss" in capfd.readouterr().out
     # Checkpoints and saved models hold CPU tensors: they load where torch_xla is not imported.
     ckpt = tmp_path / "ckpt"
-    files = [ckpt / "model.pt", ckpt / "optimizer.pt", ckpt / "bin" / "pytorch_model.bin", ckpt / "w.pt"]
-    assert _load_without_torch_xla(*files, ckpt / "safetensors" / "model.safetensors") == "ok"
-    rng = torch.load(ckpt / "random_states_0.pt", weights_only=True)
-    assert "xla" in rng
+    files = [ckpt / "optimizer.bin", ckpt / "bin" / "pytorch_model.bin", ckpt / "w.pt"]
+    safetensors = [ckpt / "model.safetensors", ckpt / "safetensors" / "model.safetensors"]
+    assert _load_without_torch_xla(*files, *safetensors) == "ok"
+    rng = torch.load(ckpt / "random_states_0.pkl", weights_only=True)
+    assert "xm_seed" in rng
 
 
 def test_bf16_autocasts_on_xla(tmp_path):

@@ -102,6 +102,16 @@ def _view(name, *sources):
     module = types.ModuleType(f"{__name__}.{name}", f"notebook_accel's {name} names")
     for source in sources:
         module.__dict__.update({k: v for k, v in vars(source).items() if not k.startswith("__")})
+
+    def __getattr__(attr):  # a source's names resolved on first use (its own __getattr__)
+        for source in sources:
+            try:
+                return getattr(source, attr)
+            except AttributeError:
+                pass
+        raise AttributeError(attr)
+
+    module.__getattr__ = __getattr__
     sys.modules[module.__name__] = _missing_names(module)
     return module
 
