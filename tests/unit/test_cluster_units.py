@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from notebook_accel.launch.launcher import plan_launch
-from notebook_accel.launch.worker.node_agent import HELLO, hello
+from notebook_accel.launch.worker.hub_link import HELLO, hello
 
 
 def _plan(**explicit):
@@ -60,9 +60,9 @@ def test_without_ray_a_cluster_names_the_extra(monkeypatch):
         placement.connect("head:6379")
 
 
-def test_a_workers_hello_carries_the_token_rank_and_channel():
+def test_a_hubs_hello_carries_the_token_node_and_channel():
     token = bytes(range(32))
-    assert HELLO.unpack(hello(token, 5, "control")) == (token, 5, 3)
+    assert HELLO.unpack(hello(token, 5, 3)) == (token, 5, 3)
 
 
 def test_the_kernel_closes_a_connection_without_the_launchs_token_unread():
@@ -70,15 +70,15 @@ def test_the_kernel_closes_a_connection_without_the_launchs_token_unread():
     import time
 
     from notebook_accel.launch.cluster.channel_server import ChannelServer
-    from notebook_accel.launch.worker.node_agent import RUN_CHANNELS
 
-    server = ChannelServer("127.0.0.1", world_size=1)
+    RUN_CHANNELS = ("alive", "stdout", "stderr")
+    server = ChannelServer("127.0.0.1", world_size=1, channels=RUN_CHANNELS)
     intruder = socket.create_connection(server.address)
-    intruder.sendall(hello(b"x" * 32, 0, "control"))
+    intruder.sendall(hello(b"x" * 32, 0, 2))
     good = []
-    for channel in RUN_CHANNELS:
+    for index in range(len(RUN_CHANNELS)):
         conn = socket.create_connection(server.address)
-        conn.sendall(hello(server.token, 0, channel))
+        conn.sendall(hello(server.token, 0, index))
         good.append(conn)
     channels: dict = {0: {}}
     try:

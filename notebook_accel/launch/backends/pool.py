@@ -2,7 +2,8 @@
 
 :class:`PoolWorkers` are local processes (started as the process backend starts its
 own, with a commands pipe each) around a rendezvous store of their own; on a cluster
-(``plan.cluster``) the agents of ``backends/cluster.py`` fork them instead. For each
+(``plan.cluster``) the node hubs of ``backends/cluster.py`` fork them instead (a run's payload
+then goes once per node). For each
 run, :class:`PoolBackend` sends every rank a :class:`~notebook_accel.wire.Run` and
 hands the supervisor the same handles (``persistent``: a run ends with the rank's
 ``RunDone``, not its exit); closing the run gives them back to the pool.
@@ -47,6 +48,13 @@ class PoolWorkers:
                           *(fd for handle in self.handles for fd in handle.kernel_fds())]
         keep_out_of_forks(self._kept_out)
         self.closed = False
+
+    def send_runs(self, payload: bytes, with_result: set[int]) -> None:
+        """Start a run on every worker (``with_result``: the ranks that send their value)."""
+        for handle in self.handles:
+            handle.last_report = None
+            with contextlib.suppress(BrokenPipeError):  # died just now: the supervisor reports it
+                wire.send(handle.commands_fd, Run(payload, handle.rank in with_result))
 
     def dead(self) -> list[ProcessHandle]:
         """The workers that have ended."""
@@ -104,9 +112,5 @@ class PoolBackend(Backend):
         if isinstance(payload, InheritedPayload):  # pragma: no cover - the pool never asks for it
             raise TypeError("a warm pool's workers cannot inherit objects; send picklable values")
         handles = self.workers.handles
-        for local_rank, handle in enumerate(handles):
-            handle.last_report = None
-            send_result = plan.return_all or local_rank == 0
-            with contextlib.suppress(BrokenPipeError):  # died just now: the supervisor reports it
-                wire.send(handle.commands_fd, Run(payload, send_result))
+        self.workers.send_runs(payload, {h.rank for h in handles if plan.return_all or h.rank == 0})
         return PoolRun(plan, list(handles))
