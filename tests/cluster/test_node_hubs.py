@@ -1,0 +1,162 @@
+"""Many ranks per node through one hub per node (2 raylets x 16 ranks on this 2-core machine):
+results and every line, a crash named, the kernel's sockets and threads flat in the ranks, the
+cluster's memory about one torch import per node, a pool across both nodes, and a vanished node
+(every process of node B frozen: no FIN, no word) failing the job within 6 s."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from notebook_accel import WorkerError, notebook_launcher
+from notebook_accel.launch.cluster import placement
+from notebook_accel.launch.pool import WorkerPool
+from tests.cluster import checks
+
+pytestmark = pytest.mark.slow
+SHARED_WORKERS = True  # the cluster's raylets and placed hubs live for the whole module
+PER_NODE = 16
+
+
+def _launch(cluster, function, **options):
+    return notebook_launcher(function, num_processes=PER_NODE, num_nodes=2,
+                             cluster=cluster.address, **options)
+
+
+def _lines_and_rank():
+    import sys
+
+    rank = os.environ["RANK"]
+    for i in range(200):
+        print(f"line {rank}:{i}", file=sys.stdout if i % 2 else sys.stderr)
+    return int(rank), os.environ["NODE_RANK"], os.environ["LOCAL_RANK"]
+
+
+def _sockets_and_threads() -> tuple[int, int]:
+    me = psutil.Process()
+    return len(me.net_connections(kind="all")), me.num_threads()
+
+
+def test_32_ranks_return_and_every_line_arrives(wide_cluster, capsys):
+    started = time.monotonic()
+    values = _launch(wide_cluster, _lines_and_rank, return_all=True)
+    cold = time.monotonic() - started
+    print(f"cold launch of 2 x {PER_NODE} ranks (hubs placed, torch imported): {cold:.1f} s",
+          file=sys.__stderr__)
+    assert values == [(rank, str(rank // PER_NODE), str(rank % PER_NODE))
+                      for rank in range(2 * PER_NODE)]
+    out, err = capsys.readouterr()
+    for rank in range(2 * PER_NODE):
+        node = rank // PER_NODE
+        seen = [int(i) for i in re.findall(rf"^\[node {node} rank {rank}\] line {rank}:(\d+)$",
+                                            out + err, re.MULTILINE)]
+        assert sorted(seen) == list(range(200)), f"rank {rank}: {len(seen)} lines"
+    assert cold < 15.0, f"{cold:.1f} s for the cold launch"
+    (placed,) = placement._placements.values()
+    assert len(placed.hubs) == 2  # one actor per node, not per rank
+
+
+def _crash_on_rank_17():
+    import time
+
+    if os.environ["RANK"] == "17":
+        time.sleep(1.0)
+        raise RuntimeError("boom on node B")
+    print(f"pid={os.getpid()}", flush=True)
+    time.sleep(60)
+
+
+def test_a_crash_among_32_ranks_is_named_within_3s_and_nothing_is_left(wide_cluster, capfd):
+    with pytest.raises(WorkerError) as caught:
+        _launch(wide_cluster, _crash_on_rank_17)
+    took = time.time() - caught.value.failure.timestamp
+    assert str(caught.value).startswith("rank 17 on node 1 (127.0.0."), str(caught.value)
+    assert "failed: RuntimeError: boom on node B" in str(caught.value)
+    assert took < 3.0, f"{took:.2f} s from the crash to the error"
+    found = checks.pids(capfd.readouterr().out)
+    assert len(found) == 2 * PER_NODE - 1
+    checks._gone(found)
+
+
+def test_sockets_and_threads_of_the_kernel_do_not_grow_with_ranks_and_memory_is_per_node(
+        wide_cluster):
+    """A pool of 2 x 16 ranks: the kernel holds one link per node (plus Ray's own sockets) and
+    one thread for them; the cluster's memory grows by about one torch import per node."""
+    def cluster_pss() -> int:
+        total = 0
+        for node in wide_cluster.nodes:
+            for proc in node.tree():
+                try:
+                    total += proc.memory_full_info().pss
+                except psutil.Error:
+                    pass
+        return total
+
+    placement.disconnect()  # no hub placed: the cluster's memory before any
+    placement.connect(wide_cluster.address)
+    before_memory = cluster_pss()
+    sockets, threads = _sockets_and_threads()
+    with WorkerPool(num_processes=PER_NODE, num_nodes=2, cluster=wide_cluster.address,
+                    return_all=True) as pool:
+        pool.run(checks.remember)
+        with_pool_sockets, with_pool_threads = _sockets_and_threads()
+        grown = cluster_pss() - before_memory
+        print(f"2 x {PER_NODE} ranks: kernel sockets {sockets} -> {with_pool_sockets}, threads "
+              f"{threads} -> {with_pool_threads}; the cluster's memory grew {grown / 2**30:.2f} GiB",
+              file=sys.__stderr__)
+        assert with_pool_sockets - sockets <= 2 + 4  # the links (Ray may open a few of its own)
+        assert with_pool_threads - threads <= 4
+        assert grown < 3 * 2**30, f"{grown / 2**30:.2f} GiB"
+        assert pool.run(checks.sum_remembered) == [sum(range(1, 2 * PER_NODE + 1))] * 2 * PER_NODE
+
+
+def test_a_vanished_node_fails_the_job_within_6s_naming_it_and_leaves_nothing(wide_cluster, capfd):
+    """Last in the module. Every process of node B (its raylet, its hub, its ranks) is frozen
+    with SIGSTOP: no FIN, no word on its link (as a host whose traffic is dropped). The job fails
+    within 6 s naming node B and its ranks; node A's ranks are gone; once node B runs again,
+    its hub finds its link ended and kills its ranks."""
+    frozen: list[psutil.Process] = []
+    lost: list[float] = []
+
+    def freeze() -> None:
+        time.sleep(6)  # the ranks are in their collectives by then (hubs are warm)
+        lost.append(time.monotonic())
+        for proc in wide_cluster.nodes[1].tree():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGSTOP)
+                frozen.append(proc)
+
+    freezer = threading.Thread(target=freeze)
+    freezer.start()
+    try:
+        with pytest.raises(WorkerError) as caught:
+            _launch(wide_cluster, checks.wait_in_a_collective)
+        took = time.monotonic() - lost[0]
+        freezer.join()
+        message = str(caught.value)
+        assert re.match(r"rank (1[6-9]|2\d|3[01]) on node 1 \(127\.0\.0\.2\) ended without an exit "
+                        r"status: its node or its Ray worker was lost \(its node went silent",
+                        message), message
+        others = [failure.rank for failure in caught.value.other_failures
+                  if "went silent" in failure.headline]
+        assert len(others) == PER_NODE - 1, message  # the rest of node B's ranks, named too
+        assert took < 6.0, f"{took:.2f} s from node B's silence to the error"
+        found = checks.pids(capfd.readouterr().out)
+        assert len(found) == 2 * PER_NODE
+        node_b = {proc.pid for proc in frozen}
+        checks._gone([pid for pid in found if pid not in node_b])  # node A: nothing left
+    finally:
+        freezer.join()
+        for proc in frozen:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)
+    checks._gone([pid for pid in found if pid in node_b])  # node B's hub ended them
+
