@@ -430,8 +430,8 @@ class Supervisor:
         take_interrupt()  # more presses meanwhile asked for what was just done
 
     def _finish(self) -> None:
-        for w in self.workers:
-            if not w.exited and w.exitcode is not None:
+        for w in self.workers:  # ended meanwhile (with an exit status, or a lost node's rank)
+            if not w.exited and (w.exitcode is not None or w.handle.describe_end() is not None):
                 self._on_exit(w)
         self._drain()
         for w in self.workers:
