@@ -113,8 +113,11 @@ class HubPump:
                 if len(self.outbox) > 64 * _READ:
                     self.link.sendall(self.outbox)
                     self.outbox.clear()
-        _, status = os.waitpid(forked.pid, 0)
-        self.outbox += frame(Frame.END, rank, EXIT.pack(os.waitstatus_to_exitcode(status)))
+        try:
+            code = os.waitstatus_to_exitcode(os.waitpid(forked.pid, 0)[1])
+        except ChildProcessError:  # reaped by someone else (SIGCHLD ignored): no status to tell
+            code = 1
+        self.outbox += frame(Frame.END, rank, EXIT.pack(code))
         self._forget(rank)
 
     def _forget(self, rank: int) -> None:
