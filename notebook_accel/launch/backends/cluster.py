@@ -34,6 +34,7 @@ from notebook_accel.launch.worker.hub_link import STOP_GRACE, Frame
 from notebook_accel.launch.worker.main import WorkerSpec
 
 CONNECT_TIMEOUT = 60.0  # seconds for every node's hub to link back
+FIRST_START = 1.0  # seconds the other hubs wait for rank 0's node to have forked its ranks
 
 
 class HubHandle(WorkerHandle):
@@ -166,12 +167,18 @@ def _start(ray: Any, plan: LaunchPlan, payload: Payload | None,
         port = ray.get(port_ref)
         payload_ref = ray.put(payload)  # fetched once per node
         per_node = plan.num_processes
-        starts = {
-            hub.start.remote([_spec(plan, placed, rank, port)
-                              for rank in range(node * per_node, (node + 1) * per_node)],
-                             payload_ref, server.address, server.token, node): node
-            for node, hub in enumerate(placed.hubs)
-        }
+
+        def start(node: int) -> Any:
+            return placed.hubs[node].start.remote(
+                [_spec(plan, placed, rank, port)
+                 for rank in range(node * per_node, (node + 1) * per_node)],
+                payload_ref, server.address, server.token, node)
+
+        # rank 0 first: it hosts the rendezvous store, and a peer that asks before it listens
+        # waits out torch's connect backoff (0.6 s measured); one round trip spares that
+        first = start(0)
+        ray.wait([first], timeout=FIRST_START)
+        starts = {first: 0, **{start(node): node for node in range(1, plan.num_nodes)}}
         accepted = server.accept(time.monotonic() + CONNECT_TIMEOUT,
                                  lambda: _collect(ray, starts, pids))
         links = {node: channels["link"] for node, channels in accepted.items()}
