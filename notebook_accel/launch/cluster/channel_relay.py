@@ -1,16 +1,16 @@
-"""The workers' channels through Ray, for a kernel the nodes cannot reach (a Ray Client address).
+"""The nodes' links through Ray, for a kernel the nodes cannot reach (a Ray Client address).
 
 With ``cluster="ray://head:10001"`` the kernel talks to the cluster only through the Ray Client
-server, so the workers cannot connect back to it. A :class:`ChannelRelay` actor on the head node
-stands in for it: it accepts the workers' connections exactly as the kernel's
+server, so the nodes' hubs cannot connect back to it. A :class:`ChannelRelay` actor on the head
+node stands in for it: it accepts the hubs' links exactly as the kernel's
 :class:`~.channel_server.ChannelServer` does (it runs one), and :class:`RelayedChannels`, in the
-kernel, gives the supervisor one socket per rank and channel, pumped to and from the relay by
-Ray actor calls. The bytes are the one wire's, unchanged, so the supervisor, output relay, views
-and failure records are the same; an end of file travels as one too (a rank gone, a kill's closed
-*alive* channel, a pool's closed *commands* channel).
+kernel, gives it one socket per link (generic: per peer and channel), pumped to and from the
+relay by Ray actor calls. The bytes are the link's, unchanged, so the kernel's side of the links
+(``node_links.py``) and everything after it are the same; an end of file travels as one too (a
+hub gone, the kernel's end of a launch).
 
 Bounded: the relay reads a connection only while less than ``BUFFER_LIMIT`` bytes of it wait
-for the kernel (the worker then blocks in its write, as on a local pipe). A session ends when
+for the kernel (the hub then blocks in its write, as on a local pipe). A session ends when
 the kernel has closed every channel (or on failure), or when the kernel has said nothing for
 ``KERNEL_SILENCE`` seconds: it beats every ``BEAT_EVERY`` seconds, so a dead kernel's ranks end
 within seconds (their connections close, as a dead kernel's own would), not when Ray ends the
