@@ -46,23 +46,29 @@ def _sockets_and_threads() -> tuple[int, int]:
 
 
 def test_32_ranks_return_and_every_line_arrives(wide_cluster, capsys):
+    """Every rank's value, and every line of every rank kept in order per stream (the cell shows
+    them within its output budget, which above 16 ranks may leave some out, counted)."""
+    from notebook_accel.launch import last_launch
+
     started = time.monotonic()
     values = _launch(wide_cluster, _lines_and_rank, return_all=True)
     cold = time.monotonic() - started
+    assert values == [(rank, str(rank // PER_NODE), str(rank % PER_NODE))
+                      for rank in range(2 * PER_NODE)]
+    out, err = capsys.readouterr()
+    assert "[node 0 rank 0] line 0:" in out + err and "[node 1 rank " in out + err
+    record = last_launch()
+    for rank in range(2 * PER_NODE):
+        for stream, first in (("stdout", 1), ("stderr", 0)):
+            kept = [int(i) for i in re.findall(rf"^line {rank}:(\d+)$", record.logs(rank, stream),
+                                               re.MULTILINE)]
+            assert kept == list(range(first, 200, 2)), f"rank {rank} {stream}: {len(kept)} lines"
     started = time.monotonic()
     _launch(wide_cluster, _lines_and_rank, output="none")
     print(f"2 x {PER_NODE} ranks: cold launch (hubs placed, torch imported) {cold:.1f} s, warm "
           f"{time.monotonic() - started:.2f} s (load {os.getloadavg()[0]:.1f})", file=sys.__stderr__)
-    assert values == [(rank, str(rank // PER_NODE), str(rank % PER_NODE))
-                      for rank in range(2 * PER_NODE)]
-    out, err = capsys.readouterr()
-    for rank in range(2 * PER_NODE):
-        node = rank // PER_NODE  # (the warm launch showed none)
-        seen = [int(i) for i in re.findall(rf"^\[node {node} rank {rank}\] line {rank}:(\d+)$",
-                                            out + err, re.MULTILINE)]
-        assert sorted(seen) == list(range(200)), f"rank {rank}: {len(seen)} lines"
-    # the target is 15 s (4.6-15.7 s here at load 3-5); on 2 cores shared with other work at a load
-    # of 13 it took 18 s, so the test allows twice the target and prints the figure
+    # the target is 15 s; on these 2 cores shared with other work it took 9.7-18 s at loads of
+    # 5-14, so the test allows twice the target and prints the figure
     assert cold < 30.0, f"{cold:.1f} s for the cold launch"
     (placed,) = placement._placements.values()
     assert len(placed.hubs) == 2  # one actor per node, not per rank
@@ -133,15 +139,23 @@ def test_sockets_and_threads_of_the_kernel_do_not_grow_with_ranks_and_memory_is_
 
 
 def test_a_vanished_node_fails_the_job_within_6s_naming_it_and_leaves_nothing(wide_cluster, capfd):
-    """Last in the module. Every process of node B (its raylet, its hub, its ranks) is frozen
-    with SIGSTOP: no FIN, no word on its link (as a host whose traffic is dropped). The job fails
+    """Last in the module. Every process of node B (127.0.0.2: its raylet, its hub, its ranks;
+    node 0 or 1, as the placement put it) is frozen
+    with SIGSTOP: no FIN, no word on its link (as a host whose
+    traffic is dropped). The job fails
     within 6 s naming node B and its ranks; node A's ranks are gone; once node B runs again,
     its hub finds its link ended and kills its ranks."""
     frozen: list[psutil.Process] = []
     lost: list[float] = []
 
+    found: list[int] = []
+
     def freeze() -> None:
-        time.sleep(5)  # the ranks are in their collectives by then (hubs are warm)
+        deadline = time.monotonic() + 60
+        while len(found) < 2 * PER_NODE and time.monotonic() < deadline:
+            found.extend(checks.pids(capfd.readouterr().out))
+            time.sleep(0.1)
+        time.sleep(1.0)  # every rank is in its collectives by then
         lost.append(time.monotonic())
         for proc in wide_cluster.nodes[1].tree():
             with contextlib.suppress(psutil.Error):
@@ -149,6 +163,7 @@ def test_a_vanished_node_fails_the_job_within_6s_naming_it_and_leaves_nothing(wi
                 frozen.append(proc)
 
     _launch(wide_cluster, checks.nothing, output="none")  # hubs placed: the launch below is warm
+    capfd.readouterr()
     freezer = threading.Thread(target=freeze)
     freezer.start()
     try:
@@ -157,14 +172,13 @@ def test_a_vanished_node_fails_the_job_within_6s_naming_it_and_leaves_nothing(wi
         took = time.monotonic() - lost[0]
         freezer.join()
         message = str(caught.value)
-        assert re.match(r"rank (1[6-9]|2\d|3[01]) on node 1 \(127\.0\.0\.2\) ended without an exit "
-                        r"status: its node or its Ray worker was lost \(its node went silent",
-                        message), message
+        named = re.match(r"rank (\d+) on node (\d) \(127\.0\.0\.2\) ended without an exit status: "
+                         r"its node or its Ray worker was lost \(its node went silent", message)
+        assert named and int(named[1]) // PER_NODE == int(named[2]), message  # B, wherever placed
         others = [failure.rank for failure in caught.value.other_failures
                   if "went silent" in failure.headline]
         assert len(others) == PER_NODE - 1, message  # the rest of node B's ranks, named too
         assert took < 6.0, f"{took:.2f} s from node B's silence to the error"
-        found = checks.pids(capfd.readouterr().out)
         assert len(found) == 2 * PER_NODE
         node_b = {proc.pid for proc in frozen}
         checks._gone([pid for pid in found if pid not in node_b])  # node A: nothing left
