@@ -6,7 +6,8 @@ its ranks, see ``launch/cluster/placement.py``). The hub imports torch once; eac
 the node's ranks from it exactly as a local launch forks its workers (``rank_fork.py``: pipes,
 the alive watchdog, the parent-death signal), and one thread (``hub_pump.py``) multiplexes them
 onto one ordered connection to the kernel, or to its relay for a ``ray://`` address
-(``hub_link.py``). A launch costs one Ray call per node.
+(``hub_link.py``). A launch costs one Ray call per node. What every rank imports (torch, its
+distributed package, ``torch._dynamo``, our runtime) is imported once, in the hub.
 
 This module imports nothing of Ray at import time: the kernel wraps :class:`NodeHub` in
 ``ray.remote``.
@@ -14,6 +15,7 @@ This module imports nothing of Ray at import time: the kernel wraps :class:`Node
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import threading
@@ -30,7 +32,10 @@ class NodeHub:
     """Starts the node's ranks of each launch and links them to the kernel."""
 
     def __init__(self) -> None:
-        import torch  # noqa: F401 - paid once per node, not per launch
+        # paid once per node, and shared by its ranks' memory (copy on write), not per rank:
+        # torch, torch.distributed, torch._dynamo (a first optimizer's import), our runtime
+        importlib.import_module("notebook_accel.launch.warm")
+        importlib.import_module("notebook_accel.runtime.state")
 
     def where(self) -> tuple[str, int, list[str]]:
         """This node's address (as Ray knows it), the hub's pid and the GPUs Ray gave it."""
