@@ -1,16 +1,20 @@
 """Multi-node from one kernel: cold and warm launch, a warm pool cell, crash-to-error time on a
 2-node Ray cluster, beside Ray Train's ``TorchTrainer`` on the same cluster in the same run.
 
-The cluster is ``start_local_cluster``'s: head on 127.0.0.1, node B on 127.0.0.2, 1 CPU each;
-2 nodes x 1 rank. ``--client`` connects through the head's Ray Client server instead
-(``cluster="ray://..."``: the workers' channels go through the relay on the head node).
+The cluster is ``start_local_cluster``'s: head on 127.0.0.1, node B on 127.0.0.2, as many CPUs
+as ranks per node; 2 nodes x ``--per-node`` ranks (default 1). ``--client`` connects through the
+head's Ray Client server instead (``cluster="ray://..."``: the workers' channels go through the
+relay on the head node). While the pool is up it also counts the kernel's sockets and threads
+and the cluster's memory (PSS of every process of both nodes, over the idle cluster's).
 
-    python benchmarks/cluster_launch.py [--warm 10] [--cells 200] [--no-ray-train] [--client]
+    python benchmarks/cluster_launch.py [--warm 10] [--cells 200] [--per-node 1] [--no-ray-train]
+                                        [--client]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
@@ -48,7 +52,7 @@ def crash_on_rank_1() -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    if os.environ["RANK"] == "1":
+    if os.environ["RANK"] == str(int(os.environ["WORLD_SIZE"]) - 1):  # the last, on node B
         raise RuntimeError("crash")
     time.sleep(60)
 
@@ -59,8 +63,23 @@ def _timed(function, **options) -> float:
     return time.perf_counter() - started
 
 
-def ours(address: str, warm: int, cells: int) -> dict[str, float]:
-    options = {"num_processes": 1, "num_nodes": 2, "cluster": address}
+def _pss(cluster) -> int:
+    import psutil
+
+    total = 0
+    for node in cluster.nodes:
+        for proc in node.tree():
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_full_info().pss
+    return total
+
+
+def ours(cluster, warm: int, cells: int, per_node: int = 1) -> dict[str, float]:
+    import psutil
+
+    address = cluster.address
+    options = {"num_processes": per_node, "num_nodes": 2, "cluster": address}
+    idle = _pss(cluster)
     figures = {"cold launch (agents placed), trivial job": _timed(rank, **options)}
     figures["warm launch, trivial job (median)"] = statistics.median(
         _timed(rank, **options) for _ in range(warm))
@@ -78,6 +97,10 @@ def ours(address: str, warm: int, cells: int) -> dict[str, float]:
     started = time.perf_counter()
     with WorkerPool(output="none", **options) as pool:
         figures["pool start (agents placed)"] = time.perf_counter() - started
+        me = psutil.Process()
+        figures["pool up: kernel sockets (count)"] = len(me.net_connections(kind="all"))
+        figures["pool up: kernel threads (count)"] = me.num_threads()
+        figures["pool up: the cluster's memory over idle (GiB)"] = (_pss(cluster) - idle) / 2**30
         times = []
         for _ in range(cells):
             started = time.perf_counter()
@@ -120,13 +143,17 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=200)
     parser.add_argument("--no-ray-train", action="store_true")
     parser.add_argument("--client", action="store_true", help="connect with a ray:// address")
+    parser.add_argument("--per-node", type=int, default=1, help="ranks per node")
     args = parser.parse_args()
-    with start_local_cluster(nodes=2, client=args.client) as cluster:
-        print(f"cluster={cluster.address!r}")
-        figures = ours(cluster.address, args.warm, args.cells)
+    with start_local_cluster(nodes=2, cpus_per_node=args.per_node, client=args.client) as cluster:
+        print(f"cluster={cluster.address!r}, 2 nodes x {args.per_node} ranks")
+        figures = ours(cluster, args.warm, args.cells, args.per_node)
         if not args.no_ray_train:
             figures.update(ray_train(cluster.address))
     for name, seconds in figures.items():
+        if "(" in name and name.endswith(("(count)", "(GiB)")):
+            print(f"{name:48s} {seconds:8.2f}")
+            continue
         shown = f"{seconds * 1e3:8.1f} ms" if seconds < 1 else f"{seconds:8.2f} s "
         print(f"{name:48s} {shown}")
 

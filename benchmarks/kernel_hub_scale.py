@@ -361,7 +361,11 @@ def connect_time(world: int) -> float:
     """Seconds for ``world`` ranks x 5 channels to connect back and be accepted."""
     from notebook_accel.launch.backends import cluster
     from notebook_accel.launch.cluster.channel_server import ChannelServer
-    from notebook_accel.launch.worker.node_agent import HELLO, RUN_CHANNELS
+    try:  # one link per node (this checkout), or five connections per rank (before the hubs)
+        from notebook_accel.launch.worker.hub_link import HELLO
+        from notebook_accel.launch.worker.hub_link import LINK_CHANNELS as RUN_CHANNELS
+    except ImportError:
+        from notebook_accel.launch.worker.node_agent import HELLO, RUN_CHANNELS
 
     class Ref:
         def __init__(self, rank: int) -> None:

@@ -19,7 +19,7 @@ def stop_workers(handles: Sequence[WorkerHandle], grace: float | None = None,
     A (further) press of the stop button while waiting escalates to a kill at once.
     ``on_wait`` is called while waiting (to keep relaying output).
     """
-    alive = [h for h in handles if h.exitcode is None]
+    alive = [h for h in handles if _running(h)]
     for handle in alive:
         handle.terminate()
     deadline = time.monotonic() + (STOP_GRACE if grace is None else grace)
@@ -28,6 +28,11 @@ def stop_workers(handles: Sequence[WorkerHandle], grace: float | None = None,
             wait([h.sentinel for h in alive], timeout=0.05)
             if on_wait is not None:
                 on_wait()
-            alive = [h for h in alive if h.exitcode is None]
+            alive = [h for h in alive if _running(h)]
     finally:
         kill_all(handles)
+
+
+def _running(handle: WorkerHandle) -> bool:
+    """No exit status yet, and not ended without one (a lost node's rank)."""
+    return handle.exitcode is None and handle.describe_end() is None

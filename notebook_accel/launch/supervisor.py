@@ -536,8 +536,8 @@ class Supervisor:
     def _finish(self) -> None:
         if self.dumps.taking:  # the job ended while the ranks' stacks were being dumped
             self.dumps.take()
-        for w in self.workers:
-            if not w.exited and w.exitcode is not None:
+        for w in self.workers:  # ended meanwhile (with an exit status, or a lost node's rank)
+            if not w.exited and (w.exitcode is not None or w.handle.describe_end() is not None):
                 self._on_exit(w)
         self._drain()
         for w in self.workers:
@@ -588,7 +588,8 @@ class Supervisor:
             if w.error is not None and not w.interrupted:
                 tier = 2 if w.error.secondary else 0
                 candidates.append((tier, w.error.timestamp, w))
-            elif w.exited and not w.stopped and not (w.returned and w.exitcode == 0):
+            elif (w.exited and not (w.stopped and w.handle.describe_end() is None)
+                  and not (w.returned and w.exitcode == 0)):  # (a lost node's rank, even stopped)
                 candidates.append((1, w.exit_time, w))
         if not candidates:  # a rank marked failed for exiting (code 0) before its result arrived
             failed = [w for w in self.workers if self.record.ranks[w.rank].state == "failed"]
@@ -599,7 +600,7 @@ class Supervisor:
         failure = self._failure(cause)
         others = [self._failure(w) for _, _, w in candidates[1:]]
         others += [self._failure(w, headline="stopped") for w in self.workers
-                   if w.interrupted and w is not cause]
+                   if w.interrupted and w is not cause and w.handle.describe_end() is None]
         headline = f"failed: {failure.headline}" if cause.error is not None else failure.headline
         return WorkerError(
             f"{cause.handle.label} {headline}", rank=cause.rank, exitcode=cause.exitcode,

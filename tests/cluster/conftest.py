@@ -13,12 +13,13 @@ from tests.cluster_harness import private_network
 pytest.importorskip("ray", reason="the cluster tests need the ray extra")
 
 
-def _local_cluster(tmp_path_factory, client: bool):
+def _local_cluster(tmp_path_factory, client: bool, cpus_per_node: int = 1):
     from notebook_accel.launch import start_local_cluster
 
     with private_network():
         with _repository_on_the_nodes_path(client):
-            local = start_local_cluster(nodes=2, logs=tmp_path_factory.mktemp("ray"), client=client)
+            local = start_local_cluster(nodes=2, cpus_per_node=cpus_per_node,
+                                        logs=tmp_path_factory.mktemp("ray"), client=client)
         try:
             yield local
         finally:
@@ -54,3 +55,9 @@ def client_cluster(tmp_path_factory):
     """The same, with this process connected through the head's Ray Client server: its
     ``address`` is ``ray://127.0.0.1:<port>``."""
     yield from _local_cluster(tmp_path_factory, client=True)
+
+
+@pytest.fixture(scope="module")
+def wide_cluster(tmp_path_factory):
+    """The same two raylets with 16 CPUs each: room for 16 ranks per node (on 2 real cores)."""
+    yield from _local_cluster(tmp_path_factory, client=False, cpus_per_node=16)

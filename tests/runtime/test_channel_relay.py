@@ -8,8 +8,7 @@ import time
 
 from notebook_accel.launch.cluster import channel_relay
 from notebook_accel.launch.cluster.channel_relay import BUFFER_LIMIT
-from notebook_accel.launch.worker.node_agent import CHANNELS
-from tests.unit.test_channel_relay import _open, _read
+from tests.unit.test_channel_relay import CHANNELS, _open, _read
 
 
 def test_the_relay_holds_at_most_its_limit_while_the_kernel_does_not_read():

@@ -11,7 +11,15 @@ import threading
 import time
 
 from notebook_accel.launch.cluster.channel_relay import ChannelRelay, RelayedChannels
-from notebook_accel.launch.worker.node_agent import CHANNELS, hello
+from notebook_accel.launch.worker.hub_link import HELLO
+
+# the relay is generic in its peers' channels: these tests give each peer several (the first
+# one's end is told last), as a hub's one link is the simplest case of it
+CHANNELS = ("alive", "stdout", "stderr", "control", "events", "commands")
+
+
+def hello(token: bytes, rank: int, channel: str) -> bytes:
+    return HELLO.pack(token, rank, CHANNELS.index(channel))
 
 
 class _Call:
@@ -45,7 +53,7 @@ class _Ray:
 def _open(world_size: int = 1, silence: float = 10.0, beats: bool = True):
     """The relay, the kernel's end, its channels and each rank's worker-side sockets."""
     relay = ChannelRelay(host="127.0.0.1", silence=silence)
-    kernel = RelayedChannels(_Ray, _Handle(relay, beats), world_size, serve=True)
+    kernel = RelayedChannels(_Ray, _Handle(relay, beats), world_size, CHANNELS)
     workers: dict[int, dict[str, socket.socket]] = {}
 
     def connect() -> None:
@@ -124,7 +132,7 @@ def test_a_rank_ends_in_the_kernel_after_its_result_and_output_arrived():
 
 def test_pushes_that_arrive_out_of_order_are_written_in_order():
     relay = ChannelRelay(host="127.0.0.1")
-    key, address, token = relay.open(1, True)
+    key, address, token = relay.open(1, CHANNELS)
     workers = {}
     for channel in CHANNELS:
         workers[channel] = socket.create_connection(address)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from notebook_accel.launch.launcher import plan_launch
-from notebook_accel.launch.worker.node_agent import HELLO, hello
+from notebook_accel.launch.worker.hub_link import HELLO, hello
 
 
 def _plan(**explicit):
@@ -60,9 +60,9 @@ def test_without_ray_a_cluster_names_the_extra(monkeypatch):
         placement.connect("head:6379")
 
 
-def test_a_workers_hello_carries_the_token_rank_and_channel():
+def test_a_hubs_hello_carries_the_token_node_and_channel():
     token = bytes(range(32))
-    assert HELLO.unpack(hello(token, 5, "control")) == (token, 5, 3)
+    assert HELLO.unpack(hello(token, 5, 3)) == (token, 5, 3)
 
 
 def test_the_kernel_closes_a_connection_without_the_launchs_token_unread():
@@ -70,15 +70,15 @@ def test_the_kernel_closes_a_connection_without_the_launchs_token_unread():
     import time
 
     from notebook_accel.launch.cluster.channel_server import ChannelServer
-    from notebook_accel.launch.worker.node_agent import RUN_CHANNELS
 
-    server = ChannelServer("127.0.0.1", world_size=1)
+    RUN_CHANNELS = ("alive", "stdout", "stderr")
+    server = ChannelServer("127.0.0.1", world_size=1, channels=RUN_CHANNELS)
     intruder = socket.create_connection(server.address)
-    intruder.sendall(hello(b"x" * 32, 0, "control"))
+    intruder.sendall(hello(b"x" * 32, 0, 2))
     good = []
-    for channel in RUN_CHANNELS:
+    for index in range(len(RUN_CHANNELS)):
         conn = socket.create_connection(server.address)
-        conn.sendall(hello(server.token, 0, channel))
+        conn.sendall(hello(server.token, 0, index))
         good.append(conn)
     channels: dict = {0: {}}
     try:
@@ -132,3 +132,46 @@ def test_a_ray_client_address_that_refuses_is_not_retried(monkeypatch):
     with pytest.raises(ConnectionError, match=r"no Ray cluster answers there \(Failed to connect"):
         placement.connect("ray://127.0.0.1:10001")
     assert flaky.calls == 1
+
+
+def test_node_link_frames_reassemble_in_order_whatever_the_reads_cut():
+    from notebook_accel.launch.worker.hub_link import Frame, FrameParser, frame
+
+    sent = [(Frame.STDOUT, 3, b"hello\n"), (Frame.CONTROL, 3, b"x" * 70000),
+            (Frame.END, 3, b"\0\0\0\0"), (Frame.BEAT, 0, b"")]
+    stream = b"".join(frame(*f) for f in sent)
+    for cut in (1, 7, 9, 4096):
+        parser, got = FrameParser(), []
+        for start in range(0, len(stream), cut):
+            got += parser.feed(stream[start:start + cut])
+        assert got == sent
+
+
+def test_a_silent_link_ends_its_ranks_without_an_exit_status_and_beats_go_out():
+    """A hub that stops speaking (no FIN) is lost after SILENCE seconds; the kernel beats."""
+    import os
+    import socket
+    import time
+
+    from notebook_accel.launch.cluster import node_links
+    from notebook_accel.launch.worker.hub_link import SILENCE, Frame, FrameParser, frame
+
+    kernel_end, hub_end = socket.socketpair()
+    links = node_links.NodeLinks({0: kernel_end}, {0: [0, 1]})
+    try:
+        hub_end.sendall(frame(Frame.STDOUT, 1, b"last words\n") + frame(Frame.END, 0, b"\0\0\0\0"))
+        assert links.ends[0].ended.wait(2) and links.ends[0].exitcode == 0
+        started = time.monotonic()
+        assert links.ends[1].ended.wait(SILENCE + 2)
+        took = time.monotonic() - started
+        assert SILENCE - 0.5 < took < SILENCE + 1.5, took
+        assert links.ends[1].exitcode is None and "went silent" in links.ends[1].lost
+        assert os.read(links.ends[1].read[Frame.STDOUT], 100) == b"last words\n"
+        hub_end.settimeout(1)
+        beats = FrameParser().feed(hub_end.recv(4096))
+        assert beats and all(kind is Frame.BEAT for kind, _, _ in beats)
+    finally:
+        links.close()
+        for ends in links.ends.values():
+            ends.close()
+        hub_end.close()

@@ -186,7 +186,7 @@ def test_a_launch_raises_the_soft_open_file_limit_up_to_the_hard_one():
 def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
     from notebook_accel.launch.backends.cluster import _collect
     from notebook_accel.launch.cluster.channel_server import ChannelServer
-    from notebook_accel.launch.worker.node_agent import HELLO, RUN_CHANNELS
+    from notebook_accel.launch.worker.hub_link import HELLO, LINK_CHANNELS
 
     world, calls = 200, []
     server = ChannelServer("127.0.0.1", world)
@@ -194,7 +194,7 @@ def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
 
     def connect():
         for rank in range(world):
-            for index in range(len(RUN_CHANNELS)):
+            for index in range(len(LINK_CHANNELS)):
                 sock = socket.create_connection(server.address)
                 sock.sendall(HELLO.pack(server.token, rank, index))
                 clients.append(sock)
@@ -205,7 +205,7 @@ def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
     got = server.accept(time.monotonic() + 60, lambda: calls.append(1))
     thread.join()
     assert len(got) == world
-    assert len(calls) <= 2 + (time.monotonic() - began) / 0.25  # not 1000
+    assert len(calls) <= 2 + (time.monotonic() - began) / 0.25  # not 200
     for channels in got.values():
         for sock in channels.values():
             sock.close()

@@ -1,68 +1,55 @@
 """The cluster backend: ranks on the nodes of a Ray cluster, driven from this one kernel.
 
-Ray places one agent per rank (``launch/cluster/placement.py``: a placement group spread over the
-nodes, ranks numbered node by node), starts and keeps it, and reports its death. Each launch
-forks a worker from every agent; the worker runs our own runtime and connects its channels
-back to the kernel (``launch/cluster/channel_server.py``), or, for a Ray Client address, to a relay on
-the head node that the kernel pumps through Ray (``launch/cluster/channel_relay.py``), so the
-supervisor, output relay, views and failure records are the same as for local processes.
-Rank 0's node hosts the rendezvous store, on a port that its agent found free there.
+Ray places one hub per node (``launch/cluster/placement.py``: a placement group spread over the
+nodes, ranks numbered node by node), starts and keeps it. Each launch is one Ray call per hub:
+it forks its node's ranks as a local launch does (``launch/worker/node_hub.py``) and links them
+to the kernel over one ordered connection per node (``launch/cluster/channel_server.py``), or,
+for a Ray Client address, to a relay on the head node that the kernel pumps through Ray
+(``launch/cluster/channel_relay.py``). The kernel takes each link apart into its ranks' channels
+(``launch/cluster/node_links.py``), so the supervisor, output relay, views and failure records
+are the same as for local processes. Rank 0's node hosts the rendezvous store, on a port that
+its hub found free there.
 """
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import socket
-import threading
 import time
 from typing import Any
 
+from notebook_accel import wire
 from notebook_accel.contract import NODE_RANK
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
 from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.cluster.channel_relay import RelayedChannels
 from notebook_accel.launch.cluster.channel_server import ChannelServer
+from notebook_accel.launch.cluster.node_links import NodeLinks
 from notebook_accel.launch.environment import worker_environment
 from notebook_accel.launch.fd_limit import ensure_fd_room
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.views import in_kernel
+from notebook_accel.launch.worker.hub_link import STOP_GRACE, Frame
 from notebook_accel.launch.worker.main import WorkerSpec
 
-CONNECT_TIMEOUT = 60.0  # seconds for every forked worker to connect back
+CONNECT_TIMEOUT = 60.0  # seconds for every node's hub to link back
+FIRST_START = 1.0  # seconds the other hubs wait for rank 0's node to have forked its ranks
 
 
-class ClusterHandle(WorkerHandle):
-    """A rank forked by its node's agent; its channels are TCP connections to this kernel (or
-    sockets pumped from the relay that holds them)."""
+class HubHandle(WorkerHandle):
+    """A rank forked by its node's hub; its channels are the kernel's pipes that the node's link
+    is taken apart into (``NodeLinks``), its signals and commands frames on that link."""
 
-    end_grace = 2.0  # separate connections: its last bytes may arrive after its *alive* end
-
-    def __init__(self, rank: int, node: int, address: str, agent: Any, pid: int,
-                 channels: dict[str, socket.socket]) -> None:
+    def __init__(self, rank: int, node: int, address: str, links: NodeLinks, pid: int,
+                 persistent: bool) -> None:
         self.rank, self.node, self.address = rank, node, address
-        self._agent, self._pid, self._channels = agent, pid, channels
-        self.stdout_fd = channels["stdout"].fileno()
-        self.stderr_fd = channels["stderr"].fileno()
-        self.control_fd = channels["control"].fileno()
-        self.events_fd = channels["events"].fileno()
-        commands = channels.get("commands")
-        self.commands_fd = commands.fileno() if commands is not None else None  # a pool worker's
-        self.persistent = commands is not None
-        self._exitcode: int | None = None
-        self._ended = threading.Event()
+        self._links, self._pid = links, pid
+        self._ends = ends = links.ends[rank]
+        self.stdout_fd, self.stderr_fd = ends.read[Frame.STDOUT], ends.read[Frame.STDERR]
+        self.control_fd, self.events_fd = ends.read[Frame.CONTROL], ends.read[Frame.EVENTS]
+        self.persistent = persistent  # a pool worker: its commands go on the link
         self._gave_up = False
-        threading.Thread(target=self._wait, name=f"notebook-accel-rank{rank}-exit",
-                         daemon=True).start()
-
-    def _wait(self) -> None:
-        ray = placement.ray_module()
-        try:
-            with contextlib.suppress(Exception):  # the agent (or its node) died: no exit status
-                self._exitcode = ray.get(self._agent.wait.remote(self._pid))
-        finally:
-            self._ended.set()
 
     @property
     def label(self) -> str:
@@ -78,63 +65,64 @@ class ClusterHandle(WorkerHandle):
 
     @property
     def sentinel(self) -> int:
-        return self._channels["alive"].fileno()  # end of file when the worker is gone
+        return self._ends.read[Frame.END]  # end of file once its END (or its node's loss) came
 
     @property
     def exitcode(self) -> int | None:
-        return self._exitcode
-
-    def describe_end(self) -> str | None:
-        if self._exitcode is not None:
-            return None
-        return "ended without an exit status: its node or its Ray worker was lost"
-
-    def _signal(self, sig: int, group: bool = True) -> None:
-        with contextlib.suppress(Exception):
-            self._agent.signal.remote(self._pid, int(sig), group)
-
-    def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
-
-    def interrupt(self) -> None:
-        self._signal(signal.SIGINT, group=False)  # a KeyboardInterrupt in the worker only
-
-    def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self._channels["alive"].shutdown(socket.SHUT_WR)  # the worker's watchdog kills it
-        self._signal(signal.SIGKILL)
+        return self._ends.exitcode if self._ends.ended.is_set() else None
 
     @property
     def ended(self) -> bool:
-        """Its exit status came, or its agent is gone."""
-        return self._ended.is_set()
+        """Its end came (with its exit status, or its node's loss)."""
+        return self._ends.ended.is_set()
+
+    def describe_end(self) -> str | None:
+        if self._ends.lost is None:
+            return None
+        return f"ended without an exit status: its node or its Ray worker was lost ({self._ends.lost})"
+
+    def command(self, message: wire.Message) -> bool:
+        return self.persistent and self._links.command(self.rank, wire.encode(message))
 
     def end_commands(self) -> None:
         """Close a pool worker's commands channel: it leaves its serve loop and exits."""
-        with contextlib.suppress(OSError, KeyError):
-            self._channels["commands"].shutdown(socket.SHUT_WR)
+        self._links.command(self.rank, b"")
+
+    def terminate(self) -> None:
+        self._links.signal(self.rank, signal.SIGTERM, True, kill_after=STOP_GRACE)  # hub's clock
+
+    def interrupt(self) -> None:
+        self._links.signal(self.rank, signal.SIGINT, False)  # a KeyboardInterrupt in it only
+
+    def kill(self) -> None:
+        self._links.signal(self.rank, signal.SIGKILL, True)
 
     def dump_stacks(self) -> None:
-        self._signal(signal.SIGUSR1, group=False)
+        self._links.signal(self.rank, signal.SIGUSR1, False)
 
     def reap(self, timeout: float) -> None:
-        if not self._gave_up and not self._ended.wait(timeout):
-            self._gave_up = True  # an agent that did not answer once is not waited for again
+        if not self._gave_up and not self._ends.ended.wait(timeout):
+            self._gave_up = True  # a hub that did not answer once is not waited for again
 
     def close(self) -> None:
-        for conn in self._channels.values():
-            conn.close()
+        self._ends.close()
 
 
 class ClusterGroup(WorkerGroup):
-    """The ranks of one launch; closing it stops them (the agents stay placed for the next)."""
+    """The ranks of one launch; closing it stops them and ends the links (the hubs stay placed
+    for the next launch)."""
+
+    def __init__(self, plan: LaunchPlan, handles: list[HubHandle], links: NodeLinks) -> None:
+        super().__init__(plan, handles)
+        self.links = links
 
     def close(self) -> None:
         kill_all(self.handles, reap_timeout=2.0)
+        self.links.close()
         for handle in self.handles:
             handle.close()
-        if any(handle.exitcode is None for handle in self.handles):
-            placement.discard(self.plan)  # an agent is lost: place afresh next time
+        if any(handle.describe_end() is not None for handle in self.handles):
+            placement.discard(self.plan)  # a node was lost: place afresh next time
 
 
 class ClusterBackend(Backend):
@@ -146,41 +134,66 @@ class ClusterBackend(Backend):
         placement.check_capacity(plan)
 
     def start(self, plan: LaunchPlan, payload: Payload) -> ClusterGroup:
-        return ClusterGroup(plan, start_ranks(plan, payload))
+        links, handles = start_ranks(plan, payload)
+        return ClusterGroup(plan, handles, links)
 
 
-def start_ranks(plan: LaunchPlan, payload: Payload | None) -> list[ClusterHandle]:
-    """Fork one worker per rank from the placed agents (``payload`` None: warm pool workers,
-    serving runs from their commands channel); returns their handles once all connected."""
+def start_ranks(plan: LaunchPlan, payload: Payload | None) -> tuple[NodeLinks, list[HubHandle]]:
+    """Have every node's hub fork its ranks (``payload`` None: warm pool workers, serving runs
+    from their commands channel); returns the links and the ranks' handles once all linked.
+    Hubs placed before and lost since are placed afresh, once."""
     ensure_fd_room(plan.world_size)
-    placed = placement.placement_for(plan)
     ray = placement.ray_module()
-    port_ref = placed.agents[0].free_port.remote(placed.addresses[0])
-    server = (ChannelServer(ray.util.get_node_ip_address(), plan.world_size, serve=payload is None)
+    for attempt in range(2):
+        placed = placement.placement_for(plan)
+        try:
+            return _start(ray, plan, payload, placed)
+        except ray.exceptions.RayActorError:
+            placement.discard(plan)
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start(ray: Any, plan: LaunchPlan, payload: Payload | None,
+           placed: placement.Placement) -> tuple[NodeLinks, list[HubHandle]]:
+    port_ref = placed.hubs[0].free_port.remote(placed.addresses[0])
+    server = (ChannelServer(ray.util.get_node_ip_address(), plan.num_nodes)
               if placed.relay is None else  # its session opens while the port is found
-              RelayedChannels(ray, placed.relay, plan.world_size, serve=payload is None))
-    port = ray.get(port_ref)
-    payload_ref = ray.put(payload)
-    pids: dict[int, int] = {}
+              RelayedChannels(ray, placed.relay, plan.num_nodes))
+    pids: dict[int, list[int]] = {}
+    links: dict[int, socket.socket] = {}
     try:
-        starts = {
-            agent.start.remote(_spec(plan, placed, rank, port), payload_ref, server.address,
-                               server.token): rank
-            for rank, agent in enumerate(placed.agents)
-        }
-        channels = server.accept(time.monotonic() + CONNECT_TIMEOUT,
+        port = ray.get(port_ref)
+        payload_ref = ray.put(payload)  # fetched once per node
+        per_node = plan.num_processes
+
+        def start(node: int) -> Any:
+            return placed.hubs[node].start.remote(
+                [_spec(plan, placed, rank, port)
+                 for rank in range(node * per_node, (node + 1) * per_node)],
+                payload_ref, server.address, server.token, node)
+
+        # rank 0 first: it hosts the rendezvous store, and a peer that asks before it listens
+        # waits out torch's connect backoff (0.6 s measured); one round trip spares that
+        first = start(0)
+        ray.wait([first], timeout=FIRST_START)
+        starts = {first: 0, **{start(node): node for node in range(1, plan.num_nodes)}}
+        accepted = server.accept(time.monotonic() + CONNECT_TIMEOUT,
                                  lambda: _collect(ray, starts, pids))
+        links = {node: channels["link"] for node, channels in accepted.items()}
         _collect(ray, starts, pids, wait=True)
     except BaseException:
-        for rank, pid in pids.items():
-            placed.agents[rank].signal.remote(pid, int(signal.SIGKILL), True)
-        placement.discard(plan)
+        for link in links.values():
+            link.close()  # its hub kills what it forked
         raise
     finally:
         server.close()
-    return [
-        ClusterHandle(rank, rank // plan.num_processes, placed.addresses[rank],
-                      placed.agents[rank], pids[rank], channels[rank])
+    node_links = NodeLinks(links, {node: list(range(node * per_node, (node + 1) * per_node))
+                                   for node in range(plan.num_nodes)})
+    return node_links, [
+        HubHandle(rank, rank // per_node, placed.addresses[rank // per_node], node_links,
+                  pids[rank // per_node][rank % per_node], persistent=payload is None)
         for rank in range(plan.world_size)
     ]
 
@@ -194,17 +207,17 @@ def _spec(plan: LaunchPlan, placed: placement.Placement, rank: int, port: int) -
     )
     env[NODE_RANK] = str(node)
     if plan.device_type == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = placed.visible_gpus(rank, plan.num_processes)
+        env["CUDA_VISIBLE_DEVICES"] = placed.visible_gpus(node)
     env.update(plan.worker_env)
     return WorkerSpec(rank=rank, env=env, num_threads=None,
                       send_result=plan.return_all or rank == 0,
                       rich_output=plan.output != "none" and in_kernel())
 
 
-def _collect(ray: Any, starts: dict, pids: dict[int, int], wait: bool = False) -> None:
-    """Record the pids of the workers the agents forked (``starts``: each agent's start
-    reference -> its rank; those collected are taken out, so a call costs what is still
-    pending); raise if an agent failed to."""
+def _collect(ray: Any, starts: dict, pids: dict[int, list[int]], wait: bool = False) -> None:
+    """Record the pids of the ranks the hubs forked (``starts``: each hub's start reference ->
+    its node; those collected are taken out, so a call costs what is still pending); raise if
+    a hub failed to."""
     pending = list(starts)
     if not pending:
         return
@@ -214,16 +227,24 @@ def _collect(ray: Any, starts: dict, pids: dict[int, int], wait: bool = False) -
 
 
 class ClusterPoolWorkers:
-    """A warm pool's workers on a cluster: one serving worker per rank, forked by the agents
-    (the surface of :class:`~.pool.PoolWorkers`: ``handles``, ``dead``, ``close``)."""
+    """A warm pool's workers on a cluster: one serving worker per rank, forked by the hubs
+    (the surface of :class:`~.pool.PoolWorkers`: ``handles``, ``send_runs``, ``dead``,
+    ``close``)."""
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
-        self.handles = start_ranks(plan, None)
+        self.links, self.handles = start_ranks(plan, None)
         self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
         self.closed = False
 
-    def dead(self) -> list[ClusterHandle]:
+    def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:
+        """Start a run on the ranks of ``ranks``: the payload once per node that has some."""
+        for handle in self.handles:
+            if handle.rank in ranks:
+                handle.last_report = None
+        self.links.run(payload, with_result, ranks)
+
+    def dead(self) -> list[HubHandle]:
         """The workers that have ended."""
         return [handle for handle in self.handles if handle.ended]
 
@@ -238,4 +259,4 @@ class ClusterPoolWorkers:
         deadline = time.monotonic() + grace
         for handle in self.handles:
             handle.reap(max(0.0, deadline - time.monotonic()))
-        ClusterGroup(self.plan, self.handles).close()
+        ClusterGroup(self.plan, self.handles, self.links).close()

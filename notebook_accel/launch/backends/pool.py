@@ -2,7 +2,8 @@
 
 :class:`PoolWorkers` are local processes (started as the process backend starts its
 own, with a commands pipe each) around a rendezvous store of their own; on a cluster
-(``plan.cluster``) the agents of ``backends/cluster.py`` fork them instead. For each
+(``plan.cluster``) the node hubs of ``backends/cluster.py`` fork them instead (a run's payload
+then goes once per node). For each
 run, :class:`PoolBackend` sends every rank a :class:`~notebook_accel.wire.Run` and
 hands the supervisor the same handles (``persistent``: a run ends with the rank's
 ``RunDone``, not its exit); closing the run gives them back to the pool.
@@ -47,6 +48,16 @@ class PoolWorkers:
                           *(fd for handle in self.handles for fd in handle.kernel_fds())]
         keep_out_of_forks(self._kept_out)
         self.closed = False
+
+    def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:
+        """Start a run on the workers of ``ranks`` (``with_result``: the ranks that send their
+        value); the others keep their last report (the group's counts still compare)."""
+        for handle in self.handles:
+            if handle.rank not in ranks:
+                continue
+            handle.last_report = None
+            with contextlib.suppress(BrokenPipeError):  # died just now: the supervisor reports it
+                wire.send(handle.commands_fd, Run(payload, handle.rank in with_result))
 
     def dead(self) -> list[ProcessHandle]:
         """The workers that have ended."""
@@ -106,11 +117,8 @@ class PoolBackend(Backend):
             raise TypeError("a warm pool's workers cannot inherit objects; send picklable values")
         handles = [h for h in self.workers.handles if self.ranks is None or h.rank in self.ranks]
         before = {h.rank: h.last_report.collectives if h.last_report else None for h in handles}
-        for local_rank, handle in enumerate(handles):
-            handle.last_report = None  # the others keep theirs: the group's counts still compare
-            send_result = plan.return_all or local_rank == 0
-            with contextlib.suppress(BrokenPipeError):  # died just now: the supervisor reports it
-                wire.send(handle.commands_fd, Run(payload, send_result))
+        with_result = {h.rank for i, h in enumerate(handles) if plan.return_all or i == 0}
+        self.workers.send_runs(payload, with_result, {h.rank for h in handles})
         run = PoolRun(plan, handles)
         if self.ranks is not None:
             run.collectives_before = before

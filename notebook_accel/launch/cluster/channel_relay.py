@@ -1,16 +1,16 @@
-"""The workers' channels through Ray, for a kernel the nodes cannot reach (a Ray Client address).
+"""The nodes' links through Ray, for a kernel the nodes cannot reach (a Ray Client address).
 
 With ``cluster="ray://head:10001"`` the kernel talks to the cluster only through the Ray Client
-server, so the workers cannot connect back to it. A :class:`ChannelRelay` actor on the head node
-stands in for it: it accepts the workers' connections exactly as the kernel's
+server, so the nodes' hubs cannot connect back to it. A :class:`ChannelRelay` actor on the head
+node stands in for it: it accepts the hubs' links exactly as the kernel's
 :class:`~.channel_server.ChannelServer` does (it runs one), and :class:`RelayedChannels`, in the
-kernel, gives the supervisor one socket per rank and channel, pumped to and from the relay by
-Ray actor calls. The bytes are the one wire's, unchanged, so the supervisor, output relay, views
-and failure records are the same; an end of file travels as one too (a rank gone, a kill's closed
-*alive* channel, a pool's closed *commands* channel).
+kernel, gives it one socket per link (generic: per peer and channel), pumped to and from the
+relay by Ray actor calls. The bytes are the link's, unchanged, so the kernel's side of the links
+(``node_links.py``) and everything after it are the same; an end of file travels as one too (a
+hub gone, the kernel's end of a launch).
 
 Bounded: the relay reads a connection only while less than ``BUFFER_LIMIT`` bytes of it wait
-for the kernel (the worker then blocks in its write, as on a local pipe). A session ends when
+for the kernel (the hub then blocks in its write, as on a local pipe). A session ends when
 the kernel has closed every channel (or on failure), or when the kernel has said nothing for
 ``KERNEL_SILENCE`` seconds: it beats every ``BEAT_EVERY`` seconds, so a dead kernel's ranks end
 within seconds (their connections close, as a dead kernel's own would), not when Ray ends the
@@ -31,7 +31,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from notebook_accel.launch.cluster.channel_server import ChannelServer
-from notebook_accel.launch.worker.node_agent import CHANNELS, RUN_CHANNELS
+from notebook_accel.launch.worker.hub_link import LINK_CHANNELS
 
 BUFFER_LIMIT = 1 << 20  # bytes of one connection held in the relay before it stops reading it
 PULL_LIMIT = 4 << 20  # bytes one pull carries at most
@@ -40,17 +40,18 @@ PUSHES_IN_FLIGHT = 64  # pushes the kernel sends before waiting for the oldest
 ALIVE_GRACE = 0.5  # seconds a rank's end (its *alive* channel's) may wait for its other channels
 BEAT_EVERY = 1.0  # seconds between the kernel's beats to the relay
 KERNEL_SILENCE = 10.0  # seconds without a beat after which the relay takes the kernel for dead
-_ALIVE = CHANNELS.index("alive")
+_ALIVE = 0  # the index of a peer's first channel: its end is told after its other channels'
 Chunk = tuple[int, int, bytes]  # rank, channel index, bytes (b"": end of file)
 
 
 class _Session:
     """One launch's connections in the relay: accepted, read into bounded buffers, written."""
 
-    def __init__(self, host: str, world_size: int, serve: bool,
-                  silence: float = KERNEL_SILENCE) -> None:
-        self.server = ChannelServer(host, world_size, serve,
+    def __init__(self, host: str, world_size: int, channels: tuple[str, ...],
+                 silence: float = KERNEL_SILENCE) -> None:
+        self.server = ChannelServer(host, world_size, channels,
                                     owner="the kernel's relay on the head node")
+        self.channels = channels
         self.silence = silence
         self.last_beat = time.monotonic()
         self.socks: dict[tuple[int, int], socket.socket] = {}
@@ -76,7 +77,7 @@ class _Session:
         for rank, channels in got.items():
             for name, sock in channels.items():
                 sock.setblocking(True)
-                key = (rank, CHANNELS.index(name))
+                key = (rank, self.channels.index(name))
                 self.socks[key], self.buffers[key] = sock, bytearray()
         self.last_beat = time.monotonic()  # the kernel beats once it has its ends
         threading.Thread(target=self._read, name="notebook-accel-relay", daemon=True).start()
@@ -191,9 +192,11 @@ class ChannelRelay:
         self._sessions: dict[int, _Session] = {}
         self._ids = itertools.count()
 
-    def open(self, world_size: int, serve: bool) -> tuple[int, tuple[str, int], bytes]:
-        """A new session: its id, and the address and token its workers connect with."""
-        session = _Session(self._host, world_size, serve, self._silence)
+    def open(self, world_size: int, channels: tuple[str, ...] = LINK_CHANNELS,
+             ) -> tuple[int, tuple[str, int], bytes]:
+        """A new session: its id, and the address and token its peers (a launch's hubs)
+        connect with, each with ``channels``."""
+        session = _Session(self._host, world_size, tuple(channels), self._silence)
         key = next(self._ids)
         self._sessions[key] = session
         return key, session.server.address, session.server.token
@@ -230,11 +233,12 @@ class RelayedChannels:
     surface of :class:`~.channel_server.ChannelServer` (``address``, ``token``, ``accept``,
     ``close``)."""
 
-    def __init__(self, ray: Any, relay: Any, world_size: int, serve: bool) -> None:
+    def __init__(self, ray: Any, relay: Any, world_size: int,
+                 channels: tuple[str, ...] = LINK_CHANNELS) -> None:
         self._ray, self._relay = ray, relay
         self.world_size = world_size
-        self.channels = CHANNELS if serve else RUN_CHANNELS
-        self.key, self.address, self.token = ray.get(relay.open.remote(world_size, serve))
+        self.channels = tuple(channels)
+        self.key, self.address, self.token = ray.get(relay.open.remote(world_size, self.channels))
         self._pumps: dict[socket.socket, tuple[int, int]] = {}  # our end -> (rank, channel index)
         self._done = threading.Event()
         self._pumping = 2  # threads still using our ends; the last one out closes them
@@ -260,7 +264,7 @@ class RelayedChannels:
         for rank in range(self.world_size):
             for index, name in enumerate(self.channels):
                 ours, theirs = socket.socketpair()
-                theirs.setblocking(name in ("alive", "commands"))
+                theirs.setblocking(True)
                 channels.setdefault(rank, {})[name] = theirs
                 self._pumps[ours] = (rank, index)
         threading.Thread(target=self._down, name="notebook-accel-relay-down", daemon=True).start()

@@ -1,9 +1,10 @@
-"""Where remote workers connect back to the kernel: one TCP connection per rank and channel.
+"""Where the nodes connect back to the kernel: one TCP connection per node (its hub's link).
 
 The kernel listens on its own node address (as Ray sees it) on a free port, for one launch.
-Every connection must open with the launch's 32-byte secret token (sent to the workers through
-Ray, never on this socket first): the control channel carries pickles, so a connection that
-cannot show the token is closed unread.
+Every connection must open with the launch's 32-byte secret token (sent to the hubs through
+Ray, never on this socket first): the links carry pickles, so a connection that cannot show
+the token is closed unread. Generic in what it accepts: ``count`` peers, each with the
+connections named by ``channels`` (a hub: its one link).
 """
 
 from __future__ import annotations
@@ -15,22 +16,22 @@ import socket
 import time
 from collections.abc import Callable
 
-from notebook_accel.launch.worker.node_agent import CHANNELS, HELLO, RUN_CHANNELS
+from notebook_accel.launch.worker.hub_link import HELLO, LINK_CHANNELS
 
 _HELLO_TIMEOUT = 5.0
 CHECK_EVERY = 0.25  # seconds between two calls of ``check`` while connections arrive
 
 
 class ChannelServer:
-    """Accepts the channels of ``world_size`` ranks on ``host`` (``serve``: a pool's workers,
-    which also have a commands channel) for ``owner`` (named when ranks do not come)."""
+    """Accepts the ``channels`` of ``world_size`` peers (a launch's nodes) on ``host`` for
+    ``owner`` (named when peers do not come)."""
 
-    def __init__(self, host: str, world_size: int, serve: bool = False,
+    def __init__(self, host: str, world_size: int, channels: tuple[str, ...] = LINK_CHANNELS,
                  owner: str = "the kernel") -> None:
         self.token = secrets.token_bytes(32)
         self.owner = owner
         self.world_size = world_size
-        self.channels = CHANNELS if serve else RUN_CHANNELS
+        self.channels = channels
         self._listener = socket.create_server((host, 0), backlog=5 * world_size + 8)
         self.address = (host, self._listener.getsockname()[1])
 
@@ -58,7 +59,7 @@ class ChannelServer:
                     if time.monotonic() > deadline:
                         missing = sorted(r for r in range(self.world_size)
                                          if len(got.get(r, {})) < len(self.channels))
-                        raise TimeoutError(f"ranks {missing} did not connect back to {self.owner} "
+                        raise TimeoutError(f"nodes {missing} did not connect back to {self.owner} "
                                            f"at {self.address[0]}:{self.address[1]}")
                     if not selector.select(0.1):
                         continue
@@ -69,7 +70,7 @@ class ChannelServer:
                         conn.close()
                         continue
                     rank, channel = hello
-                    conn.setblocking(channel in ("alive", "commands"))
+                    conn.setblocking(True)
                     got.setdefault(rank, {})[channel] = conn
                     count += 1
             except BaseException:

@@ -1,9 +1,9 @@
-"""Ranks placed on a Ray cluster: the connection, the capacity check and the nodes' agents.
+"""Ranks placed on a Ray cluster: the connection, the capacity check and the nodes' hubs.
 
 One placement group per job shape (STRICT_SPREAD: one bundle per node, ``num_processes`` CPUs,
-and as many GPUs on ``cuda``), one :class:`~.worker.node_agent.NodeAgent` actor per rank in
-its node's bundle. Placements are kept across launches (a warm launch forks from agents that
-are already placed) until one of their agents is lost or the kernel ends. For a Ray Client
+and as many GPUs on ``cuda``), one :class:`~.worker.node_hub.NodeHub` actor per node holding
+its whole bundle. Placements are kept across launches (a warm launch forks from hubs that
+are already placed) until one of their hubs is lost or the kernel ends. For a Ray Client
 address (``ray://``) a placement also holds a :class:`~.channel_relay.ChannelRelay` on the head
 node, which the workers connect to instead of the kernel.
 """
@@ -21,8 +21,7 @@ if TYPE_CHECKING:
     from notebook_accel.launch.plan import LaunchPlan
 
 PLACE_TIMEOUT = 20.0  # seconds a placement group may stay pending before the launch is refused
-AGENT_TIMEOUT = 120.0  # seconds for the agents to start (each imports torch)
-PING_TIMEOUT = 10.0  # seconds placed agents have to answer before a launch places new ones
+HUB_TIMEOUT = 120.0  # seconds for the hubs to start (each imports torch)
 CLIENT_ATTEMPTS = 3  # Ray Client connections tried: the head's per-client server can die as it
 # starts (github.com/ray-project/ray/issues/63202); the kernel then asks for another. The head
 # reports that death one of two ways: as a failed start, or (when the server died while the head
@@ -57,7 +56,7 @@ def connect(address: str) -> Any:
             raise ValueError(f"cluster={address!r}: this kernel is connected to the Ray cluster "
                              f"{_connected[0]!r}; use that address, or restart the kernel")
         return ray
-    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # a dead agent's unread replies
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # a dead hub's unread replies
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for attempt in range(CLIENT_ATTEMPTS if is_client_address(address) else 1):
@@ -121,25 +120,24 @@ def check_capacity(plan: LaunchPlan) -> None:
 
 @dataclass
 class Placement:
-    """A job shape's placement group and one agent per rank (in rank order)."""
+    """A job shape's placement group and one hub per node (in node order)."""
 
     group: Any  # ray.util.placement_group.PlacementGroup
-    agents: list[Any]  # ActorHandle of NodeAgent
-    addresses: list[str]  # each rank's node address
-    pids: list[int]  # each agent's pid on its node
-    gpus: list[list[str]]  # the GPUs Ray assigned each rank
+    hubs: list[Any]  # ActorHandle of NodeHub
+    addresses: list[str]  # each node's address
+    pids: list[int]  # each hub's pid on its node
+    gpus: list[list[str]]  # the GPUs Ray assigned each node's hub (its ranks', in order)
     relay: Any = None  # ActorHandle of ChannelRelay, for a Ray Client address
 
-    def visible_gpus(self, rank: int, per_node: int) -> str:
-        """``CUDA_VISIBLE_DEVICES`` for ``rank``: its node's ranks' GPUs in local-rank order, so
-        ``cuda:LOCAL_RANK`` is the one Ray gave this rank."""
-        first = rank - rank % per_node
-        return ",".join(g for gpus in self.gpus[first:first + per_node] for g in gpus)
+    def visible_gpus(self, node: int) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for ``node``'s ranks: its GPUs in local-rank order, so
+        ``cuda:LOCAL_RANK`` is the rank's own."""
+        return ",".join(self.gpus[node])
 
     def close(self) -> None:
-        """Stop the agents (and the relay) and free the placement group."""
+        """Stop the hubs (and the relay) and free the placement group."""
         ray = ray_module()
-        for actor in (*self.agents, self.relay):
+        for actor in (*self.hubs, self.relay):
             if actor is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
@@ -152,25 +150,22 @@ def _key(plan: LaunchPlan) -> tuple:
 
 
 def placement_for(plan: LaunchPlan) -> Placement:
-    """The agents of ``plan``'s shape: those already placed, else placed now.
+    """The hubs of ``plan``'s shape: those already placed, else placed now (a placed hub that
+    was lost meanwhile shows in the launch's own call to it: see :func:`discard`).
 
     Raises:
         RuntimeError: the placement group stays pending for ``PLACE_TIMEOUT`` seconds (resources
-            taken by other jobs), or the agents do not start.
+            taken by other jobs), or the hubs do not start.
     """
     ray = ray_module()
     placed = _placements.get(_key(plan))
     if placed is not None:
-        try:  # one round trip: an agent lost while idle (its node gone) means placing afresh
-            ray.get([agent.where.remote() for agent in placed.agents], timeout=PING_TIMEOUT)
-            return placed
-        except Exception:  # noqa: BLE001 - any failure of the ping: the placement is stale
-            discard(plan)
+        return placed
     check_capacity(plan)
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from notebook_accel.launch.worker.node_agent import NodeAgent
+    from notebook_accel.launch.worker.node_hub import NodeHub
 
     need = _needs(plan)
     group = placement_group([dict(need) for _ in range(plan.num_nodes)], strategy="STRICT_SPREAD")
@@ -181,23 +176,23 @@ def placement_for(plan: LaunchPlan) -> Placement:
             f"cluster={plan.cluster!r}: {plan.num_nodes} distinct nodes with {each} free each were "
             f"not available within {PLACE_TIMEOUT:g} s (taken by other jobs?); free them, or ask "
             "for fewer nodes or processes")
-    agent_class = ray.remote(NodeAgent)
-    agents = [
-        agent_class.options(
-            num_cpus=1, num_gpus=1 if plan.device_type == "cuda" else 0, max_concurrency=16,
+    hub_class = ray.remote(NodeHub)
+    hubs = [  # each holds its node's whole bundle: its ranks' CPUs and GPUs
+        hub_class.options(
+            num_cpus=need["CPU"], num_gpus=need.get("GPU", 0), max_concurrency=16,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=rank // plan.num_processes),
+                group, placement_group_bundle_index=node),
         ).remote()
-        for rank in range(plan.world_size)
+        for node in range(plan.num_nodes)
     ]
-    placed = Placement(group, agents, [], [], [],
+    placed = Placement(group, hubs, [], [], [],
                        _start_relay(ray) if is_client_address(plan.cluster) else None)
     try:
-        where = ray.get([agent.where.remote() for agent in agents], timeout=AGENT_TIMEOUT)
+        where = ray.get([hub.where.remote() for hub in hubs], timeout=HUB_TIMEOUT)
     except BaseException as exc:
         placed.close()
         if isinstance(exc, Exception):
-            raise RuntimeError(f"cluster={plan.cluster!r}: the ranks' agents did not start: "
+            raise RuntimeError(f"cluster={plan.cluster!r}: the nodes' hubs did not start: "
                                f"{type(exc).__name__}: {exc}") from None
         raise
     placed.addresses = [address for address, _, _ in where]
@@ -221,7 +216,7 @@ def _start_relay(ray: Any) -> Any:
 
 
 def discard(plan: LaunchPlan) -> None:
-    """Stop ``plan``'s agents (one was lost, or the group must not be reused)."""
+    """Stop ``plan``'s hubs (one was lost, or the group must not be reused)."""
     placed = _placements.pop(_key(plan), None)
     if placed is not None:
         placed.close()

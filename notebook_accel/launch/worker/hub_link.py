@@ -1,0 +1,78 @@
+"""The node link: one ordered TCP connection between a node's hub and the kernel, every rank of
+the node multiplexed onto it.
+
+A frame is a 9-byte header (its kind, the rank it is about, the length of its data) and the
+data. A hub sends each rank's output and framed channels as they come, and the rank's end
+(``END``: its exit code) after everything the rank wrote, on that same stream, so the kernel
+never waits for a rank's last line. The kernel sends commands for one rank (a pool worker's
+``Run``, ``StopAsk``, ``StopAt``; empty data: close its commands), signals, and a pool run's
+payload once per node (``RUN``). Both sides send ``BEAT`` every ``BEAT_EVERY`` seconds; a side
+that hears nothing for ``SILENCE`` seconds takes the other for lost.
+
+The connection opens with :data:`HELLO` (the launch's secret token, the node's index), as every
+connection to the kernel's :class:`~notebook_accel.launch.cluster.channel_server.ChannelServer`.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+HELLO = struct.Struct("!32sIB")  # token, global rank (a link: its node), channel index
+LINK_CHANNELS = ("link",)  # what a hub's connection is, for the channel server
+HEADER = struct.Struct("!BII")  # kind, rank, length of the data
+EXIT = struct.Struct("!i")  # an END's data: the exit code (negative: the signal)
+SIGNAL = struct.Struct("!iBd")  # a SIGNAL's data: the signal, to its group, kill after (s; 0: no)
+EVERY_RANK = 0xFFFFFFFF  # a SIGNAL's rank for every rank of the node
+BEAT_EVERY = 1.0  # seconds between two beats of each side
+SILENCE = 4.0  # seconds without a frame after which a side takes the other for lost
+STOP_GRACE = 2.0  # seconds between a rank's SIGTERM and its SIGKILL, on the hub's own clock
+
+
+class Frame(enum.IntEnum):
+    """What a frame carries."""
+
+    STDOUT = 0  # hub -> kernel: a rank's bytes, as written
+    STDERR = 1
+    CONTROL = 2  # framed messages (wire.py), as written
+    EVENTS = 3
+    END = 4  # hub -> kernel: the rank ended (EXIT), after everything it wrote
+    BEAT = 5  # both ways: alive
+    COMMAND = 6  # kernel -> hub: bytes for a rank's commands channel (b"": close it)
+    SIGNAL = 7  # kernel -> hub: signal a rank (SIGNAL)
+    RUN = 8  # kernel -> hub: a pool run for the node (pickled (payload, ranks sending results))
+
+
+OUTPUTS = (Frame.STDOUT, Frame.STDERR, Frame.CONTROL, Frame.EVENTS)  # a rank's channels, in order
+
+
+def hello(token: bytes, index: int, channel: int = 0) -> bytes:
+    """The first bytes on a connection to the kernel (or its relay)."""
+    return HELLO.pack(token, index, channel)
+
+
+def frame(kind: Frame, rank: int, data: bytes = b"") -> bytes:
+    """One frame."""
+    return HEADER.pack(kind, rank, len(data)) + data
+
+
+class FrameParser:
+    """Reassembles frames from what a connection delivers, in order."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[Frame, int, bytes]]:
+        """The frames complete now: (kind, rank, data)."""
+        self.buffer += data
+        buffer, start, end, frames = self.buffer, 0, len(self.buffer), []
+        while end - start >= HEADER.size:
+            kind, rank, size = HEADER.unpack_from(buffer, start)
+            stop = start + HEADER.size + size
+            if stop > end:
+                break
+            frames.append((Frame(kind), rank, bytes(buffer[start + HEADER.size:stop])))
+            start = stop
+        if start:
+            del buffer[:start]
+        return frames

@@ -1,0 +1,203 @@
+"""The hub's loop for one launch: its ranks' pipes and exits onto the node link, the kernel's
+commands and signals onto its ranks (one thread per launch on each node).
+
+A rank's end goes after everything it wrote: when its process has exited, the loop reads its
+pipes to their ends (all of it is there by then), sends that, then ``END`` with the exit code.
+A ``SIGTERM`` from the kernel is followed by a ``SIGKILL`` ``STOP_GRACE`` seconds later on the
+hub's own clock. When the link ends, goes silent for ``SILENCE`` seconds, or cannot take a frame
+for as long, the kernel is lost: the ranks are killed (their watchdog pipe closes too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import selectors
+import signal
+import socket
+import time
+
+from notebook_accel import wire
+from notebook_accel.launch.worker.hub_link import (
+    BEAT_EVERY,
+    EVERY_RANK,
+    EXIT,
+    SIGNAL,
+    SILENCE,
+    Frame,
+    FrameParser,
+    frame,
+)
+from notebook_accel.launch.worker.rank_fork import ForkedRank
+
+_READ = 1 << 16
+FIRST_WORD = 60.0  # seconds the kernel may take to speak first (it links every node first)
+
+
+class HubPump:
+    """Multiplexes ``ranks`` onto ``link`` until the kernel closes it (or is lost)."""
+
+    def __init__(self, link: socket.socket, ranks: list[ForkedRank], alive_w: int) -> None:
+        self.link, self.alive_w = link, alive_w
+        self.ranks = {r.rank: r for r in ranks}
+        self.live = set(self.ranks)
+        self.outbox = bytearray()
+        self.kill_at: dict[int, float] = {}
+        self.parser = FrameParser()
+        self.selector = selectors.DefaultSelector()
+        link.settimeout(SILENCE)  # a send that cannot go for this long: the kernel is lost
+        self.selector.register(link, selectors.EVENT_READ, None)
+        self.pidfds: dict[int, int] = {}
+        for r in ranks:
+            for kind, fd in r.outputs.items():
+                self.selector.register(fd, selectors.EVENT_READ, (r.rank, kind))
+            self.pidfds[r.rank] = os.pidfd_open(r.pid)
+            self.selector.register(self.pidfds[r.rank], selectors.EVENT_READ, (r.rank, Frame.END))
+
+    def run(self) -> None:
+        """The loop (the thread's body)."""
+        heard = sent = time.monotonic()
+        silence = FIRST_WORD  # until the kernel has taken every node's link and spoken
+        try:
+            while True:
+                for key, _ in self.selector.select(0.25):
+                    if key.data is None:
+                        if not self._from_kernel():
+                            return
+                        heard, silence = time.monotonic(), SILENCE
+                    elif key.data[1] is Frame.END:
+                        self._ended(key.data[0])
+                    else:
+                        self._read(key.data[0], key.data[1], key.fd)
+                now = time.monotonic()
+                for rank, at in list(self.kill_at.items()):
+                    if now >= at:
+                        self._signal(rank, signal.SIGKILL, True)
+                if now - sent >= BEAT_EVERY:
+                    self.outbox += frame(Frame.BEAT, 0)
+                if self.outbox:
+                    self.link.sendall(self.outbox)
+                    self.outbox.clear()
+                    sent = now
+                if now - heard > silence:
+                    return  # the kernel (or the way to it) is lost
+        except OSError:
+            return  # the link broke, or a send waited SILENCE seconds
+        finally:
+            self._end()
+
+    # -- the ranks -> the kernel ---------------------------------------------------------------
+
+    def _read(self, rank: int, kind: Frame, fd: int) -> bool:
+        """Forward one read of a pipe; False when it held nothing now, or is at its end."""
+        try:
+            data = os.read(fd, _READ)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(fd)
+            return False
+        self.outbox += frame(kind, rank, data)
+        return True
+
+    def _ended(self, rank: int) -> None:
+        """The rank's process exited: its pipes hold the rest of what it wrote (a child of it
+        may still hold them open: what is there now); that goes first, then its END."""
+        forked = self.ranks[rank]
+        for kind, fd in forked.outputs.items():
+            while fd in self.selector.get_map() and self._read(rank, kind, fd):
+                if len(self.outbox) > 64 * _READ:
+                    self.link.sendall(self.outbox)
+                    self.outbox.clear()
+        try:
+            code = os.waitstatus_to_exitcode(os.waitpid(forked.pid, 0)[1])
+        except ChildProcessError:  # reaped by someone else (SIGCHLD ignored): no status to tell
+            code = 1
+        self.outbox += frame(Frame.END, rank, EXIT.pack(code))
+        self._forget(rank)
+
+    def _forget(self, rank: int) -> None:
+        forked = self.ranks[rank]
+        self.live.discard(rank)
+        self.kill_at.pop(rank, None)
+        for fd in (*forked.outputs.values(), self.pidfds.pop(rank)):
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._close_commands(forked)
+
+    # -- the kernel -> the ranks ---------------------------------------------------------------
+
+    def _from_kernel(self) -> bool:
+        """Act on what the kernel sent; False once the link has ended."""
+        data = self.link.recv(1 << 20)
+        if not data:
+            return False
+        for kind, rank, body in self.parser.feed(data):
+            if kind is Frame.COMMAND:
+                self._command(rank, body)
+            elif kind is Frame.SIGNAL:
+                sig, group, after = SIGNAL.unpack(body)
+                for target in (self.live.copy() if rank == EVERY_RANK else {rank} & self.live):
+                    self._signal(target, sig, bool(group))
+                    if after:
+                        self.kill_at.setdefault(target, time.monotonic() + after)
+            elif kind is Frame.RUN:
+                payload, with_result, targets = pickle.loads(body)
+                for target in sorted(self.live & targets):
+                    self._command(target, wire.encode(wire.Run(payload, target in with_result)))
+        return True
+
+    def _command(self, rank: int, data: bytes) -> None:
+        forked = self.ranks.get(rank)
+        if forked is None or forked.commands is None:
+            return
+        if not data:
+            self._close_commands(forked)
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(forked.commands, view):]
+        except OSError:  # it is gone: its END tells the kernel
+            self._close_commands(forked)
+
+    @staticmethod
+    def _close_commands(forked: ForkedRank) -> None:
+        if forked.commands is not None:
+            with contextlib.suppress(OSError):
+                os.close(forked.commands)
+            forked.commands = None
+
+    def _signal(self, rank: int, sig: int, group: bool) -> None:
+        if rank not in self.live:
+            return
+        pid = self.ranks[rank].pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                try:
+                    os.killpg(pid, sig)  # the worker leads its own session
+                    return
+                except ProcessLookupError:
+                    pass
+            os.kill(pid, sig)
+        if sig == signal.SIGKILL:
+            self.kill_at.pop(rank, None)
+
+    def _end(self) -> None:
+        """The launch is over (or the kernel lost): nothing of it outlives the loop."""
+        with contextlib.suppress(OSError):
+            os.close(self.alive_w)  # every rank's watchdog ends it
+        for rank in list(self.live):
+            self._signal(rank, signal.SIGKILL, True)
+        for rank in list(self.live):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.ranks[rank].pid, 0)
+            self._forget(rank)
+        self.selector.close()
+        self.link.close()

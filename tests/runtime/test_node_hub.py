@@ -1,0 +1,199 @@
+"""The cluster backend's node hubs and links without Ray: two hubs in this process (each forks its
+ranks, as on its node), Ray's calls made directly, the kernel's side as it is (links taken apart
+into each rank's channels, the shared supervisor). Every line and result arrives; a crash is
+named; ends come after the last line with no wait; a lost link ends its ranks at once."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import psutil
+import pytest
+
+from notebook_accel import WorkerError
+from notebook_accel.launch.backends import cluster
+from notebook_accel.launch.backends.base import Backend
+from notebook_accel.launch.cluster import placement
+from notebook_accel.launch.launcher import launch_once, plan_launch
+from notebook_accel.launch.payload import serialise_payload
+from notebook_accel.launch.worker.node_hub import NodeHub
+
+
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+
+class _Call:
+    def __init__(self, method):
+        self.remote = lambda *args: _Ref(method(*args))  # runs at once
+
+
+class _Actor:
+    def __init__(self, hub):
+        self.hub = hub
+
+    def __getattr__(self, name):
+        return _Call(getattr(self.hub, name))
+
+
+class _Ray:
+    class util:  # noqa: N801 - ray.util
+        @staticmethod
+        def get_node_ip_address():
+            return "127.0.0.1"
+
+    class exceptions:  # noqa: N801 - ray.exceptions
+        RayActorError = RuntimeError
+
+    @staticmethod
+    def get(ref):
+        return ref.value
+
+    @staticmethod
+    def put(value):
+        return value
+
+    @staticmethod
+    def wait(refs, num_returns=1, timeout=None):
+        return refs, []
+
+
+class _HubBackend(Backend):
+    """The cluster backend's start, on hubs in this process."""
+
+    def __init__(self, nodes: int) -> None:
+        hub = NodeHub.__new__(NodeHub)  # no torch import: the ranks here need none
+        self.placed = placement.Placement(None, [_Actor(hub)] * nodes, ["127.0.0.1"] * nodes,
+                                          [os.getpid()] * nodes, [[] for _ in range(nodes)])
+        self.groups: list[cluster.ClusterGroup] = []
+
+    def start(self, plan, payload):
+        links, handles = cluster._start(_Ray, plan, payload, self.placed)
+        self.groups.append(cluster.ClusterGroup(plan, handles, links))
+        return self.groups[-1]
+
+
+def _launch(function, nodes=2, per_node=2, **options):
+    plan = plan_launch({"num_processes": per_node, "mixed_precision": None, "use_port": None,
+                        "master_addr": None, "node_rank": None, "num_nodes": nodes,
+                        "start_method": None, "device": None, "cluster": "in-process"},
+                       config_file=None, fsdp=None, notes=[], timeout=options.pop("timeout", None),
+                       output="all", return_all=options.pop("return_all", True), max_restarts=0)
+    backend = _HubBackend(nodes)
+    return launch_once(backend, plan, serialise_payload(function, (), {})), backend
+
+
+def _lines():
+    import sys
+
+    rank = os.environ["RANK"]
+    for i in range(500):
+        print(f"line {rank}:{i}", file=sys.stdout if i % 2 else sys.stderr)
+    return int(rank), os.environ["NODE_RANK"], os.environ["LOCAL_RANK"]
+
+
+def test_every_rank_returns_and_every_line_arrives_once_in_order(capsys):
+    started = time.monotonic()
+    values, backend = _launch(_lines)
+    took = time.monotonic() - started
+    assert values == [(0, "0", "0"), (1, "0", "1"), (2, "1", "0"), (3, "1", "1")]
+    out, err = capsys.readouterr()
+    for rank in range(4):
+        node = rank // 2
+        seen = [int(i) for i in re.findall(rf"^\[node {node} rank {rank}\] line {rank}:(\d+)$",
+                                            out + err, re.MULTILINE)]
+        assert sorted(seen) == list(range(500)), f"rank {rank}: {len(seen)} lines"
+        odd = [int(i) for i in re.findall(rf"rank {rank}\] line {rank}:(\d+)$", out, re.MULTILINE)]
+        assert odd == list(range(1, 500, 2))
+    assert took < 10, took  # no end-grace wait per rank
+    (group,) = backend.groups
+    assert len(group.links.links) == 2  # one connection per node
+
+
+def _crash_on_rank_3():
+    import time
+
+    if os.environ["RANK"] == "3":
+        time.sleep(0.3)
+        raise RuntimeError("boom on node 1")
+    print(f"pid={os.getpid()}", flush=True)
+    time.sleep(60)
+
+
+def test_a_crash_is_named_within_a_second_and_nothing_is_left(capsys):
+    with pytest.raises(WorkerError) as caught:
+        _launch(_crash_on_rank_3)
+    took = time.time() - caught.value.failure.timestamp
+    assert str(caught.value).startswith("rank 3 on node 1 (127.0.0.1) failed: RuntimeError: boom")
+    assert "raise RuntimeError" in caught.value.remote_traceback
+    assert took < 1.5, took
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", capsys.readouterr().out)]
+    assert len(pids) == 3
+    time.sleep(0.2)
+    assert not [pid for pid in pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def _ignore_sigterm_then_wait():
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.environ["RANK"] == "0":
+        time.sleep(0.5)
+        raise ValueError("stop the others")
+    time.sleep(60)
+
+
+def test_the_hub_kills_a_rank_that_ignores_sigterm_after_2s_on_its_own_clock():
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="ValueError: stop the others"):
+        _launch(_ignore_sigterm_then_wait)
+    assert time.monotonic() - started < 0.5 + 2.0 + 1.5
+
+
+def _sleep():
+    import time
+
+    print(f"pid={os.getpid()}", flush=True)
+    time.sleep(60)
+
+
+def test_a_link_that_ends_ends_its_nodes_ranks_naming_the_node(capsys, monkeypatch):
+    """The kernel's end of node 1's link breaks (as when its host is gone): its ranks end
+    without an exit status, named; the job fails within a second; no rank is left."""
+    import threading
+
+    original = cluster.NodeLinks.__init__
+
+    def broken_later(self, links, ranks):
+        original(self, links, ranks)
+        threading.Timer(1.0, links[1].shutdown, (2,)).start()  # SHUT_RDWR: node 1's link ends
+
+    monkeypatch.setattr(cluster.NodeLinks, "__init__", broken_later)
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        _launch(_sleep)
+    took = time.monotonic() - started
+    assert re.match(r"rank [23] on node 1 \(127\.0\.0\.1\) ended without an exit status: its node "
+                    r"or its Ray worker was lost \(its node's link ended\)", str(caught.value)), \
+        str(caught.value)
+    assert took < 4.0, took
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", capsys.readouterr().out)]
+    time.sleep(0.3)
+    assert not [pid for pid in pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_stop_signal_goes_through_the_link(capsys):
+    import threading
+
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        _launch(_sleep)
+    assert time.monotonic() - started < 1.5 + 2.0
