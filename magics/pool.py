@@ -84,16 +84,30 @@ def _workers_names(pool: WorkerPool, gone: list[int]) -> str:
         return (f"names on the workers: none: {ranks_text(gone)} {verb} gone, so the workers' "
                 f"state is lost{' (' + listed(lost) + ')' if lost else ''}; the next cell replaces the "
                 "workers")
-    if not pool.names:
+    some = _on_some_ranks(pool)
+    if not pool.names and not some:
         return "names on the workers: (none yet)"
     copies = set(pool.copies)
     sent = [name for name in pool.names if name in copies]
-    line = "names on the workers: " + ", ".join(pool.names)
+    line = "names on the workers: " + (", ".join(pool.names) or "(none on every rank)")
+    if some:
+        line += "\n  on some ranks only (cells with --ranks): " + ", ".join(
+            f"{name} ({ranks_text(ranks)})" for name, ranks in some.items())
     if sent:
         line += "\n  of which the notebook's copies (sent, not assigned on the workers): " + \
             ", ".join(f"{name} (cell [{LEDGER.sent[name].cell}])" if name in LEDGER.sent
                       else name for name in sent)
     return line
+
+
+def _on_some_ranks(pool: WorkerPool) -> dict[str, list[int]]:
+    """The names that live on some ranks but not all, with those ranks."""
+    everywhere, some = set(pool.names), {}
+    for rank in range(pool.plan.world_size):
+        for name in pool.names_on(rank):
+            if name not in everywhere:
+                some.setdefault(name, []).append(rank)
+    return some
 
 
 def debug(args: argparse.Namespace) -> None:

@@ -120,6 +120,8 @@ def test_a_cell_on_rank_one_only(k):
     k.ok("%%accelerate --ranks 1\nonly_on_one = 7")  # lives on rank 1 only
     again = k.ok("%%accelerate --ranks 1\nonly_on_one + 1")
     assert "8" in str(again.outputs)
+    status = k.ok("%accelerate status").stdout
+    assert "on some ranks only (cells with --ranks): only_on_one (rank 1)" in status, status
     everywhere = k.run("%%accelerate\nonly_on_one")  # rank 0 has no such name: said before it runs
     assert everywhere.error is not None and "only_on_one" in everywhere.error["evalue"], everywhere
     assert "[rank 1]" not in everywhere.stdout
