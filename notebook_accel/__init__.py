@@ -65,6 +65,7 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "notebook_accel.big_model",
     "cpu_offload": "notebook_accel.big_model",
     "disk_offload": "notebook_accel.big_model",
+    "cpu_offload_with_hook": "notebook_accel.big_model",
     "FullyShardedDataParallelPlugin": "notebook_accel.strategies.fsdp.plugin",
     "merge_fsdp_weights": "notebook_accel.strategies.fsdp.state_dict",
     "DeepSpeedPlugin": "notebook_accel.strategies.deepspeed.plugin",

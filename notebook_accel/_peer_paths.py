@@ -35,6 +35,7 @@ PEER_PATHS: dict[str, str] = {
     "notebook_accel.logging": "notebook_accel.observe.logging",
     "notebook_accel.tracking": "notebook_accel.observe.tracking",
     "notebook_accel.big_modeling": "notebook_accel.big_model",
+    "notebook_accel.hooks": "notebook_accel.big_model.model_hooks",
     "notebook_accel.fsdp": "notebook_accel.strategies.fsdp",
     "notebook_accel.local_sgd": "notebook_accel.strategies.local_sgd",
 }
@@ -78,8 +79,24 @@ PEER_NAMES: dict[str, dict[str, str]] = {
     },
     "notebook_accel.big_modeling": {
         "notebook_accel.big_model.modeling": "check_device_map find_tied_parameters retie_parameters",
+        "notebook_accel.big_model.align_hooks": "AlignDevicesHook attach_align_device_hook "
+                                                "attach_align_device_hook_on_blocks",
+        "notebook_accel.big_model.cpu_offload_hooks": "CpuOffload UserCpuOffloadHook",
+        "notebook_accel.big_model.model_hooks": "add_hook_to_module",
+        "notebook_accel.big_model.layerwise_casting": "LayerwiseCastingHook SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
         _AVAILABILITY: "is_bnb_available is_mlu_available is_musa_available is_npu_available "
                        "is_sdaa_available is_xpu_available",
+    },
+    "notebook_accel.hooks": {
+        "notebook_accel.big_model.align_hooks": "AlignDevicesHook attach_align_device_hook "
+                                                "attach_align_device_hook_on_blocks attach_execution_device_hook",
+        "notebook_accel.big_model.cpu_offload_hooks": "CpuOffload UserCpuOffloadHook",
+        "notebook_accel.big_model.tensor_placement": "get_non_persistent_buffers named_module_tensors "
+                                                     "set_module_tensor_to_device",
+        "notebook_accel.big_model.layerwise_casting": "LayerwiseCastingHook",
+        "notebook_accel.runtime.state": "PartialState",
+        "notebook_accel.utils": "clear_device_cache find_device send_to_device",
+        _AVAILABILITY: "is_mlu_available is_musa_available is_npu_available",
     },
     "notebook_accel.local_sgd": {"notebook_accel.accelerator": "Accelerator"},
     "notebook_accel.accelerator": {

@@ -12,19 +12,21 @@ from notebook_accel.big_model import (
     infer_auto_device_map,
     load_checkpoint_in_model,
 )
-from notebook_accel.big_model.hooks import has_offloaded_params
+from notebook_accel.big_model.align_hooks import align_module_device, has_offloaded_params
+from notebook_accel.big_model.layerwise_casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from notebook_accel.big_model.modeling import (
-    align_module_device,
     check_device_map,
     clean_device_map,
     compute_module_total_buffer_size,
     convert_file_size_to_int,
     dtype_byte_size,
     find_tied_parameters,
-    get_non_persistent_buffers,
     get_state_dict_offloaded_model,
-    named_module_tensors,
     retie_parameters,
+)
+from notebook_accel.big_model.tensor_placement import (
+    get_non_persistent_buffers,
+    named_module_tensors,
     set_module_tensor_to_device,
 )
 from notebook_accel.checkpoint.saving import save
@@ -128,7 +130,7 @@ __all__ = [
     "DistributedType", "DynamoBackend", "GradScalerKwargs", "GradientAccumulationPlugin", "KwargsHandler", "ProfileKwargs",
     "DeepSpeedPlugin", "FullyShardedDataParallelPlugin", "InitProcessGroupKwargs", "PROFILE_PATTERN_NAME", "tqdm",
     "CannotPadNestedTensorWarning", "check_os_kernel", "convert_dict_to_env_variables", "get_model_tp_size",
-    "has_offloaded_params", "honor_type", "is_namedtuple", "is_torch_tensor", "save",
+    "has_offloaded_params", "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING", "honor_type", "is_namedtuple", "is_torch_tensor", "save",
     "align_module_device", "check_device_map", "clean_device_map", "compute_module_total_buffer_size",
     "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters", "get_non_persistent_buffers",
     "get_state_dict_offloaded_model", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",

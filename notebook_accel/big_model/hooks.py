@@ -1,31 +1,18 @@
-"""Forward hooks of a dispatched model: move inputs to a module's device, bring offloaded weights in
-just before it runs and drop them right after."""
+"""Dispatch's hooks (``AlignDevicesHook``s): move inputs to a module's device, bring offloaded
+weights in (from safetensors files or memory) just before it runs and drop them right after."""
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
-from notebook_accel.big_model.model_tensors import set_tensor
+from notebook_accel.big_model.align_hooks import AlignDevicesHook, first_device, move_to
+from notebook_accel.big_model.model_hooks import add_hook_to_module, remove_hook_from_module
+from notebook_accel.big_model.model_tensors import get_tensor, set_tensor
 from notebook_accel.big_model.safetensors_io import StoredTensor, map_tensors, prefetch
-
-_OFFLOADING: weakref.WeakKeyDictionary[nn.Module, ModuleHook] = weakref.WeakKeyDictionary()  # module -> its hook
-
-
-def offloading_hook(module: nn.Module) -> ModuleHook | None:
-    """The hook that brings ``module``'s offloaded weights in while it runs, if it has one."""
-    return _OFFLOADING.get(module)
-
-
-def has_offloaded_params(module: nn.Module) -> bool:
-    """Whether ``module``'s own weights are offloaded (``dispatch_model`` to "cpu" or "disk",
-    ``cpu_offload``, ``disk_offload``): kept elsewhere, brought to its device only while it runs."""
-    return module in _OFFLOADING
 
 
 @dataclass(frozen=True)
@@ -60,80 +47,77 @@ def bring_all(sources: Mapping[str, WeightSource], device: torch.device) -> dict
     return {name: source.bring(device, mapped.get(name)) for name, source in sources.items()}
 
 
-def move_to(value, device: torch.device, skip_keys: Iterable[str] = ()):
-    """``value`` (tensors nested in tuples, lists, dicts) with every tensor on ``device``."""
-    skip = set(skip_keys)
-    if skip and isinstance(value, Mapping):
-        return type(value)({k: v if k in skip else move_to(v, device) for k, v in value.items()})
-    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, value)
+class SourceWeights(Mapping):
+    """``sources`` as a ``weights_map``: each tensor read into CPU memory when asked for."""
+
+    def __init__(self, sources: Mapping[str, WeightSource]) -> None:
+        self.sources = sources
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.sources[name].materialize(torch.device("cpu"))
+
+    def __iter__(self):
+        return iter(self.sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
 
 
-def _first_tensor_device(args, kwargs) -> torch.device | None:
-    for value in [*args, *kwargs.values()]:
-        if isinstance(value, torch.Tensor):
-            return value.device
-    return None
-
-
-@dataclass(eq=False)
-class ModuleHook:
-    """The hooks of one module of a dispatched model.
+class ModuleHook(AlignDevicesHook):
+    """Dispatch's hook of one module, attached when made (the model is already in place).
 
     ``sources`` (names relative to the module) are brought to ``device`` before the module runs and
-    replaced by their meta placeholders after it returns (or raises). ``restore_output`` (the root)
-    sends outputs back to the device the first input came from.
+    replaced by their meta placeholders (shared by tied names) after it returns or raises; the next
+    streamed module's file pages are prefetched meanwhile. ``restore_output`` (the root) sends
+    outputs back to the device the first input came from.
     """
 
-    module: nn.Module
-    device: torch.device
-    sources: dict[str, WeightSource] = field(default_factory=dict)
-    move_inputs: bool = True
-    restore_output: bool = False
-    skip_keys: tuple[str, ...] = ()
-    next_streamed: ModuleHook | None = field(default=None, repr=False)  # streamed after this one
+    def __init__(self, module: nn.Module, device: torch.device, sources: Mapping[str, WeightSource] | None = None,
+                 move_inputs: bool = True, restore_output: bool = False, skip_keys: tuple[str, ...] = ()) -> None:
+        self.sources = dict(sources or {})
+        super().__init__(device, offload=bool(self.sources), io_same_device=restore_output,
+                         weights_map=SourceWeights(self.sources), skip_keys=list(skip_keys) or None)
+        self.module, self.move_inputs = module, move_inputs
+        self.next_streamed: ModuleHook | None = None  # streamed after this one
+        self.placeholders = {name: get_tensor(module, name) for name in self.sources}
+        self._input_devices: list[torch.device | None] = []  # a stack: a module may run inside itself
+        add_hook_to_module(module, self)
 
-    def __post_init__(self) -> None:
-        self.placeholders = {}
-        for name in self.sources:
-            module_name, _, attr = name.rpartition(".")
-            owner = self.module.get_submodule(module_name)
-            held = owner._parameters if attr in owner._parameters else owner._buffers
-            self.placeholders[name] = held[attr]
-        self._input_device: list[torch.device | None] = []
-        if self.sources:
-            _OFFLOADING[self.module] = self
-        self.handles = [
-            self.module.register_forward_pre_hook(self._before, with_kwargs=True),
-            self.module.register_forward_hook(self._after, with_kwargs=True, always_call=True),
-        ]
+    def init_hook(self, module):
+        return module
 
-    def _before(self, module, args, kwargs):
-        if self.restore_output:
-            self._input_device.append(_first_tensor_device(args, kwargs))
-        if self.sources:
-            for name, tensor in bring_all(self.sources, self.device).items():
-                set_tensor(self.module, name, tensor)
-            if self.next_streamed is not None:
-                prefetch(stored_parts(self.next_streamed.sources).values())
-        if self.move_inputs:
-            return move_to(args, self.device), move_to(kwargs, self.device)
-        return None
+    def detach_hook(self, module):
+        return module  # undispatch_model brings the weights back
 
-    def _after(self, module, args, kwargs, output):
-        self.drop_weights()
-        if self.restore_output:
-            device = self._input_device.pop() if self._input_device else None
-            if device is not None:
-                return move_to(output, device, self.skip_keys)
-        return None
+    def bring_weights(self, module: nn.Module, device) -> None:
+        for name, tensor in bring_all(self.sources, torch.device(device)).items():
+            set_tensor(module, name, tensor)
 
-    def drop_weights(self) -> None:
-        """Put the meta placeholders back, letting the brought-in weights go."""
+    def drop_weights(self, module: nn.Module | None = None) -> None:
         for name, placeholder in self.placeholders.items():
             set_tensor(self.module, name, placeholder)
 
+    def pre_forward(self, module, *args, **kwargs):
+        if self.io_same_device:
+            self._input_devices.append(first_device([args, kwargs]))
+        if self.sources:
+            self.bring_weights(module, self.execution_device)
+            if self.next_streamed is not None:
+                prefetch(stored_parts(self.next_streamed.sources).values())
+        if self.move_inputs:
+            return move_to(args, self.execution_device), move_to(kwargs, self.execution_device)
+        return args, kwargs
+
+    def forward_failed(self, module):
+        self.drop_weights()
+        if self.io_same_device and self._input_devices:
+            self._input_devices.pop()
+
+    def post_forward(self, module, output):
+        self.drop_weights()
+        device = self._input_devices.pop() if self.io_same_device and self._input_devices else None
+        return move_to(output, device, self.skip_keys) if device is not None else output
+
     def remove(self) -> None:
-        if _OFFLOADING.get(self.module) is self:
-            del _OFFLOADING[self.module]
-        for handle in self.handles:
-            handle.remove()
+        if getattr(self.module, "_hf_hook", None) is self:
+            remove_hook_from_module(self.module)
