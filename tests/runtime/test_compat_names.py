@@ -21,7 +21,7 @@ def test_top_level_and_utils_names_resolve_to_our_objects():
         assert getattr(notebook_accel, name).__module__.startswith("notebook_accel"), name
     for name in nu.__all__:
         value = getattr(nu, name)
-        assert isinstance(value, str) or value.__module__.startswith("notebook_accel"), name  # or a constant
+        assert isinstance(value, (str, tuple)) or value.__module__.startswith("notebook_accel"), name  # or a constant
     acc = Accelerator()
     assert isinstance(acc.state, notebook_accel.AcceleratorState) and acc.state.mixed_precision == "no"
     notebook_accel.AcceleratorState._reset_state()  # nothing shared to reset: acc keeps working
