@@ -283,10 +283,8 @@ def load_state(
         items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
     for i, model in enumerate(items.models if items.sharded is None else ()):
         safe = path / layout.model_file(i, True)
-        if safe.is_file():  # load_model: tied weights were stored once, under one name
-            from safetensors.torch import load_model
-
-            load_model(_unwrap(model), str(safe), strict=strict)
+        if safe.is_file():  # tied weights were stored once, under one name
+            _load_safetensors(_unwrap(model), str(safe), strict)
         else:
             _unwrap(model).load_state_dict(read(layout.model_file(i, False)), strict=strict)
     for kind, objs in (("optimizer", items.optimizers if items.sharded is None else []),
@@ -385,3 +383,24 @@ class ProjectConfiguration:
         existing = self.checkpoints()
         for path in existing[: max(len(existing) - self.total_limit, 0)]:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _load_safetensors(model: Any, file: str, strict: bool) -> None:
+    """safetensors' ``load_model`` (which restores tied weights stored once); it reads every
+    tensor's storage pointer to find the tied ones, and XLA tensors have none, so on XLA the
+    tied names are found by identity instead (``state_dict(keep_vars=True)``)."""
+    from safetensors.torch import load_file, load_model
+
+    current = model.state_dict(keep_vars=True)
+    if not any(tensor.device.type == "xla" for tensor in current.values()):
+        load_model(model, file, strict=strict)
+        return
+    state = load_file(file)
+    aliases: dict[int, list[str]] = {}
+    for name, tensor in current.items():
+        aliases.setdefault(id(tensor), []).append(name)
+    for names in aliases.values():
+        stored = next((name for name in names if name in state), None)
+        for name in names if stored is not None else ():
+            state.setdefault(name, state[stored])
+    model.load_state_dict(state, strict=strict)
