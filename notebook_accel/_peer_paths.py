@@ -61,7 +61,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
     },
     "notebook_accel.scheduler": {"notebook_accel.runtime.accelerator_state": "AcceleratorState"},
     "notebook_accel.data_loader": {
-        _AVAILABILITY: "is_datasets_available is_torch_xla_available",
+        _AVAILABILITY: "is_datasets_available is_torch_xla_available is_torchdata_stateful_dataloader_available",
         "notebook_accel.machine.versions": "compare_versions is_torch_version",
         "notebook_accel.observe.logging": "get_logger",
         "notebook_accel.runtime.helpers": "concatenate find_batch_size",

@@ -59,7 +59,9 @@ SINGLETON = ("the peer's AcceleratorState/PartialState are shared-dict singleton
 _depart(SINGLETON, "test_accelerator.py::*::test_accelerator_state_after_reset",
         "test_accelerator.py::*::test_partial_state_after_reset",
         "test_cpu.py::*::test_cpu",  # its test_script.py's test_reinstantiated_state: run_peer_script.py CHANGED
-        "test_tracking.py::TrackerDeferredInitializationTest::*")  # PartialState._shared_state
+        "test_tracking.py::TrackerDeferredInitializationTest::*",  # PartialState._shared_state
+        # its last lines read GradientState._shared_state (the rest, torchdata's state, is checked first)
+        "test_data_loader.py::StatefulDataLoaderTester::test_decoupled_stateful_dataloader_adapter_*")
 _depart("bitsandbytes 8-bit models (not installed; GPU only)",
         "test_accelerator.py::*::test_prepare_model_8bit_cpu_offload_raises_valueerror_not_typeerror")
 _depart("the hook API is ours (notebook_accel.hooks; test_hooks.py runs), but cpu_offload / disk_offload "
@@ -90,9 +92,10 @@ _depart("downloads a model from the Hub (no network in tests)",
 _depart("the peer's disk-offload format helpers (offload_state_dict, offload_weight, OffloadedWeightsLoader, "
         "extract_submodules_state_dict); ours stores offloaded weights as safetensors "
         "(big_model/safetensors_io.py), not a public API", "test_offload.py::*")
-_depart("the peer's loader class tree (DataLoaderStateMixin, DataLoaderAdapter, SkipDataLoader): internals; "
-        "ours are DataLoader subclasses (DataLoaderShard, DataLoaderDispatcher) without those bases",
-        "test_data_loader.py::DataLoaderTester::test_dataloader_inheritance")
+_depart("the peer's loader class tree (DataLoaderStateMixin, DataLoaderAdapter, .base_dataloader): internals; "
+        "ours are DataLoader subclasses (DataLoaderShard, DataLoaderDispatcher, SkipDataLoader), with "
+        "use_stateful_dataloader=True their twins on torchdata's StatefulDataLoader (data/stateful.py)",
+        "test_data_loader.py::*::test_dataloader_inheritance")
 _depart("logger names: ours are our modules' (notebook_accel.runtime.helpers), so assertLogs on the peer's "
         "'accelerate.utils.environment' logger sees nothing (the warning itself is the peer's)",
         "test_utils.py::*::test_convert_dict_to_env_variables")
