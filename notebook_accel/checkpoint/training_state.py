@@ -73,7 +73,8 @@ class CheckpointItems:
 
 
 _CHECKPOINT_FILE = re.compile(  # what save_state itself writes (stale ones are not carried over)
-    r"(pytorch_model|model|optimizer|scheduler|dataloader|dl_state_dict|custom_checkpoint|random_states)(_\d+)?"
+    r"(pytorch_model(_fsdp)?|model|optimizer|scheduler|dataloader|dl_state_dict|custom_checkpoint|random_states)"
+    r"(_\d+)?"
     r"\.(pt|bin|pkl|safetensors)"
     r"|scaler\.pt|accelerator\.pt|(pytorch_model_fsdp|optimizer)_\d+")
 
