@@ -13,6 +13,15 @@ from notebook_accel.big_model import (
     load_checkpoint_in_model,
 )
 from notebook_accel.big_model.align_hooks import align_module_device, has_offloaded_params
+from notebook_accel.big_model.dat_offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
 from notebook_accel.big_model.layerwise_casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from notebook_accel.big_model.modeling import (
     check_device_map,
@@ -137,6 +146,8 @@ __all__ = [
     "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters", "get_non_persistent_buffers",
     "get_state_dict_offloaded_model", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
     "ProjectConfiguration", "TorchDynamoPlugin",
+    "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
+    "offload_state_dict", "offload_weight", "save_offload_index",
     "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compile_regions",
     "compile_regions_deepspeed", "compile_regions_fsdp2", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",
     "convert_to_fp32", "copy_tensor_to_devices", "DummyOptim", "DummyScheduler", "extract_model_from_parallel", "find_batch_size", "find_device",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from notebook_accel.big_model import model_hooks
 from notebook_accel.big_model.devices import (
     DeviceKey,
     check_gpus,
@@ -30,7 +31,7 @@ from notebook_accel.big_model.model_tensors import (
 from notebook_accel.big_model.planner import main_device as first_main_device
 from notebook_accel.big_model.safetensors_io import StoredTensor, write_safetensors
 
-DISPATCHED = "_notebook_accel_dispatch"
+DISPATCHED = model_hooks.DISPATCHED
 _MOVERS = ("to", "cpu", "cuda")
 
 
@@ -40,6 +41,10 @@ class _Dispatch:
     sources: dict[str, WeightSource]  # offloaded tensor name -> where its values are
     ties: dict[str, list[str]]  # offloaded tensor name -> every name sharing its placeholder
     main: torch.device
+
+    def undo(self, model: nn.Module) -> None:
+        """``undispatch_model(model)``: what removing the model's hooks does (``model_hooks``)."""
+        undispatch_model(model)
 
 
 def _meta_error(name: str) -> ValueError:

@@ -64,13 +64,6 @@ _depart(SINGLETON, "test_accelerator.py::*::test_accelerator_state_after_reset",
         "test_data_loader.py::StatefulDataLoaderTester::test_decoupled_stateful_dataloader_adapter_*")
 _depart("bitsandbytes 8-bit models (not installed; GPU only)",
         "test_accelerator.py::*::test_prepare_model_8bit_cpu_offload_raises_valueerror_not_typeerror")
-_depart("the hook API is ours (notebook_accel.hooks; test_hooks.py runs), but cpu_offload / disk_offload "
-        "attach dispatch's own AlignDevicesHook (big_model/hooks.ModuleHook, streaming from safetensors), "
-        "not checked against these tests yet", "test_big_modeling.py::*::test_cpu_offload",
-        "test_big_modeling.py::*::test_disk_offload",
-        # preload_module_classes is ours too (tests/unit/test_peer_names.py); these then call remove_hook_from_submodules
-        "test_big_modeling.py::*::test_cpu_offload_with_unused_submodules",
-        "test_big_modeling.py::*::test_disk_offload_with_unused_submodules")
 _depart("init_empty_weights: the peer leaves nn.Module.register_parameter alone on torch >= 2 (a meta "
         "device context); ours patches it inside the context (restored on exit): an internal",
         "test_big_modeling.py::*::test_init_empty_weights")
@@ -89,9 +82,6 @@ _depart("our planner (big_model/planner.py) places modules by its own rule (larg
         "device_map_with_*")
 _depart("downloads a model from the Hub (no network in tests)",
         "test_modeling_utils.py::*::test_infer_auto_device_map_on_t0pp")
-_depart("the peer's disk-offload format helpers (offload_state_dict, offload_weight, OffloadedWeightsLoader, "
-        "extract_submodules_state_dict); ours stores offloaded weights as safetensors "
-        "(big_model/safetensors_io.py), not a public API", "test_offload.py::*")
 _depart("the peer's loader class tree (DataLoaderStateMixin, DataLoaderAdapter, .base_dataloader): internals; "
         "ours are DataLoader subclasses (DataLoaderShard, DataLoaderDispatcher, SkipDataLoader), with "
         "use_stateful_dataloader=True their twins on torchdata's StatefulDataLoader (data/stateful.py)",
@@ -99,9 +89,6 @@ _depart("the peer's loader class tree (DataLoaderStateMixin, DataLoaderAdapter, 
 _depart("logger names: ours are our modules' (notebook_accel.runtime.helpers), so assertLogs on the peer's "
         "'accelerate.utils.environment' logger sees nothing (the warning itself is the peer's)",
         "test_utils.py::*::test_convert_dict_to_env_variables")
-_depart("the peer's hook API again (attach_align_device_hook, cpu_offload_with_hook, remove_hook_from_module); "
-        "our has_offloaded_params answers for our own dispatch (tests/unit/test_peer_names.py)",
-        "test_utils.py::*::test_has_offloaded_params")
 
 
 def sdist() -> Path:
