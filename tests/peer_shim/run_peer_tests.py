@@ -64,9 +64,6 @@ _depart(SINGLETON, "test_accelerator.py::*::test_accelerator_state_after_reset",
         "test_data_loader.py::StatefulDataLoaderTester::test_decoupled_stateful_dataloader_adapter_*")
 _depart("bitsandbytes 8-bit models (not installed; GPU only)",
         "test_accelerator.py::*::test_prepare_model_8bit_cpu_offload_raises_valueerror_not_typeerror")
-_depart("init_empty_weights: the peer leaves nn.Module.register_parameter alone on torch >= 2 (a meta "
-        "device context); ours patches it inside the context (restored on exit): an internal",
-        "test_big_modeling.py::*::test_init_empty_weights")
 _depart("a private helper of the peer (_refuse_recurrent_layers_under_sequence_parallelism)",
         "test_big_modeling.py::RefuseRecurrentLayersTester::*")
 _depart("the peer's planner internal (get_module_size_with_ties: one step of its device-map search); "
