@@ -137,6 +137,9 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
         why = _ask(running, poll)
         if why is not None:
             return why
+        running = [w for w in running if not w.finished]  # one may finish while asked: no answer
+        if not running:
+            return None
         now = [w.stop_count for w in running]
         if any(_behind_the_cut(a, groups, total) for a in now):
             total = max(_total(a, groups) for a in now) + 1  # past every rank: on to it
