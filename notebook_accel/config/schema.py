@@ -16,8 +16,9 @@ from notebook_accel.strategies.registry import config_sections
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 # MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
 # files load, and our "auto"); a launch accepts only contract.LAUNCH_MIXED_PRECISIONS and says so.
+MULTI_DEVICE_TYPES = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU", "xla": "XLA"}  # the peer's name, several workers
 _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect); use_cpu: cpu
-    "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "TPU": "xla",
+    "NO": None, **{kind: device for device, kind in MULTI_DEVICE_TYPES.items()}, "TPU": "xla",
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
     "DEEPSPEED": None,  # ZeRO (deepspeed_config: the workers' ACCELERATE_DEEPSPEED_* variables)
 }

@@ -55,7 +55,6 @@ def test_vocabularies_are_the_tables():
     import multiprocessing
 
     from notebook_accel.config import schema
-    from notebook_accel.launch.output import OUTPUT_CHOICES
     from notebook_accel.machine.devices import best_precision
     from notebook_accel.runtime.precision import resolve_mixed_precision
 
@@ -71,7 +70,6 @@ def test_vocabularies_are_the_tables():
     assert {best_precision(d, hw) for d in OPTIONS["device"].choices for hw in machines} == set(workers)
     # every start method but "auto" is one multiprocessing has here (Linux)
     assert set(OPTIONS["start_method"].choices) - {"auto"} == set(multiprocessing.get_all_start_methods())
-    assert OPTIONS["output"].choices == OUTPUT_CHOICES  # launch/output.py keeps its own copy
     assert schema.LaunchConfig(mixed_precision="fp8").mixed_precision == "fp8"  # a file may hold fp8
     for device in OPTIONS["device"].choices:  # the file can say every device, in the peer's keys
         assert schema.LaunchConfig(num_processes=2).with_device(device).device_type == device

@@ -190,13 +190,13 @@ def test_the_magic_the_cli_and_the_pool_take_the_option():
     from magics.accelerate_magic import AccelerateMagics
     from magics.cell.arguments import launch_options
     from notebook_accel.cli.command import _build_parser
-    from notebook_accel.launch.pool import POOL_OPTIONS
+    from notebook_accel.launch.request import door_options
 
     args = AccelerateMagics.accelerate.parser.parse_args(["--dynamo-backend", "inductor"])
     assert launch_options(args)["dynamo_backend"] == "inductor"
     parsed = _build_parser().parse_args(["launch", "--dynamo-backend", "aot_eager", "train.py"])
     assert parsed.dynamo_backend == "aot_eager"
-    assert "dynamo_backend" in POOL_OPTIONS  # %accelerate start --dynamo-backend: a warm pool takes it
+    assert "dynamo_backend" in door_options("WorkerPool")  # %accelerate start --dynamo-backend: a warm pool takes it
 
 
 def test_the_panel_saves_the_backend_in_dynamo_config(tmp_path):

@@ -305,7 +305,7 @@ def test_unset_stays_none_without_a_file():
 def test_precedence_errors(monkeypatch):
     with pytest.raises(ValueError, match="unknown launch option.*'nprocs'.*'num_processes'"):
         resolve_launch_options({"nprocs": 2}, None)
-    with pytest.raises(ValueError, match="'start_method'.*'forkserver'"):
+    with pytest.raises(ValueError, match="start_method='threads' is not one of .*'forkserver'"):
         resolve_launch_options({"start_method": "threads"}, None)
     monkeypatch.setenv("NOTEBOOK_ACCEL_NUM_PROCESSES", "two")
     with pytest.raises(ValueError, match="NOTEBOOK_ACCEL_NUM_PROCESSES.*integer >= 1"):
