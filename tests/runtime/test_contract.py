@@ -40,12 +40,21 @@ def _subparser(name: str) -> argparse.ArgumentParser:
 # --- every front end matches the table ------------------------------------------------------
 
 def test_notebook_launcher_takes_every_option_of_the_table():
+    """Its signature is made from the table (contract.OPTIONS and the strategies' rows): the
+    peer's positional parameters in the peer's order, the others keyword-only."""
+    from notebook_accel.launch.request import door_options, launch_options
+
     params = inspect.signature(notebook_launcher).parameters
-    for option in OPTIONS.values():
-        assert (option.name in params) == option.argument, option.name
-    others = {"function", "args", "kwargs", "return_all", "monitor_interval", "rdzv_backend",
-              "rdzv_endpoint"}
-    assert set(params) - others == {o.name for o in OPTIONS.values() if o.argument}
+    assert list(params)[:11] == ["function", "args", "num_processes", "mixed_precision", "use_port",
+                                 "master_addr", "node_rank", "num_nodes", "rdzv_backend",
+                                 "rdzv_endpoint", "max_restarts"]  # the peer's order
+    assert set(params) - {"function", "args", "kwargs"} == set(door_options("notebook_launcher"))
+    for name, option in launch_options().items():
+        assert (name in params) == (option.argument and not option.pool_only), name
+        if name in params:
+            kind = params[name].kind
+            assert (kind is inspect.Parameter.POSITIONAL_OR_KEYWORD) == option.positional, name
+    assert {"fsdp", "deepspeed"} <= set(params)  # the strategies' rows (strategies/registry.py)
 
 
 def test_vocabularies_are_the_tables():
@@ -84,17 +93,16 @@ def test_vocabularies_are_the_tables():
 
 def test_magic_flags_match_the_table():
     from magics.accelerate_magic import AccelerateMagics
+    from notebook_accel.launch.request import launch_options
 
     parser = AccelerateMagics.accelerate.parser
-    flags = _flags(parser)
-    table = {o.magic_flag for o in OPTIONS.values() if o.magic_flag}
-    assert table <= flags
-    launch_like = {"--num-processes", "--mixed-precision", "--start-method", "--device", "--port",
-                   "--timeout", "--config", "--fsdp", "--output", "--nodes", "--cluster",
-                   "--dynamo-backend", "--hang-after"}
-    assert launch_like == table
-    for option in OPTIONS.values():
-        if option.magic_flag and option.choices:
+    rows = [o for o in launch_options().values() if o.magic_flag]
+    table = {o.magic_flag for o in rows} | {"--no-" + o.magic_flag[2:] for o in rows if o.switch}
+    others = {"-h", "--help", "-n", "--main-only", "--fresh", "--ranks", "--push", "--pull",
+              "--no-pull"}  # the magic's own flags, no launch option's
+    assert _flags(parser) - others == table
+    for option in rows:
+        if option.choices:
             [action] = [a for a in parser._actions if option.magic_flag in a.option_strings]  # noqa: SLF001
             assert tuple(action.choices) == option.choices
 
@@ -242,16 +250,17 @@ def test_panel_code_uses_the_tables_names():
 
     from magics.panel.fsdp import FsdpForm
     from magics.panel.state import FormState, launcher_call, magic_line
+    from notebook_accel.launch.request import door_options, launch_options
 
     state = FormState(device="cpu", num_processes=2, mixed_precision="bf16", start_method="spawn",
                       num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
                       main_process_port=29500, fsdp=FsdpForm(strategy="FSDP"))
     kwargs = set(re.findall(r"(\w+)=", launcher_call(state).split("args=()", 1)[1].split("#")[0]))
-    assert kwargs and kwargs <= {o.name for o in OPTIONS.values() if o.argument}
+    assert kwargs and kwargs <= set(door_options("notebook_launcher"))
     single = FormState(device="cpu", num_processes=2, mixed_precision="bf16",
                        start_method="spawn", main_process_port=29500)
     flags = {w for w in magic_line(single).split() if w.startswith("-")}
-    assert flags and flags <= {o.magic_flag for o in OPTIONS.values() if o.magic_flag} | {"-n"}
+    assert flags and flags <= {o.magic_flag for o in launch_options().values() if o.magic_flag} | {"-n"}
 
 
 def test_magic_typo_suggestions_point_to_the_tables_flags():
