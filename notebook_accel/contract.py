@@ -63,6 +63,16 @@ DYNAMO_DYNAMIC_ENV = "ACCELERATE_DYNAMO_USE_DYNAMIC"
 DYNAMO_REGIONAL_ENV = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"
 
 
+def not_one_of(name: str, value: Any, choices: tuple[Any, ...]) -> str:
+    """The one message style for a value outside its choices: ``device='gpu' is not one of 'cpu', ...``."""
+    return f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}"
+
+
+def must_be(name: str, value: Any, valid: str) -> str:
+    """The one message style for any other bad value: ``num_processes=0 must be an integer >= 1``."""
+    return f"{name}={value!r} must be {valid}"
+
+
 class _BadValue(Exception):
     """Inside :meth:`LaunchOption.check`: a bad value (``wrong_type``: not even of the type)."""
 
@@ -152,6 +162,14 @@ class LaunchOption:
                 raise (TypeError if err.wrong_type else ValueError)(str(err)) from None
             raise ValueError(f"{source}: {err}") from None
 
+    def check_key(self, value: Any, key: str) -> Any:
+        """``value`` of the config file's ``key`` (this option's), normalised, or a ValueError
+        that the file's reader starts with the file and line (``c.yaml, line 2: ...``)."""
+        try:
+            return self._normalise(value, key, short=False)
+        except _BadValue as err:
+            raise ValueError(str(err)) from None
+
     def _normalise(self, value: Any, name: str, short: bool) -> Any:
         valid = self.valid(short)
         if self.digits and isinstance(value, str) and value.strip().isdigit():
@@ -161,18 +179,18 @@ class LaunchOption:
         if self.choices:
             if isinstance(value, str) and value.lower() in self.choices:
                 return value.lower()
-            raise _BadValue(f"{name}={value!r} is not one of {valid}")
+            raise _BadValue(not_one_of(name, value, self.choices))
         if self.kind is int:
             wrong_type = isinstance(value, bool) or not isinstance(value, numbers.Integral)
             if wrong_type or value < (self.low or 0) or (self.high is not None and value > self.high):
-                raise _BadValue(f"{name}={value!r} must be {valid}", wrong_type)
+                raise _BadValue(must_be(name, value, valid), wrong_type)
             return int(value)
         if self.positive:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
-                raise _BadValue(f"{name}={value!r} must be {valid} or None")
+                raise _BadValue(must_be(name, value, f"{valid} or None"))
             return float(value)
         if self.kind is str and not (isinstance(value, str) and value):
-            raise _BadValue(f"{name}={value!r} must be {valid}")
+            raise _BadValue(must_be(name, value, valid))
         return value
 
 

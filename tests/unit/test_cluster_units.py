@@ -34,7 +34,7 @@ def test_the_cluster_comes_from_the_environment_and_the_config_file(monkeypatch,
     plan = _plan()
     assert (plan.cluster, plan.num_nodes) == ("file-head:6379", 2)
     config.write_text("cluster: 5\n")
-    with pytest.raises(ValueError, match=r"'cluster'.*a Ray cluster address"):
+    with pytest.raises(ValueError, match=r"cluster=5 must be a Ray cluster address"):
         _plan()
 
 

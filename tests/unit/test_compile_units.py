@@ -145,9 +145,9 @@ def test_the_peers_dynamo_config_loads_and_saves_in_its_format(tmp_path):
 
 
 @pytest.mark.parametrize(("section", "message"), [
-    ({"dynamo_backend": "fast"}, "'dynamo_backend'; valid values: 'no', 'eager'"),
-    ({"dynamo_mode": "fastest"}, "'dynamo_mode'; valid values: 'default'"),
-    ({"dynamo_use_fullgraph": "sometimes"}, "'dynamo_use_fullgraph'; valid values: true, false"),
+    ({"dynamo_backend": "fast"}, "dynamo_backend='fast' is not one of 'no', 'eager'"),
+    ({"dynamo_mode": "fastest"}, "dynamo_mode='fastest' is not one of 'default'"),
+    ({"dynamo_use_fullgraph": "sometimes"}, "dynamo_use_fullgraph='sometimes' must be true or false"),
     ({"dynamo_speed": 1}, "unknown key 'dynamo_speed'; valid keys: dynamo_backend"),
 ])
 def test_a_bad_dynamo_config_names_the_file_the_key_and_the_valid_values(tmp_path, section, message):
