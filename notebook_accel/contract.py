@@ -155,6 +155,8 @@ class LaunchOption:
             TypeError: a mistyped argument (``source`` None), such as ``num_processes='2'``.
             ValueError: any other bad value.
         """
+        if type(value) is type(self.default) and value == self.default:
+            return value  # (rdzv_endpoint="", the peer's default, though no 'host:port')
         try:
             return self._normalise(value, key or self.name, short=source is None)
         except _BadValue as err:

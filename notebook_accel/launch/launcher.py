@@ -91,10 +91,10 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), *po
             stops it.
 
     The options after ``args`` are the rows of the options table (``contract.OPTIONS`` and the
-    strategies' in ``strategies/registry.py``): the signature is made from it, the first nine
-    positional in the peer's order, the rest keyword-only. Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
-    then the config file, then the defaults (``mixed_precision="no"``,
-    ``start_method="auto"``, ``master_addr="127.0.0.1"``, one node).
+    strategies' in ``strategies/registry.py``): the signature is made from them, the first nine
+    positional in the peer's order, the rest keyword-only. Options left as None come from
+    ``NOTEBOOK_ACCEL_*`` environment variables, then the config file, then the defaults
+    (``mixed_precision="no"``, ``start_method="auto"``, ``master_addr="127.0.0.1"``, one node).
 
     Returns:
         Rank 0's return value (tensors moved to the CPU), or the list of all

@@ -155,7 +155,7 @@ def _checked(options: Mapping[str, Any]) -> dict[str, Any]:
         value = options.get(name)
         if value is None and not (option.nullable and name in options):
             value = option.default
-        values[name] = value if value is None or value == option.default else option.check(value)
+        values[name] = value if value is None else option.check(value)
     return values
 
 

@@ -19,8 +19,6 @@ from notebook_accel import contract
 from notebook_accel.contract import LaunchOption
 from notebook_accel.strategies import registry
 
-DOORS = ("notebook_launcher", "WorkerPool")
-
 
 def launch_options() -> dict[str, LaunchOption]:
     """Every launch option by name: the table's, then the strategies' (``fsdp``, ``deepspeed``)."""
