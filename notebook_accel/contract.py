@@ -240,10 +240,21 @@ _OPTIONS = (
     _Opt("rdzv_endpoint", str, "where the nodes meet, 'host:port' (instead of master_addr and "
          "use_port)", default="", positional=True, valid_text="'host:port'",
          not_for_pool="a pool uses its own static rendezvous"),
+    _Opt("rdzv_conf", object, "the peer's torch elastic rendezvous settings: taken, unused (the "
+         "nodes meet at a store this kernel hosts, with no settings of its own)",
+         positional=True, not_for_pool="a pool uses its own static rendezvous"),
+    _Opt("rdzv_id", str, "the peer's rendezvous run id: taken, unused (a launch is one job)",
+         default="none", positional=True, not_for_pool="a pool uses its own static rendezvous"),
     _Opt("max_restarts", int, "relaunch the whole job up to N times after a failure",
          low=0, default=0, positional=True,
          not_for_pool="a pool does not relaunch; after a failure it keeps (or replaces) its workers",
          cli_flag="--max-restarts", cli_launch_only=True),
+    _Opt("monitor_interval", float, "the peer's polling period for failed workers; ours reacts "
+         "at once, so any positive value behaves the same (checked, otherwise unused)",
+         positive=True, default=0.1, positional=True),
+    _Opt("log_line_prefix_template", str, "the peer's torchrun line prefix: taken, unused (every "
+         "line is prefixed [rank N]; output= chooses whose lines show)",
+         positional=True),
     # keyword-only
     _Opt("start_method", str, "how workers start (auto: fork when safe, else a warm forkserver)",
          choices=START_METHODS, default="auto",
@@ -283,9 +294,6 @@ _OPTIONS = (
          magic_flag="--output", cli_flag="--output", cli_launch_only=True),
     _Opt("return_all", bool, "return every local rank's value (a list in rank order) instead "
          "of rank 0's", default=False),
-    _Opt("monitor_interval", float, "the peer's polling period for failed workers; ours reacts "
-         "at once, so any positive value behaves the same (checked, otherwise unused)",
-         positive=True, default=0.1),
     _Opt("stop_wait", float, "%%accelerate start only: how long every rank has, after the stop "
          "button, to reach the point where they all stop together (default 5)",
          metavar="SECONDS", positive=True, default=5.0, pool_only=True,

@@ -55,6 +55,9 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), *po
         rdzv_backend, rdzv_endpoint: ``"static"`` (default) or ``"c10d"``, and where the nodes meet
             (``"host:port"``, instead of ``master_addr`` / ``use_port``); both meet at a store
             this kernel hosts (``launch/rdzv.py`` says how c10d differs across machines).
+        rdzv_conf, rdzv_id, log_line_prefix_template: the peer's, taken in its positions and
+            otherwise unused (one store with no settings; one job; every line is prefixed
+            ``[rank N] ``: ``output`` chooses whose lines show).
         max_restarts: relaunch the whole job up to this many times after a failure.
         start_method: "auto" (fork when safe, else a warm forkserver), "fork",
             "forkserver" or "spawn".
@@ -91,8 +94,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), *po
             stops it.
 
     The options after ``args`` are the rows of the options table (``contract.OPTIONS`` and the
-    strategies' in ``strategies/registry.py``): the signature is made from them, the first nine
-    positional in the peer's order, the rest keyword-only. Options left as None come from
+    strategies' in ``strategies/registry.py``): the signature is made from them, the peer's
+    thirteen positional in the peer's order, ours keyword-only. Options left as None come from
     ``NOTEBOOK_ACCEL_*`` environment variables, then the config file, then the defaults
     (``mixed_precision="no"``, ``start_method="auto"``, ``master_addr="127.0.0.1"``, one node).
 

@@ -45,9 +45,10 @@ def test_notebook_launcher_takes_every_option_of_the_table():
     from notebook_accel.launch.request import door_options, launch_options
 
     params = inspect.signature(notebook_launcher).parameters
-    assert list(params)[:11] == ["function", "args", "num_processes", "mixed_precision", "use_port",
-                                 "master_addr", "node_rank", "num_nodes", "rdzv_backend",
-                                 "rdzv_endpoint", "max_restarts"]  # the peer's order
+    peer = ["function", "args", "num_processes", "mixed_precision", "use_port", "master_addr",
+            "node_rank", "num_nodes", "rdzv_backend", "rdzv_endpoint", "rdzv_conf", "rdzv_id",
+            "max_restarts", "monitor_interval", "log_line_prefix_template"]  # accelerate 1.x
+    assert list(params)[:len(peer)] == peer  # the peer's positional order
     assert set(params) - {"function", "args", "kwargs"} == set(door_options("notebook_launcher"))
     for name, option in launch_options().items():
         assert (name in params) == (option.argument and not option.pool_only), name
