@@ -139,7 +139,7 @@ class LaunchOption:
             return "a positive number of seconds"
         if self.valid_text:
             return self.valid_text
-        return "a host name or IP address" if self.kind is str else f"a {self.kind.__name__}"
+        return "a non-empty string" if self.kind is str else f"a {self.kind.__name__}"
 
     def check(self, value: Any, source: str | None = None, key: str | None = None) -> Any:
         """``value`` normalised (choices lower-cased), or an error naming ``source`` and the
@@ -219,7 +219,7 @@ _OPTIONS = (
          file_key="main_process_port", config_flag=True,
          magic_flag="--port", cli_flag="--main-process-port", panel_field="main_process_port"),
     _Opt("master_addr", str, "the main machine's address (multi-machine jobs)", metavar="ADDR",
-         default="127.0.0.1", positional=True,
+         default="127.0.0.1", positional=True, valid_text="a host name or IP address",
          file_key="main_process_ip", config_flag=True,
          cli_flag="--main-process-ip", panel_field="main_process_ip"),
     _Opt("node_rank", int, "this machine's rank, 0 on the main one", metavar="R",
