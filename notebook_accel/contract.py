@@ -92,7 +92,7 @@ class LaunchOption:
     the workers get the value in ``env``, written by this function; ``file_key``: its key in
     the config file (a :class:`~notebook_accel.config.LaunchConfig` field); ``magic_flag`` /
     ``cli_flag``: the ``%%accelerate`` flag and the ``notebook-accel launch``/``test`` flag
-    (``cli_launch_only``: ``launch`` only); ``switch``: the magic flag is a pair, ``--x`` /
+    (``cli_launch_only``: ``launch`` only), ``short_flag`` the same in both; ``switch``: the magic flag is a pair, ``--x`` /
     ``--no-x`` (True / False); ``config_flag``: ``notebook-accel config`` writes it (as
     ``--file-key``); ``panel_field``: the config panel's attribute showing it; ``default``: the
     value a launch uses when nothing sets it (None: auto-detected, or unset); ``nullable``: None
@@ -117,6 +117,7 @@ class LaunchOption:
     magic_flag: str | None = None
     cli_flag: str | None = None
     cli_launch_only: bool = False
+    short_flag: str | None = None
     switch: bool = False
     config_flag: bool = False
     panel_field: str | None = None
@@ -206,7 +207,8 @@ _OPTIONS = (
     _Opt("num_processes", int, "workers on this machine (default: one per GPU, else per CPU core)",
          low=1, positional=True,
          env=NUM_PROCESSES_ENV, file_key="num_processes", config_flag=True,
-         magic_flag="--num-processes", cli_flag="--num-processes", panel_field="num_processes"),
+         magic_flag="--num-processes", cli_flag="--num-processes", short_flag="-n",
+         panel_field="num_processes"),
     _Opt("mixed_precision", str, "read by Accelerator() in the workers; auto: the best this "
          "hardware supports (bf16 on TPUs, Ampere+ GPUs and CPUs with bf16 instructions, fp16 on "
          "older GPUs, else no)",

@@ -48,7 +48,7 @@ def _flags(option: LaunchOption) -> list[Callable[..., Any]]:
                 argument("--no-" + option.magic_flag[2:], dest=_dest(option),
                          action="store_const", const=False,
                          help=f"not {option.name}, even when the config file says so")]
-    shorts = ["-n"] if option.name == "num_processes" else []
+    shorts = [option.short_flag] if option.short_flag else []
     if option.choices:
         return [argument(*shorts, option.magic_flag, choices=option.choices, default=None,
                          help=option.help)]

@@ -82,7 +82,7 @@ def _cmd_test(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
-_SHORT = {"--num-processes": ["-n"], "--main-process-port": ["--port"]}
+_ALIASES = {"--main-process-port": ["--port"]}
 
 
 def _flag_keywords(option: contract.LaunchOption) -> dict[str, Any]:
@@ -101,7 +101,8 @@ def _add_launch_flags(parser: argparse.ArgumentParser, launch: bool) -> None:
     for option in _launch_flags(launch):
         flag = option.cli_flag
         keywords = {"default": None, "dest": option.name, **_flag_keywords(option)}
-        group.add_argument(*_SHORT.get(flag, []), flag, **keywords)
+        shorts = [option.short_flag] if option.short_flag else []
+        group.add_argument(*shorts, *_ALIASES.get(flag, []), flag, **keywords)
         if "-" in flag[2:]:  # the peer's spelling, not listed in --help
             group.add_argument("--" + flag[2:].replace("-", "_"),
                                **{**keywords, "help": argparse.SUPPRESS})
