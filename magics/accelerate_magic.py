@@ -191,5 +191,5 @@ class AccelerateMagics(Magics):
 
         try:
             return notebook_launcher(job, **launch_options(args))
-        except ValueError as error:  # a bad option or config value: no traceback needed
+        except (TypeError, ValueError) as error:  # a bad option or config value: no traceback needed
             raise UsageError(str(error)) from None

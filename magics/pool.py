@@ -33,8 +33,7 @@ def start(args: argparse.Namespace) -> None:
                          "%accelerate stop ends it (then start one with other flags)")
     started = time.perf_counter()
     try:
-        wait = {"stop_wait": args.stop_wait} if args.stop_wait is not None else {}
-        _pool = WorkerPool(**launch_options(args), **wait)
+        _pool = WorkerPool(**launch_options(args))
     except ValueError as error:  # a bad option or config value: no traceback needed
         raise UsageError(str(error)) from None
     plan = _pool.plan

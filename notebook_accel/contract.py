@@ -1,19 +1,21 @@
 """The launch options, once: name, type, choices, environment variable, config-file key, flags, help.
 
-Every front end reads this table: ``notebook_launcher``'s checks (``launch/plan.py``,
-``launch/options.py``), the config file's precedence (``config/resolve.py``), the
-``%%accelerate`` magic's flags (``magics/cell/arguments.py``), the ``notebook-accel`` command's
-flags (``cli/``); the config panel's fields are checked against it
-(``tests/runtime/test_contract.py``). Adding a launch option is one :class:`LaunchOption` row here,
-plus the keyword in ``notebook_launcher``'s signature and whatever the option does.
+Every front end reads this table (with the strategies' own rows, ``strategies/registry.py``),
+through one request object (``launch/request.py``): ``notebook_launcher``'s signature,
+``WorkerPool``'s keywords, the ``%%accelerate`` magic's flags (``magics/cell/arguments.py``), the
+``notebook-accel`` command's flags (``cli/``), the config file's precedence
+(``config/resolve.py``); the config panel's fields are checked against it
+(``tests/runtime/test_contract.py``). Adding a launch option is one :class:`LaunchOption` row here
+plus whatever the option does (``docs/architecture.md``, "Adding a launch option").
 
-A value is checked where it enters (argument, flag, environment variable, file key) and the
-error names that place and the valid values (:meth:`LaunchOption.check`).
+A value is checked where it enters (argument, flag, environment variable, file key) by
+:meth:`LaunchOption.check`, the one validator; the error names that place and the valid values.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ FILE_MIXED_PRECISIONS = (*MIXED_PRECISIONS, "fp8", "auto")  # what the config fi
 DEVICE_TYPES = ("cpu", "cuda", "xla")
 START_METHODS = ("auto", "fork", "forkserver", "spawn")
 OUTPUT_CHOICES = ("all", "main", "none")
+RDZV_BACKENDS = ("static", "c10d")  # both meet at a store the kernel hosts (launch/rdzv.py)
 # torch.compile through the Accelerator: the peer's DynamoBackend values (lower case) and modes.
 DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser",
                    "cudagraphs", "ofi", "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once",
@@ -60,6 +63,16 @@ DYNAMO_DYNAMIC_ENV = "ACCELERATE_DYNAMO_USE_DYNAMIC"
 DYNAMO_REGIONAL_ENV = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"
 
 
+def not_one_of(name: str, value: Any, choices: tuple[Any, ...]) -> str:
+    """The one message style for a value outside its choices: ``device='gpu' is not one of 'cpu', ...``."""
+    return f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}"
+
+
+def must_be(name: str, value: Any, valid: str) -> str:
+    """The one message style for any other bad value: ``num_processes=0 must be an integer >= 1``."""
+    return f"{name}={value!r} must be {valid}"
+
+
 class _BadValue(Exception):
     """Inside :meth:`LaunchOption.check`: a bad value (``wrong_type``: not even of the type)."""
 
@@ -72,15 +85,19 @@ class _BadValue(Exception):
 class LaunchOption:
     """One launch option and every name it goes by.
 
-    ``argument``: ``notebook_launcher``'s keyword (False: a config-file key only);
-    ``env``: the ``NOTEBOOK_ACCEL_*`` variable read between arguments and the file;
-    ``file_key``: its key in the config file (a :class:`~notebook_accel.config.LaunchConfig`
-    field); ``magic_flag`` / ``cli_flag``: the ``%%accelerate`` flag and the
-    ``notebook-accel launch``/``test`` flag (``cli_launch_only``: ``launch`` only);
-    ``config_flag``: ``notebook-accel config`` writes it (as ``--file-key``);
-    ``panel_field``: the config panel's attribute showing it; ``default``: the value a
-    launch uses when no argument, flag, variable or file sets it (None: auto-detected);
-    ``not_for_pool``: why a warm pool refuses the option (None: a pool takes it too).
+    ``argument``: ``notebook_launcher``'s keyword (False: a config-file key only), taken by
+    position too when ``positional`` (in the table's order: the peer's); ``pool_only``: a
+    ``WorkerPool`` keyword only; ``not_for_pool``: why a warm pool refuses it (None: a pool
+    takes it too); ``env``: the variable read between arguments and the file; ``to_workers``:
+    the workers get the value in ``env``, written by this function; ``file_key``: its key in
+    the config file (a :class:`~notebook_accel.config.LaunchConfig` field); ``magic_flag`` /
+    ``cli_flag``: the ``%%accelerate`` flag and the ``notebook-accel launch``/``test`` flag
+    (``cli_launch_only``: ``launch`` only), ``short_flag`` the same in both; ``switch``: the magic flag is a pair, ``--x`` /
+    ``--no-x`` (True / False); ``config_flag``: ``notebook-accel config`` writes it (as
+    ``--file-key``); ``panel_field``: the config panel's attribute showing it; ``default``: the
+    value a launch uses when nothing sets it (None: auto-detected, or unset); ``nullable``: None
+    is a value (``hang_after=None``: never), not "unset"; ``digits``: a string of digits is taken
+    too (``use_port="29500"``, the peer's default).
     """
 
     name: str
@@ -91,16 +108,23 @@ class LaunchOption:
     high: int | None = None
     positive: bool = False  # a number > 0 (timeouts)
     argument: bool = True
+    positional: bool = False
+    pool_only: bool = False
+    not_for_pool: str | None = None
     env: str | None = None
+    to_workers: Callable[[Any], str] | None = None
     file_key: str | None = None
     magic_flag: str | None = None
     cli_flag: str | None = None
     cli_launch_only: bool = False
+    short_flag: str | None = None
+    switch: bool = False
     config_flag: bool = False
     panel_field: str | None = None
     metavar: str | None = None  # in --help; default N for an int, else VALUE
-    default: Any = None  # what a launch uses when no layer sets it (None: detected, or unset)
-    not_for_pool: str | None = None  # why a warm pool (WorkerPool, %accelerate start) refuses it
+    default: Any = None
+    nullable: bool = False
+    digits: bool = False
     valid_text: str = ""  # the valid values in words, where the kind does not say them
 
     def valid(self, short: bool = False) -> str:
@@ -116,7 +140,7 @@ class LaunchOption:
             return "a positive number of seconds"
         if self.valid_text:
             return self.valid_text
-        return "a host name or IP address" if self.kind is str else f"a {self.kind.__name__}"
+        return "a non-empty string" if self.kind is str else f"a {self.kind.__name__}"
 
     def check(self, value: Any, source: str | None = None, key: str | None = None) -> Any:
         """``value`` normalised (choices lower-cased), or an error naming ``source`` and the
@@ -132,6 +156,8 @@ class LaunchOption:
             TypeError: a mistyped argument (``source`` None), such as ``num_processes='2'``.
             ValueError: any other bad value.
         """
+        if type(value) is type(self.default) and value == self.default:
+            return value  # (rdzv_endpoint="", the peer's default, though no 'host:port')
         try:
             return self._normalise(value, key or self.name, short=source is None)
         except _BadValue as err:
@@ -139,137 +165,153 @@ class LaunchOption:
                 raise (TypeError if err.wrong_type else ValueError)(str(err)) from None
             raise ValueError(f"{source}: {err}") from None
 
+    def check_key(self, value: Any, key: str) -> Any:
+        """``value`` of the config file's ``key`` (this option's), normalised, or a ValueError
+        that the file's reader starts with the file and line (``c.yaml, line 2: ...``)."""
+        try:
+            return self._normalise(value, key, short=False)
+        except _BadValue as err:
+            raise ValueError(str(err)) from None
+
     def _normalise(self, value: Any, name: str, short: bool) -> Any:
         valid = self.valid(short)
+        if self.digits and isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if self.kind is bool:
+            return bool(value)
         if self.choices:
             if isinstance(value, str) and value.lower() in self.choices:
                 return value.lower()
-            raise _BadValue(f"{name}={value!r} is not one of {valid}")
+            raise _BadValue(not_one_of(name, value, self.choices))
         if self.kind is int:
             wrong_type = isinstance(value, bool) or not isinstance(value, numbers.Integral)
             if wrong_type or value < (self.low or 0) or (self.high is not None and value > self.high):
-                raise _BadValue(f"{name}={value!r} must be {valid}", wrong_type)
+                raise _BadValue(must_be(name, value, valid), wrong_type)
             return int(value)
         if self.positive:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
-                raise _BadValue(f"{name}={value!r} must be {valid} or None")
+                raise _BadValue(must_be(name, value, f"{valid} or None"))
             return float(value)
         if self.kind is str and not (isinstance(value, str) and value):
-            raise _BadValue(f"{name}={value!r} must be {valid}")
+            raise _BadValue(must_be(name, value, valid))
         return value
 
 
 _Opt = LaunchOption
 _OPTIONS = (
     # name, type, help
-    #     values (choices / bounds), default
+    #     values (choices / bounds), default; who takes it (positional, pool)
     #     environment variable, config-file key, notebook-accel config writes it
     #     %%accelerate flag, notebook-accel launch/test flag, config panel attribute
+    # notebook_launcher's positional parameters first, in the peer's order
     _Opt("num_processes", int, "workers on this machine (default: one per GPU, else per CPU core)",
-         low=1,
+         low=1, positional=True,
          env=NUM_PROCESSES_ENV, file_key="num_processes", config_flag=True,
-         magic_flag="--num-processes", cli_flag="--num-processes", panel_field="num_processes"),
+         magic_flag="--num-processes", cli_flag="--num-processes", short_flag="-n",
+         panel_field="num_processes"),
     _Opt("mixed_precision", str, "read by Accelerator() in the workers; auto: the best this "
          "hardware supports (bf16 on TPUs, Ampere+ GPUs and CPUs with bf16 instructions, fp16 on "
          "older GPUs, else no)",
-         choices=LAUNCH_MIXED_PRECISIONS, default="no",
+         choices=LAUNCH_MIXED_PRECISIONS, default="no", positional=True,
          env=MIXED_PRECISION_ENV, file_key="mixed_precision", config_flag=True,
          magic_flag="--mixed-precision", cli_flag="--mixed-precision",
          panel_field="precision_buttons"),
-    _Opt("start_method", str, "how workers start (auto: fork when safe, else a warm forkserver)",
-         choices=START_METHODS, default="auto",
-         env=START_METHOD_ENV, file_key="start_method", config_flag=True,
-         magic_flag="--start-method", cli_flag="--start-method", panel_field="start_method"),
-    _Opt("dynamo_backend", str, "torch.compile the prepared models with this backend (the "
-         "file's dynamo_config sets mode, fullgraph, dynamic, regional compilation)",
-         choices=DYNAMO_BACKENDS, default="no",
-         env=DYNAMO_BACKEND_ENV, file_key="dynamo_backend",  # in the file: dynamo_config's key
-         magic_flag="--dynamo-backend", cli_flag="--dynamo-backend",
-         panel_field="dynamo_backend"),
-    _Opt("device", str, "default: CUDA when a GPU is visible, else XLA on a TPU, else CPU",
-         choices=DEVICE_TYPES,  # in the file: distributed_type / use_cpu (LaunchConfig.device_type)
-         magic_flag="--device", cli_flag="--device", panel_field="device"),
     _Opt("use_port", int, "rendezvous port (default: a free one)", metavar="PORT",
-         low=1, high=65535,
+         low=1, high=65535, digits=True, positional=True,
          file_key="main_process_port", config_flag=True,
          magic_flag="--port", cli_flag="--main-process-port", panel_field="main_process_port"),
     _Opt("master_addr", str, "the main machine's address (multi-machine jobs)", metavar="ADDR",
-         default="127.0.0.1",
+         default="127.0.0.1", positional=True, valid_text="a host name or IP address",
          file_key="main_process_ip", config_flag=True,
          cli_flag="--main-process-ip", panel_field="main_process_ip"),
-    _Opt("num_nodes", int, "machines in the job (with cluster: nodes of it; else run the same "
-         "command on each)",
-         low=1, default=1,
-         file_key="num_machines", config_flag=True,
-         magic_flag="--nodes", cli_flag="--num-machines", panel_field="num_machines"),
-    _Opt("cluster", str, "a Ray cluster to run on: any address ray.init takes ('head:6379', "
-         "'auto', or 'ray://head:10001' from outside its network); one kernel drives every node",
-         metavar="ADDRESS",
-         valid_text="a Ray cluster address such as 'head:6379', 'auto' or 'ray://head:10001'",
-         env=CLUSTER_ENV, file_key="cluster",
-         magic_flag="--cluster"),
     _Opt("node_rank", int, "this machine's rank, 0 on the main one", metavar="R",
-         low=0, default=0,
+         low=0, default=0, positional=True,
          not_for_pool="one kernel drives every node of a pool; a pool on several nodes takes "
                       "num_nodes and cluster",
          file_key="machine_rank", config_flag=True,
          cli_flag="--machine-rank", panel_field="machine_rank"),
-    _Opt("gpu_ids", str, "GPUs to use: 'all' or a list such as 0,1", argument=False,
-         file_key="gpu_ids", config_flag=True),
+    _Opt("num_nodes", int, "machines in the job (with cluster: nodes of it; else run the same "
+         "command on each)",
+         low=1, default=1, positional=True,
+         file_key="num_machines", config_flag=True,
+         magic_flag="--nodes", cli_flag="--num-machines", panel_field="num_machines"),
+    _Opt("rdzv_backend", str, "how the nodes meet: both at a store this kernel hosts (etcd, "
+         "which needs a server of its own, is not supported)",
+         choices=RDZV_BACKENDS, default="static", positional=True,
+         not_for_pool="a pool uses its own static rendezvous"),
+    _Opt("rdzv_endpoint", str, "where the nodes meet, 'host:port' (instead of master_addr and "
+         "use_port)", default="", positional=True, valid_text="'host:port'",
+         not_for_pool="a pool uses its own static rendezvous"),
+    _Opt("rdzv_conf", object, "the peer's torch elastic rendezvous settings: taken, unused (the "
+         "nodes meet at a store this kernel hosts, with no settings of its own)",
+         positional=True, not_for_pool="a pool uses its own static rendezvous"),
+    _Opt("rdzv_id", str, "the peer's rendezvous run id: taken, unused (a launch is one job)",
+         default="none", positional=True, not_for_pool="a pool uses its own static rendezvous"),
+    _Opt("max_restarts", int, "relaunch the whole job up to N times after a failure",
+         low=0, default=0, positional=True,
+         not_for_pool="a pool does not relaunch; after a failure it keeps (or replaces) its workers",
+         cli_flag="--max-restarts", cli_launch_only=True),
+    _Opt("monitor_interval", float, "the peer's polling period for failed workers; ours reacts "
+         "at once, so any positive value behaves the same (checked, otherwise unused)",
+         positive=True, default=0.1, positional=True),
+    _Opt("log_line_prefix_template", str, "the peer's torchrun line prefix: taken, unused (every "
+         "line is prefixed [rank N]; output= chooses whose lines show)",
+         positional=True),
+    # keyword-only
+    _Opt("start_method", str, "how workers start (auto: fork when safe, else a warm forkserver)",
+         choices=START_METHODS, default="auto",
+         env=START_METHOD_ENV, file_key="start_method", config_flag=True,
+         magic_flag="--start-method", cli_flag="--start-method", panel_field="start_method"),
+    _Opt("device", str, "default: CUDA when a GPU is visible, else XLA on a TPU, else CPU",
+         choices=DEVICE_TYPES,  # in the file: distributed_type / use_cpu (LaunchConfig.device_type)
+         magic_flag="--device", cli_flag="--device", panel_field="device"),
     _Opt("timeout", float, "stop the job after this many seconds", metavar="SECONDS",
          positive=True,
          magic_flag="--timeout", cli_flag="--timeout"),
     _Opt("hang_after", float, "mark a rank that shows no progress (no output, event or "
          "collective) for this many seconds, and show every rank's stack once (default 60; "
          "None: never)", metavar="SECONDS",
-         positive=True, default=60.0,
+         positive=True, default=60.0, nullable=True,
          magic_flag="--hang-after", cli_flag="--hang-after"),
+    _Opt("config_file", object, "config file to read instead of the default one", metavar="FILE",
+         magic_flag="--config", cli_flag="--config-file"),
+    _Opt("cluster", str, "a Ray cluster to run on: any address "
+         "ray.init takes ('head:6379', 'auto', or 'ray://head:10001' from outside its network); "
+         "one kernel drives every node",
+         metavar="ADDRESS",
+         valid_text="a Ray cluster address such as 'head:6379', 'auto' or 'ray://head:10001'",
+         env=CLUSTER_ENV, file_key="cluster",
+         magic_flag="--cluster"),
+    _Opt("dynamo_backend", str, "torch.compile the prepared models with this backend (the "
+         "file's dynamo_config sets mode, fullgraph, dynamic, regional compilation)",
+         choices=DYNAMO_BACKENDS, default="no",
+         env=DYNAMO_BACKEND_ENV, to_workers=str.upper,  # the peer's variable and spelling
+         file_key="dynamo_backend",  # in the file: dynamo_config's key
+         magic_flag="--dynamo-backend", cli_flag="--dynamo-backend",
+         panel_field="dynamo_backend"),
+    _Opt("gpu_ids", str, "GPUs to use: 'all' or a list such as 0,1", argument=False,
+         file_key="gpu_ids", config_flag=True),
     _Opt("output", str, "whose output to show: all ranks (default), the main process, none",
          choices=OUTPUT_CHOICES, default="all",
          magic_flag="--output", cli_flag="--output", cli_launch_only=True),
-    _Opt("max_restarts", int, "relaunch the whole job up to N times after a failure",
-         low=0, default=0,
-         not_for_pool="a pool does not relaunch; after a failure it keeps (or replaces) its workers",
-         cli_flag="--max-restarts", cli_launch_only=True),
-    _Opt("config_file", object, "config file to read instead of the default one", metavar="FILE",
-         magic_flag="--config", cli_flag="--config-file"),
-    _Opt("fsdp", object, "shard models with FSDP2 (the config file's fsdp_config, else its "
-         "defaults)",
-         magic_flag="--fsdp"),  # and --no-fsdp (tri-state)
+    _Opt("return_all", bool, "return every local rank's value (a list in rank order) instead "
+         "of rank 0's", default=False),
+    _Opt("stop_wait", float, "%%accelerate start only: how long every rank has, after the stop "
+         "button, to reach the point where they all stop together (default 5)",
+         metavar="SECONDS", positive=True, default=5.0, pool_only=True,
+         magic_flag="--stop-wait"),
 )
 OPTIONS: dict[str, LaunchOption] = {option.name: option for option in _OPTIONS}
-# The options the config file and the environment can set (resolve_launch_options' keys).
-LAYERED = tuple(o.name for o in _OPTIONS if o.argument and o.file_key)
+# Views of the table as it was imported (the kernel's code reads OPTIONS itself, so that a row
+# added at run time, as tests do, is seen everywhere).
 ENV_OPTIONS = {o.name: o.env for o in _OPTIONS if o.env}  # option -> NOTEBOOK_ACCEL_* variable
-DEFAULTS = {o.name: o.default for o in _OPTIONS if o.default is not None}
 
 
-def option_by_flag(flag: str, front: str) -> LaunchOption | None:
-    """The option behind ``flag`` in ``front`` (``"magic"``, ``"cli"`` or ``"config"``)."""
-    for option in _OPTIONS:
-        names = {"magic": option.magic_flag, "cli": option.cli_flag,
-                 "config": config_flag(option)}[front]
-        if names == flag:
-            return option
-    return None
+def layered() -> tuple[LaunchOption, ...]:
+    """The options an environment variable or the config file can set, below an argument."""
+    return tuple(o for o in OPTIONS.values() if o.argument and (o.env or o.file_key))
 
 
 def config_flag(option: LaunchOption) -> str | None:
     """``notebook-accel config``'s flag for ``option`` (``--file-key``), or None."""
     return "--" + option.file_key.replace("_", "-") if option.config_flag and option.file_key else None
-
-
-def check_flags(values: dict[str, Any], front: str) -> dict[str, Any]:
-    """``values`` (option name -> value, None: unset) with each set value checked against the
-    table, a bad one named by its flag in ``front`` (``"magic"`` or ``"cli"``).
-
-    Raises:
-        ValueError: ``flag --num-processes: num_processes=0 must be an integer >= 1``.
-    """
-    out = dict(values)
-    for name, value in values.items():
-        option = OPTIONS.get(name)
-        flag = option and (option.magic_flag if front == "magic" else option.cli_flag)
-        if value is not None and flag and (option.choices or option.kind is int or option.positive):
-            out[name] = option.check(value, f"flag {flag}")
-    return out

@@ -1,6 +1,6 @@
-"""Count, at one or more revisions, what issue 20's seams were built to remove: strategy special
-cases outside the strategies, places that spell launch options or their choices, wire message
-kinds spelled as bare strings. Each count is a regular expression over the engine and front-end
+"""Count, at one or more revisions, what issue 20's and 32's seams were built to remove: strategy
+special cases outside the strategies, places that spell launch options or their choices, wire
+message kinds spelled as bare strings. Each count is a regular expression over the engine and front-end
 sources (``git grep``, tests excluded), so any commit can be measured the same way.
 
 Usage, from a checkout: ``python scripts/seam_counts.py 8877f8f HEAD``.
@@ -29,6 +29,12 @@ COUNTS = {
     "option names spelled as flags or keys (mixed_precision)":
         (r'"--mixed[-_]precision"|"mixed_precision":|\("mixed_precision"', SOURCES,
          ("notebook_accel/contract.py",)),
+    # issue 32: an option named once. Every line naming the option outside its row: the plumbing
+    # (signatures, keyword lists, flag lists) and what it does (the plan's field, its user)
+    "lines naming a launch option outside its row (hang_after)":
+        (r'hang[_-]after', SOURCES, ("notebook_accel/contract.py",)),
+    "lines naming a launch option outside its row (dynamo_backend)":
+        (r'dynamo[_-]backend', SOURCES, ("notebook_accel/contract.py",)),
     "wire message kinds as bare strings (engine)":
         (r'kind\s*==\s*"|\(\s*"(ok|error|display|metrics|progress|memory|dropped)"\s*,', ["notebook_accel"],
          ("notebook_accel/wire.py",)),
@@ -46,10 +52,10 @@ def count(revision: str, pattern: str, sources: list[str], excluded: tuple[str, 
 
 def main(revisions: list[str]) -> None:
     revisions = revisions or ["HEAD"]
-    print(f"{'':58s}" + "".join(f"{r:>18s}" for r in revisions))
+    print(f"{'':64s}" + "".join(f"{r:>18s}" for r in revisions))
     for name, (pattern, sources, excluded) in COUNTS.items():
         cells = [count(r, pattern, sources, excluded) for r in revisions]
-        print(f"{name:58s}" + "".join(f"{f'{n} in {f} files':>18s}" for n, f in cells))
+        print(f"{name:64s}" + "".join(f"{f'{n} in {f} files':>18s}" for n, f in cells))
 
 
 if __name__ == "__main__":

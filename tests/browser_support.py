@@ -1,8 +1,8 @@
 """Shared by the real-browser tests: JupyterLab on a random port, headless Chromium.
 
-See ``../shared/BROWSER_TESTS.md``-style notes in each test: needs ``apt-get install
-chromium`` (``/usr/bin/chromium``) and ``pip install jupyterlab ipywidgets playwright``
-(never ``playwright install``). Screenshots go to ``$TEST_ARTIFACTS_DIR`` (default: the
+Needs ``apt-get install chromium`` (``/usr/bin/chromium``; scripts/test.sh installs it) and
+the ``browser`` extra (jupyterlab, ipywidgets, playwright; never ``playwright install``: the
+system's Chromium is used). Screenshots go to ``$TEST_ARTIFACTS_DIR`` (default: the
 test's tmp dir).
 """
 

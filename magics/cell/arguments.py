@@ -1,8 +1,10 @@
 """The flags of ``%%accelerate`` / ``%accelerate``, and what they mean to the launcher.
 
-Every launch flag is tri-state: unset (None) leaves the option to the layers
-below it (``NOTEBOOK_ACCEL_*`` environment, then the config file, then
-auto-detection), so a flag overrides the configured default for one cell only.
+The launch flags are the launch options' ``magic_flag`` rows (``notebook_accel.launch.
+launch_options``: the table's and the strategies'), in the table's order. Every launch flag is
+tri-state: unset (None) leaves the option to the layers below it (``NOTEBOOK_ACCEL_*``
+environment, then the config file, then auto-detection), so a flag overrides the configured
+default for one cell only; a ``switch`` row is a pair, ``--fsdp`` / ``--no-fsdp``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments
 
-from notebook_accel.contract import OPTIONS, LaunchOption, check_flags
+from notebook_accel.contract import LaunchOption
+from notebook_accel.launch import LaunchRequest
+from notebook_accel.launch import launch_options as options_table
 
 COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks")
 
@@ -28,29 +32,29 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
-_LAUNCH_GROUP = ("num_processes", "mixed_precision", "start_method", "device", "use_port",
-                 "timeout", "hang_after", "config_file", "num_nodes", "cluster",
-                 "dynamo_backend")  # in --help's order; output and fsdp: below
-
-
-# passed only when set: a pool or the sanity check on this machine (num_nodes, cluster); the
-# default seconds (hang_after, whose None means never)
-_ONLY_WHEN_SET = ("num_nodes", "cluster", "hang_after")
+def _flagged() -> list[LaunchOption]:
+    return [option for option in options_table().values() if option.magic_flag]
 
 
 def _dest(option: LaunchOption) -> str:
     return option.magic_flag[2:].replace("-", "_")
 
 
-def _flag(option: LaunchOption) -> Callable[..., Any]:
-    """The ``argument`` decorator for ``option``'s ``%%accelerate`` flag, from the table."""
-    shorts = ["-n"] if option.name == "num_processes" else []
+def _flags(option: LaunchOption) -> list[Callable[..., Any]]:
+    """The ``argument`` decorators for ``option``'s ``%%accelerate`` flag(s), from its row."""
+    if option.switch:
+        return [argument(option.magic_flag, dest=_dest(option), action="store_const", const=True,
+                         default=None, help=option.help),
+                argument("--no-" + option.magic_flag[2:], dest=_dest(option),
+                         action="store_const", const=False,
+                         help=f"not {option.name}, even when the config file says so")]
+    shorts = [option.short_flag] if option.short_flag else []
     if option.choices:
-        return argument(*shorts, option.magic_flag, choices=option.choices, default=None,
-                        help=option.help)
+        return [argument(*shorts, option.magic_flag, choices=option.choices, default=None,
+                         help=option.help)]
     kind = option.kind if option.kind in (int, float) else str
-    return argument(*shorts, option.magic_flag, type=kind, default=None, help=option.help,
-                    metavar=option.metavar or ("N" if kind is int else "VALUE"))
+    return [argument(*shorts, option.magic_flag, type=kind, default=None, help=option.help,
+                     metavar=option.metavar or ("N" if kind is int else "VALUE"))]
 
 
 def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,20 +72,12 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                       "Without it (cell magic) the cell runs on every worker (on the pool's, "
                       "while one is up)."),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
-        *(_flag(OPTIONS[name]) for name in _LAUNCH_GROUP),
-        argument("--fsdp", dest="fsdp", action="store_const", const=True, default=None,
-                 help=OPTIONS["fsdp"].help),
-        argument("--no-fsdp", dest="fsdp", action="store_const", const=False,
-                 help="do not shard, even when the config file says distributed_type: FSDP"),
+        *(flag for option in _flagged() for flag in _flags(option)),
         argument_group("output"),
-        _flag(OPTIONS["output"]),
         argument("--main-only", dest="output", action="store_const", const="main",
                  help="show only rank 0's output (same as --output main)"),
         argument("--fresh", action="store_true",
                  help="run this cell on fresh workers even while a pool is up"),
-        argument("--stop-wait", type=float, default=None, metavar="SECONDS",
-                 help="%%accelerate start only: how long every rank has, after the stop "
-                      "button, to reach the point where they all stop together (default 5)"),
         argument("--ranks", default=None, metavar="RANKS",
                  help="on the pool: run this cell on these ranks only (1, 0,2-3); the cell's "
                       "value comes from the first of them, names come back only with --pull"),
@@ -101,24 +97,18 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def flags_given(args: argparse.Namespace) -> list[str]:
     """The launch flags set on the line (``--num-processes``...), as written in ``--help``."""
-    given = [option.magic_flag for option in OPTIONS.values()
-             if option.magic_flag and getattr(args, _dest(option)) is not None]
-    return given
+    return [option.magic_flag for option in _flagged() if getattr(args, _dest(option)) is not None]
 
 
-def launch_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments for ``notebook_launcher`` that the flags set (None: unset).
+def launch_options(args: argparse.Namespace) -> LaunchRequest:
+    """The launch options the flags set, each checked (``notebook_launcher(fn, **request)``,
+    ``WorkerPool(**request)``).
 
     Raises:
         UsageError: a bad value, named by its flag, with the valid values.
     """
-    values = {option.name: getattr(args, _dest(option)) for option in OPTIONS.values()
-              if option.magic_flag}
     try:
-        options = check_flags(values, "magic")
+        return LaunchRequest.from_flags(
+            {option.name: getattr(args, _dest(option)) for option in _flagged()}, "magic")
     except ValueError as error:
         raise UsageError(str(error)) from None
-    for name in _ONLY_WHEN_SET:
-        if options[name] is None:
-            del options[name]
-    return {**options, "output": options["output"] or "all"}

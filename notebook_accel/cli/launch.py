@@ -17,6 +17,7 @@ from typing import Any
 
 from notebook_accel import config as cfgmod
 from notebook_accel import contract
+from notebook_accel.launch.request import LaunchRequest, launch_options
 
 
 def run_script(path: str, argv: list[str]) -> None:
@@ -30,11 +31,19 @@ def run_script(path: str, argv: list[str]) -> None:
     runpy.run_path(path, run_name="__main__")
 
 
-def _launch_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The launch flags' values (None: unset), each checked against the table (a bad one is
-    named by its flag); ``timeout`` (and, for ``launch``, ``output``/``max_restarts``) too."""
-    values = {option.name: getattr(args, _dest(flag)) for flag, option in _LAUNCH_FLAGS.items()}
-    return {**contract.check_flags(values, "cli"), "config_file": args.config_file}
+def _launch_flags(launch: bool) -> list[contract.LaunchOption]:
+    """The options with a flag on ``launch`` (True) or ``test``, in the table's order
+    (``--config-file`` is every subcommand's)."""
+    return [option for option in launch_options().values()
+            if option.cli_flag and option.name != "config_file"
+            and (launch or not option.cli_launch_only)]
+
+
+def _request(args: argparse.Namespace) -> LaunchRequest:
+    """The launch flags given, each checked against its row (a bad one is named by its flag)."""
+    return LaunchRequest.from_flags({option.name: getattr(args, option.name, None)
+                                     for option in launch_options().values() if option.cli_flag},
+                                    "cli")
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -45,10 +54,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise FileNotFoundError(f"no such script: {script}")
     try:
-        notebook_launcher(run_script, args=(str(script), list(args.script_args)),
-                          **_launch_options(args),
-                          **contract.check_flags({"max_restarts": args.max_restarts,
-                                                  "output": args.output}, "cli"))
+        notebook_launcher(run_script, args=(str(script), list(args.script_args)), **_request(args))
     except WorkerError as error:
         print(f"notebook-accel launch: {error}", file=sys.stderr)
         code = error.exitcode
@@ -68,24 +74,15 @@ def _cmd_test(args: argparse.Namespace) -> int:
         print("notebook-accel test: notebook_accel.cli.sanity is missing from this installation",
               file=sys.stderr)
         return 1
-    options = _launch_options(args)
+    options = dict(_request(args))
     layered = cfgmod.resolve_launch_options(
-        {"num_processes": options.pop("num_processes")}, cfgmod.load_config(args.config_file))
+        {"num_processes": options.pop("num_processes", None)}, cfgmod.load_config(args.config_file))
     passed = run_sanity_check(num_processes=layered["num_processes"] or 2,
                               **options)
     return 0 if passed else 1
 
 
-# flag -> its launch option (notebook_accel.contract); launch-only ones are added by add_subcommands
-_LAUNCH_FLAGS: dict[str, contract.LaunchOption] = {
-    option.cli_flag: option for option in contract.OPTIONS.values()
-    if option.cli_flag and not option.cli_launch_only and option.name != "config_file"}
-_SHORT = {"--num-processes": ["-n"], "--main-process-port": ["--port"]}
-
-
-def _dest(flag: str) -> str:
-    """The parsed value's name: the flag's (``args.num_machines``); ``args.port`` for the port."""
-    return "port" if flag == "--main-process-port" else flag[2:].replace("-", "_")
+_ALIASES = {"--main-process-port": ["--port"]}
 
 
 def _flag_keywords(option: contract.LaunchOption) -> dict[str, Any]:
@@ -97,13 +94,15 @@ def _flag_keywords(option: contract.LaunchOption) -> dict[str, Any]:
             "metavar": option.metavar or ("N" if kind is int else "VALUE")}
 
 
-def _add_launch_flags(parser: argparse.ArgumentParser) -> None:
+def _add_launch_flags(parser: argparse.ArgumentParser, launch: bool) -> None:
     group = parser.add_argument_group("launch (unset: NOTEBOOK_ACCEL_* environment, then the "
                                       "config file, then auto-detection; the peer's "
                                       "--snake_case spellings work too)")
-    for flag, option in _LAUNCH_FLAGS.items():
-        keywords = {"default": None, "dest": _dest(flag), **_flag_keywords(option)}
-        group.add_argument(*_SHORT.get(flag, []), flag, **keywords)
+    for option in _launch_flags(launch):
+        flag = option.cli_flag
+        keywords = {"default": None, "dest": option.name, **_flag_keywords(option)}
+        shorts = [option.short_flag] if option.short_flag else []
+        group.add_argument(*shorts, *_ALIASES.get(flag, []), flag, **keywords)
         if "-" in flag[2:]:  # the peer's spelling, not listed in --help
             group.add_argument("--" + flag[2:].replace("-", "_"),
                                **{**keywords, "help": argparse.SUPPRESS})
@@ -117,11 +116,7 @@ def add_subcommands(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Run SCRIPT as __main__ in every worker, with the torchrun-style "
                     "environment that Accelerator() reads; output is prefixed [rank N]. "
                     "The exit status is the failing worker's (1 if it has none).")
-    _add_launch_flags(launch)
-    for option in contract.OPTIONS.values():
-        if option.cli_launch_only:
-            launch.add_argument(option.cli_flag, dest=option.name, **_flag_keywords(option),
-                                default=option.default)
+    _add_launch_flags(launch, launch=True)
     launch.add_argument("script", metavar="SCRIPT", help="the Python file to run")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script (its sys.argv[1:])")
@@ -130,5 +125,5 @@ def add_subcommands(sub: Any, common: argparse.ArgumentParser) -> None:
         "test", parents=[common], help="check distributed training works on this machine",
         description="Train a small model on N workers (default: the config's count, else 2) "
                     "and compare with a single-process run; prints PASS/FAIL lines.")
-    _add_launch_flags(test)
+    _add_launch_flags(test, launch=False)
     test.set_defaults(func=_cmd_test)

@@ -30,9 +30,9 @@ from notebook_accel.config.schema import (
     DEVICE_TYPES,
     DISTRIBUTED_TYPES,
     MIXED_PRECISIONS,
-    START_METHODS,
     LaunchConfig,
 )
+from notebook_accel.contract import START_METHODS
 
 __all__ = [
     "CONFIG_FILE_ENV", "DEVICE_TYPES", "DISTRIBUTED_TYPES", "ENV_OPTIONS", "MIXED_PRECISIONS",

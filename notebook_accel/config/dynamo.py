@@ -23,6 +23,8 @@ from notebook_accel.contract import (
     DYNAMO_MODE_ENV,
     DYNAMO_MODES,
     DYNAMO_REGIONAL_ENV,
+    must_be,
+    not_one_of,
 )
 
 SECTION = "dynamo_config"
@@ -56,10 +58,9 @@ def check_section(section: Any) -> dict[str, Any]:
             continue
         if key == "dynamo_mode":
             if value not in DYNAMO_MODES:
-                raise ValueError(f"{SECTION}: invalid value {value!r} for 'dynamo_mode'; valid values: "
-                                 + ", ".join(repr(m) for m in DYNAMO_MODES))
+                raise ValueError(f"{SECTION}: {not_one_of(key, value, DYNAMO_MODES)}")
         elif not isinstance(value, bool):
-            raise ValueError(f"{SECTION}: invalid value {value!r} for {key!r}; valid values: true, false")
+            raise ValueError(f"{SECTION}: {must_be(key, value, 'true or false')}")
     return out
 
 

@@ -7,8 +7,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from notebook_accel.config.files import where_in_file
-from notebook_accel.config.schema import KeyValueError, LaunchConfig
-from notebook_accel.contract import ENV_OPTIONS, LAYERED, OPTIONS
+from notebook_accel.config.schema import LaunchConfig
+from notebook_accel.contract import ENV_OPTIONS, OPTIONS, layered
 
 __all__ = ["ENV_OPTIONS", "detect_default_config", "device_to_save", "layered_options",
            "resolve_launch_options"]
@@ -49,8 +49,8 @@ def device_to_save(device: str | None, config: LaunchConfig, hw: Any = None) -> 
 
 
 def _from_env(option: str) -> Any:
-    var = ENV_OPTIONS[option]
-    raw = os.environ.get(var, "").strip()
+    var = OPTIONS[option].env
+    raw = os.environ.get(var, "").strip() if var else ""
     if not raw:
         return None
     return OPTIONS[option].check(int(raw) if raw.isdigit() else raw, f"environment variable {var}")
@@ -60,19 +60,11 @@ def _from_file(option: str, config: LaunchConfig) -> Any:
     """The file's value for ``option``, checked as a launch value (the file may hold what the
     peer accepts, such as ``mixed_precision: fp8``; a launch refuses it, naming the file)."""
     key = OPTIONS[option].file_key
-    value = getattr(config, key)
+    value = getattr(config, key) if key else None
     if value is None:
         return None
     source = where_in_file(config.source, key) if config.source is not None else "launch config"
     return OPTIONS[option].check(value, source, key)
-
-
-def _explicit(option: str, value: Any) -> Any:
-    try:
-        return OPTIONS[option].check(value, "argument")
-    except ValueError:
-        raise KeyValueError(option, f"invalid value {value!r} for {option!r}; valid values: "
-                                    f"{OPTIONS[option].valid()}") from None
 
 
 def resolve_launch_options(explicit: Mapping[str, Any], config: LaunchConfig | None) -> dict:
@@ -96,10 +88,11 @@ def resolve_launch_options(explicit: Mapping[str, Any], config: LaunchConfig | N
 
         opts = resolve_launch_options({"num_processes": 2}, load_config())
     """
-    unknown = sorted(set(explicit) - set(LAYERED))
+    names = [option.name for option in layered()]
+    unknown = sorted(set(explicit) - set(names))
     if unknown:
-        raise ValueError(f"unknown launch option(s) {unknown}; valid: {list(LAYERED)}")
-    given = {key: _explicit(key, value) for key, value in explicit.items() if value is not None}
+        raise ValueError(f"unknown launch option(s) {unknown}; valid: {names}")
+    given = {key: OPTIONS[key].check(value) for key, value in explicit.items() if value is not None}
     return {**layered_options(config, given=given), **given}
 
 
@@ -112,10 +105,10 @@ def layered_options(config: LaunchConfig | None, given: Collection[str] = ()) ->
         ValueError: a bad value in a ``NOTEBOOK_ACCEL_*`` variable or in the file, naming it.
     """
     out: dict[str, Any] = {}
-    for key in LAYERED:
+    for key in (option.name for option in layered()):
         if key in given:
             out[key] = None
-        elif key in ENV_OPTIONS and _from_env(key) is not None:
+        elif _from_env(key) is not None:
             out[key] = _from_env(key)
         else:
             out[key] = _from_file(key, config) if config is not None else None

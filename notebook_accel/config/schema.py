@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from notebook_accel.config import dynamo
-from notebook_accel.contract import DEVICE_TYPES, DYNAMO_BACKENDS, OPTIONS, START_METHODS
+from notebook_accel.contract import DEVICE_TYPES, OPTIONS, must_be, not_one_of
 from notebook_accel.contract import FILE_MIXED_PRECISIONS as MIXED_PRECISIONS
 from notebook_accel.strategies.registry import config_sections
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 # MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
 # files load, and our "auto"); a launch accepts only contract.LAUNCH_MIXED_PRECISIONS and says so.
+MULTI_DEVICE_TYPES = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU", "xla": "XLA"}  # the peer's name, several workers
 _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect); use_cpu: cpu
-    "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "TPU": "xla",
+    "NO": None, **{kind: device for device, kind in MULTI_DEVICE_TYPES.items()}, "TPU": "xla",
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
     "DEEPSPEED": None,  # ZeRO (deepspeed_config: the workers' ACCELERATE_DEEPSPEED_* variables)
 }
@@ -48,24 +49,17 @@ class KeyValueError(ValueError):
 def choice(key: str, value: Any, valid: tuple[str, ...], fold: Callable[[str], str]) -> str:
     if isinstance(value, str) and fold(value) in valid:
         return fold(value)
-    valid_text = ", ".join(repr(v) for v in valid)
-    raise KeyValueError(key, f"invalid value {value!r} for {key!r}; valid values: {valid_text}")
+    raise KeyValueError(key, not_one_of(key, value, valid))
 
 
-def check_int(key: str, value: Any, low: int, high: int | None = None, optional: bool = False) -> Any:
+def _row(option: str, key: str, value: Any, optional: bool = True) -> Any:
+    """The file's ``key``, checked by its launch option's row (None: unset, when ``optional``)."""
     if value is None and optional:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= low and (
-            high is None or value <= high):
-        return value
-    valid = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
-    valid += " or null" if optional else ""
-    raise KeyValueError(key, f"invalid value {value!r} for {key!r}; valid values: {valid}")
-
-
-def _bounded(option: str, key: str, value: Any, optional: bool = False) -> Any:
-    """``check_int`` with the bounds of the launch option ``option`` (the file's ``key``)."""
-    return check_int(key, value, OPTIONS[option].low, OPTIONS[option].high, optional)
+    try:
+        return OPTIONS[option].check_key(value, key)
+    except ValueError as err:
+        raise KeyValueError(key, str(err)) from None
 
 
 def _gpu_ids(value: Any) -> str | None:
@@ -75,8 +69,8 @@ def _gpu_ids(value: Any) -> str | None:
     if not isinstance(value, bool) and (text == "all" or (
             text and all(part.isdigit() for part in text.split(",")))):
         return text
-    raise KeyValueError("gpu_ids", f"invalid value {value!r} for 'gpu_ids'; valid values: "
-                        "'all', a comma-separated list of GPU indices such as '0,1', or null")
+    raise KeyValueError("gpu_ids", must_be("gpu_ids", value, "'all', a comma-separated list of "
+                                           "GPU indices such as '0,1', or null"))
 
 
 @dataclass
@@ -119,32 +113,25 @@ class LaunchConfig:
             "distributed_type", self.distributed_type, DISTRIBUTED_TYPES, str.upper)
         if self.num_processes == -1:  # the peer's "not set"
             self.num_processes = None
-        self.num_processes = _bounded("num_processes", "num_processes", self.num_processes,
-                                      optional=True)
-        self.num_machines = _bounded("num_nodes", "num_machines", self.num_machines)
-        self.machine_rank = check_int("machine_rank", self.machine_rank, OPTIONS["node_rank"].low,
-                                      self.num_machines - 1)
-        if self.main_process_ip is not None and not isinstance(self.main_process_ip, str):
-            raise KeyValueError("main_process_ip", f"invalid value {self.main_process_ip!r} "
-                                "for 'main_process_ip'; valid values: a host name or IP address, "
-                                "or null")
-        self.main_process_port = _bounded("use_port", "main_process_port", self.main_process_port,
-                                          optional=True)
+        self.num_processes = _row("num_processes", "num_processes", self.num_processes)
+        self.num_machines = _row("num_nodes", "num_machines", self.num_machines, optional=False)
+        self.machine_rank = _row("node_rank", "machine_rank", self.machine_rank, optional=False)
+        if self.machine_rank >= self.num_machines:
+            raise KeyValueError("machine_rank", must_be(
+                "machine_rank", self.machine_rank, f"an integer from 0 to {self.num_machines - 1} "
+                f"(num_machines: {self.num_machines})"))
+        self.main_process_ip = _row("master_addr", "main_process_ip", self.main_process_ip)
+        self.main_process_port = _row("use_port", "main_process_port", self.main_process_port)
         self.gpu_ids = _gpu_ids(self.gpu_ids)
         if self.mixed_precision in (None, False):  # YAML 1.1 reads a bare `no` as false
             self.mixed_precision = "no"
         self.mixed_precision = choice(
             "mixed_precision", self.mixed_precision, MIXED_PRECISIONS, str.lower)
         if not isinstance(self.use_cpu, bool):
-            raise KeyValueError(
-                "use_cpu", f"invalid value {self.use_cpu!r} for 'use_cpu'; valid values: true, false")
-        self.start_method = choice("start_method", self.start_method, START_METHODS, str.lower)
-        if self.cluster is not None and not (isinstance(self.cluster, str) and self.cluster):
-            raise KeyValueError("cluster", f"invalid value {self.cluster!r} for 'cluster'; valid "
-                                "values: a Ray cluster address such as 'head:6379', 'auto' or "
-                                "'ray://head:10001', or null")
-        if self.dynamo_backend is not None:
-            self.dynamo_backend = choice("dynamo_backend", self.dynamo_backend, DYNAMO_BACKENDS, str.lower)
+            raise KeyValueError("use_cpu", must_be("use_cpu", self.use_cpu, "true or false"))
+        self.start_method = _row("start_method", "start_method", self.start_method)
+        self.cluster = _row("cluster", "cluster", self.cluster)
+        self.dynamo_backend = _row("dynamo_backend", "dynamo_backend", self.dynamo_backend)
         try:
             dynamo.check_section(self.extra.get(dynamo.SECTION))
         except ValueError as err:

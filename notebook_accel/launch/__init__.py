@@ -13,6 +13,8 @@ from notebook_accel._lazy import lazy_exports
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
     "WorkerPool": "notebook_accel.launch.pool",
+    "LaunchRequest": "notebook_accel.launch.request",
+    "launch_options": "notebook_accel.launch.request",
     "PoolUnavailable": "notebook_accel.launch.pool",
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchRecord": "notebook_accel.launch.record",

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 
-from notebook_accel.contract import LAYERED
+from notebook_accel.config.schema import MULTI_DEVICE_TYPES
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.plan import make_plan
-
-_MULTI = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU", "xla": "XLA"}
 
 
 def launch_in_force(config_file: str | os.PathLike | None = None) -> str:
@@ -22,9 +20,8 @@ def launch_in_force(config_file: str | os.PathLike | None = None) -> str:
     Raises:
         ValueError: the config file or environment holds a bad value (named).
     """
-    options = fill_options(dict.fromkeys((*LAYERED, "device")), config_file)
-    plan = make_plan(**options, timeout=None, output="all", return_all=False, max_restarts=0)
-    kind = _MULTI[plan.device_type] if plan.world_size > 1 or plan.device_type == "xla" else "NO"
+    plan = make_plan(**fill_options({}, config_file))
+    kind = MULTI_DEVICE_TYPES[plan.device_type] if plan.world_size > 1 or plan.device_type == "xla" else "NO"
     return (f"A launch here: {plan.num_processes} process(es) on {plan.device_type} "
             f"(distributed_type {kind}, use_cpu {str(plan.device_type == 'cpu').lower()}), "
             f"start method {plan.start.method}, mixed precision {plan.mixed_precision}")

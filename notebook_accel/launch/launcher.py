@@ -10,11 +10,10 @@ from typing import Any
 
 from notebook_accel.config import load_config
 from notebook_accel.config.files import where_in_file
-from notebook_accel.contract import ENV_OPTIONS, OPTIONS
+from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.backends import Backend, backend_for
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.global_check import warn_missing_globals
-from notebook_accel.launch.hang_watch import HANG_AFTER
 from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupts
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.output import OutputRelay
@@ -22,6 +21,7 @@ from notebook_accel.launch.payload import Payload, serialise_payload
 from notebook_accel.launch.plan import LaunchPlan, make_plan, shm_note
 from notebook_accel.launch.rdzv import meeting_point
 from notebook_accel.launch.record import LaunchRecord, remember
+from notebook_accel.launch.request import LaunchRequest, launcher_signature
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.supervisor import Supervisor
 from notebook_accel.launch.tracebacks import hide_our_frames
@@ -30,32 +30,8 @@ from notebook_accel.launch.views.text import say, starting_text
 from notebook_accel.machine import devices, hardware
 
 
-def notebook_launcher(
-    function: Callable[..., Any],
-    args: tuple | list = (),
-    num_processes: int | None = None,
-    mixed_precision: str | None = None,
-    use_port: int | str | None = None,
-    master_addr: str | None = None,
-    node_rank: int | None = None,
-    num_nodes: int | None = None,
-    rdzv_backend: str = "static",
-    rdzv_endpoint: str = "",
-    max_restarts: int = 0,
-    *,
-    kwargs: dict | None = None,
-    start_method: str | None = None,
-    timeout: float | None = None,
-    return_all: bool = False,
-    output: str = "all",
-    device: str | None = None,
-    config_file: str | os.PathLike | None = None,
-    monitor_interval: float = 0.1,
-    fsdp: Any = None,
-    cluster: str | None = None,
-    dynamo_backend: str | None = None,
-    hang_after: float | None = HANG_AFTER,
-) -> Any:
+def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), *positional: Any,
+                      kwargs: dict | None = None, **options: Any) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers started from this kernel.
 
     Each worker gets the torchrun-standard environment (``RANK``, ``WORLD_SIZE``,
@@ -79,6 +55,9 @@ def notebook_launcher(
         rdzv_backend, rdzv_endpoint: ``"static"`` (default) or ``"c10d"``, and where the nodes meet
             (``"host:port"``, instead of ``master_addr`` / ``use_port``); both meet at a store
             this kernel hosts (``launch/rdzv.py`` says how c10d differs across machines).
+        rdzv_conf, rdzv_id, log_line_prefix_template: the peer's, taken in its positions and
+            otherwise unused (one store with no settings; one job; every line is prefixed
+            ``[rank N] ``: ``output`` chooses whose lines show).
         max_restarts: relaunch the whole job up to this many times after a failure.
         start_method: "auto" (fork when safe, else a warm forkserver), "fork",
             "forkserver" or "spawn".
@@ -97,6 +76,10 @@ def notebook_launcher(
             ``fsdp_config``, else the defaults), a ``FullyShardedDataParallelPlugin``, or
             ``False`` (not even when the config file says ``distributed_type: FSDP``);
             default: the config file decides.
+        deepspeed: train with DeepSpeed ZeRO in ``Accelerator()``: ``True`` (the config file's
+            ``deepspeed_config``, else the defaults) or ``False`` (not even when the config file
+            says ``distributed_type: DEEPSPEED``); default: the config file decides. A
+            ``DeepSpeedPlugin`` goes to ``Accelerator(deepspeed_plugin=...)`` in the function.
         cluster: run on a Ray cluster (``pip install notebook_accel[ray]``): any address
             ``ray.init`` takes (``"head:6379"``, ``"auto"``, or a Ray Client address
             ``"ray://head:10001"`` from outside the cluster's network). This kernel drives every node:
@@ -110,9 +93,11 @@ def notebook_launcher(
             printed once, grouped (default 60; None: never). The job runs on: ``timeout``
             stops it.
 
-    Options left as None come from ``NOTEBOOK_ACCEL_*`` environment variables,
-    then the config file, then the defaults (``mixed_precision="no"``,
-    ``start_method="auto"``, ``master_addr="127.0.0.1"``, one node).
+    The options after ``args`` are the rows of the options table (``contract.OPTIONS`` and the
+    strategies' in ``strategies/registry.py``): the signature is made from them, the peer's
+    thirteen positional in the peer's order, ours keyword-only. Options left as None come from
+    ``NOTEBOOK_ACCEL_*`` environment variables, then the config file, then the defaults
+    (``mixed_precision="no"``, ``start_method="auto"``, ``master_addr="127.0.0.1"``, one node).
 
     Returns:
         Rank 0's return value (tensors moved to the CPU), or the list of all
@@ -134,37 +119,27 @@ def notebook_launcher(
     """
     with deferred_interrupts():  # nothing imported on the way may be cut half-way
         try:
-            return _launch(function, args, num_processes, mixed_precision, use_port,
-                           master_addr, node_rank, num_nodes, rdzv_backend, rdzv_endpoint,
-                           max_restarts, kwargs, start_method, timeout, return_all, output,
-                           device, config_file, monitor_interval, fsdp, cluster, dynamo_backend,
-                           hang_after)
+            return _launch(*LaunchRequest.from_call(function, args, *positional, kwargs=kwargs,
+                                                    **options))
         except (TypeError, ValueError) as error:  # bad input: IPython shows no frame of ours
             hide_our_frames(error)
             raise
 
 
-def _launch(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
-            num_nodes, rdzv_backend, rdzv_endpoint, max_restarts, kwargs, start_method, timeout,
-            return_all, output, device, config_file, monitor_interval, fsdp, cluster,
-            dynamo_backend, hang_after) -> Any:
+notebook_launcher.__signature__ = launcher_signature()  # the options' table, as parameters
+
+
+def _launch(function: Callable[..., Any], args: Any, kwargs: Any, request: LaunchRequest) -> Any:
     if not callable(function):
         raise TypeError(f"function={function!r} is not callable; pass the function to run")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple or list, not {type(args).__name__}: {args!r}")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict or None, not {type(kwargs).__name__}")
-    if not isinstance(monitor_interval, (int, float)) or monitor_interval <= 0:
-        raise ValueError(f"monitor_interval must be a positive number of seconds, got {monitor_interval!r}")
-    master_addr, use_port = meeting_point(rdzv_backend, rdzv_endpoint, master_addr, use_port)
+    master_addr, use_port = meeting_point(request.get("rdzv_endpoint", ""),
+                                          request.get("master_addr"), request.get("use_port"))
     notes: list[str] = []
-    plan = plan_launch(
-        {"num_processes": num_processes, "mixed_precision": mixed_precision,
-         "use_port": use_port, "master_addr": master_addr, "node_rank": node_rank,
-         "num_nodes": num_nodes, "start_method": start_method, "device": device,
-         "cluster": cluster, "dynamo_backend": dynamo_backend},
-        config_file=config_file, fsdp=fsdp, notes=notes, timeout=timeout, output=output,
-        return_all=return_all, max_restarts=max_restarts, hang_after=hang_after)
+    plan = plan_launch(request.replaced(master_addr=master_addr, use_port=use_port), notes)
     local = plan.cluster is None
     inherit = local and plan.start.method == "fork" and plan.device_type != "xla"  # queues, locks
     with SharedTensors() as shared:  # big tensors: one shared copy, not one per worker (locally)
@@ -185,29 +160,25 @@ def _launch(function, args, num_processes, mixed_precision, use_port, master_add
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def plan_launch(explicit: dict[str, Any], *, config_file: str | os.PathLike | None, fsdp: Any,
-                notes: list[str], **settings: Any) -> LaunchPlan:
-    """The plan of a launch (or a pool): ``explicit`` options filled from the environment and
-    the config file, the FSDP choice, checked against the options table and this machine's
-    hardware; ``notes`` gets a warning when ``/dev/shm`` is too small for the job.
+def plan_launch(request: LaunchRequest, notes: list[str]) -> LaunchPlan:
+    """The plan of a launch (or a pool): the ``request``'s options filled from the environment
+    and the config file, checked against the options table and this machine's hardware;
+    ``notes`` gets a warning when ``/dev/shm`` is too small for the job.
 
     Raises:
         TypeError, ValueError: a bad option, named with its valid values and where it came
             from; what the GPUs cannot run (see :func:`~notebook_accel.launch.plan.make_plan`).
     """
-    options = fill_options(explicit, config_file, notes)
-    if fsdp is not None:
-        from notebook_accel.strategies.fsdp.config import launch_environment
-
-        options["worker_env"] = launch_environment(fsdp, options["worker_env"])
-    output = settings.get("output", "all")
+    config_file = request.get("config_file")
+    options = fill_options(request, config_file, notes)
+    output = options["output"]
     sources = {}  # bf16 may be refused on these GPUs: the error says where it was asked
-    if options.get("mixed_precision") == "bf16":
-        where = option_source("mixed_precision", explicit, config_file)
+    if options["mixed_precision"] == "bf16":
+        where = option_source("mixed_precision", request, config_file)
         sources = {"mixed_precision": where} if where else {}
-    plan = make_plan(**options, **settings, sources=sources,
+    plan = make_plan(**options, sources=sources,
                      starting=lambda count, start: announce_start(count, start.method, output))
-    if options.get("mixed_precision") == "auto":
+    if options["mixed_precision"] == "auto":
         notes.append(f"mixed precision auto: {plan.mixed_precision} "
                      f"({devices.precision_why(plan.device_type, hardware.detect())})")
     note = shm_note(plan)
@@ -216,14 +187,14 @@ def plan_launch(explicit: dict[str, Any], *, config_file: str | os.PathLike | No
     return plan
 
 
-def option_source(option: str, explicit: dict[str, Any],
+def option_source(option: str, request: LaunchRequest,
                   config_file: str | os.PathLike | None) -> str | None:
     """Where a filled option's value came from, to start an error about it (as
-    :meth:`~notebook_accel.contract.LaunchOption.check`): None for an argument (or the magic's or
-    CLI's flag), ``environment variable NOTEBOOK_ACCEL_...``, or ``FILE, line N``."""
-    if explicit.get(option) is not None:
-        return None
-    var = ENV_OPTIONS.get(option)
+    :meth:`~notebook_accel.contract.LaunchOption.check`): None for an argument,
+    ``flag --x``, ``environment variable NOTEBOOK_ACCEL_...``, or ``FILE, line N``."""
+    if option in request:
+        return request.source(option)
+    var = OPTIONS[option].env
     if var and os.environ.get(var, "").strip():
         return f"environment variable {var}"
     key = OPTIONS[option].file_key

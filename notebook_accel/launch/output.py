@@ -30,7 +30,6 @@ from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.views.rich_output import show_display
 from notebook_accel.wire import Display, Kind
 
-OUTPUT_CHOICES = ("all", "main", "none")
 _TAIL_LINES = 200
 BURST_BYTES = 4 << 20
 RATE_BYTES = 256 << 10

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import Any
 
-from notebook_accel.contract import DYNAMO_BACKEND_ENV, OPTIONS
 from notebook_accel.launch.hang_watch import HANG_AFTER
-from notebook_accel.launch.ports import parse_port
+from notebook_accel.launch.request import launch_options
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
 from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.machine import devices, gpu_support, hardware
@@ -71,17 +71,14 @@ class LaunchPlan:
 
 
 def _device_type(device: str | None, hw: hardware.Hardware) -> str:
-    if device is not None:
-        device = OPTIONS["device"].check(device)
     if device == "cuda" and hw.gpu_count == 0:
         raise ValueError("device='cuda' but no NVIDIA GPU is visible to this kernel")
     return device if device is not None else devices.auto_device(hw)
 
 
-def _num_processes(value: object, device_type: str, hw: hardware.Hardware) -> int:
-    if value is None:
+def _num_processes(count: int | None, device_type: str, hw: hardware.Hardware) -> int:
+    if count is None:
         return devices.every_device(device_type, hw) or 1
-    count = OPTIONS["num_processes"].check(value)
     if device_type == "cuda" and count > hw.gpu_count:
         raise ValueError(
             f"num_processes={count} but only {hw.gpu_count} GPU(s) are visible "
@@ -141,30 +138,40 @@ def shm_note(plan: LaunchPlan, size: int | None = None) -> str | None:
             f"a DataLoader worker killed). Fix: `docker run --shm-size=1g` (or more); {fixes}")
 
 
+def _checked(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Every launch option's value, checked by its row: ``options``' (None: unset, except where
+    None is a value), else the row's default.
+
+    Raises:
+        TypeError: an option the table does not have, or a mistyped value.
+        ValueError: a bad value, named with the valid ones.
+    """
+    table = {name: option for name, option in launch_options().items() if option.argument}
+    unknown = sorted(set(options) - set(table))
+    if unknown:
+        raise TypeError(f"make_plan got unknown option(s) {unknown}; valid: {', '.join(table)}")
+    values = {}
+    for name, option in table.items():
+        value = options.get(name)
+        if value is None and not (option.nullable and name in options):
+            value = option.default
+        values[name] = value if value is None else option.check(value)
+    return values
+
+
 def make_plan(
     *,
-    num_processes: object,
-    mixed_precision: str | None,
-    use_port: int | str | None,
-    master_addr: str,
-    node_rank: object,
-    num_nodes: object,
-    start_method: str,
-    timeout: float | None,
-    output: str,
-    return_all: bool,
-    max_restarts: object,
-    device: str | None,
-    worker_env: dict[str, str] | None = None,
-    cluster: str | None = None,
-    dynamo_backend: str | None = None,
-    hang_after: float | None = HANG_AFTER,
+    worker_env: Mapping[str, str] | None = None,
     starting: Callable[[int, StartChoice], None] | None = None,
     sources: Mapping[str, str] | None = None,
+    **options: Any,
 ) -> LaunchPlan:
-    """Validate the options of :func:`notebook_launcher` and build the plan.
+    """Check the launch options (by name, as ``notebook_launcher`` takes them; one left out
+    takes its row's default) together, and build the plan.
 
     Args:
+        worker_env: the workers' variables so far (the training strategy's, the config file's
+            ``dynamo_config``); the options with ``to_workers`` in their row add theirs.
         starting: told the local worker count and the start method once both are known
             (not for XLA or a cluster), so the launch can say what it starts: before the
             hardware is detected (which imports torch, seconds on a cold kernel) when
@@ -178,39 +185,29 @@ def make_plan(
             installed torch cannot run, or ``mixed_precision="bf16"`` on a GPU without native
             bf16 (compute capability below 8.0: T4, V100, P100), naming the GPU.
     """
-    if dynamo_backend is not None:  # the workers' TorchDynamoPlugin reads it (the peer's variable)
-        backend = OPTIONS["dynamo_backend"].check(dynamo_backend)
-        worker_env = {**(worker_env or {}), DYNAMO_BACKEND_ENV: backend.upper()}
-    mixed_precision = "no" if mixed_precision is None else OPTIONS["mixed_precision"].check(
-        mixed_precision)
-    output = OPTIONS["output"].check(output)
-    num_nodes = OPTIONS["num_nodes"].check(num_nodes)
-    node_rank = OPTIONS["node_rank"].check(node_rank)
+    o = _checked(options)
+    worker_env = {**(worker_env or {}), **{
+        option.env: option.to_workers(o[name]) for name, option in launch_options().items()
+        if option.to_workers and options.get(name) is not None}}
+    mixed_precision, num_nodes, node_rank = o["mixed_precision"], o["num_nodes"], o["node_rank"]
     if node_rank >= num_nodes:
         raise ValueError(f"node_rank={node_rank} must be < num_nodes={num_nodes} (0..{num_nodes - 1})")
-    max_restarts = OPTIONS["max_restarts"].check(max_restarts)
-    if timeout is not None:
-        timeout = OPTIONS["timeout"].check(timeout)
-    if hang_after is not None:
-        hang_after = OPTIONS["hang_after"].check(hang_after)
-    if cluster is not None:
-        plan = _cluster_plan(OPTIONS["cluster"].check(cluster), num_processes, num_nodes, node_rank,
-                             device, mixed_precision, start_method, timeout, output, return_all,
-                             max_restarts, worker_env)
-        return replace(plan, hang_after=hang_after)
+    common = {"timeout": o["timeout"], "output": o["output"], "return_all": o["return_all"],
+              "max_restarts": o["max_restarts"], "worker_env": worker_env,
+              "stop_wait": o["stop_wait"], "hang_after": o["hang_after"]}
+    if o["cluster"] is not None:
+        return _cluster_plan(o["cluster"], o["num_processes"], num_nodes, node_rank, o["device"],
+                             mixed_precision, o["start_method"], common)
     if num_nodes > 1:
-        if master_addr in _LOOPBACK:
+        if o["master_addr"] in _LOOPBACK:
             raise ValueError(
                 f"num_nodes={num_nodes} needs master_addr set to the main node's address that "
-                f"every node can reach, not {master_addr!r}"
+                f"every node can reach, not {o['master_addr']!r}"
             )
-        if use_port is None:
+        if o["use_port"] is None:
             raise ValueError(f"num_nodes={num_nodes} needs use_port: every node must use the same port")
-    port = None if use_port is None else parse_port(use_port)
-    if device is not None:
-        device = OPTIONS["device"].check(device)
-    wanted = None if num_processes is None else OPTIONS["num_processes"].check(num_processes)
-    start = choose_start_method(start_method)
+    device, wanted = o["device"], o["num_processes"]
+    start = choose_start_method(o["start_method"])
     if starting is not None and wanted is not None and device != "xla":
         starting(wanted, start)  # the checks that need no hardware passed; it may take seconds
 
@@ -229,32 +226,27 @@ def make_plan(
             starting(count, start)
     return LaunchPlan(
         num_processes=count, num_nodes=num_nodes, node_rank=node_rank, device_type=device_type,
-        mixed_precision=mixed_precision, start=start, master_addr=master_addr, port=port,
-        timeout=timeout, output=output, return_all=bool(return_all), max_restarts=max_restarts,
-        xla=xla, worker_env=dict(worker_env or {}), hang_after=hang_after,
-    )
+        mixed_precision=mixed_precision, start=start, master_addr=o["master_addr"],
+        port=o["use_port"], xla=xla, **common)
 
 
-def _cluster_plan(cluster: str, num_processes: object, num_nodes: int, node_rank: int,
+def _cluster_plan(cluster: str, num_processes: int | None, num_nodes: int, node_rank: int,
                   device: str | None, mixed_precision: str, start_method: str,
-                  timeout: float | None, output: str, return_all: bool, max_restarts: int,
-                  worker_env: dict[str, str] | None) -> LaunchPlan:
+                  common: dict[str, Any]) -> LaunchPlan:
     """A job on a Ray cluster: this kernel drives every node; Ray places the ranks, so this
     machine's devices and addresses do not bound it (the cluster backend checks the nodes)."""
     if node_rank != 0:
         raise ValueError(f"node_rank={node_rank} with cluster={cluster!r}: one kernel drives every "
                          "node of a cluster job, so leave node_rank unset (0)")
-    device_type = "cpu" if device is None else OPTIONS["device"].check(device)
+    device_type = "cpu" if device is None else device
     if mixed_precision == "auto":
         raise ValueError(f"mixed_precision='auto' with cluster={cluster!r}: the nodes' hardware is "
                          "not known before they start; use 'no', 'fp16' or 'bf16'")
     if device_type == "xla":
         raise ValueError(f"device='xla' with cluster={cluster!r}: a cluster job runs on 'cpu' or "
                          "'cuda'")
-    count = 1 if num_processes is None else OPTIONS["num_processes"].check(num_processes)
     return LaunchPlan(
-        num_processes=count, num_nodes=num_nodes, node_rank=0, device_type=device_type,
-        mixed_precision=mixed_precision, start=choose_start_method(start_method),
-        master_addr="", port=None, timeout=timeout, output=output, return_all=bool(return_all),
-        max_restarts=max_restarts, worker_env=dict(worker_env or {}), cluster=cluster,
-    )
+        num_processes=num_processes or 1, num_nodes=num_nodes, node_rank=0,
+        device_type=device_type, mixed_precision=mixed_precision,
+        start=choose_start_method(start_method), master_addr="", port=None, cluster=cluster,
+        **common)

@@ -14,8 +14,6 @@ pool then replaces its workers before anything else runs, and says which names w
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import signal
 import sys
 import weakref
@@ -23,19 +21,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.hang_watch import HANG_AFTER
 from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rank_ranges import parse_ranks
+from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.stack_groups import stacks_text
-from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.launch.supervisor import INTERRUPT_GRACE
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views.text import ranks_text
@@ -43,15 +39,6 @@ from notebook_accel.launch.worker.debugger import post_mortem
 from notebook_accel.launch.worker.serve import join_process_group
 from notebook_accel.launch.worker_stacks import ask_stacks
 from notebook_accel.wire import RunDone
-
-# the options table's arguments a pool takes, plus notebook_launcher's keywords outside the table
-POOL_OPTIONS = (*(o.name for o in OPTIONS.values() if o.argument and o.not_for_pool is None),
-                "return_all", "stop_wait")
-_NOT_FOR_A_POOL = {
-    **{o.name: o.not_for_pool for o in OPTIONS.values() if o.not_for_pool},
-    "rdzv_backend": "a pool uses its own static rendezvous",
-    "rdzv_endpoint": "a pool uses its own static rendezvous",
-}
 
 
 class PoolUnavailable(RuntimeError):
@@ -90,26 +77,14 @@ class _Current:
             self.workers = None
 
 
-def _check_options(options: dict[str, Any]) -> None:
-    for name in options:
-        if name in _NOT_FOR_A_POOL:
-            raise TypeError(f"WorkerPool does not take {name}: {_NOT_FOR_A_POOL[name]}")
-        if name not in POOL_OPTIONS:
-            close = difflib.get_close_matches(name, POOL_OPTIONS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise TypeError(f"WorkerPool got an unknown option {name!r}; {hint}"
-                            f"valid options: {', '.join(POOL_OPTIONS)}")
-
-
 class WorkerPool:
     """Warm workers (on this machine, or a Ray cluster's nodes with ``num_nodes`` and
     ``cluster``), which keep their state and process group across runs.
 
-    Takes the options of :func:`~notebook_accel.notebook_launcher` (``num_processes``,
-    ``mixed_precision``, ``use_port``, ``master_addr``, ``start_method``, ``timeout``,
-    ``return_all``, ``output``, ``device``, ``config_file``, ``fsdp``, ``num_nodes``,
-    ``cluster``, ``dynamo_backend``, ``hang_after``), resolved and checked the same way, and
-    ``stop_wait``: the seconds every rank has, after the stop button, to reach the point where
+    Takes the options of :func:`~notebook_accel.notebook_launcher` but those whose row says
+    ``not_for_pool`` (``node_rank``, ``max_restarts``, the rendezvous ones), resolved and
+    checked the same way (``launch/request.py``: :func:`~notebook_accel.launch.request.door_options`),
+    and ``stop_wait``: the seconds every rank has, after the stop button, to reach the point where
     they all stop together (default 5; then they are stopped at once, as a rank stuck in
     compute or diverging ranks would never get there). The workers start at once. Closed by :meth:`close`, at the end of a
     ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
@@ -127,7 +102,6 @@ class WorkerPool:
     def __init__(self, **options: Any) -> None:
         with deferred_interrupts():
             try:
-                _check_options(options)
                 self.plan = self._plan(options)
             except (TypeError, ValueError) as error:
                 hide_our_frames(error)
@@ -140,26 +114,14 @@ class WorkerPool:
 
     @staticmethod
     def _plan(options: dict[str, Any]) -> LaunchPlan:
-        stop_wait = options.get("stop_wait", STOP_WAIT)
-        if isinstance(stop_wait, bool) or not isinstance(stop_wait, (int, float)) or stop_wait <= 0:
-            raise ValueError(f"stop_wait={stop_wait!r}: give the seconds (a number > 0) every rank "
-                             "has to reach the point where the stop button stops them all, e.g. "
-                             f"stop_wait={STOP_WAIT:g} (the default)")
-        explicit = {name: options.get(name) for name in (
-            "num_processes", "mixed_precision", "use_port", "master_addr", "start_method",
-            "device", "num_nodes", "cluster", "dynamo_backend")}
+        request = LaunchRequest.from_keywords("WorkerPool", options)
         notes: list[str] = []
-        cluster = fill_options({"cluster": explicit["cluster"]}, options.get("config_file"))
-        if explicit["num_nodes"] not in (None, 1) and cluster["cluster"] is None:
-            raise ValueError(f"num_nodes={explicit['num_nodes']!r}: a pool spans several nodes "
+        nodes = request.get("num_nodes", 1)
+        if nodes != 1 and fill_options(request, request.get("config_file"))["cluster"] is None:
+            raise ValueError(f"num_nodes={nodes!r}: a pool spans several nodes "
                              "only on a Ray cluster; give cluster= (e.g. 'head:6379'), or "
                              "num_nodes=1")
-        plan = plan_launch({**explicit, "node_rank": None},
-                           config_file=options.get("config_file"), fsdp=options.get("fsdp"),
-                           notes=notes, timeout=options.get("timeout"),
-                           output=options.get("output", "all"),
-                           return_all=options.get("return_all", False), max_restarts=0,
-                           hang_after=options.get("hang_after", HANG_AFTER))
+        plan = plan_launch(request, notes)
         if plan.num_nodes != 1 and plan.cluster is None:
             raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool spans "
                              "several nodes only on a Ray cluster; give cluster=, or num_nodes=1")
@@ -167,7 +129,7 @@ class WorkerPool:
             raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
                              "notebook_launcher (or %%accelerate --fresh) on a TPU")
         print_notes(plan, notes)
-        return dataclasses.replace(plan, stop_wait=float(stop_wait))
+        return plan
 
     def _start(self) -> None:
         self._current.workers = workers = pool_workers(self.plan)

@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.interrupts import take_interrupt
 from notebook_accel.launch.views.text import ranks_text
 from notebook_accel.wire import StopAsk, StopAt, StopCount
 
 ASK_WAIT = 1.0  # seconds every rank has to answer (its reader thread answers in milliseconds)
-STOP_WAIT = 5.0  # default seconds every rank has to reach the cut (WorkerPool(stop_wait=...))
+STOP_WAIT: float = OPTIONS["stop_wait"].default  # seconds every rank has to reach the cut
 LOOK_EVERY = 0.05  # seconds between looks at where the ranks stand while they run to the cut
 SAY_AFTER = 0.5  # a stop that takes longer says what it waits for
 
@@ -137,6 +138,9 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
         why = _ask(running, poll)
         if why is not None:
             return why
+        running = [w for w in running if not w.finished]  # one may finish while asked: no answer
+        if not running:
+            return None
         now = [w.stop_count for w in running]
         if any(_behind_the_cut(a, groups, total) for a in now):
             total = max(_total(a, groups) for a in now) + 1  # past every rank: on to it

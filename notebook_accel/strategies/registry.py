@@ -3,7 +3,8 @@
 Adding a strategy: a module (or folder) with a ``Strategy`` subclass, and one
 :class:`Registration` line in ``STRATEGIES`` (what the kernel needs to know of it: the config
 file's ``distributed_type`` values it runs, its section, the workers' variables from that
-section). The registry is torch-free; a strategy's module is imported only when a worker asks,
+section, and its launch option: ``notebook_launcher(<name>=...)``, ``%%accelerate --<name>``). The
+registry is torch-free; a strategy's module is imported only when a worker asks,
 and must import its heavy dependencies (deepspeed, ``torch.distributed.fsdp``...) only when built.
 """
 
@@ -13,6 +14,8 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from notebook_accel.contract import LaunchOption
 
 if TYPE_CHECKING:  # the registry itself is torch-free: the kernel reads it before any worker starts
     from notebook_accel.strategies.base import Strategy, StrategyContext
@@ -28,12 +31,18 @@ class Registration:
         config_section: its section of a config file (``"fsdp_config"``...), if it has one.
         environment: ``"module:function"`` turning ``(distributed_type, section)`` into the workers'
             variables, validating the section (kernel side, torch-free), if it has a section.
+        option: its launch option's row (``True``: this strategy, ``False``: not even when the
+            config file says so, ``None``: the file decides; ``launch/strategy_options.py``).
+        plugin_environment: ``"module:function"`` turning ``(option value, the file's
+            variables)`` into the workers' variables, where the option also takes a plugin.
     """
 
     strategy: str
     distributed_types: tuple[str, ...]
     config_section: str | None = None
     environment: str | None = None
+    option: LaunchOption | None = None
+    plugin_environment: str | None = None
 
 
 def _attribute(target: str) -> Any:
@@ -44,9 +53,15 @@ def _attribute(target: str) -> Any:
 # asked in this order; the first that wants the job runs it (ddp: always)
 STRATEGIES: dict[str, Registration] = {
     "deepspeed": Registration("notebook_accel.strategies.deepspeed.strategy:DeepSpeedStrategy", ("DEEPSPEED",),
-                              "deepspeed_config", "notebook_accel.strategies.deepspeed.config:strategy_environment"),
+                              "deepspeed_config", "notebook_accel.strategies.deepspeed.config:strategy_environment",
+                              LaunchOption("deepspeed", object, "train with DeepSpeed ZeRO (the config file's "
+                                           "deepspeed_config, else its defaults)", magic_flag="--deepspeed",
+                                           switch=True)),
     "fsdp": Registration("notebook_accel.strategies.fsdp.strategy:FsdpStrategy", ("FSDP",),
-                         "fsdp_config", "notebook_accel.strategies.fsdp.config:strategy_environment"),
+                         "fsdp_config", "notebook_accel.strategies.fsdp.config:strategy_environment",
+                         LaunchOption("fsdp", object, "shard models with FSDP2 (the config file's fsdp_config, "
+                                      "else its defaults)", magic_flag="--fsdp", switch=True),
+                         "notebook_accel.strategies.fsdp.config:launch_environment"),
     "xla": Registration("notebook_accel.strategies.xla:XlaStrategy", ("XLA",)),
     "ddp": Registration("notebook_accel.strategies.ddp:DdpStrategy", ("NO", "MULTI_CPU", "MULTI_GPU")),
 }
@@ -97,6 +112,25 @@ def for_distributed_type(distributed_type: str) -> str:
         if distributed_type in registration.distributed_types:
             return name
     raise ValueError(f"no strategy runs distributed_type {distributed_type!r}")
+
+
+def launch_options() -> dict[str, LaunchOption]:
+    """The strategies' launch options by name (``{"deepspeed": ..., "fsdp": ...}``)."""
+    return {name: r.option for name, r in STRATEGIES.items() if r.option is not None}
+
+
+def plugin_environment(name: str, plugin: Any, from_file: Mapping[str, str]) -> dict[str, str]:
+    """The workers' variables for strategy ``name``'s option given a plugin (over the file's
+    variables for it, ``from_file``).
+
+    Raises:
+        TypeError: the strategy's option takes no plugin (True, False or None only).
+    """
+    target = STRATEGIES[name].plugin_environment
+    if target is None:
+        raise TypeError(f"{name}={plugin!r}: pass True, False or None (a plugin goes to "
+                        f"Accelerator({name}_plugin=...) inside the function)")
+    return _attribute(target)(plugin, from_file)
 
 
 def config_sections() -> dict[str, str]:

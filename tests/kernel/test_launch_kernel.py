@@ -214,7 +214,7 @@ BAD_INPUTS = [
     ("use_port=70000", "ValueError", "use_port=70000"),
     ("timeout=0", "ValueError", "timeout=0"),
     ("output='some'", "ValueError", "'all', 'main', 'none'"),
-    ("rdzv_backend='etcd'", "ValueError", "('static', 'c10d')"),
+    ("rdzv_backend='etcd'", "ValueError", "'static', 'c10d'"),
 ]
 
 

@@ -145,6 +145,6 @@ def test_launch_accepts_the_peers_spellings():
         ["launch", "--num_processes", "3", "--mixed_precision", "bf16", "--main_process_port",
          "29600", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.0.0.1",
          "train.py", "--num_processes", "9"])
-    assert (args.num_processes, args.mixed_precision, args.port, args.num_machines,
-            args.machine_rank, args.main_process_ip) == (3, "bf16", 29600, 2, 1, "10.0.0.1")
+    assert (args.num_processes, args.mixed_precision, args.use_port, args.num_nodes,
+            args.node_rank, args.master_addr) == (3, "bf16", 29600, 2, 1, "10.0.0.1")
     assert args.script == "train.py" and args.script_args == ["--num_processes", "9"]

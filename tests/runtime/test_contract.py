@@ -40,12 +40,22 @@ def _subparser(name: str) -> argparse.ArgumentParser:
 # --- every front end matches the table ------------------------------------------------------
 
 def test_notebook_launcher_takes_every_option_of_the_table():
+    """Its signature is made from the table (contract.OPTIONS and the strategies' rows): the
+    peer's positional parameters in the peer's order, the others keyword-only."""
+    from notebook_accel.launch.request import door_options, launch_options
+
     params = inspect.signature(notebook_launcher).parameters
-    for option in OPTIONS.values():
-        assert (option.name in params) == option.argument, option.name
-    others = {"function", "args", "kwargs", "return_all", "monitor_interval", "rdzv_backend",
-              "rdzv_endpoint"}
-    assert set(params) - others == {o.name for o in OPTIONS.values() if o.argument}
+    peer = ["function", "args", "num_processes", "mixed_precision", "use_port", "master_addr",
+            "node_rank", "num_nodes", "rdzv_backend", "rdzv_endpoint", "rdzv_conf", "rdzv_id",
+            "max_restarts", "monitor_interval", "log_line_prefix_template"]  # accelerate 1.x
+    assert list(params)[:len(peer)] == peer  # the peer's positional order
+    assert set(params) - {"function", "args", "kwargs"} == set(door_options("notebook_launcher"))
+    for name, option in launch_options().items():
+        assert (name in params) == (option.argument and not option.pool_only), name
+        if name in params:
+            kind = params[name].kind
+            assert (kind is inspect.Parameter.POSITIONAL_OR_KEYWORD) == option.positional, name
+    assert {"fsdp", "deepspeed"} <= set(params)  # the strategies' rows (strategies/registry.py)
 
 
 def test_vocabularies_are_the_tables():
@@ -55,7 +65,6 @@ def test_vocabularies_are_the_tables():
     import multiprocessing
 
     from notebook_accel.config import schema
-    from notebook_accel.launch.output import OUTPUT_CHOICES
     from notebook_accel.machine.devices import best_precision
     from notebook_accel.runtime.precision import resolve_mixed_precision
 
@@ -71,7 +80,6 @@ def test_vocabularies_are_the_tables():
     assert {best_precision(d, hw) for d in OPTIONS["device"].choices for hw in machines} == set(workers)
     # every start method but "auto" is one multiprocessing has here (Linux)
     assert set(OPTIONS["start_method"].choices) - {"auto"} == set(multiprocessing.get_all_start_methods())
-    assert OPTIONS["output"].choices == OUTPUT_CHOICES  # launch/output.py keeps its own copy
     assert schema.LaunchConfig(mixed_precision="fp8").mixed_precision == "fp8"  # a file may hold fp8
     for device in OPTIONS["device"].choices:  # the file can say every device, in the peer's keys
         assert schema.LaunchConfig(num_processes=2).with_device(device).device_type == device
@@ -86,17 +94,16 @@ def test_vocabularies_are_the_tables():
 
 def test_magic_flags_match_the_table():
     from magics.accelerate_magic import AccelerateMagics
+    from notebook_accel.launch.request import launch_options
 
     parser = AccelerateMagics.accelerate.parser
-    flags = _flags(parser)
-    table = {o.magic_flag for o in OPTIONS.values() if o.magic_flag}
-    assert table <= flags
-    launch_like = {"--num-processes", "--mixed-precision", "--start-method", "--device", "--port",
-                   "--timeout", "--config", "--fsdp", "--output", "--nodes", "--cluster",
-                   "--dynamo-backend", "--hang-after"}
-    assert launch_like == table
-    for option in OPTIONS.values():
-        if option.magic_flag and option.choices:
+    rows = [o for o in launch_options().values() if o.magic_flag]
+    table = {o.magic_flag for o in rows} | {"--no-" + o.magic_flag[2:] for o in rows if o.switch}
+    others = {"-h", "--help", "-n", "--main-only", "--fresh", "--ranks", "--push", "--pull",
+              "--no-pull"}  # the magic's own flags, no launch option's
+    assert _flags(parser) - others == table
+    for option in rows:
+        if option.choices:
             [action] = [a for a in parser._actions if option.magic_flag in a.option_strings]  # noqa: SLF001
             assert tuple(action.choices) == option.choices
 
@@ -206,8 +213,7 @@ def test_file_errors_name_the_file_and_key(tmp_path, isolated):
     path.write_text("num_processes: 0\n")
     with pytest.raises(ValueError) as info:
         notebook_launcher(_never_runs, config_file=path)
-    assert str(path) in str(info.value) and "'num_processes'" in str(info.value)
-    assert "an integer >= 1" in str(info.value)
+    assert str(info.value) == f"{path}, line 1: num_processes=0 must be an integer >= 1"
     cfg = LaunchConfig(mixed_precision="fp8")  # built in Python: no file to name
     with pytest.raises(ValueError, match=f"launch config: mixed_precision='fp8'.*{VALID_PRECISIONS}"):
         resolve_launch_options({}, cfg)
@@ -244,16 +250,17 @@ def test_panel_code_uses_the_tables_names():
 
     from magics.panel.fsdp import FsdpForm
     from magics.panel.state import FormState, launcher_call, magic_line
+    from notebook_accel.launch.request import door_options, launch_options
 
     state = FormState(device="cpu", num_processes=2, mixed_precision="bf16", start_method="spawn",
                       num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
                       main_process_port=29500, fsdp=FsdpForm(strategy="FSDP"))
     kwargs = set(re.findall(r"(\w+)=", launcher_call(state).split("args=()", 1)[1].split("#")[0]))
-    assert kwargs and kwargs <= {o.name for o in OPTIONS.values() if o.argument}
+    assert kwargs and kwargs <= set(door_options("notebook_launcher"))
     single = FormState(device="cpu", num_processes=2, mixed_precision="bf16",
                        start_method="spawn", main_process_port=29500)
     flags = {w for w in magic_line(single).split() if w.startswith("-")}
-    assert flags and flags <= {o.magic_flag for o in OPTIONS.values() if o.magic_flag} | {"-n"}
+    assert flags and flags <= {o.magic_flag for o in launch_options().values() if o.magic_flag} | {"-n"}
 
 
 def test_magic_typo_suggestions_point_to_the_tables_flags():

@@ -19,6 +19,7 @@ from notebook_accel.launch.backends.base import Backend
 from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.launcher import launch_once, plan_launch
 from notebook_accel.launch.payload import serialise_payload
+from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.worker.node_hub import NodeHub
 
 
@@ -78,11 +79,10 @@ class _HubBackend(Backend):
 
 
 def _launch(function, nodes=2, per_node=2, **options):
-    plan = plan_launch({"num_processes": per_node, "mixed_precision": None, "use_port": None,
-                        "master_addr": None, "node_rank": None, "num_nodes": nodes,
-                        "start_method": None, "device": None, "cluster": "in-process"},
-                       config_file=None, fsdp=None, notes=[], timeout=options.pop("timeout", None),
-                       output="all", return_all=options.pop("return_all", True), max_restarts=0)
+    request = LaunchRequest.from_keywords("notebook_launcher", {
+        "num_processes": per_node, "num_nodes": nodes, "cluster": "in-process",
+        "timeout": options.pop("timeout", None), "return_all": options.pop("return_all", True)})
+    plan = plan_launch(request, [])
     backend = _HubBackend(nodes)
     return launch_once(backend, plan, serialise_payload(function, (), {})), backend
 

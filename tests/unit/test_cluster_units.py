@@ -7,15 +7,12 @@ import sys
 import pytest
 
 from notebook_accel.launch.launcher import plan_launch
+from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.worker.hub_link import HELLO, hello
 
 
 def _plan(**explicit):
-    options = {"num_processes": None, "mixed_precision": None, "use_port": None,
-               "master_addr": None, "node_rank": None, "num_nodes": None, "start_method": None,
-               "device": None, "cluster": None, **explicit}
-    return plan_launch(options, config_file=None, fsdp=None, notes=[], timeout=None,
-                       output="all", return_all=False, max_restarts=0)
+    return plan_launch(LaunchRequest.from_keywords("notebook_launcher", explicit), [])
 
 
 def test_a_cluster_plan_is_not_bound_by_this_machine():
@@ -37,7 +34,7 @@ def test_the_cluster_comes_from_the_environment_and_the_config_file(monkeypatch,
     plan = _plan()
     assert (plan.cluster, plan.num_nodes) == ("file-head:6379", 2)
     config.write_text("cluster: 5\n")
-    with pytest.raises(ValueError, match=r"'cluster'.*a Ray cluster address"):
+    with pytest.raises(ValueError, match=r"cluster=5 must be a Ray cluster address"):
         _plan()
 
 

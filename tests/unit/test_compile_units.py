@@ -145,9 +145,9 @@ def test_the_peers_dynamo_config_loads_and_saves_in_its_format(tmp_path):
 
 
 @pytest.mark.parametrize(("section", "message"), [
-    ({"dynamo_backend": "fast"}, "'dynamo_backend'; valid values: 'no', 'eager'"),
-    ({"dynamo_mode": "fastest"}, "'dynamo_mode'; valid values: 'default'"),
-    ({"dynamo_use_fullgraph": "sometimes"}, "'dynamo_use_fullgraph'; valid values: true, false"),
+    ({"dynamo_backend": "fast"}, "dynamo_backend='fast' is not one of 'no', 'eager'"),
+    ({"dynamo_mode": "fastest"}, "dynamo_mode='fastest' is not one of 'default'"),
+    ({"dynamo_use_fullgraph": "sometimes"}, "dynamo_use_fullgraph='sometimes' must be true or false"),
     ({"dynamo_speed": 1}, "unknown key 'dynamo_speed'; valid keys: dynamo_backend"),
 ])
 def test_a_bad_dynamo_config_names_the_file_the_key_and_the_valid_values(tmp_path, section, message):
@@ -190,13 +190,13 @@ def test_the_magic_the_cli_and_the_pool_take_the_option():
     from magics.accelerate_magic import AccelerateMagics
     from magics.cell.arguments import launch_options
     from notebook_accel.cli.command import _build_parser
-    from notebook_accel.launch.pool import POOL_OPTIONS
+    from notebook_accel.launch.request import door_options
 
     args = AccelerateMagics.accelerate.parser.parse_args(["--dynamo-backend", "inductor"])
     assert launch_options(args)["dynamo_backend"] == "inductor"
     parsed = _build_parser().parse_args(["launch", "--dynamo-backend", "aot_eager", "train.py"])
     assert parsed.dynamo_backend == "aot_eager"
-    assert "dynamo_backend" in POOL_OPTIONS  # %accelerate start --dynamo-backend: a warm pool takes it
+    assert "dynamo_backend" in door_options("WorkerPool")  # %accelerate start --dynamo-backend: a warm pool takes it
 
 
 def test_the_panel_saves_the_backend_in_dynamo_config(tmp_path):

@@ -148,7 +148,7 @@ def test_top_level_must_be_a_mapping(tmp_path):
     ("num_processes", "0", "an integer >= 1"),
     ("main_process_port", "70000", "an integer from 1 to 65535"),
     ("machine_rank", "1", "an integer from 0 to 0"),
-    ("use_cpu", "maybe", "true, false"),
+    ("use_cpu", "maybe", "true or false"),
     ("gpu_ids", "first", "'all'"),
 ])
 def test_bad_value_names_file_key_line_and_valid_values(tmp_path, key, value, valid):
@@ -156,7 +156,7 @@ def test_bad_value_names_file_key_line_and_valid_values(tmp_path, key, value, va
     with pytest.raises(ValueError) as err:
         load_config(path)
     message = str(err.value)
-    assert str(path) in message and f"'{key}'" in message and "line 2" in message
+    assert str(path) in message and f"{key}=" in message and "line 2" in message
     assert valid in message
 
 
@@ -165,9 +165,9 @@ def test_bare_yaml_no_means_no_mixed_precision(tmp_path):
 
 
 def test_values_are_validated_in_python_too():
-    with pytest.raises(ValueError, match="'mixed_precision'.*'bf16'"):
+    with pytest.raises(ValueError, match="mixed_precision='fp32' is not one of .*'bf16'"):
         LaunchConfig(mixed_precision="fp32")
-    with pytest.raises(ValueError, match="'device'.*'cuda'"):
+    with pytest.raises(ValueError, match="device='gpu' is not one of .*'cuda'"):
         LaunchConfig().with_device("gpu")
     assert LaunchConfig(num_processes=-1).num_processes is None  # the peer's "not set"
 
@@ -305,7 +305,7 @@ def test_unset_stays_none_without_a_file():
 def test_precedence_errors(monkeypatch):
     with pytest.raises(ValueError, match="unknown launch option.*'nprocs'.*'num_processes'"):
         resolve_launch_options({"nprocs": 2}, None)
-    with pytest.raises(ValueError, match="'start_method'.*'forkserver'"):
+    with pytest.raises(ValueError, match="start_method='threads' is not one of .*'forkserver'"):
         resolve_launch_options({"start_method": "threads"}, None)
     monkeypatch.setenv("NOTEBOOK_ACCEL_NUM_PROCESSES", "two")
     with pytest.raises(ValueError, match="NOTEBOOK_ACCEL_NUM_PROCESSES.*integer >= 1"):

@@ -107,12 +107,12 @@ def test_hang_after_is_one_launch_option_of_the_table():
     from magics.cell.arguments import launch_options
     from notebook_accel.launch.hang_watch import HANG_AFTER
     from notebook_accel.launch.plan import make_plan
-    from notebook_accel.launch.pool import POOL_OPTIONS
+    from notebook_accel.launch.request import door_options
 
     parser = AccelerateMagics.accelerate.parser
     assert launch_options(parser.parse_args(["--hang-after", "2.5"]))["hang_after"] == 2.5
     assert "hang_after" not in launch_options(parser.parse_args([]))  # unset: the default, not None
-    assert "hang_after" in POOL_OPTIONS and HANG_AFTER == 60.0
+    assert "hang_after" in door_options("WorkerPool") and HANG_AFTER == 60.0
     common = dict(num_processes=2, mixed_precision="no", use_port=None, master_addr="127.0.0.1",
                   node_rank=0, num_nodes=1, start_method="fork", timeout=None, output="all",
                   return_all=False, max_restarts=0, device="cpu")

@@ -14,6 +14,7 @@ import torch
 from magics.panel.rules import precision_choices
 from notebook_accel.launch import plan as planmod
 from notebook_accel.launch.launcher import notebook_launcher, plan_launch
+from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.machine import devices, gpu_support, hardware
 from notebook_accel.machine.hardware import Hardware
 
@@ -44,11 +45,9 @@ def plan(**options):
 
 
 def launch_plan(notes=None, config_file=None, **explicit):
-    keys = ("num_processes", "mixed_precision", "use_port", "master_addr", "node_rank",
-            "num_nodes", "start_method", "device", "cluster", "dynamo_backend")
-    return plan_launch({key: explicit.get(key) for key in keys}, config_file=config_file,
-                       fsdp=None, notes=[] if notes is None else notes, timeout=None,
-                       output="none", return_all=False, max_restarts=0)
+    request = LaunchRequest.from_keywords(
+        "notebook_launcher", {**explicit, "config_file": config_file, "output": "none"})
+    return plan_launch(request, [] if notes is None else notes)
 
 
 def test_bf16_is_judged_by_the_capability_before_the_name():
@@ -247,12 +246,10 @@ def test_dev_shm_size_is_read_with_statvfs(tmp_path):
 
 _PLAN_TWO = """\
 from notebook_accel.launch.launcher import plan_launch, print_notes
-keys = ("num_processes", "mixed_precision", "use_port", "master_addr", "node_rank", "num_nodes",
-        "start_method", "device", "cluster", "dynamo_backend")
+from notebook_accel.launch.request import LaunchRequest
 for device in ("cpu", "cpu"):  # the second launch says nothing more
     notes = []
-    plan = plan_launch({**dict.fromkeys(keys), "num_processes": 2, "device": device},
-                       config_file=None, fsdp=None, notes=notes, timeout=None, output="none",
-                       return_all=False, max_restarts=0)
+    plan = plan_launch(LaunchRequest({"num_processes": 2, "device": device, "output": "none"}),
+                       notes)
     print_notes(plan, notes)
 """

@@ -115,12 +115,10 @@ def test_flags_are_tri_state():
     from magics.cell.arguments import launch_options
 
     magic = AccelerateMagics.accelerate
-    unset = launch_options(parse_argstring(magic, ""))
-    assert unset == {"num_processes": None, "mixed_precision": None, "start_method": None,
-                     "device": None, "use_port": None, "timeout": None, "config_file": None,
-                     "fsdp": None, "dynamo_backend": None, "output": "all"}
+    assert dict(launch_options(parse_argstring(magic, ""))) == {}  # unset: the layers below decide
     assert launch_options(parse_argstring(magic, "--fsdp"))["fsdp"] is True
     assert launch_options(parse_argstring(magic, "--no-fsdp"))["fsdp"] is False
+    assert launch_options(parse_argstring(magic, "--no-deepspeed"))["deepspeed"] is False
     args = parse_argstring(magic, "-n 3 --mixed-precision bf16 --main-only --pull a,b --config f")
     assert launch_options(args)["num_processes"] == 3 and args.output == "main"
     assert args.pull == ("a", "b") and launch_options(args)["config_file"] == "f"

@@ -290,18 +290,21 @@ def test_load_checkpoint_in_model_takes_the_peers_parameters_and_logs_unused_wei
 
 
 def test_the_peers_rendezvous_arguments_become_our_meeting_point():
+    from notebook_accel import notebook_launcher
     from notebook_accel.launch.rdzv import meeting_point
 
-    assert meeting_point("static", "", None, None) == (None, None)
-    assert meeting_point("c10d", "", "10.0.0.1", 29500) == ("10.0.0.1", 29500)
-    assert meeting_point("c10d", "10.0.0.1:29400", None, None) == ("10.0.0.1", 29400)
-    assert meeting_point("static", "[::1]:29400", None, "29400") == ("::1", 29400)
-    with pytest.raises(ValueError, match=r"'etcd' is not supported; choose one of \('static', 'c10d'\)"):
-        meeting_point("etcd", "", None, None)
+    assert meeting_point("", None, None) == (None, None)
+    assert meeting_point("", "10.0.0.1", 29500) == ("10.0.0.1", 29500)
+    assert meeting_point("10.0.0.1:29400", None, None) == ("10.0.0.1", 29400)
+    assert meeting_point("[::1]:29400", None, 29400) == ("::1", 29400)
+    with pytest.raises(ValueError, match=r"rdzv_backend='etcd' is not one of 'static', 'c10d'"):
+        notebook_launcher(print, rdzv_backend="etcd")  # the option's row, before any worker
     with pytest.raises(ValueError, match="is not 'host:port'"):
-        meeting_point("c10d", "10.0.0.1", None, None)
+        meeting_point("10.0.0.1", None, None)
+    with pytest.raises(ValueError, match="rdzv_endpoint='h:x': port='x' must be an integer"):
+        meeting_point("h:x", None, None)
     with pytest.raises(ValueError, match="disagree"):
-        meeting_point("c10d", "10.0.0.1:29400", "10.0.0.2", None)
+        meeting_point("10.0.0.1:29400", "10.0.0.2", None)
     with pytest.raises(ValueError, match="disagree"):
-        meeting_point("c10d", "10.0.0.1:29400", None, 29500)
+        meeting_point("10.0.0.1:29400", None, 29500)
 

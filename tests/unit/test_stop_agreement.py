@@ -116,3 +116,27 @@ def test_a_rank_that_never_reaches_the_cut_is_named_after_stop_wait():
     cut = cuts(ranks[0])[-1]
     assert why == f"rank 1 did not reach collective {cut:,} within 0.3 s (stop_wait)"
     assert ranks[0].waiting_at == cut and not ranks[1].finished
+
+
+@dataclass
+class EndsWhenAskedAgain(Rank):
+    """A rank whose run ends on its own between the kernel's first and second question: it
+    never answers the second (its run is over)."""
+
+    asked: int = 0
+
+    def command(self, message) -> bool:
+        if type(message) is StopAsk:
+            self.asked += 1
+            if self.asked > 1:
+                self.sent.append(message)
+                self.finished = True
+                return True
+        return super().command(message)
+
+
+def test_a_rank_whose_run_ends_while_it_is_asked_leaves_the_others_to_stop_at_the_cut():
+    ranks = [Rank(0, count=10), EndsWhenAskedAgain(1, count=10, speed=0)]
+    assert agree_and_stop(ranks, poller(ranks), stop_wait=5) is None
+    assert ranks[1].asked >= 2 and ranks[1].stopped_at is None
+    assert ranks[0].stopped_at == cuts(ranks[0])[-1]
