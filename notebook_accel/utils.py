@@ -30,6 +30,7 @@ from notebook_accel.big_model.modeling import (
     convert_file_size_to_int,
     dtype_byte_size,
     find_tied_parameters,
+    get_module_size_with_ties,
     get_state_dict_offloaded_model,
     retie_parameters,
 )
@@ -144,7 +145,7 @@ __all__ = [
     "has_offloaded_params", "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING", "honor_type", "is_namedtuple", "is_torch_tensor", "save",
     "align_module_device", "check_device_map", "clean_device_map", "compute_module_total_buffer_size",
     "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters", "get_non_persistent_buffers",
-    "get_state_dict_offloaded_model", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
+    "get_module_size_with_ties", "get_state_dict_offloaded_model", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
     "ProjectConfiguration", "TorchDynamoPlugin",
     "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
     "offload_state_dict", "offload_weight", "save_offload_index",

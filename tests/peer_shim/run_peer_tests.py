@@ -66,9 +66,6 @@ _depart("bitsandbytes 8-bit models (not installed; GPU only)",
         "test_accelerator.py::*::test_prepare_model_8bit_cpu_offload_raises_valueerror_not_typeerror")
 _depart("a private helper of the peer (_refuse_recurrent_layers_under_sequence_parallelism)",
         "test_big_modeling.py::RefuseRecurrentLayersTester::*")
-_depart("the peer's planner internal (get_module_size_with_ties: one step of its device-map search); "
-        "big_model/planner.py plans by its own rule (below)",
-        "test_modeling_utils.py::*::test_get_module_size_with_ties")
 _depart("cpu_offload with the CPU as the execution device: the peer still moves every weight to meta and "
         "copies it back around each forward; ours leaves weights where they already run (nothing to gain)",
         "test_modeling_utils.py::*::test_align_module_device_offloaded")
