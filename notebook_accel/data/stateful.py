@@ -28,7 +28,7 @@ from torch.utils.data import RandomSampler
 try:
     from torchdata.stateful_dataloader import StatefulDataLoader
     from torchdata.stateful_dataloader.stateful import Stateful
-except ImportError as error:  # pragma: no cover - torchdata is an optional dependency
+except ImportError as error:  # torchdata is an optional dependency (the stateful extra)
     raise ImportError(
         "use_stateful_dataloader=True needs torchdata >= 0.8 (its StatefulDataLoader): "
         "pip install 'notebook-accel[stateful]'"

@@ -206,3 +206,12 @@ def test_stateful_loader_resumes_by_itself_after_load_state(iterable):
     by_hand.load_state_dict(state)
     assert [b.tolist() for b in skip_first_batches(by_hand)] == rest
     assert [b.tolist() for b in by_hand] == following  # resumed by hand: not skipped twice
+
+
+def test_a_stateful_loader_without_torchdata_says_what_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchdata.stateful_dataloader", None)  # as if torchdata were absent
+    monkeypatch.delitem(sys.modules, "notebook_accel.data.stateful", raising=False)
+    with pytest.raises(ImportError, match=r"notebook-accel\[stateful\]"):
+        DataLoaderShard(list(range(8)), batch_size=4, use_stateful_dataloader=True)
