@@ -43,8 +43,28 @@ class _Dispatch:
     main: torch.device
 
     def undo(self, model: nn.Module) -> None:
-        """``undispatch_model(model)``: what removing the model's hooks does (``model_hooks``)."""
-        undispatch_model(model)
+        """What removing the model's hooks does (``model_hooks``): hooks off, offloaded weights
+        loaded onto the CPU (where the peer's hooks put them back), resident ones left in place."""
+        self.restore(model, torch.device("cpu"))
+
+    def restore(self, model: nn.Module, device: torch.device) -> None:
+        """Undo the dispatch of ``model``: hooks, movers and ``hf_device_map`` gone, offloaded
+        weights loaded onto ``device`` (tied ones stay tied)."""
+        model.__dict__.pop(DISPATCHED, None)
+        for method in _MOVERS:
+            model.__dict__.pop(method, None)
+        for hook in self.hooks:
+            hook.remove()
+        done: set[str] = set()
+        for name, source in self.sources.items():
+            if name in done:
+                continue
+            value = source.materialize(device)
+            for other in self.ties[name]:
+                set_tensor(model, other, value)
+                value = get_tensor(model, other)
+                done.add(other)
+        model.__dict__.pop("hf_device_map", None)
 
 
 def _meta_error(name: str) -> ValueError:
@@ -262,26 +282,13 @@ def undispatch_model(model: nn.Module, device: DeviceKey | torch.device | None =
     Raises:
         ValueError: the model is not dispatched.
     """
-    state: _Dispatch | None = model.__dict__.pop(DISPATCHED, None)
+    state: _Dispatch | None = model.__dict__.get(DISPATCHED)
     if state is None:
         raise ValueError("this model is not dispatched (dispatch_model / load_checkpoint_and_dispatch)")
-    for method in _MOVERS:
-        model.__dict__.pop(method, None)
-    for hook in state.hooks:
-        hook.remove()
     target = state.main if device is None else torch.device(device)
     if target.type == "cuda" and target.index is None:
         target = torch.device("cuda", 0)
-    done: set[str] = set()
-    for name, source in state.sources.items():
-        if name in done:
-            continue
-        value = source.materialize(target)
-        for other in state.ties[name]:
-            set_tensor(model, other, value)
-            value = get_tensor(model, other)
-            done.add(other)
-    model.__dict__.pop("hf_device_map", None)
+    state.restore(model, target)
     return model.to(target)
 
 
