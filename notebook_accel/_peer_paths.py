@@ -61,7 +61,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
     },
     "notebook_accel.scheduler": {"notebook_accel.runtime.accelerator_state": "AcceleratorState"},
     "notebook_accel.data_loader": {
-        _AVAILABILITY: "is_datasets_available is_torch_xla_available",
+        _AVAILABILITY: "is_datasets_available is_torch_xla_available is_torchdata_stateful_dataloader_available",
         "notebook_accel.machine.versions": "compare_versions is_torch_version",
         "notebook_accel.observe.logging": "get_logger",
         "notebook_accel.runtime.helpers": "concatenate find_batch_size",
@@ -83,6 +83,8 @@ PEER_NAMES: dict[str, dict[str, str]] = {
                                                 "attach_align_device_hook_on_blocks",
         "notebook_accel.big_model.cpu_offload_hooks": "CpuOffload UserCpuOffloadHook",
         "notebook_accel.big_model.model_hooks": "add_hook_to_module",
+        "notebook_accel.big_model.dat_offload": "OffloadedWeightsLoader extract_submodules_state_dict "
+                                                "offload_state_dict",
         "notebook_accel.big_model.layerwise_casting": "LayerwiseCastingHook SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
         _AVAILABILITY: "is_bnb_available is_mlu_available is_musa_available is_npu_available "
                        "is_sdaa_available is_xpu_available",
@@ -91,6 +93,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
         "notebook_accel.big_model.align_hooks": "AlignDevicesHook attach_align_device_hook "
                                                 "attach_align_device_hook_on_blocks attach_execution_device_hook",
         "notebook_accel.big_model.cpu_offload_hooks": "CpuOffload UserCpuOffloadHook",
+        "notebook_accel.big_model.dat_offload": "PrefixedDataset",
         "notebook_accel.big_model.tensor_placement": "get_non_persistent_buffers named_module_tensors "
                                                      "set_module_tensor_to_device",
         "notebook_accel.big_model.layerwise_casting": "LayerwiseCastingHook",

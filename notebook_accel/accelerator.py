@@ -415,7 +415,7 @@ class Accelerator:
             device=self.device if place else None, gradient_state=self.gradient_state,
             split_batches=self.split_batches, even_batches=self.even_batches,
             loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
-            seed=self.dataloader_config.data_seed, auto_resume=self.dataloader_config.use_stateful_dataloader,
+            seed=self.dataloader_config.data_seed, use_stateful_dataloader=self.dataloader_config.use_stateful_dataloader,
             collective_device=self.device, use_seedable_sampler=self.dataloader_config.use_seedable_sampler,
             dispatch_batches=bool(self.dataloader_config.dispatch_batches),
         )

@@ -13,6 +13,15 @@ from notebook_accel.big_model import (
     load_checkpoint_in_model,
 )
 from notebook_accel.big_model.align_hooks import align_module_device, has_offloaded_params
+from notebook_accel.big_model.dat_offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
 from notebook_accel.big_model.layerwise_casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from notebook_accel.big_model.modeling import (
     check_device_map,
@@ -21,6 +30,7 @@ from notebook_accel.big_model.modeling import (
     convert_file_size_to_int,
     dtype_byte_size,
     find_tied_parameters,
+    get_module_size_with_ties,
     get_state_dict_offloaded_model,
     retie_parameters,
 )
@@ -57,6 +67,8 @@ from notebook_accel.machine.availability import (
     is_sdaa_available,
     is_tensorboard_available,
     is_torch_xla_available,
+    is_torchdata_available,
+    is_torchdata_stateful_dataloader_available,
     is_transformers_available,
     is_wandb_available,
     is_xpu_available,
@@ -133,8 +145,10 @@ __all__ = [
     "has_offloaded_params", "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING", "honor_type", "is_namedtuple", "is_torch_tensor", "save",
     "align_module_device", "check_device_map", "clean_device_map", "compute_module_total_buffer_size",
     "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters", "get_non_persistent_buffers",
-    "get_state_dict_offloaded_model", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
+    "get_module_size_with_ties", "get_state_dict_offloaded_model", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
     "ProjectConfiguration", "TorchDynamoPlugin",
+    "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
+    "offload_state_dict", "offload_weight", "save_offload_index",
     "RNGType", "broadcast", "broadcast_object_list", "clear_device_cache", "clear_environment", "compare_versions", "compile_regions",
     "compile_regions_deepspeed", "compile_regions_fsdp2", "compute_module_sizes", "concatenate", "convert_outputs_to_fp32",
     "convert_to_fp32", "copy_tensor_to_devices", "DummyOptim", "DummyScheduler", "extract_model_from_parallel", "find_batch_size", "find_device",
@@ -144,6 +158,7 @@ __all__ = [
     "is_ipex_available", "is_matplotlib_available", "is_mlflow_available", "is_mlu_available", "is_mps_available", "is_musa_available", "is_npu_available",
     "is_numpy_available", "is_peft_available", "is_pytest_available", "is_rocm_available",
     "is_safetensors_available", "is_schedulefree_available", "is_sdaa_available", "is_tensorboard_available", "is_torch_version", "is_torch_xla_available",
+    "is_torchdata_available", "is_torchdata_stateful_dataloader_available",
     "is_transformers_available", "is_wandb_available", "is_xpu_available", "listify", "load_checkpoint_in_model", "pad_across_processes",
     "pad_input_tensors", "patch_environment", "purge_accelerate_environment", "recursively_apply", "reduce", "release_memory", "send_to_device", "set_seed", "should_reduce_batch_size",
     "str_to_bool", "synchronize_rng_state", "synchronize_rng_states", "wait_for_everyone",

@@ -9,7 +9,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # DS_BUILD_OPS=0: DeepSpeed builds without CUDA, compiling its few CPU ops on first use.
-DS_BUILD_OPS=0 .venv/bin/python -m pip install -q -e ".[dev,notebook,browser,bench,deepspeed,clients,ray,slurm]"
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q -e ".[dev,notebook,browser,bench,deepspeed,clients,ray,slurm,stateful]"
 # The peer's sdist (its tests/ files, run by tests/peer_shim/run_peer_tests.py; never committed).
 if [ ! -f .peer_sdist/accelerate-1.15.0.tar.gz ]; then
     .venv/bin/python -m pip download -q "accelerate==1.15.0" --no-binary :all: --no-deps -d .peer_sdist

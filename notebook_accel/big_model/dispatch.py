@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from notebook_accel.big_model import model_hooks
 from notebook_accel.big_model.devices import (
     DeviceKey,
     check_gpus,
@@ -30,7 +31,7 @@ from notebook_accel.big_model.model_tensors import (
 from notebook_accel.big_model.planner import main_device as first_main_device
 from notebook_accel.big_model.safetensors_io import StoredTensor, write_safetensors
 
-DISPATCHED = "_notebook_accel_dispatch"
+DISPATCHED = model_hooks.DISPATCHED
 _MOVERS = ("to", "cpu", "cuda")
 
 
@@ -40,6 +41,30 @@ class _Dispatch:
     sources: dict[str, WeightSource]  # offloaded tensor name -> where its values are
     ties: dict[str, list[str]]  # offloaded tensor name -> every name sharing its placeholder
     main: torch.device
+
+    def undo(self, model: nn.Module) -> None:
+        """What removing the model's hooks does (``model_hooks``): hooks off, offloaded weights
+        loaded onto the CPU (where the peer's hooks put them back), resident ones left in place."""
+        self.restore(model, torch.device("cpu"))
+
+    def restore(self, model: nn.Module, device: torch.device) -> None:
+        """Undo the dispatch of ``model``: hooks, movers and ``hf_device_map`` gone, offloaded
+        weights loaded onto ``device`` (tied ones stay tied)."""
+        model.__dict__.pop(DISPATCHED, None)
+        for method in _MOVERS:
+            model.__dict__.pop(method, None)
+        for hook in self.hooks:
+            hook.remove()
+        done: set[str] = set()
+        for name, source in self.sources.items():
+            if name in done:
+                continue
+            value = source.materialize(device)
+            for other in self.ties[name]:
+                set_tensor(model, other, value)
+                value = get_tensor(model, other)
+                done.add(other)
+        model.__dict__.pop("hf_device_map", None)
 
 
 def _meta_error(name: str) -> ValueError:
@@ -257,26 +282,13 @@ def undispatch_model(model: nn.Module, device: DeviceKey | torch.device | None =
     Raises:
         ValueError: the model is not dispatched.
     """
-    state: _Dispatch | None = model.__dict__.pop(DISPATCHED, None)
+    state: _Dispatch | None = model.__dict__.get(DISPATCHED)
     if state is None:
         raise ValueError("this model is not dispatched (dispatch_model / load_checkpoint_and_dispatch)")
-    for method in _MOVERS:
-        model.__dict__.pop(method, None)
-    for hook in state.hooks:
-        hook.remove()
     target = state.main if device is None else torch.device(device)
     if target.type == "cuda" and target.index is None:
         target = torch.device("cuda", 0)
-    done: set[str] = set()
-    for name, source in state.sources.items():
-        if name in done:
-            continue
-        value = source.materialize(target)
-        for other in state.ties[name]:
-            set_tensor(model, other, value)
-            value = get_tensor(model, other)
-            done.add(other)
-    model.__dict__.pop("hf_device_map", None)
+    state.restore(model, target)
     return model.to(target)
 
 

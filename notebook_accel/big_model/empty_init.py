@@ -8,8 +8,6 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-_TENSOR_CONSTRUCTORS = ("empty", "zeros", "ones", "full", "rand", "randn", "arange", "tensor")
-
 
 @contextlib.contextmanager
 def init_on_device(device: torch.device | str, include_buffers: bool = False) -> Iterator[None]:
@@ -18,8 +16,8 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
 
     Args:
         device: where new parameters go (``"meta"`` allocates nothing).
-        include_buffers: also place registered buffers, and tensors built by torch's constructors
-            (``torch.empty``, ``torch.zeros``, ...) inside the block, on ``device``.
+        include_buffers: make every tensor built inside the block on ``device`` (buffers and
+            ``torch.empty``, ``torch.zeros``... alike), through torch's device context.
 
     Example::
 
@@ -27,8 +25,11 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
             model = MyModel()          # every parameter is a meta tensor
     """
     device = torch.device(device)
+    if include_buffers:  # every tensor made inside: torch's own device context, nothing patched
+        with device:
+            yield
+        return
     register_parameter = nn.Module.register_parameter
-    register_buffer = nn.Module.register_buffer
 
     def place_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         register_parameter(module, name, param)
@@ -37,33 +38,11 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
             moved.__dict__.update(param.__dict__)
             module._parameters[name] = moved
 
-    def place_buffer(module: nn.Module, name: str, buffer, persistent: bool = True) -> None:
-        register_buffer(module, name, buffer, persistent=persistent)
-        if buffer is not None:
-            module._buffers[name] = module._buffers[name].to(device)
-
-    def on_device(constructor):
-        def build(*args, **kwargs):
-            kwargs["device"] = device
-            return constructor(*args, **kwargs)
-
-        return build
-
-    patched = {}
-    if include_buffers:
-        patched = {name: getattr(torch, name) for name in _TENSOR_CONSTRUCTORS}
     try:
         nn.Module.register_parameter = place_parameter
-        if include_buffers:
-            nn.Module.register_buffer = place_buffer
-            for name, constructor in patched.items():
-                setattr(torch, name, on_device(constructor))
         yield
     finally:
         nn.Module.register_parameter = register_parameter
-        nn.Module.register_buffer = register_buffer
-        for name, constructor in patched.items():
-            setattr(torch, name, constructor)
 
 
 @contextlib.contextmanager

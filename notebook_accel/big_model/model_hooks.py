@@ -110,9 +110,16 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
     return module
 
 
+DISPATCHED = "_notebook_accel_dispatch"  # a model dispatch_model hooked: the record of how (its ``undo``)
+
+
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
     """Detach ``module``'s hook and give it its own forward back (its children's too with
-    ``recurse``); returns the module."""
+    ``recurse``); returns the module. A model ``dispatch_model`` / ``cpu_offload`` hooked is
+    undispatched (its offloaded weights back in place), as the peer's hooks give theirs back."""
+    dispatched = module.__dict__.get(DISPATCHED)
+    if dispatched is not None:
+        dispatched.undo(module)
     if hasattr(module, "_hf_hook"):
         module._hf_hook.detach_hook(module)
         delattr(module, "_hf_hook")

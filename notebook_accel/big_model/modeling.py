@@ -1,6 +1,6 @@
 """The peer's ``accelerate.utils.modeling`` helpers that users call directly, over big_model's pieces:
 sizes (``dtype_byte_size``, ``convert_file_size_to_int``, ``compute_module_total_buffer_size``),
-tied weights (``find_tied_parameters``, ``retie_parameters``), device maps (``clean_device_map``,
+tied weights (``find_tied_parameters``, ``retie_parameters``, ``get_module_size_with_ties``), device maps (``clean_device_map``,
 ``check_device_map``) and ``get_state_dict_offloaded_model``. A module's tensors one by one are
 ``tensor_placement``'s; ``align_module_device`` is ``align_hooks``'.
 """
@@ -48,6 +48,32 @@ def find_tied_parameters(model: nn.Module) -> list[list[str]]:
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
     return sorted(sorted(group) for group in names.values() if len(group) > 1)
+
+
+def get_module_size_with_ties(tied_params: list[str], module_size: int, module_sizes: Mapping[str, int],
+                              modules_to_treat: list[tuple[str, nn.Module]]) -> tuple[int, list[str], list[nn.Module]]:
+    """A module's size with the modules it shares weights with (the peer's step of its device-map
+    search; our planner, ``planner._Plan._tie_partners``, keeps tied pieces together by itself).
+
+    Args:
+        tied_params: names of weights tied to the module's, held by modules in ``modules_to_treat``.
+        module_size: the module's own size.
+        module_sizes: size per module / tensor name (``compute_module_sizes``).
+        modules_to_treat: the ``(name, module)`` pairs not placed yet.
+
+    Returns:
+        The size with each holder of a tied weight added (less the shared weight itself, counted
+        once), and those holders' names and modules, one per tied weight.
+    """
+    names: list[str] = []
+    modules: list[nn.Module] = []
+    size = module_size
+    for param in tied_params:
+        name, module = next((n, m) for n, m in modules_to_treat if param.startswith(f"{n}."))
+        names.append(name)
+        modules.append(module)
+        size += module_sizes[name] - module_sizes[param]
+    return size, names, modules
 
 
 def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 
@@ -17,6 +18,7 @@ from notebook_accel.big_model.memory import (
 )
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+logger = logging.getLogger(__name__)
 
 
 def tied_parameter_groups(model: nn.Module) -> list[list[str]]:
@@ -45,8 +47,10 @@ def _within(name: str, prefix: str) -> bool:
 class _Plan:
     """One placement pass: walk the module tree in order, fill devices, split what does not fit."""
 
-    def __init__(self, model, budgets, no_split, dtype, special_dtypes, offload_buffers, reserve):
+    def __init__(self, model, budgets, no_split, dtype, special_dtypes, offload_buffers, reserve, fallback=False):
         self.model, self.no_split, self.offload_buffers = model, no_split, offload_buffers
+        self.fallback = fallback  # a GPU the walk would leave empty takes the first piece that fits it
+        self.left_empty: list[DeviceKey] = []
         # a device with no budget takes nothing (and must not make pieces split trying it)
         self.devices = [d for d in budgets if d != "disk" and budgets[d] > 0] + ["disk"]
         self.budgets = {**budgets, "disk": float("inf")}
@@ -86,12 +90,38 @@ class _Plan:
                 cost = weights + (buffers if stays_here else 0)
                 room = self.budgets[device] - self.used[device] - self.reserve.get(device, 0)
                 if cost <= room:
+                    if self._fill_skipped(index, [(name, module), *queue]):
+                        queue.appendleft((name, module))  # placed again, around what the GPU took
+                        break
                     self._assign(units, device, cost, 0 if stays_here else buffers)
                     break
                 if index == self.pointer and self._splittable(module):
                     queue.extendleft(reversed(self._pieces(name, module)))
                     break
         return self.assigned
+
+    def _fill_skipped(self, index: int, remaining: list[tuple[str, nn.Module | None]]) -> bool:
+        """Before a piece goes past empty GPUs: note them, or (``fallback``) give the first one the
+        first piece, breadth-first among ``remaining``, that fits it; True when one was given."""
+        for device in self.devices[self.pointer:index]:
+            if not isinstance(device, int) or self.used[device] or device in self.left_empty:
+                continue
+            if self.fallback:
+                room = self.budgets[device] - self.reserve.get(device, 0)
+                queue = deque(remaining)
+                while queue:
+                    name, module = queue.popleft()
+                    if self._covered(name):
+                        continue
+                    units = [name, *self._tie_partners(name)]
+                    weights, buffers = self._bytes(units)
+                    if weights + buffers <= room and not any(_within(k, name) for k in self.assigned):
+                        self._assign(units, device, weights + buffers, 0)
+                        return True
+                    if module is not None and self._splittable(module):
+                        queue.extend(self._pieces(name, module))
+            self.left_empty.append(device)
+        return False
 
     def _assign(self, units: list[str], device: DeviceKey, cost: int, main_cost: int) -> None:
         for unit in units:
@@ -182,6 +212,7 @@ def infer_auto_device_map(
     special_dtypes: Mapping[str, torch.dtype] | None = None,
     clean_result: bool = True,
     offload_buffers: bool = False,
+    fallback_allocation: bool = False,
 ) -> dict[str, DeviceKey]:
     """Plan where each module of ``model`` goes: GPUs in order, then the CPU, then disk.
 
@@ -201,6 +232,9 @@ def infer_auto_device_map(
         clean_result: merge modules whose pieces all share a device into one entry.
         offload_buffers: offload buffers with their module (default: buffers of offloaded modules
             stay on the main device, and count there).
+        fallback_allocation: a GPU that no piece fits in walking order (a large first block) takes
+            the first piece, breadth-first among those left, that fits it (the peer's switch);
+            without it such a GPU stays empty, with a warning naming it.
 
     Returns:
         ``{"embed": 0, "layers.0": 0, ..., "layers.30": "cpu", "head": "disk"}`` in module order.
@@ -210,7 +244,7 @@ def infer_auto_device_map(
     dtype = as_dtype(dtype)
     reserve: dict[DeviceKey, int] = {}
     for _ in range(8):  # the reserve only grows; a few rounds reach the fixed point
-        plan = _Plan(model, budgets, no_split, dtype, special_dtypes, offload_buffers, reserve)
+        plan = _Plan(model, budgets, no_split, dtype, special_dtypes, offload_buffers, reserve, fallback_allocation)
         assigned = plan.run()
         largest = max(
             (plan._bytes([unit])[0] for unit, dev in assigned.items() if dev in plan.offloaded),
@@ -219,6 +253,9 @@ def infer_auto_device_map(
         if largest <= reserve.get(plan.main, 0):
             break
         reserve = {plan.main: largest}
+    for device in plan.left_empty:
+        logger.warning(f"device {device} gets no module of the model: insufficient memory ({budgets[device]} bytes) "
+                       "for the next piece in order; fallback_allocation=True gives it the first piece that fits")
     return _ordered(model, assigned, clean_result)
 
 

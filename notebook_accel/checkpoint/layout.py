@@ -3,8 +3,9 @@ loads the other's checkpoints; our earlier names are still read.
 
 ``model.safetensors`` / ``model_1.safetensors`` (or ``pytorch_model.bin`` / ``pytorch_model_1.bin``),
 ``optimizer.bin``, ``scheduler.bin`` (``_1``... for later ones), ``scaler.pt``,
-``custom_checkpoint_0.pkl``, ``random_states_<rank>.pkl``: the peer's. ``dataloader.pt`` and
-``accelerator.pt`` are ours (the peer has no such files and ignores them).
+``custom_checkpoint_0.pkl``, ``random_states_<rank>.pkl``, ``dl_state_dict.bin`` (``loader_states``):
+the peer's. ``dataloader.pt`` and ``accelerator.pt`` are ours (the peer has no such files and
+ignores them).
 """
 
 from __future__ import annotations

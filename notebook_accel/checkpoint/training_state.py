@@ -6,7 +6,8 @@ A checkpoint is a directory, in the peer's layout (``layout``: each library load
                                        pytorch_model.bin, ... with safe_serialization=False)
     pytorch_model_fsdp_0/, optimizer_0/  instead, under FSDP: one shard file per rank (see fsdp.checkpointing)
     optimizer.bin, scheduler.bin, ...  likewise, one per prepared object (optimizer_1.bin...)
-    dataloader.pt, ...                 shuffling generator and position in the epoch (ours)
+    dataloader.pt, ...                 shuffling generator and position in the epoch (ours), or
+    dl_state_dict.bin, ...             torchdata's state of a stateful loader (the peer's; loader_states)
     scaler.pt                          the fp16 GradScaler, when there is one
     custom_checkpoint_0.pkl, ...       objects given to ``register_for_checkpointing``
     accelerator.pt                     accumulation counters and the tracker step (ours)
@@ -43,7 +44,7 @@ from typing import Any
 
 import torch
 
-from notebook_accel.checkpoint import layout, random_states
+from notebook_accel.checkpoint import layout, loader_states, random_states
 from notebook_accel.checkpoint.weight_shards import (
     drop_shared,
     parse_size,
@@ -72,7 +73,8 @@ class CheckpointItems:
 
 
 _CHECKPOINT_FILE = re.compile(  # what save_state itself writes (stale ones are not carried over)
-    r"(pytorch_model|model|optimizer|scheduler|dataloader|custom_checkpoint|random_states)(_\d+)?"
+    r"(pytorch_model(_fsdp)?|model|optimizer|scheduler|dataloader|dl_state_dict|custom_checkpoint|random_states)"
+    r"(_\d+)?"
     r"\.(pt|bin|pkl|safetensors)"
     r"|scaler\.pt|accelerator\.pt|(pytorch_model_fsdp|optimizer)_\d+")
 
@@ -176,9 +178,9 @@ def save_state(
                 _write(weights, tmp / layout.model_file(i, False))
         for i, opt in enumerate(items.optimizers if items.sharded is None else ()):
             _write(optimizer_states[i] if on_xla else opt.state_dict(), tmp / layout.object_file("optimizer", i))
-        for kind, objs in (("scheduler", items.schedulers), ("dataloader", items.dataloaders)):
-            for i, obj in enumerate(objs):
-                _write(obj.state_dict(), tmp / layout.object_file(kind, i))
+        for i, obj in enumerate(items.schedulers):
+            _write(obj.state_dict(), tmp / layout.object_file("scheduler", i))
+        loader_states.save(tmp, items.dataloaders, _write)
         for i, obj in enumerate(items.custom):
             _write(obj.state_dict(), tmp / layout.custom_file(i))
         if items.scaler is not None:
@@ -291,12 +293,7 @@ def load_state(
                        ("scheduler", items.schedulers)):
         for i, obj in enumerate(objs):
             obj.load_state_dict(read(layout.object_file(kind, i)))
-    for i, loader in enumerate(items.dataloaders):
-        if layout.find(path, layout.object_file("dataloader", i)) is not None:
-            loader.load_state_dict(read(layout.object_file("dataloader", i)))
-        else:  # the peer's checkpoint: it keeps no loader position
-            warnings.warn(f"{path} has no {layout.object_file('dataloader', i)} (a checkpoint of the peer's?): "
-                          "that loader starts its epoch from the beginning", stacklevel=2)
+    loader_states.load(path, items.dataloaders, lambda file: _read(file, weights_only))
     for i, obj in enumerate(items.custom):
         obj.load_state_dict(read(layout.custom_file(i)))
     if items.scaler is not None:

@@ -81,11 +81,11 @@ class DataLoaderDispatcher(DataLoaderShard):
     def __len__(self) -> int:
         batches = DataLoader.__len__(self)
         if self.split_batches:
-            return max(batches - self._pending_skip, 0)
+            return batches
         steps = math.ceil(batches / self.num_processes)
         if not self.even_batches and batches % self.num_processes:
             steps -= int(self.process_index >= batches % self.num_processes)
-        return max(steps - self._pending_skip, 0)
+        return steps
 
 
 def _fill(batch: Any, first: Any, rows: int) -> Any:

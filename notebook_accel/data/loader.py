@@ -58,7 +58,8 @@ def prepare_data_loader(
         rng_types: generators to synchronise each epoch; only the sampler's
             ``"generator"`` matters here (it is always synchronised); others are refused.
         dispatch_batches: rank 0 loads and sends slices (``DataLoaderDispatcher``).
-        use_stateful_dataloader: resume mid-epoch after ``load_state_dict`` by itself.
+        use_stateful_dataloader: a torchdata ``StatefulDataLoader`` (resumes mid-epoch after
+            ``load_state_dict`` by itself).
         slice_fn_for_dispatch, torch_device_mesh: not supported; must stay ``None``.
 
     Raises:
@@ -82,6 +83,6 @@ def prepare_data_loader(
         process_index=state.process_index if process_index is None else process_index,
         device=target if put_on_device else None, gradient_state=GradientState(),
         split_batches=split_batches, even_batches=even_batches, non_blocking=non_blocking, seed=data_seed,
-        auto_resume=use_stateful_dataloader, collective_device=state.device,
+        use_stateful_dataloader=use_stateful_dataloader, collective_device=state.device,
         use_seedable_sampler=use_seedable_sampler, dispatch_batches=bool(dispatch_batches),
     )

@@ -59,7 +59,8 @@ class DataLoaderConfiguration:
             seed, rank 0's value broadcast so every rank shuffles alike.
         use_seedable_sampler: shuffle with a ``SeedableRandomSampler``: the permutation of
             epoch ``e`` depends only on (seed, ``e``), so ``set_seed`` + ``set_epoch`` replay it.
-        use_stateful_dataloader: after ``load_state``, the next pass over a loader resumes
+        use_stateful_dataloader: loaders are torchdata ``StatefulDataLoader`` s (``stateful``;
+            ``pip install notebook-accel[stateful]``): after ``load_state`` the next pass resumes
             where the checkpointed epoch stopped (no ``skip_first_batches`` needed).
         dispatch_batches: rank 0 loads every batch and sends each process its slice
             (``dispatch.DataLoaderDispatcher``); default ``None``/``False``: each loads its own.
@@ -92,7 +93,8 @@ def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> Da
 
         return skip_plain_batches(loader, num_batches or 0)
     skip = loader.resume_step if num_batches is None else num_batches
-    loader._set_pending(0)  # resumed by hand: no automatic resume on top
+    if loader.use_stateful_dataloader:  # resumed by hand: torchdata's own resume is dropped
+        loader.next_iter_state = None
     kwargs = loader_kwargs(loader)
     kwargs.update(device=loader.device, gradient_state=loader.gradient_state, generator=loader.generator,
                   remainder=loader._remainder, total_batch_size=loader.total_batch_size,
@@ -140,7 +142,8 @@ def _rank0_int(number: int, device: torch.device | None) -> int:
 def shard_data_loader(
     loader: DataLoader, *, num_processes: int, process_index: int, device: torch.device | None,
     gradient_state: GradientState, split_batches: bool = False, even_batches: bool = True,
-    loader_index: int = 0, non_blocking: bool = False, seed: int | None = None, auto_resume: bool = False,
+    loader_index: int = 0, non_blocking: bool = False, seed: int | None = None,
+    use_stateful_dataloader: bool = False,
     collective_device: torch.device | None = None, use_seedable_sampler: bool = False,
     dispatch_batches: bool = False,
 ) -> DataLoaderShard:
@@ -157,7 +160,7 @@ def shard_data_loader(
     generator = torch.Generator()
     generator.manual_seed(_shared_seed(loader_index, seed, collective_device or device))
     common = dict(device=device, gradient_state=gradient_state, generator=generator, non_blocking=non_blocking,
-                  auto_resume=auto_resume)
+                  use_stateful_dataloader=use_stateful_dataloader)
     if isinstance(loader.dataset, IterableDataset):
         unbatched = loader.batch_size is None  # samples one by one (auto-batching off): shard them one by one
         if unbatched and (split_batches or dispatch_batches):

@@ -70,14 +70,22 @@ class DataLoaderShard(DataLoader):
     Created by ``Accelerator.prepare``; see the module docstring. Extra attributes:
     ``end_of_dataloader``, ``remainder``, ``total_batch_size``, ``resume_step``. Built directly
     (``DataLoaderShard(dataset, batch_size=4)``, as the peer's) it is a plain loader of this
-    process with its own ``GradientState``.
+    process with its own ``GradientState``. ``use_stateful_dataloader=True`` gives its
+    torchdata twin (``stateful.stateful_twin``), as the peer's does.
     """
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> DataLoaderShard:
+        if use_stateful_dataloader:
+            from notebook_accel.data.stateful import stateful_twin
+
+            cls = stateful_twin(cls)
+        return super().__new__(cls)
 
     def __init__(
         self, dataset: Any, batch_sampler: ShardBatchSampler | None = None, *, device: torch.device | None = None,
         gradient_state: GradientState | None = None, generator: torch.Generator | None = None,
         remainder: int | None = None, total_batch_size: int | None = None, non_blocking: bool = False,
-        progress: LoaderProgress | None = None, skip_batches: int = 0, auto_resume: bool = False,
+        progress: LoaderProgress | None = None, skip_batches: int = 0, use_stateful_dataloader: bool = False,
         sampler_is_batch_sampler: bool = False, synchronize_generator: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -100,8 +108,7 @@ class DataLoaderShard(DataLoader):
         self.end_of_dataloader = False
         self.progress = progress if progress is not None else LoaderProgress(generator, self._inner_sampler())
         self.skip_batches = skip_batches  # iterable datasets only: these batches are loaded, then dropped
-        self.auto_resume = auto_resume
-        self._pending_skip = 0
+        self.use_stateful_dataloader = use_stateful_dataloader
         self.iteration = 0
 
     @property
@@ -139,18 +146,14 @@ class DataLoaderShard(DataLoader):
             synchronize_rng_state("generator", self.generator)
         progress.start_epoch()
         sampler = self.shard_sampler
-        resume, self._pending_skip = self._pending_skip, 0  # iterable datasets (samplers skip by themselves)
-        if sampler is not None:
-            progress.batches_yielded = sampler.skip_batches + sampler.skip_once
-        else:
-            progress.batches_yielded = self.skip_batches + resume
+        progress.batches_yielded = sampler.skip_batches if sampler is not None else self.skip_batches
         progress.resume_step = 0
         progress.in_epoch = True
         self.end_of_dataloader = False
         self.gradient_state.add_dataloader(self)
         try:
             it = self._batches()
-            for _ in range(self.skip_batches + resume):
+            for _ in range(self.skip_batches):
                 next(it, None)
             if self.device is not None and self.device.type == "xla":
                 from notebook_accel.runtime import xla
@@ -204,23 +207,9 @@ class DataLoaderShard(DataLoader):
         return self.progress.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict``; ``resume_step`` tells how many batches the epoch had done.
-
-        With ``auto_resume`` (``use_stateful_dataloader``) the next pass skips them by itself.
-        """
+        """Restore ``state_dict``; ``resume_step`` tells how many batches the epoch had done
+        (``skip_first_batches`` skips them; a stateful loader resumes by itself)."""
         self.progress.load_state_dict(state)
-        if self.auto_resume:
-            self._set_pending(self.progress.resume_step)
-
-    def _set_pending(self, batches: int) -> None:
-        sampler = self.shard_sampler
-        if sampler is not None:
-            sampler.skip_once = batches
-        else:
-            self._pending_skip = batches
-
-    def __len__(self) -> int:
-        return max(super().__len__() - self._pending_skip, 0)
 
 
 def loader_kwargs(loader: DataLoader) -> dict[str, Any]:

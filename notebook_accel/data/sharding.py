@@ -50,7 +50,6 @@ class ShardBatchSampler(Sampler[list[int]]):
                 f"({type(batch_sampler).__name__}); use split_batches=False for batches of varying size"
             )
         self.skip_batches = 0
-        self.skip_once = 0  # extra batches to skip in the next pass only (automatic resume)
 
     def _global_batches(self) -> int:
         return len(self.batch_sampler)
@@ -58,14 +57,14 @@ class ShardBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         n = self._global_batches()
         if self.split_batches:
-            return max(n - self.skip_batches - self.skip_once - self._split_short(), 0)
+            return max(n - self.skip_batches - self._split_short(), 0)
         if self.drop_last:
             mine = n // self.num_processes
         elif self.even_batches:
             mine = math.ceil(n / self.num_processes)
         else:
             mine = n // self.num_processes + (1 if self.process_index < n % self.num_processes else 0)
-        return max(mine - self.skip_batches - self.skip_once, 0)
+        return max(mine - self.skip_batches, 0)
 
     def _split_short(self) -> int:
         # 1 when, without even_batches, this rank gets nothing of the last, short batch.
@@ -75,7 +74,7 @@ class ShardBatchSampler(Sampler[list[int]]):
         return int(last > 0 and self.process_index * (self.batch_size // self.num_processes) >= last)
 
     def __iter__(self) -> Iterator[list[int]]:
-        skip, self.skip_once = self.skip_batches + self.skip_once, 0
+        skip = self.skip_batches
         batches = self._split() if self.split_batches else self._deal()
         for i, batch in enumerate(batches):
             if i >= skip:

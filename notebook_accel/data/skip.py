@@ -26,14 +26,24 @@ class SkipDataLoader(DataLoader):
     Args:
         dataset: as for ``DataLoader``.
         skip_batches: batches to drop at the start of each pass.
+        use_stateful_dataloader: a torchdata ``StatefulDataLoader`` (``stateful.stateful_twin``).
         **kwargs: every other ``DataLoader`` argument.
     """
 
-    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> SkipDataLoader:
+        if use_stateful_dataloader:
+            from notebook_accel.data.stateful import stateful_twin
+
+            cls = stateful_twin(cls)
+        return super().__new__(cls)
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 **kwargs: Any) -> None:
         if skip_batches < 0:
             raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
+        self.use_stateful_dataloader = use_stateful_dataloader
 
     def __iter__(self) -> Iterator[Any]:
         for index, batch in enumerate(super().__iter__()):

@@ -101,6 +101,16 @@ def is_datasets_available() -> bool:
     return _has("datasets")
 
 
+def is_torchdata_available() -> bool:
+    """The ``torchdata`` package is installed."""
+    return _has("torchdata")
+
+
+def is_torchdata_stateful_dataloader_available() -> bool:
+    """torchdata with its ``StatefulDataLoader`` (0.8 or later) is installed (``use_stateful_dataloader``)."""
+    return _has("torchdata") and _has("torchdata.stateful_dataloader")
+
+
 def is_pytest_available() -> bool:
     """The ``pytest`` package is installed."""
     return _has("pytest")

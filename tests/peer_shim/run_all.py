@@ -2,8 +2,7 @@
 
 Usage: ``python tests/peer_shim/run_all.py [OUT_DIR]``. Each of ``test_script.py``,
 ``test_ops.py``, ``test_sync.py`` and ``test_distributed_data_loop.py`` runs under
-``torchrun --nproc-per-node 2``; ``test_script.py`` also through our
-``notebook_launcher`` (2 workers); ``test_notebook.py`` launches its own 2 workers
+``torchrun --nproc-per-node 2`` and through our ``notebook_launcher`` (2 workers); ``test_notebook.py`` launches its own 2 workers
 (``ACCELERATE_NUM_PROCESSES=2``); ``test_sync.py`` runs once more on 1 process, for
 its one-process check. Only the shim ``accelerate`` package (this
 directory) is importable as ``accelerate``; the real one is never imported.
@@ -109,7 +108,7 @@ def counts(result: dict) -> dict:
 def run_all(work: Path) -> dict[str, dict]:
     copy_scripts(work)
     results = {f"{s} (torchrun)": run_script(s, work) for s in TORCHRUN_SCRIPTS}
-    results["test_script.py (notebook_launcher)"] = run_script("test_script.py", work, "launcher")
+    results |= {f"{s} (notebook_launcher)": run_script(s, work, "launcher") for s in TORCHRUN_SCRIPTS}
     results["test_notebook.py (its own notebook_launcher)"] = run_script("test_notebook.py", work, "notebook")
     results["test_sync.py (torchrun, 1 process)"] = run_script("test_sync.py", work, nproc=1)
     return results

@@ -102,3 +102,103 @@ def test_a_checkpoint_we_wrote_loads_in_the_peer(tmp_path, safe):
 
 def test_our_accelerator_defaults_to_safetensors_as_the_peer():
     assert inspect.signature(Accelerator.save_state).parameters["safe_serialization"].default is True
+
+
+# A mid-epoch checkpoint of a whole training job, each library in an interpreter of its own:
+# weights, AdamW state (moments and its step), the scheduler, accelerator.step, an object given to
+# register_for_checkpointing, and a StatefulDataLoader's position (torchdata's dl_state_dict.bin).
+MID_EPOCH_JOB = '''
+import json, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from {library} import Accelerator
+from {library}.utils import DataLoaderConfiguration
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+class Counter:
+    def __init__(self):
+        self.seen = 0
+    def state_dict(self):
+        return {{"seen": self.seen}}
+    def load_state_dict(self, state):
+        self.seen = state["seen"]
+
+def build(seed):
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    loader = DataLoader(TensorDataset(torch.arange(40.0).reshape(20, 2)), batch_size=2)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    assert isinstance(loader, StatefulDataLoader), type(loader).__mro__
+    return accelerator, model, optimizer, scheduler, loader, counter
+
+def train_step(model, optimizer, scheduler, counter, x):
+    model(x).sum().backward()
+    optimizer.step(); scheduler.step(); optimizer.zero_grad()
+    counter.seen += len(x)
+
+def summary(accelerator, model, optimizer, scheduler, counter, rest):
+    state = optimizer.state_dict()["state"]
+    return {{"weights": [p.tolist() for p in accelerator.unwrap_model(model).parameters()],
+             "moments": [[s["exp_avg"].tolist(), s["exp_avg_sq"].tolist()] for s in state.values()],
+             "adam_steps": [float(s["step"]) for s in state.values()],
+             "scheduler": [scheduler.scheduler.last_epoch if hasattr(scheduler, "scheduler") else scheduler.last_epoch,
+                           scheduler.get_last_lr()],
+             "step": accelerator.step, "seen": counter.seen, "rest": rest}}
+
+def save(directory):
+    accelerator, model, optimizer, scheduler, loader, counter = build(0)
+    rest = []
+    for i, (x,) in enumerate(loader):
+        if i < 4:
+            train_step(model, optimizer, scheduler, counter, x)
+            if i == 3:
+                accelerator.step = 11
+                accelerator.save_state(directory)
+                saved = summary(accelerator, model, optimizer, scheduler, counter, None)
+        else:
+            rest.append(x[:, 0].tolist())
+    return saved | {{"rest": rest}}
+
+def load(directory):
+    accelerator, model, optimizer, scheduler, loader, counter = build(1)
+    accelerator.load_state(directory)
+    rest = [x[:, 0].tolist() for (x,) in loader]
+    return summary(accelerator, model, optimizer, scheduler, counter, rest)
+
+print(json.dumps(globals()[sys.argv[1]](sys.argv[2])))
+'''
+
+
+def _job(library: str, action: str, directory) -> dict:
+    """``action`` ("save" / "load") of ``MID_EPOCH_JOB`` on ``library``, in a fresh interpreter (ours
+    from this checkout; the peer's as installed, with nothing of ours on the path)."""
+    from pathlib import Path
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(directory.parent), "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore"}
+    if library == "notebook_accel":
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    code = MID_EPOCH_JOB.format(library=library)
+    done = subprocess.run([sys.executable, "-c", code, action, str(directory)], capture_output=True, text=True,
+                          timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchdata") is None, reason="torchdata is absent (the stateful extra)")
+@pytest.mark.parametrize(("writer", "reader"), [("accelerate", "notebook_accel"), ("notebook_accel", "accelerate")],
+                         ids=["peer-to-ours", "ours-to-peer"])
+def test_a_mid_epoch_checkpoint_resumes_in_the_other_library(tmp_path, writer, reader):
+    saved = _job(writer, "save", tmp_path / "ckpt")
+    files = {p.name for p in (tmp_path / "ckpt").iterdir()}
+    assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "dl_state_dict.bin", "random_states_0.pkl",
+            "custom_checkpoint_0.pkl"} <= files, files
+    loaded = _job(reader, "load", tmp_path / "ckpt")
+    assert loaded == saved  # weights, optimizer, scheduler, step, the registered object, the epoch's rest
+    assert saved["rest"] == [[4.0 * i, 4.0 * i + 2] for i in range(4, 10)]  # batches 4-9: resumed after the 4th
+    assert saved["adam_steps"] == [4.0, 4.0] and saved["seen"] == 8 and saved["step"] == 11

@@ -70,8 +70,9 @@ def test_peer_script_under_torchrun(work, script):
     check(result, script)
 
 
-def test_peer_test_script_through_our_notebook_launcher(work):
-    check(run_all.run_script("test_script.py", work, "launcher"), "test_script.py")
+@pytest.mark.parametrize("script", run_all.TORCHRUN_SCRIPTS)
+def test_peer_script_through_our_notebook_launcher(work, script):
+    check(run_all.run_script(script, work, "launcher", timeout=FLAKY_UPSTREAM.get(script, 240)), script)
 
 
 def test_peer_notebook_script(work):

@@ -99,7 +99,7 @@ def test_full_weights_on_rank0_and_full_state_dict_checkpoint(runs):
     assert "head.weight" not in rank0["safetensors_keys"]  # tied: stored once
     assert rank0["safetensors_diff"] == 0.0
     assert max(r["clipped_value"] for r in runs["train"]) == pytest.approx(1e-3)  # clip_grad_value_ on shards
-    assert rank0["full_ckpt_files"] == ["accelerator.pt", "model.pt", "optimizer.pt",
+    assert rank0["full_ckpt_files"] == ["accelerator.pt", "optimizer.bin", "pytorch_model_fsdp.bin",  # the peer's
                                         "random_states_0.pkl", "random_states_1.pkl"]
     for rank in (rank0, rank1):
         assert rank["full_ckpt_diff"] == 0.0 and set(rank["full_ckpt_optimizer_steps"]) == {1.0}

@@ -55,11 +55,13 @@ def weights(model) -> torch.Tensor:
 
 @pytest.mark.parametrize(("mid_epoch", "stateful"), [(False, False), (True, False), (True, True)])
 def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path, mid_epoch, stateful):
-    acc, model, opt, loader, sched = setup()
+    acc, model, opt, loader, sched = setup(stateful=stateful)
     at_save = train(acc, model, opt, sched, loader, save_at=None if mid_epoch else len(loader), path=tmp_path / "ck")
     at_save = train(acc, model, opt, sched, loader, save_at=3 if mid_epoch else None, path=tmp_path / "ck") or at_save
     train(acc, model, opt, sched, loader)
     expected = weights(model)
+    # a stateful loader's position is torchdata's, in the peer's file; a plain one's is ours
+    assert {p.name for p in (tmp_path / "ck").iterdir()} >= ({"dl_state_dict.bin"} if stateful else {"dataloader.pt"})
 
     acc2, model2, opt2, loader2, sched2 = setup(stateful=stateful)
     torch.manual_seed(99)  # the load must restore every RNG, not rely on the seed
@@ -72,6 +74,17 @@ def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path, mid_epoch, st
     train(acc2, model2, opt2, sched2, loader2)
     assert torch.equal(weights(model2), expected)
     assert sched2.get_last_lr() == sched.get_last_lr()
+
+
+@pytest.mark.parametrize("saved_stateful", [False, True])
+def test_a_loader_of_the_other_kind_starts_its_epoch_over_with_a_warning(tmp_path, saved_stateful):
+    pytest.importorskip("torchdata.stateful_dataloader")
+    acc, model, opt, loader, sched = setup(stateful=saved_stateful)
+    train(acc, model, opt, sched, loader, save_at=3, path=tmp_path / "ck")
+    acc2, model2, opt2, loader2, sched2 = setup(stateful=not saved_stateful)
+    with pytest.warns(UserWarning, match="starts its epoch from the beginning"):
+        acc2.load_state(tmp_path / "ck")
+    assert loader2.resume_step == 0 and len(list(loader2)) == len(loader2)
 
 
 def test_crash_inside_save_state_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):

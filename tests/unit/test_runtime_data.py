@@ -10,7 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSample
 
 from notebook_accel import Accelerator
 from notebook_accel.data.iterable import IterableDatasetShard
-from notebook_accel.data.prepare import skip_first_batches
+from notebook_accel.data.prepare import DataLoaderShard, skip_first_batches
 from notebook_accel.data.sharding import ShardBatchSampler
 
 GRID = [
@@ -173,6 +173,11 @@ class NoisyDataset(Dataset):
 
 @pytest.mark.parametrize("iterable", [False, True])
 def test_stateful_loader_resumes_by_itself_after_load_state(iterable):
+    """torchdata's StatefulDataLoader under ours, as in the peer: its state, its resume, its length (the
+    whole epoch's, as the peer's)."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
     from notebook_accel.accelerator import DataLoaderConfiguration
 
     config = DataLoaderConfiguration(use_stateful_dataloader=True)
@@ -184,20 +189,29 @@ def test_stateful_loader_resumes_by_itself_after_load_state(iterable):
         return acc.prepare(DataLoader(source, batch_size=4, shuffle=not iterable))
 
     loader = make()
+    assert isinstance(loader, StatefulDataLoader) and isinstance(loader, DataLoaderShard)
     it = iter(loader)
     [next(it) for _ in range(2)]
     state = loader.state_dict()
+    assert state["_num_yielded"] == 2  # torchdata's own keys
     rest = [b.tolist() for b in it]
     following = [b.tolist() for b in loader]
 
     fresh = make()
     fresh.load_state_dict(state)
-    if not iterable:  # a stream has no length
-        assert len(fresh) == len(rest)
+    assert iterable or len(fresh) == len(rest) + 2 == 6  # a stream has no length
     assert [b.tolist() for b in fresh] == rest  # resumed mid-epoch without skip_first_batches
     assert [b.tolist() for b in fresh] == following
-    assert iterable or len(fresh) == 6
     by_hand = make()
     by_hand.load_state_dict(state)
     assert [b.tolist() for b in skip_first_batches(by_hand)] == rest
     assert [b.tolist() for b in by_hand] == following  # resumed by hand: not skipped twice
+
+
+def test_a_stateful_loader_without_torchdata_says_what_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchdata.stateful_dataloader", None)  # as if torchdata were absent
+    monkeypatch.delitem(sys.modules, "notebook_accel.data.stateful", raising=False)
+    with pytest.raises(ImportError, match=r"notebook-accel\[stateful\]"):
+        DataLoaderShard(list(range(8)), batch_size=4, use_stateful_dataloader=True)

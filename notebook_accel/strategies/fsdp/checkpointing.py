@@ -5,8 +5,9 @@ each optimizer to ``optimizer_<i>/`` through ``torch.distributed.checkpoint``, o
 file per rank holding only that rank's shards (the peer's layout). No rank ever
 holds more than its shards, and a different world size can load the folder.
 ``FULL_STATE_DICT``: the weights and optimizer state are gathered to rank 0, which
-writes ``model.pt`` / ``optimizer.pt`` like an unsharded job; loading broadcasts
-them from rank 0. Everything else in the checkpoint (schedulers, loaders, RNGs) is
+writes them under the peer's names, ``pytorch_model_fsdp.bin`` / ``optimizer.bin``
+(``_1``... for later ones; our earlier ``model.pt`` / ``optimizer.pt`` are still read);
+loading broadcasts them from rank 0. Everything else in the checkpoint (schedulers, loaders, RNGs) is
 written by ``notebook_accel.checkpoint.training_state`` as usual.
 
 The sharded layout does not depend on the world size: an Accelerator with an FSDP plugin
@@ -42,7 +43,17 @@ from notebook_accel.strategies.fsdp.state_dict import (
 
 
 def _file(prefix: str, index: int) -> str:
-    return f"{prefix}.pt" if index == 0 else f"{prefix}_{index}.pt"
+    """The peer's name of a full state dict: ``pytorch_model_fsdp.bin``, ``optimizer_1.bin``..."""
+    stem = MODEL_DIR if prefix == "model" else prefix
+    return f"{stem}.bin" if index == 0 else f"{stem}_{index}.bin"
+
+
+def _earlier_file(name: str) -> str:
+    """The name our earlier layout gave that file (``model.pt``, ``optimizer_1.pt``...)."""
+    stem = name.removesuffix(".bin")
+    if stem.startswith(MODEL_DIR):
+        stem = "model" + stem.removeprefix(MODEL_DIR)
+    return stem + ".pt"
 
 
 class FsdpCheckpointer:
@@ -131,10 +142,11 @@ class FsdpCheckpointer:
 
     @staticmethod
     def _read(directory: Path, name: str, read: Callable[[Path], Any]) -> Any:
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"checkpoint {directory} has no {name}; was it saved with the same "
-                                    "prepared objects and this state_dict_type?")
-        return read(directory / name)
+        for candidate in (name, _earlier_file(name)):
+            if (directory / candidate).is_file():
+                return read(directory / candidate)
+        raise FileNotFoundError(f"checkpoint {directory} has no {name}; was it saved with the same "
+                                "prepared objects and this state_dict_type?")
 
 
 def _broadcast() -> StateDictOptions:
