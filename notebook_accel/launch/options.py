@@ -1,7 +1,7 @@
 """Fill in the launch options the caller left unset: environment, then the config file, then
 the table's defaults; and the training strategy the workers run.
 
-Precedence (DESIGN.md): explicit argument > environment (``NOTEBOOK_ACCEL_*``) >
+Precedence (docs/architecture.md, One vocabulary): explicit argument > environment (``NOTEBOOK_ACCEL_*``) >
 config file > built-in defaults and auto-detection.
 """
 

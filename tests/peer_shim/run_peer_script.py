@@ -29,7 +29,7 @@ CHECK = re.compile(r"^(test_|check_)|_check$")
 def _reinstantiated_state_ours() -> None:
     # The peer's AcceleratorState is a shared singleton: after _reset_state() an existing
     # Accelerator breaks with AttributeError, which that check expects. Ours has no shared
-    # state (DESIGN.md: several Accelerators in one process never interfere), so a reset
+    # state (docs/peer_compat.md: several Accelerators in one process never interfere), so a reset
     # breaks nothing and the Accelerator keeps working; this is what we check instead.
     import torch
     from accelerate import Accelerator
@@ -43,7 +43,7 @@ def _reinstantiated_state_ours() -> None:
 
 def _monitoring_ours(monitor_interval: float = 0.01, sleep_sec: int = 100) -> None:
     # The peer raises torch elastic's ChildFailedError; ours raises WorkerError naming
-    # the root-cause rank with its traceback (DESIGN.md "Supervision"). Same checks
+    # the root-cause rank with its traceback (docs/reliability.md, Supervision). Same checks
     # otherwise: the failing rank's message, and the sleeping rank stopped at once.
     import pytest
     from accelerate import WorkerError, notebook_launcher

@@ -54,7 +54,7 @@ def _depart(reason: str, *patterns: str) -> None:
 
 SINGLETON = ("the peer's AcceleratorState/PartialState are shared-dict singletons: a reset breaks every existing "
              "state and Accelerator (AttributeError), and the tests read PartialState._shared_state; ours belong "
-             "to one Accelerator each (DESIGN.md: several Accelerators never interfere), so a reset breaks nothing "
+             "to one Accelerator each (docs/peer_compat.md: several Accelerators never interfere), so a reset breaks nothing "
              "(AcceleratorState()/GradientState() without arguments are the latest Accelerator's: runtime/latest.py)")
 _depart(SINGLETON, "test_accelerator.py::*::test_accelerator_state_after_reset",
         "test_accelerator.py::*::test_partial_state_after_reset",

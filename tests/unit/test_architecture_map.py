@@ -39,3 +39,21 @@ def test_the_map_names_no_module_that_is_gone():
     for path in re.findall(r"`((?:notebook_accel|magics|launch|runtime|strategies|backends|worker|scripts|tests|benchmarks)/[\w/]+\.(?:py|sh))", text):
         candidates = [ROOT / path, ROOT / "notebook_accel" / path, ROOT / "notebook_accel" / "launch" / path]
         assert any(c.exists() for c in candidates), f"docs/architecture.md names {path}, which does not exist"
+
+
+def test_nothing_in_the_repository_points_outside_it():
+    outside = []
+    for path in [ROOT / "README.md", ROOT / "pyproject.toml", *(ROOT / "docs").glob("*.md")]:
+        text = path.read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)", text):  # relative markdown links resolve here
+            if "://" not in target and not (path.parent / target).resolve().is_relative_to(ROOT):
+                outside.append(f"{path.name}: {target}")
+            elif "://" not in target and not (path.parent / target).exists():
+                outside.append(f"{path.name}: {target} (missing)")
+    for package in ("notebook_accel", "magics", "tests", "scripts", "benchmarks", "docs"):
+        for path in (ROOT / package).rglob("*"):
+            if path.suffix in {".py", ".md", ".sh", ".toml"} and path.is_file():
+                text = path.read_text(errors="replace")
+                outside += [f"{path.relative_to(ROOT)}: {word}" for word in ("DESIGN.md", "../shared")
+                            if word in text and path.name != "test_architecture_map.py"]
+    assert outside == []
