@@ -5,6 +5,8 @@ each node gets one :class:`NodeRow` (its ranks' state counts, its slowest rank, 
 memory, the last line most of its ranks show and a rank whose line differs), at most
 ``NODE_ROWS`` of them (nodes with a failed rank first), then the abnormal ranks (failed, or
 stopped, root cause first), at most ``ABNORMAL_ROWS``. What does not fit is counted.
+:class:`NodeTable` keeps the rows, recomputing only the nodes whose ranks changed, so a redraw
+costs the nodes, not the ranks.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class NodeRow:
     common_line: str = ""  # the last line most of its ranks show
     divergent: tuple[int, str] | None = None  # a rank whose last line is another, and that line
     divergent_count: int = 0  # how many ranks show another line
+    shown: dict = field(default_factory=dict, repr=False, compare=False)  # a view's text of it
 
     @property
     def states_text(self) -> str:
@@ -45,28 +48,64 @@ def per_node(record: LaunchRecord) -> bool:
     return len(record.ranks) > PER_RANK_LIMIT
 
 
+class NodeTable:
+    """A record's rows per node, kept up to date at the cost of what changed: each rank's
+    status tells the table when it changes (``RankStatus.watchers``), and a look recomputes
+    only the nodes of those ranks, so a redraw costs the nodes, not the ranks."""
+
+    def __init__(self, record: LaunchRecord) -> None:
+        self.record, self.size = record, len(record.ranks)
+        self.changed: set[int] = set(record.ranks)
+        self.nodes: dict[int, list[int]] = {}
+        for status in record.ranks.values():
+            self.nodes.setdefault(status.node, []).append(status.rank)
+            status.watchers = self.changed
+        self.rows: dict[int, NodeRow] = {}
+        self.least_done: dict[int, tuple[float, int]] = {}  # node -> its least-done rank's
+        self.states: Counter = Counter()  # every rank's state, counted
+        self.abnormal: set[int] = set()
+        self.in_phase: set[int] = set()
+
+    def look(self) -> None:
+        """Recompute the nodes whose ranks changed since the last look."""
+        if not self.changed:
+            return
+        ranks, nodes = self.record.ranks, set()
+        for rank in self.changed:
+            status = ranks[rank]
+            nodes.add(status.node)
+            _mark(self.abnormal, rank, status.state in ABNORMAL_STATES)
+            _mark(self.in_phase, rank, status.phase_started is not None)
+        self.changed.clear()
+        for node in nodes:
+            old = self.rows.get(node)
+            if old is not None:
+                self.states.subtract(old.states)
+            self.rows[node] = _row(self.record, node, self.nodes[node])
+            self.states.update(self.rows[node].states)
+            done = [_done(rank, state) for rank in self.nodes[node]
+                    if (state := self.record.progress.get(rank)) is not None]
+            if done:
+                self.least_done[node] = min(done)
+
+    def slowest(self) -> int | None:
+        """The rank that has done the least of its progress bar (None: no progress events)."""
+        self.look()
+        return min(self.least_done.values())[1] if self.least_done else None
+
+
+def node_table(record: LaunchRecord) -> NodeTable:
+    """The record's :class:`NodeTable`, up to date."""
+    if record.node_table is None or record.node_table.size != len(record.ranks):
+        record.node_table = NodeTable(record)
+    record.node_table.look()
+    return record.node_table
+
+
 def node_rows(record: LaunchRecord) -> tuple[list[NodeRow], int]:
     """The rows to show (at most ``NODE_ROWS``, nodes with a failed rank first) and how many
     nodes were left out."""
-    rows: dict[int, NodeRow] = {}
-    lines: dict[int, Counter] = {}
-    for status in record.ranks.values():
-        row = rows.get(status.node)
-        if row is None:
-            row = rows[status.node] = NodeRow(status.node)
-            lines[status.node] = Counter()
-        row.ranks.append(status.rank)
-        row.states[status.state] += 1
-        row.rss = _larger(row.rss, status.rss)
-        row.gpu_memory = _larger(row.gpu_memory, status.gpu_memory)
-        lines[status.node][status.last_line.rstrip()] += 1
-    for node, row in rows.items():
-        row.slowest = _slowest(record, row.ranks)
-        common, count = lines[node].most_common(1)[0]
-        row.common_line, row.divergent_count = common, len(row.ranks) - count
-        if row.divergent_count:
-            row.divergent = next((rank, record.ranks[rank].last_line.rstrip()) for rank in row.ranks
-                                 if record.ranks[rank].last_line.rstrip() != common)
+    rows = node_table(record).rows
     ordered = sorted(rows.values(), key=lambda r: (not r.states.get("failed"), r.node))
     return ordered[:NODE_ROWS], max(0, len(ordered) - NODE_ROWS)
 
@@ -74,9 +113,39 @@ def node_rows(record: LaunchRecord) -> tuple[list[NodeRow], int]:
 def abnormal_ranks(record: LaunchRecord) -> tuple[list[RankStatus], int]:
     """The failed and stopped ranks (root cause first), at most ``ABNORMAL_ROWS``, and how many
     more there are."""
-    found = [s for s in record.ranks.values() if s.state in ABNORMAL_STATES]
+    found = [record.ranks[rank] for rank in node_table(record).abnormal]
     found.sort(key=lambda s: (s.rank != record.root_cause, s.state != "failed", s.rank))
     return found[:ABNORMAL_ROWS], max(0, len(found) - ABNORMAL_ROWS)
+
+
+def _row(record: LaunchRecord, node: int, ranks: list[int]) -> NodeRow:
+    row, lines = NodeRow(node), Counter()
+    for rank in ranks:
+        status = record.ranks[rank]
+        row.ranks.append(rank)
+        row.states[status.state] += 1
+        row.rss = _larger(row.rss, status.rss)
+        row.gpu_memory = _larger(row.gpu_memory, status.gpu_memory)
+        lines[status.last_line.rstrip()] += 1
+    row.slowest = _slowest(record, row.ranks)
+    common, count = lines.most_common(1)[0]
+    row.common_line, row.divergent_count = common, len(row.ranks) - count
+    if row.divergent_count:
+        row.divergent = next((rank, record.ranks[rank].last_line.rstrip()) for rank in row.ranks
+                             if record.ranks[rank].last_line.rstrip() != common)
+    return row
+
+
+def _mark(ranks: set[int], rank: int, member: bool) -> None:
+    if member:
+        ranks.add(rank)
+    else:
+        ranks.discard(rank)
+
+
+def _done(rank: int, state: dict) -> tuple[float, int]:
+    total = state.get("total")
+    return (state.get("n", 0) / total if total else 0.0, rank)
 
 
 def _larger(a: int | None, b: int | None) -> int | None:
