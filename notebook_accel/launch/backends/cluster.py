@@ -31,7 +31,8 @@ from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.views import in_kernel
 from notebook_accel.launch.worker.main import WorkerSpec
 
-CONNECT_TIMEOUT = 60.0  # seconds for every node's hub to link back
+CONNECT_TIMEOUT = 60.0  # seconds for every node's freshly placed hub to link back
+LINK_TIMEOUT = 6.0  # the same for hubs placed before: one that is silent (frozen) is replaced
 FIRST_START = 1.0  # seconds the other hubs wait for rank 0's node to have forked its ranks
 
 
@@ -139,22 +140,24 @@ class ClusterBackend(Backend):
 def start_ranks(plan: LaunchPlan, payload: Payload | None) -> tuple[NodeLinks, list[HubHandle]]:
     """Have every node's hub fork its ranks (``payload`` None: warm pool workers, serving runs
     from their commands channel); returns the links and the ranks' handles once all linked.
-    Hubs placed before and lost since are placed afresh, once."""
-    ensure_fd_room(plan.world_size)
+    Hubs placed before and lost since, or silent for ``LINK_TIMEOUT`` seconds (a frozen
+    process, a node gone without a word), are placed afresh, once."""
+    ensure_fd_room(plan.num_nodes)
     ray = placement.ray_module()
     for attempt in range(2):
+        kept = placement.is_placed(plan)
         placed = placement.placement_for(plan)
         try:
-            return _start(ray, plan, payload, placed)
-        except ray.exceptions.RayActorError:
+            return _start(ray, plan, payload, placed, LINK_TIMEOUT if kept else CONNECT_TIMEOUT)
+        except (ray.exceptions.RayActorError, TimeoutError) as exc:
             placement.discard(plan)
-            if attempt:
+            if attempt or (isinstance(exc, TimeoutError) and not kept):
                 raise
     raise AssertionError("unreachable")
 
 
-def _start(ray: Any, plan: LaunchPlan, payload: Payload | None,
-           placed: placement.Placement) -> tuple[NodeLinks, list[HubHandle]]:
+def _start(ray: Any, plan: LaunchPlan, payload: Payload | None, placed: placement.Placement,
+           link_timeout: float = CONNECT_TIMEOUT) -> tuple[NodeLinks, list[HubHandle]]:
     port_ref = placed.hubs[0].free_port.remote(placed.addresses[0])
     server = (ChannelServer(ray.util.get_node_ip_address(), plan.num_nodes)
               if placed.relay is None else  # its session opens while the port is found
@@ -177,7 +180,7 @@ def _start(ray: Any, plan: LaunchPlan, payload: Payload | None,
         first = start(0)
         ray.wait([first], timeout=FIRST_START)
         starts = {first: 0, **{start(node): node for node in range(1, plan.num_nodes)}}
-        accepted = server.accept(time.monotonic() + CONNECT_TIMEOUT,
+        accepted = server.accept(time.monotonic() + link_timeout,
                                  lambda: _collect(ray, starts, pids))
         links = {node: channels["link"] for node, channels in accepted.items()}
         _collect(ray, starts, pids, wait=True)
