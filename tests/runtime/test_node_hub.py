@@ -230,3 +230,21 @@ def test_a_kept_hub_that_stays_silent_is_replaced_within_seconds(monkeypatch):
         assert cluster.LINK_TIMEOUT <= took < cluster.LINK_TIMEOUT + 3, took
     finally:
         cluster.ClusterGroup(plan, handles, links).close()
+
+
+def test_the_kernel_waits_on_one_descriptor_for_every_rank(monkeypatch):
+    """2 nodes x 8 ranks: the supervisor waits on the launch's one inbox, not on descriptors
+    per rank (the hubs here share this process, so its own count of descriptors would include
+    theirs: benchmarks/kernel_hub_scale.py --modes cluster counts the kernel's alone)."""
+    from notebook_accel.launch.supervisor import Supervisor
+
+    watched = []
+    register = Supervisor._register
+
+    def counted(self):
+        register(self)
+        watched.append(len(self.selector.get_map()) + len(self.event_selector.get_map()))
+
+    monkeypatch.setattr(Supervisor, "_register", counted)
+    values, backend = _launch(_lines, per_node=8)
+    assert len(values) == 16 and watched == [1]
