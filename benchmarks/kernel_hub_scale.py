@@ -12,7 +12,7 @@ a second. Three runs per size:
 - success: 4 s of lines, then every rank returns;
 - failure: at 2 s rank N/2 raises, and every other rank then fails with a broken-collective
   error (as gloo's peers do), so the error has N failures to report;
-- hang: the ranks go silent after 1 s; ``timeout=3`` stops them with their stacks.
+- hang: the ranks go silent after 1 s; ``timeout=6`` stops them with their stacks.
 Also the connect-back: ``ChannelServer.accept`` of N ranks x 5 channels over loopback TCP, with
 the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.wait``/``ray.get``
 that scans its refs as Ray's does).
@@ -279,12 +279,12 @@ def _local_ranks(world: int, scenario: str, drivers: int, start: float):
     return handles, cleanup
 
 
-def _cluster_ranks(world: int, scenario: str, hosts: int, start: float):
+def _cluster_ranks(world: int, scenario: str, hosts: int):
     """Simulated nodes of 8 through the real hub code (``simulated_nodes.py``); returns (handles,
-    the cleanup, seconds to link every node, the host processes)."""
+    the cleanup, seconds to link every node, the host processes, the ranks' start time)."""
     import simulated_nodes
 
-    handles, links, procs, took = simulated_nodes.link_up(world, scenario, start, hosts)
+    handles, links, procs, took, start = simulated_nodes.link_up(world, scenario, hosts)
 
     def cleanup() -> None:
         links.close()
@@ -293,7 +293,7 @@ def _cluster_ranks(world: int, scenario: str, hosts: int, start: float):
             time.sleep(0.05)
         simulated_nodes.end_hosts(procs)
 
-    return handles, cleanup, took, procs
+    return handles, cleanup, took, procs, start
 
 
 def _is_socket(fd: str) -> bool:
@@ -319,8 +319,7 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         start = time.time() + 0.5
         handles, cleanup = _local_ranks(world, scenario, drivers, start)
     else:
-        start = time.time() + 1.5 + world / 256  # the hosts start and fork their ranks first
-        handles, cleanup, connect, procs = _cluster_ranks(world, scenario, drivers, start)
+        handles, cleanup, connect, procs, start = _cluster_ranks(world, scenario, drivers)
         if scenario == "lost":
             def freeze() -> None:
                 nonlocal frozen_at
@@ -346,7 +345,7 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         return Shown()
 
     view = LiveView(record, display=display, appear_after=0.5)
-    timeout = {"hang": 3.0, "lost": 12.0}.get(scenario)
+    timeout = {"hang": 6.0, "lost": 12.0}.get(scenario)  # hang: 4 s of silence first
     supervisor = Supervisor(handles, relay, timeout, record, view)
     waits, works, cpus, peaks = [], [], [], {"fds": 0, "threads": 0, "sockets": 0}
     select = supervisor.selector.select
@@ -375,6 +374,15 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
             peaks["threads"] = max(peaks["threads"], threading.active_count())
 
     supervisor.selector.select, supervisor._poll = timed_select, timed_poll
+    news = getattr(supervisor, "_news", None)
+    if news is not None:  # the cluster's inbox: its news count as ready channels
+        def counted_news():
+            got = news()
+            if ready:
+                ready[-1] += len(got)
+            return got
+
+        supervisor._news = counted_news
     cpu = resource.getrusage(resource.RUSAGE_SELF)
     error_lines = error_after = ended_after = lost_after = error_head = None
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -29,12 +30,14 @@ STACK = ("Thread 0x00007f0000000001 (most recent call first):\n"
 PER_NODE = 8
 
 
-def _rank(rank: int, fds: dict[str, int], scenario: str, world: int, start: float) -> None:
-    """One rank's life (in its own process); never returns."""
+def _rank(rank: int, fds: dict[str, int], scenario: str, world: int, go: int) -> None:
+    """One rank's life (in its own process): from the start time its host hands out on ``go``;
+    never returns."""
     import pickle
 
     from notebook_accel.wire import FailureRecord, Progress, Result, encode, send
 
+    (start,) = struct.unpack("d", os.read(go, 8))
     os.setsid()
     signal.signal(signal.SIGUSR1, lambda *_: os.write(fds["stderr"], STACK.encode()))
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,18 +76,14 @@ def _rank(rank: int, fds: dict[str, int], scenario: str, world: int, start: floa
 
 
 def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario: str,
-              world: int, start: float) -> None:
-    """One host: link its nodes, fork their ranks, pump each node on its own thread."""
+              world: int) -> None:
+    """One host: fork its nodes' ranks, say so, and at the kernel's word (the start time, on
+    stdin) link each node and pump it on its own thread."""
     from notebook_accel.launch.worker.hub_link import OUTPUTS, hello
     from notebook_accel.launch.worker.hub_pump import HubPump
     from notebook_accel.launch.worker.rank_fork import ForkedRank
 
-    links = {}
-    for node in nodes:
-        link = socket.create_connection(address, timeout=30)
-        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        link.sendall(hello(token, node))
-        links[node] = link
+    go_r, go_w = os.pipe()
     forked: dict[int, list] = {}
     for node in nodes:
         forked[node] = []
@@ -93,7 +92,7 @@ def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario
             pid = os.fork()
             if pid == 0:
                 try:
-                    mine = {w for _, w in pipes}
+                    mine = {w for _, w in pipes} | {go_r}
                     for name in os.listdir("/proc/self/fd"):
                         if int(name) > 2 and int(name) not in mine:
                             try:
@@ -102,7 +101,7 @@ def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario
                                 pass
                     fds = dict(zip(("stdout", "stderr", "control", "events"),
                                    (w for _, w in pipes), strict=True))
-                    _rank(rank, fds, scenario, world, start)
+                    _rank(rank, fds, scenario, world, go_r)
                 finally:
                     os._exit(1)
             for read_end, write_end in pipes:
@@ -110,6 +109,16 @@ def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario
                 os.set_blocking(read_end, False)
             forked[node].append(ForkedRank(rank, pid, dict(zip(OUTPUTS, (r for r, _ in pipes),
                                                                strict=True))))
+    os.close(go_r)
+    print("forked", flush=True)
+    start = float(sys.stdin.readline())
+    os.write(go_w, struct.pack("d", start) * len(nodes) * PER_NODE)
+    links = {}
+    for node in nodes:
+        link = socket.create_connection(address, timeout=30)
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        link.sendall(hello(token, node))
+        links[node] = link
     pumps = []
     for node in nodes:
         alive_r, alive_w = os.pipe()
@@ -121,14 +130,19 @@ def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario
         thread.join()
 
 
-def start_hosts(address: tuple[str, int], token: bytes, world: int, scenario: str, start: float,
+def start_hosts(address: tuple[str, int], token: bytes, world: int, scenario: str,
                 hosts: int) -> list[subprocess.Popen]:
-    """Host processes for ``world`` ranks on nodes of ``PER_NODE`` (the last node alone)."""
+    """Host processes for ``world`` ranks on nodes of ``PER_NODE`` (the last node alone), once
+    each has forked its ranks."""
     nodes = world // PER_NODE
     groups = [list(range(i, nodes - 1, hosts)) for i in range(hosts)] + [[nodes - 1]]
-    return [subprocess.Popen([sys.executable, __file__, f"{address[0]}:{address[1]}", token.hex(),
-                              ",".join(map(str, group)), scenario, str(world), repr(start)])
-            for group in groups if group]
+    procs = [subprocess.Popen([sys.executable, __file__, f"{address[0]}:{address[1]}",
+                               token.hex(), ",".join(map(str, group)), scenario, str(world)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for group in groups if group]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "forked"
+    return procs
 
 
 def freeze(host: subprocess.Popen) -> None:
@@ -160,17 +174,22 @@ def end_hosts(hosts: list[subprocess.Popen]) -> None:
         host.wait()
 
 
-def link_up(world: int, scenario: str, start: float, hosts: int):
-    """The kernel's side: accept every node's link (timed), then the real ``NodeLinks`` and a
-    ``HubHandle`` per rank. Returns (handles, links, host processes, seconds to connect)."""
+def link_up(world: int, scenario: str, hosts: int):
+    """The kernel's side: the hosts fork their ranks; at the word, accept every node's link
+    (timed), then the real ``NodeLinks`` and a ``HubHandle`` per rank. Returns (handles, links,
+    host processes, seconds to connect every node, the ranks' start time)."""
     from notebook_accel.launch.backends.cluster import HubHandle
     from notebook_accel.launch.cluster.channel_server import ChannelServer
     from notebook_accel.launch.cluster.node_links import NodeLinks
 
     nodes = world // PER_NODE
     server = ChannelServer("127.0.0.1", nodes)
+    procs = start_hosts(server.address, server.token, world, scenario, hosts)
     began = time.perf_counter()
-    procs = start_hosts(server.address, server.token, world, scenario, start, hosts)
+    start = time.time() + 1.0 + world / 512  # the ranks' first line
+    for proc in procs:
+        proc.stdin.write(f"{start!r}\n")
+        proc.stdin.flush()
     accepted = server.accept(time.monotonic() + 120, lambda: None)
     took = time.perf_counter() - began
     server.close()
@@ -178,10 +197,10 @@ def link_up(world: int, scenario: str, start: float, hosts: int):
     links = NodeLinks({node: got["link"] for node, got in accepted.items()}, ranks)
     handles = [HubHandle(rank, rank // PER_NODE, "127.0.0.1", links, 0, persistent=False)
                for rank in range(world)]
-    return handles, links, procs, took
+    return handles, links, procs, took, start
 
 
 if __name__ == "__main__":
     host, port = sys.argv[1].rsplit(":", 1)
     host_main((host, int(port)), bytes.fromhex(sys.argv[2]), [int(n) for n in sys.argv[3].split(",")],
-              sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
+              sys.argv[4], int(sys.argv[5]))

@@ -38,6 +38,8 @@ class RankStatus:
     watchers: set[int] | None = field(default=None, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__ and self.__dict__[name] == value:
+            return
         object.__setattr__(self, name, value)
         watchers = self.__dict__.get("watchers")
         if watchers is not None:  # a view's summary recomputes what changed, not every rank

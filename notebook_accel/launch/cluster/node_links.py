@@ -233,8 +233,9 @@ class NodeLinks(Inbox, Together):
             self._lose(node, "its node's link ended")
             return
         self._heard[node] = time.monotonic()
+        frames = self._parsers[node].feed(data)  # (outside the lock: the supervisor takes)
         with self._lock:
-            for kind, rank, body in self._parsers[node].feed(data):
+            for kind, rank, body in frames:
                 ends = self.ends.get(rank)
                 if ends is None or ends.ended.is_set():
                     continue

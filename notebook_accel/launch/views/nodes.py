@@ -11,6 +11,7 @@ costs the nodes, not the ranks.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ PER_RANK_LIMIT = 32  # ranks shown one row each up to this many
 NODE_ROWS = 32
 ABNORMAL_ROWS = 16
 ABNORMAL_STATES = ("failed", "stopped")
+LOOK_BUDGET = 0.0003  # seconds a look spends on rows whose node changed no state
 
 
 @dataclass
@@ -50,8 +52,11 @@ def per_node(record: LaunchRecord) -> bool:
 
 class NodeTable:
     """A record's rows per node, kept up to date at the cost of what changed: each rank's
-    status tells the table when it changes (``RankStatus.watchers``), and a look recomputes
-    only the nodes of those ranks, so a redraw costs the nodes, not the ranks."""
+    status tells the table when it changes (``RankStatus.watchers``). A look counts the changed
+    ranks' states and recomputes the rows of nodes whose ranks changed state at once, and the
+    other changed nodes' rows (a new last line, memory, progress) for at most ``LOOK_BUDGET``
+    seconds, oldest first, the rest at the next look; a finished launch's look does them all.
+    So a redraw costs the nodes, not the ranks, even when every rank prints at once."""
 
     def __init__(self, record: LaunchRecord) -> None:
         self.record, self.size = record, len(record.ranks)
@@ -61,32 +66,44 @@ class NodeTable:
             self.nodes.setdefault(status.node, []).append(status.rank)
             status.watchers = self.changed
         self.rows: dict[int, NodeRow] = {}
+        self.stale: dict[int, None] = {}  # nodes whose row waits to be recomputed, oldest first
         self.least_done: dict[int, tuple[float, int]] = {}  # node -> its least-done rank's
+        self.state_of: dict[int, str] = {}
         self.states: Counter = Counter()  # every rank's state, counted
         self.abnormal: set[int] = set()
         self.in_phase: set[int] = set()
 
     def look(self) -> None:
-        """Recompute the nodes whose ranks changed since the last look."""
-        if not self.changed:
-            return
-        ranks, nodes = self.record.ranks, set()
+        """Take in the ranks that changed since the last look (see the class)."""
+        ranks, urgent = self.record.ranks, []
         for rank in self.changed:
             status = ranks[rank]
-            nodes.add(status.node)
+            if self.state_of.get(rank) != status.state:
+                if rank in self.state_of:
+                    self.states[self.state_of[rank]] -= 1
+                self.states[status.state] += 1
+                self.state_of[rank] = status.state
+                urgent.append(status.node)
+            self.stale[status.node] = None
             _mark(self.abnormal, rank, status.state in ABNORMAL_STATES)
             _mark(self.in_phase, rank, status.phase_started is not None)
         self.changed.clear()
-        for node in nodes:
-            old = self.rows.get(node)
-            if old is not None:
-                self.states.subtract(old.states)
-            self.rows[node] = _row(self.record, node, self.nodes[node])
-            self.states.update(self.rows[node].states)
-            done = [_done(rank, state) for rank in self.nodes[node]
-                    if (state := self.record.progress.get(rank)) is not None]
-            if done:
-                self.least_done[node] = min(done)
+        for node in urgent:
+            self._remake(node)
+        deadline = time.perf_counter() + LOOK_BUDGET
+        for node in list(self.stale):
+            if self.record.outcome is None and node in self.rows and time.perf_counter() > deadline:
+                break
+            self._remake(node)
+
+    def _remake(self, node: int) -> None:
+        if self.stale.pop(node, 0) is not None:
+            return  # remade already in this look
+        self.rows[node] = _row(self.record, node, self.nodes[node])
+        done = [_done(rank, state) for rank in self.nodes[node]
+                if (state := self.record.progress.get(rank)) is not None]
+        if done:
+            self.least_done[node] = min(done)
 
     def slowest(self) -> int | None:
         """The rank that has done the least of its progress bar (None: no progress events)."""
