@@ -55,7 +55,7 @@ def header_text(record: LaunchRecord) -> str:
 
 def _shows_gpu(record: LaunchRecord) -> bool:
     if per_node(record):  # the nodes' rows: a redraw costs the nodes, not the ranks
-        return any(row.gpu_memory is not None for row in node_table(record).rows.values())
+        return node_table(record).gpu
     return any(status.gpu_memory is not None for status in record.ranks.values())
 
 

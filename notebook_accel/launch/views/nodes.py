@@ -11,6 +11,7 @@ costs the nodes, not the ranks.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,10 +54,11 @@ def per_node(record: LaunchRecord) -> bool:
 class NodeTable:
     """A record's rows per node, kept up to date at the cost of what changed: each rank's
     status tells the table when it changes (``RankStatus.watchers``). A look counts the changed
-    ranks' states and recomputes the rows of nodes whose ranks changed state at once, and the
-    other changed nodes' rows (a new last line, memory, progress) for at most ``LOOK_BUDGET``
-    seconds, oldest first, the rest at the next look; a finished launch's look does them all.
-    So a redraw costs the nodes, not the ranks, even when every rank prints at once."""
+    ranks' states exactly, and keeps rows only for the nodes a view shows (at most
+    ``NODE_ROWS``: those with a failed rank first, then by number): a shown node whose ranks
+    changed state is remade at once, one whose ranks changed otherwise (a new last line,
+    memory) within ``LOOK_BUDGET`` seconds a look, oldest first, the rest at the next look
+    (all once the launch ended). So a redraw costs the shown rows, whatever the ranks."""
 
     def __init__(self, record: LaunchRecord) -> None:
         self.record, self.size = record, len(record.ranks)
@@ -65,13 +67,16 @@ class NodeTable:
         for status in record.ranks.values():
             self.nodes.setdefault(status.node, []).append(status.rank)
             status.watchers = self.changed
-        self.rows: dict[int, NodeRow] = {}
-        self.stale: dict[int, None] = {}  # nodes whose row waits to be recomputed, oldest first
-        self.least_done: dict[int, tuple[float, int]] = {}  # node -> its least-done rank's
+        self.in_order = sorted(self.nodes)
+        self.rows: dict[int, NodeRow] = {}  # the shown nodes'
+        self.stale: dict[int, None] = {}  # nodes whose row waits to be remade, oldest first
         self.state_of: dict[int, str] = {}
         self.states: Counter = Counter()  # every rank's state, counted
         self.abnormal: set[int] = set()
         self.in_phase: set[int] = set()
+        self.gpu = False  # some rank reports its GPU memory
+        self.least_done: dict[int, tuple[float, int]] = {}  # node -> its least-done rank's
+        self.progressed: set[int] = set()  # nodes whose least-done rank may have changed
 
     def look(self) -> None:
         """Take in the ranks that changed since the last look (see the class)."""
@@ -85,29 +90,47 @@ class NodeTable:
                 self.state_of[rank] = status.state
                 urgent.append(status.node)
             self.stale[status.node] = None
+            self.progressed.add(status.node)
             _mark(self.abnormal, rank, status.state in ABNORMAL_STATES)
             _mark(self.in_phase, rank, status.phase_started is not None)
+            self.gpu = self.gpu or status.gpu_memory is not None
         self.changed.clear()
+        shown = set(self.shown())
+        for node in list(self.rows):
+            if node not in shown:
+                del self.rows[node]
+                self.stale[node] = None  # remade if it is shown again
         for node in urgent:
-            self._remake(node)
+            if node in shown:
+                self._remake(node)
         deadline = time.perf_counter() + LOOK_BUDGET
         for node in list(self.stale):
+            if node not in shown:
+                continue
             if self.record.outcome is None and node in self.rows and time.perf_counter() > deadline:
                 break
             self._remake(node)
+
+    def shown(self) -> list[int]:
+        """The nodes a view shows: those with a failed rank, then the others by number."""
+        failed = sorted({self.record.ranks[rank].node for rank in self.abnormal
+                         if self.state_of.get(rank) == "failed"})
+        rest = (node for node in self.in_order if node not in failed)
+        return [*failed, *itertools.islice(rest, max(0, NODE_ROWS - len(failed)))][:NODE_ROWS]
 
     def _remake(self, node: int) -> None:
         if self.stale.pop(node, 0) is not None:
             return  # remade already in this look
         self.rows[node] = _row(self.record, node, self.nodes[node])
-        done = [_done(rank, state) for rank in self.nodes[node]
-                if (state := self.record.progress.get(rank)) is not None]
-        if done:
-            self.least_done[node] = min(done)
 
     def slowest(self) -> int | None:
         """The rank that has done the least of its progress bar (None: no progress events)."""
-        self.look()
+        progress = self.record.progress
+        for node in self.progressed:
+            done = [_done(rank, progress[rank]) for rank in self.nodes[node] if rank in progress]
+            if done:
+                self.least_done[node] = min(done)
+        self.progressed.clear()
         return min(self.least_done.values())[1] if self.least_done else None
 
 
@@ -122,9 +145,9 @@ def node_table(record: LaunchRecord) -> NodeTable:
 def node_rows(record: LaunchRecord) -> tuple[list[NodeRow], int]:
     """The rows to show (at most ``NODE_ROWS``, nodes with a failed rank first) and how many
     nodes were left out."""
-    rows = node_table(record).rows
-    ordered = sorted(rows.values(), key=lambda r: (not r.states.get("failed"), r.node))
-    return ordered[:NODE_ROWS], max(0, len(ordered) - NODE_ROWS)
+    table = node_table(record)
+    rows = [table.rows[node] for node in table.shown()]
+    return rows, len(table.nodes) - len(rows)
 
 
 def abnormal_ranks(record: LaunchRecord) -> tuple[list[RankStatus], int]:
