@@ -17,6 +17,13 @@ Also the connect-back: ``ChannelServer.accept`` of N ranks x 5 channels over loo
 the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.wait``/``ray.get``
 that scans its refs as Ray's does).
 
+``--modes cluster`` runs the same through the real hub code without Ray, on simulated nodes of 8
+(``simulated_nodes.py``: host processes, each running the real ``HubPump`` per node over one link
+to the kernel's ``ChannelServer``, every rank a process of its own on the wire; the kernel's real
+``NodeLinks``, ``HubHandle`` and supervisor), plus a fourth run: a lost node (its host and ranks
+frozen with SIGSTOP at 2 s). Its connect time is every node's link, from the word to link. Its
+baseline must have the hubs (22dcecd or later).
+
 For each side (this checkout, and BASELINE in a throwaway git worktree) and size, in its own
 process, alternating: kernel CPU, the work of one wakeup of the wait loop (p50/p99, after
 ``select`` returned: the thread's CPU time, and wall time, which on 2 shared cores includes
@@ -26,6 +33,7 @@ kernel's peak fds and threads, time to connect every rank, failure -> WorkerErro
 WorkerError's lines, and the live view's bytes per redraw.
 
     python benchmarks/kernel_hub_scale.py [--baseline 70fe29e] [--sizes 8,32,128,512,1024]
+        [--modes local,cluster]
 """
 
 from __future__ import annotations
