@@ -13,8 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from notebook_accel.launch.backends.base import signal_all
 from notebook_accel.launch.output import OutputRelay
+from notebook_accel.launch.signal_all import signal_all
 from notebook_accel.launch.tracebacks import dump_frames, is_dump_line
 
 Frames = tuple[tuple[str, int, str], ...]

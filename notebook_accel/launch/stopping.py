@@ -6,8 +6,9 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 
-from notebook_accel.launch.backends.base import WorkerHandle, kill_all, signal_all
+from notebook_accel.launch.backends.base import WorkerHandle, kill_all
 from notebook_accel.launch.interrupts import interrupt_requested
+from notebook_accel.launch.signal_all import signal_all
 
 STOP_GRACE = 2.0  # seconds between terminate (SIGTERM) and kill (SIGKILL)
 

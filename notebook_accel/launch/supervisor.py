@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from notebook_accel.launch.backends.base import WorkerHandle, signal_all
+from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.debug_prompt import Prompts
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.hang_watch import HANG_AFTER, HangWatch
@@ -35,6 +35,7 @@ from notebook_accel.launch.interrupts import (
 from notebook_accel.launch.output import FLUSH_EVERY, OutputRelay
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.signal_all import signal_all
 from notebook_accel.launch.stack_dumps import StackDumps
 from notebook_accel.launch.stack_groups import headline, stacks_text, users_part
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now

@@ -183,8 +183,8 @@ def test_a_stop_goes_once_per_node_listing_its_ranks():
     import socket
     import struct
 
-    from notebook_accel.launch.backends.base import signal_all
     from notebook_accel.launch.cluster import node_links
+    from notebook_accel.launch.signal_all import signal_all
     from notebook_accel.launch.worker import hub_pump
     from notebook_accel.launch.worker.hub_link import EVERY_RANK, SIGNAL, Frame, FrameParser
 

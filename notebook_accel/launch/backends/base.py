@@ -17,8 +17,9 @@ then share an ``inbox`` (one descriptor for them all, which says which channels 
 and serve their channels' bytes from memory (:meth:`WorkerHandle.read_output`,
 :meth:`WorkerHandle.frames`), as the cluster's node links do.
 
-Signals go through :func:`signal_all`, which hands a backend whose handles share a way to
-their workers (``together``: a node's link) the ranks at once, one message per node.
+Signals go through :func:`~notebook_accel.launch.signal_all.signal_all`, which hands a backend
+whose handles share a way to their workers (``together``: a node's link) the ranks at once, one
+message per node.
 
 A backend whose workers outlive a call (the warm pool) marks its handles
 ``persistent``: a rank's run then ends with its :class:`~notebook_accel.wire.RunDone`
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from notebook_accel import wire
+from notebook_accel.launch.signal_all import signal_all
 
 if TYPE_CHECKING:
     from notebook_accel.launch.payload import Payload
@@ -158,19 +160,6 @@ class Together(abc.ABC):
     def signal(self, ranks: Sequence[int], what: str) -> None:
         """Do ``what`` (a :class:`WorkerHandle` method: ``terminate``, ``kill``, ``interrupt``,
         ``dump_stacks``) to each of ``ranks``."""
-
-
-def signal_all(handles: Sequence[WorkerHandle], what: str) -> None:
-    """Call ``what`` (``terminate``, ``kill``, ``interrupt``, ``dump_stacks``) on every handle:
-    once per node where the handles share a way (``together``), else one by one."""
-    shared: dict[int, tuple[Together, list[int]]] = {}
-    for handle in handles:
-        if handle.together is None:
-            getattr(handle, what)()
-        else:
-            shared.setdefault(id(handle.together), (handle.together, []))[1].append(handle.rank)
-    for together, ranks in shared.values():
-        together.signal(ranks, what)
 
 
 def kill_all(handles: Sequence[WorkerHandle], reap_timeout: float = 5.0) -> None:

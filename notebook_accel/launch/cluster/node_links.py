@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from notebook_accel import wire
-from notebook_accel.launch.backends.base import Inbox, Together
 from notebook_accel.launch.worker.hub_link import (
     BEAT_EVERY,
     EVERY_RANK,
@@ -83,9 +82,10 @@ class LinkFrames(wire.FrameReader):
             self.open = False
 
 
-class NodeLinks(Inbox, Together):
+class NodeLinks:
     """One launch's node links (``links``: node -> its connection; ``ranks``: node -> its
-    global ranks)."""
+    global ranks); the ``Inbox`` and the ``Together`` of its ranks' handles
+    (``launch/backends/base.py``)."""
 
     def __init__(self, links: dict[int, socket.socket], ranks: dict[int, list[int]]) -> None:
         self.links = links
