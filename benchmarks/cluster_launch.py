@@ -14,7 +14,6 @@ and the cluster's memory (PSS of every process of both nodes, over the idle clus
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import tempfile
 import time
@@ -63,23 +62,12 @@ def _timed(function, **options) -> float:
     return time.perf_counter() - started
 
 
-def _pss(cluster) -> int:
-    import psutil
-
-    total = 0
-    for node in cluster.nodes:
-        for proc in node.tree():
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_full_info().pss
-    return total
-
-
 def ours(cluster, warm: int, cells: int, per_node: int = 1) -> dict[str, float]:
     import psutil
 
     address = cluster.address
     options = {"num_processes": per_node, "num_nodes": 2, "cluster": address}
-    idle = _pss(cluster)
+    idle = cluster.memory()
     figures = {"cold launch (agents placed), trivial job": _timed(rank, **options)}
     figures["warm launch, trivial job (median)"] = statistics.median(
         _timed(rank, **options) for _ in range(warm))
@@ -100,7 +88,7 @@ def ours(cluster, warm: int, cells: int, per_node: int = 1) -> dict[str, float]:
         me = psutil.Process()
         figures["pool up: kernel sockets (count)"] = len(me.net_connections(kind="all"))
         figures["pool up: kernel threads (count)"] = me.num_threads()
-        figures["pool up: the cluster's memory over idle (GiB)"] = (_pss(cluster) - idle) / 2**30
+        figures["pool up: the cluster's memory over idle (GiB)"] = (cluster.memory() - idle) / 2**30
         times = []
         for _ in range(cells):
             started = time.perf_counter()

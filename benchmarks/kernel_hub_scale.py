@@ -12,10 +12,17 @@ a second. Three runs per size:
 - success: 4 s of lines, then every rank returns;
 - failure: at 2 s rank N/2 raises, and every other rank then fails with a broken-collective
   error (as gloo's peers do), so the error has N failures to report;
-- hang: the ranks go silent after 1 s; ``timeout=3`` stops them with their stacks.
+- hang: the ranks go silent after 1 s; ``timeout=6`` stops them with their stacks.
 Also the connect-back: ``ChannelServer.accept`` of N ranks x 5 channels over loopback TCP, with
 the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.wait``/``ray.get``
 that scans its refs as Ray's does).
+
+``--modes cluster`` runs the same through the real hub code without Ray, on simulated nodes of 8
+(``simulated_nodes.py``: host processes, each running the real ``HubPump`` per node over one link
+to the kernel's ``ChannelServer``, every rank a process of its own on the wire; the kernel's real
+``NodeLinks``, ``HubHandle`` and supervisor), plus a fourth run: a lost node (its host and ranks
+frozen with SIGSTOP at 2 s). Its connect time is every node's link, from the word to link. Its
+baseline must have the hubs (22dcecd or later).
 
 For each side (this checkout, and BASELINE in a throwaway git worktree) and size, in its own
 process, alternating: kernel CPU, the work of one wakeup of the wait loop (p50/p99, after
@@ -26,6 +33,7 @@ kernel's peak fds and threads, time to connect every rank, failure -> WorkerErro
 WorkerError's lines, and the live view's bytes per redraw.
 
     python benchmarks/kernel_hub_scale.py [--baseline 70fe29e] [--sizes 8,32,128,512,1024]
+        [--modes local,cluster]
 """
 
 from __future__ import annotations
@@ -232,15 +240,10 @@ def _peak_per_second(writes: list[tuple[float, int]]) -> tuple[float, float]:
     return best_bytes, best_writes
 
 
-def run_scenario(world: int, scenario: str, drivers: int) -> dict:
-    from magics.view.live_view import LiveView
-    from notebook_accel.launch.errors import WorkerError
-    from notebook_accel.launch.output import OutputRelay
-    from notebook_accel.launch.record import LaunchRecord
-    from notebook_accel.launch.supervisor import Supervisor
-
+def _local_ranks(world: int, scenario: str, drivers: int, start: float):
+    """Driver processes for ``world`` fake ranks on the kernel's own pipes; returns (handles,
+    the cleanup)."""
     FakeHandle = _handle_class()
-    start = time.time() + 0.5
     kernel_ends, rank_ends = {}, {}
     for rank in range(world):
         kernel_ends[rank], rank_ends[rank] = {}, {}
@@ -272,6 +275,69 @@ def run_scenario(world: int, scenario: str, drivers: int) -> dict:
         os.close(r)
     handles = [FakeHandle(rank, kernel_ends[rank], commands[rank % drivers][1],
                           pids[rank % drivers], node=rank // 8) for rank in range(world)]
+
+    def cleanup() -> None:
+        for pid in pids:
+            os.waitpid(pid, 0)
+        for handle in handles:
+            handle.close()
+        for _, w in commands:
+            os.close(w)
+
+    return handles, cleanup
+
+
+def _cluster_ranks(world: int, scenario: str, hosts: int):
+    """Simulated nodes of 8 through the real hub code (``simulated_nodes.py``); returns (handles,
+    the cleanup, seconds to link every node, the host processes, the ranks' start time)."""
+    import simulated_nodes
+
+    handles, links, procs, took, start = simulated_nodes.link_up(world, scenario, hosts)
+
+    def cleanup() -> None:
+        links.close()
+        deadline = time.monotonic() + 5
+        while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        simulated_nodes.end_hosts(procs)
+
+    return handles, cleanup, took, procs, start
+
+
+def _is_socket(fd: str) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    except OSError:
+        return False
+
+
+def _ended(handle) -> bool:
+    return handle.exitcode is not None or handle.describe_end() is not None
+
+
+def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -> dict:
+    from magics.view.live_view import LiveView
+    from notebook_accel.launch.errors import WorkerError
+    from notebook_accel.launch.output import OutputRelay
+    from notebook_accel.launch.record import LaunchRecord
+    from notebook_accel.launch.supervisor import Supervisor
+
+    connect = frozen_at = None
+    if mode == "local":
+        start = time.time() + 0.5
+        handles, cleanup = _local_ranks(world, scenario, drivers, start)
+    else:
+        handles, cleanup, connect, procs, start = _cluster_ranks(world, scenario, drivers)
+        if scenario == "lost":
+            def freeze() -> None:
+                nonlocal frozen_at
+                time.sleep(max(0.0, start + 2.0 - time.time()))
+                import simulated_nodes
+
+                frozen_at = time.monotonic()
+                simulated_nodes.freeze(procs[-1])  # the last node's host: alone
+
+            threading.Thread(target=freeze, daemon=True).start()
     out, err = _Cell(start), _Cell(start)
     relay = OutputRelay(show="all", stdout=out, stderr=err)
     record = LaunchRecord(world_size=world, num_processes=world, device_type="cpu",
@@ -287,8 +353,9 @@ def run_scenario(world: int, scenario: str, drivers: int) -> dict:
         return Shown()
 
     view = LiveView(record, display=display, appear_after=0.5)
-    supervisor = Supervisor(handles, relay, 3.0 if scenario == "hang" else None, record, view)
-    waits, works, cpus, peaks = [], [], [], {"fds": 0, "threads": 0}
+    timeout = {"hang": 6.0, "lost": 12.0}.get(scenario)  # hang: 4 s of silence first
+    supervisor = Supervisor(handles, relay, timeout, record, view)
+    waits, works, cpus, peaks = [], [], [], {"fds": 0, "threads": 0, "sockets": 0}
     select = supervisor.selector.select
     poll = supervisor._poll
 
@@ -309,26 +376,39 @@ def run_scenario(world: int, scenario: str, drivers: int) -> dict:
         works.append(time.perf_counter() - began - waits[-1])
         cpus.append(time.thread_time() - cpu_began)  # waiting in select takes no CPU
         if len(works) % 20 == 1:
-            peaks["fds"] = max(peaks["fds"], len(os.listdir("/proc/self/fd")))
+            fds = os.listdir("/proc/self/fd")
+            peaks["fds"] = max(peaks["fds"], len(fds))
+            peaks["sockets"] = max(peaks["sockets"], sum(_is_socket(fd) for fd in fds))
             peaks["threads"] = max(peaks["threads"], threading.active_count())
 
     supervisor.selector.select, supervisor._poll = timed_select, timed_poll
+    news = getattr(supervisor, "_news", None)
+    if news is not None:  # the cluster's inbox: its news count as ready channels
+        def counted_news():
+            got = news()
+            if ready:
+                ready[-1] += len(got)
+            return got
+
+        supervisor._news = counted_news
     cpu = resource.getrusage(resource.RUSAGE_SELF)
-    error_lines = error_after = None
+    error_lines = error_after = ended_after = lost_after = error_head = None
     try:
         supervisor.run()
     except WorkerError as error:
         raised = time.time()
         error_lines = len(str(error).splitlines())
+        error_head = str(error).splitlines()[0][:160]
         if scenario == "failure":
             error_after = raised - error.failure.timestamp
+            deadline = time.monotonic() + 10
+            while not all(_ended(h) for h in handles) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            ended_after = time.time() - error.failure.timestamp
+        if scenario == "lost" and frozen_at is not None:
+            lost_after = time.monotonic() - frozen_at
     used = resource.getrusage(resource.RUSAGE_SELF)
-    for pid in pids:
-        os.waitpid(pid, 0)
-    for handle in handles:
-        handle.close()
-    for _, w in commands:
-        os.close(w)
+    cleanup()
     writes = sorted(out.writes + err.writes)
     peak_bytes, peak_writes = _peak_per_second(writes)
     latencies = sorted(out.latencies) or [float("nan")]
@@ -351,8 +431,9 @@ def run_scenario(world: int, scenario: str, drivers: int) -> dict:
         "latency_p99_s": latencies[int(len(latencies) * 0.99)],
         "cell_peak_bytes_per_s": peak_bytes, "cell_peak_writes_per_s": peak_writes,
         "cell_bytes": sum(size for _, size in writes),
-        "fds": peaks["fds"], "threads": peaks["threads"],
-        "error_lines": error_lines, "error_after_s": error_after,
+        "fds": peaks["fds"], "threads": peaks["threads"], "sockets": peaks["sockets"],
+        "error_lines": error_lines, "error_after_s": error_after, "error_head": error_head,
+        "ended_after_s": ended_after, "lost_after_s": lost_after, "connect_s": connect,
         "view_bytes_per_redraw": max(redraws, default=0),
     }
 
@@ -414,23 +495,28 @@ def connect_time(world: int) -> float:
     return took
 
 
-def measure(world: int, drivers: int) -> dict:
+SCENARIOS = {"local": ("success", "failure", "hang"),
+             "cluster": ("success", "failure", "hang", "lost")}
+
+
+def measure(world: int, drivers: int, mode: str) -> dict:
     """One side's figures at one size (in a process with that side's code on PYTHONPATH)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the harness's own pipes, both sides
     with selectors.DefaultSelector():
         pass
-    figures = {name: run_scenario(world, name, drivers) for name in ("success", "failure", "hang")}
-    figures["connect_s"] = connect_time(world)
+    figures = {name: run_scenario(world, name, drivers, mode) for name in SCENARIOS[mode]}
+    figures["connect_s"] = (connect_time(world) if mode == "local"
+                            else figures["success"]["connect_s"])
     return figures
 
 
 # -- the two sides --------------------------------------------------------------------------
 
-def _side(directory: Path, world: int, drivers: int) -> dict:
+def _side(directory: Path, world: int, drivers: int, mode: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(directory))
     out = subprocess.run([sys.executable, __file__, "--measure", str(world), "--drivers",
-                          str(drivers)], env=env, capture_output=True, text=True, timeout=600,
+                          str(drivers), "--mode", mode], env=env, capture_output=True, text=True, timeout=600,
                          check=False, cwd=directory)
     line = next((line for line in out.stdout.splitlines() if line.startswith("FIGURES ")), None)
     if line is None:
@@ -461,15 +547,19 @@ ROWS = [  # (scenario, key, label)
     ("success", "cell_peak_bytes_per_s", "cell bytes/s (peak 1-s window)"),
     ("success", "cell_peak_writes_per_s", "cell writes/s (peak 1-s window)"),
     ("success", "fds", "kernel fds (peak)"),
+    ("success", "sockets", "kernel sockets (peak)"),
     ("success", "threads", "kernel threads (peak)"),
     ("success", "view_bytes_per_redraw", "live view bytes per redraw (max)"),
-    (None, "connect_s", "connect every rank s"),
+    (None, "connect_s", "connect every rank (cluster: node) s"),
     ("failure", "error_after_s", "failure -> WorkerError s"),
+    ("failure", "ended_after_s", "failure -> every rank ended s"),
     ("failure", "error_lines", "WorkerError lines (failure)"),
     ("failure", "cpu_s", "kernel CPU s (failure)"),
     ("hang", "error_lines", "WorkerError lines (timeout)"),
     ("hang", "wakeup_cpu_p99_ms", "CPU ms per wakeup p99 (hang)"),
     ("hang", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99 (hang)"),
+    ("lost", "lost_after_s", "lost node (SIGSTOP) -> WorkerError s"),
+    ("lost", "error_head", "lost node: the error's first line"),
 ]
 
 
@@ -478,12 +568,23 @@ def main() -> None:
     parser.add_argument("--baseline", default="70fe29e", help="the revision to compare against")
     parser.add_argument("--sizes", default="8,32,128,512,1024")
     parser.add_argument("--drivers", type=int, default=4, help="processes simulating the ranks")
+    parser.add_argument("--modes", default="local,cluster",
+                        help="local: fake ranks on the kernel's pipes; cluster: simulated nodes "
+                             "of 8 through the real hub code (node links), without Ray")
     parser.add_argument("--measure", type=int, metavar="RANKS", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="local", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure is not None:  # one side, one size, in its own process
-        print("FIGURES", json.dumps(measure(args.measure, args.drivers)), flush=True)
+        print("FIGURES", json.dumps(measure(args.measure, args.drivers, args.mode)), flush=True)
         return
     sizes = [int(size) for size in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    for mode in modes:
+        _compare(args, sizes, mode)
+
+
+def _compare(args: argparse.Namespace, sizes: list[int], mode: str) -> None:
+    """Both sides at every size in one mode, alternating; then the table."""
     results: dict[int, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as work:
         base = Path(work) / "baseline"
@@ -491,14 +592,14 @@ def main() -> None:
                         args.baseline], check=True)
         try:
             for world in sizes:
-                results[world] = {"baseline": _side(base, world, args.drivers),
-                                  "this": _side(ROOT, world, args.drivers)}
-                print(f"measured {world} ranks", file=sys.stderr, flush=True)
+                results[world] = {"baseline": _side(base, world, args.drivers, mode),
+                                  "this": _side(ROOT, world, args.drivers, mode)}
+                print(f"measured {world} ranks ({mode})", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                            check=False)
-    print(f"baseline {args.baseline} vs this checkout; {args.drivers} driver processes; "
-          f"cell = the relay's target stream; ratio = this / baseline")
+    print(f"\n== {mode} mode: baseline {args.baseline} vs this checkout; {args.drivers} driver "
+          f"(cluster: host) processes; cell = the relay's target stream; ratio = this / baseline")
     for world in sizes:
         sides = results[world]
         print(f"\n{world} ranks")
@@ -506,16 +607,22 @@ def main() -> None:
             if "error" in sides[side]:
                 print(f"  {side} FAILED: {sides[side]['error'][-800:]}")
         for scenario, key, label in ROWS:
+            if scenario is not None and scenario not in SCENARIOS[mode]:
+                continue
             values = []
             for side in ("baseline", "this"):
                 figures = sides[side]
                 if "error" in figures:
                     values.append(None)
                     continue
-                values.append(figures[key] if scenario is None else figures[scenario][key])
+                values.append(figures.get(key) if scenario is None
+                              else figures.get(scenario, {}).get(key))
             before, after = values
             ratio = (f"{after / before:.2f}" if isinstance(before, (int, float)) and before
                      and isinstance(after, (int, float)) else "-")
+            if isinstance(before, str) or isinstance(after, str):
+                print(f"  {label}:\n    baseline {before}\n    this     {after}")
+                continue
             print(f"  {label:<36} baseline {_fmt(before):>10}  this {_fmt(after):>10}  "
                   f"ratio {ratio}")
 

@@ -488,17 +488,7 @@ class FrameReader:
 
     def read(self) -> tuple[list[Message], bool]:
         """Returns (the messages complete now, the channel is still open)."""
-        while self.open:
-            try:
-                chunk = os.read(self.fd, 1 << 20)
-            except BlockingIOError:
-                break
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.open = False
-                break
-            self.buffer += chunk
+        self._fill()
         messages = []
         buffer, start, end = self.buffer, 0, len(self.buffer)
         while end - start >= HEADER.size:
@@ -517,6 +507,20 @@ class FrameReader:
         if start:
             del buffer[:start]
         return messages, self.open
+
+    def _fill(self) -> None:
+        """Append what the channel holds now to ``buffer``; ``open`` False at its end."""
+        while self.open:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.open = False
+                break
+            self.buffer += chunk
 
 
 def send(fd: int, *messages: Message) -> None:

@@ -6,7 +6,7 @@ from html import escape
 
 from tqdm.std import tqdm as _tqdm
 
-from notebook_accel.launch import LaunchRecord, progress_text
+from notebook_accel.launch import LaunchRecord, node_table, per_node, progress_text
 from notebook_accel.observe.progress import bar_label, job_progress
 
 _DETAIL = "{n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
@@ -16,7 +16,7 @@ _COLOURS = {"finished": "#2ca02c", "failed": "#d62728", "interrupted": "#ff7f0e"
 
 def progress_html(record: LaunchRecord) -> str:
     """A bar (percent done, or a moving count without a total) with tqdm's own figures."""
-    state = job_progress(record)
+    state = job_progress(record, node_table(record).slowest() if per_node(record) else None)
     if state is None:
         return ""
     total, n = state.get("total"), state.get("n", 0)

@@ -14,6 +14,7 @@ from notebook_accel.launch import (
     format_bytes,
     format_duration,
     node_rows,
+    node_table,
     per_node,
     rank_states,
     ranks_text,
@@ -53,6 +54,8 @@ def header_text(record: LaunchRecord) -> str:
 
 
 def _shows_gpu(record: LaunchRecord) -> bool:
+    if per_node(record):  # the nodes' rows: a redraw costs the nodes, not the ranks
+        return node_table(record).gpu
     return any(status.gpu_memory is not None for status in record.ranks.values())
 
 
@@ -72,7 +75,15 @@ def _colour(record: LaunchRecord, rank: int, state: str) -> str:
 
 
 def _node_line(row: NodeRow, gpu: bool) -> str:
-    """``node 0 (ranks 0-7): 8 running, slowest rank 3, RSS 1.2 GB | epoch 1 | rank 5: other``."""
+    """``node 0 (ranks 0-7): 8 running, slowest rank 3, RSS 1.2 GB | epoch 1 | rank 5: other``
+    (made once per row: a row is made afresh when its node changes)."""
+    line = row.shown.get(gpu)
+    if line is None:
+        line = row.shown[gpu] = _make_node_line(row, gpu)
+    return line
+
+
+def _make_node_line(row: NodeRow, gpu: bool) -> str:
     memory = f"RSS {format_bytes(row.rss)}" + (f", GPU {format_bytes(row.gpu_memory)}" if gpu else "")
     slowest = f", slowest rank {row.slowest}" if row.slowest is not None else ""
     line = f"node {row.node} ({ranks_text(row.ranks)}): {row.states_text}{slowest}, {memory}"

@@ -36,6 +36,7 @@ _EXPORTS = {
     "node_rows": "notebook_accel.launch.views.nodes",
     "abnormal_ranks": "notebook_accel.launch.views.nodes",
     "per_node": "notebook_accel.launch.views.nodes",
+    "node_table": "notebook_accel.launch.views.nodes",
     "rich_hidden_text": "notebook_accel.launch.views.text",
     "serialise_payload": "notebook_accel.launch.payload",
     "dumps_result": "notebook_accel.launch.payload",

@@ -1,8 +1,8 @@
 """Room for a launch's file descriptors: the kernel's soft open-file limit, raised when needed.
 
 Every local rank costs the kernel about a dozen descriptors while it starts (four pipes, both
-ends, until every rank has started; a sentinel; a pool's commands pipe), a cluster rank five
-sockets. A soft limit of 1024 (common) ends a launch of ~100 ranks with ``EMFILE``; the hard
+ends, until every rank has started; a sentinel; a pool's commands pipe); on a cluster a node
+costs about that (its link), its ranks none. A soft limit of 1024 (common) ends a launch of ~100 ranks with ``EMFILE``; the hard
 limit is usually far higher, and raising the soft one up to it needs no privilege.
 """
 
@@ -24,7 +24,7 @@ def open_fds() -> int:
 
 def ensure_fd_room(ranks: int) -> None:
     """Raise the soft ``RLIMIT_NOFILE`` (never above the hard limit, never lowering it) so that
-    ``ranks`` more ranks fit beside what is open now. Where the limit cannot be raised, the
+    ``ranks`` more ranks (or a cluster's nodes) fit beside what is open now. Where the limit cannot be raised, the
     launch goes on and an ``OSError`` (``EMFILE``) names the limit if it is reached."""
     try:
         import resource

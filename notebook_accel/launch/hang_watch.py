@@ -37,16 +37,18 @@ class HangWatch:
         self.record = record
         self.report = report  # shows a text in the cell (the grouped stacks)
         self.dumps = dumps
-        self.progress = dict.fromkeys(ranks, now)
+        self.progress = dict.fromkeys(ranks, now)  # the least recent first
         self.counts: dict[int, int | None] = {}  # collectives at the last stack seen
         self.said = False
         self._looked = now
+        self._index: dict[int, Any] | None = None  # rank -> the supervisor's worker
 
     def moved(self, rank: int) -> None:
         """``rank`` showed progress now (its own stack dump is none)."""
         if self.dumps is not None and rank in self.dumps.ranks():
             return
-        self.progress[rank] = time.monotonic()
+        self.progress.pop(rank, None)
+        self.progress[rank] = time.monotonic()  # to the end: a look reads the front only
         status = self.record.ranks[rank]
         if status.state == NO_PROGRESS:
             status.enter_phase(None, time.time())
@@ -66,10 +68,10 @@ class HangWatch:
             if self.dumps.ready():
                 self._show(self.dumps.take())
             return
-        running = [w for w in workers if not w.finished]
-        silent = [w for w in running if now - self.progress[w.rank] >= self.after]
+        silent = self._silent(workers, now)
         if not silent:
             return
+        running = [w for w in workers if not w.finished]
         for w in silent:
             if w.stack is not None and self.counts.setdefault(w.rank, w.stack.collectives) \
                     != w.stack.collectives:  # a collective issued: progress
@@ -88,6 +90,22 @@ class HangWatch:
                 self._show(answered)
         elif self.dumps is not None:
             self.dumps.ask(running)  # taken at a later look, once they had time to arrive
+
+    def _silent(self, workers: Sequence[Any], now: float) -> list[Any]:
+        """The running workers silent for ``after`` seconds: the front of ``progress``, so a
+        look costs what is silent, not the number of ranks (finished ones are dropped)."""
+        if self._index is None or len(self._index) != len(workers):
+            self._index = {w.rank: w for w in workers}
+        by_rank, silent = self._index, []
+        for rank, at in list(self.progress.items()):
+            if now - at < self.after:
+                break
+            worker = by_rank.get(rank)
+            if worker is None or worker.finished:
+                del self.progress[rank]
+            else:
+                silent.append(worker)
+        return silent
 
     def _show(self, stacks: dict[int, Any]) -> None:
         """Say which ranks are marked, with every running rank's stack, once (none marked

@@ -35,6 +35,15 @@ class RankStatus:
     gpu_memory: int | None = None  # bytes, where the worker reports it
     last_line: str = ""
     phase_started: float | None = None  # when its current phase (state "compiling") began
+    watchers: set[int] | None = field(default=None, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__ and self.__dict__[name] == value:
+            return
+        object.__setattr__(self, name, value)
+        watchers = self.__dict__.get("watchers")
+        if watchers is not None:  # a view's summary recomputes what changed, not every rank
+            watchers.add(self.rank)
 
     @property
     def elapsed(self) -> float:
@@ -93,6 +102,7 @@ class LaunchRecord:
     root_cause: int | None = None
     events: int = 0
     output: RankLogs | None = field(default=None, repr=False)
+    node_table: Any = field(default=None, repr=False, compare=False)  # views' per-node summary
 
     @property
     def elapsed(self) -> float:
@@ -107,6 +117,9 @@ class LaunchRecord:
                     self.history.setdefault(name, []).append((message.step, value))
         elif type(message) is Progress:
             self.progress[rank] = dict(message.state, time=message.timestamp)
+            status = self.ranks.get(rank)
+            if status is not None and status.watchers is not None:
+                status.watchers.add(rank)
         elif type(message) is Phase:
             self.ranks[rank].enter_phase(message.name, message.timestamp or time.time())
         elif type(message) is Memory:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from notebook_accel.launch.output import OutputRelay
+from notebook_accel.launch.signal_all import signal_all
 from notebook_accel.launch.tracebacks import dump_frames, is_dump_line
 
 Frames = tuple[tuple[str, int, str], ...]
@@ -43,7 +44,7 @@ class StackDumps:
             self._marks[w.rank] = {name: self.relay.line_count(w.rank, name)
                                    for name in ("stdout", "stderr")}
             self.relay.hold(w.rank)
-            w.handle.dump_stacks()
+        signal_all([w.handle for w in workers], "dump_stacks")  # once per node on a cluster
         self._since = time.monotonic()
 
     def ready(self) -> bool:

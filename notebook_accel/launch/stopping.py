@@ -8,6 +8,7 @@ from multiprocessing.connection import wait
 
 from notebook_accel.launch.backends.base import WorkerHandle, kill_all
 from notebook_accel.launch.interrupts import interrupt_requested
+from notebook_accel.launch.signal_all import signal_all
 
 STOP_GRACE = 2.0  # seconds between terminate (SIGTERM) and kill (SIGKILL)
 
@@ -20,12 +21,11 @@ def stop_workers(handles: Sequence[WorkerHandle], grace: float | None = None,
     ``on_wait`` is called while waiting (to keep relaying output).
     """
     alive = [h for h in handles if _running(h)]
-    for handle in alive:
-        handle.terminate()
+    signal_all(alive, "terminate")  # once per node on a cluster
     deadline = time.monotonic() + (STOP_GRACE if grace is None else grace)
     try:
         while alive and time.monotonic() < deadline and not interrupt_requested():
-            wait([h.sentinel for h in alive], timeout=0.05)
+            wait(list({h.sentinel for h in alive}), timeout=0.05)  # (a cluster's: one inbox)
             if on_wait is not None:
                 on_wait()
             alive = [h for h in alive if _running(h)]

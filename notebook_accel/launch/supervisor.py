@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import selectors
 import signal
 import sys
@@ -36,6 +35,7 @@ from notebook_accel.launch.interrupts import (
 from notebook_accel.launch.output import FLUSH_EVERY, OutputRelay
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.signal_all import signal_all
 from notebook_accel.launch.stack_dumps import StackDumps
 from notebook_accel.launch.stack_groups import headline, stacks_text, users_part
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
@@ -83,8 +83,8 @@ class Worker:
     events: FrameReader = field(init=False)
 
     def __post_init__(self) -> None:
-        self.control = FrameReader(self.handle.control_fd)
-        self.events = FrameReader(self.handle.events_fd)
+        self.control = self.handle.frames("control")
+        self.events = self.handle.frames("events")
 
     @property
     def rank(self) -> int:
@@ -128,18 +128,6 @@ class Worker:
     @property
     def exitcode(self) -> int | None:
         return self.handle.exitcode
-
-    @property
-    def stdout_fd(self) -> int:
-        return self.handle.stdout_fd
-
-    @property
-    def stderr_fd(self) -> int:
-        return self.handle.stderr_fd
-
-    @property
-    def control_fd(self) -> int:
-        return self.handle.control_fd
 
 
 def _describe_exit(code: int | None) -> str:
@@ -190,6 +178,7 @@ class Supervisor:
         # events are read when the loop wakes anyway, not woken per event (a pipe holds ~10k);
         # a selector of their own tells which ranks have some, so a wakeup costs what is ready
         self.event_selector = selectors.DefaultSelector()
+        self._inboxes: list = []  # the groups' inboxes (handles without descriptors)
         self.unfinished = {w.rank for w in workers}
         self._starting = True  # ranks still shown "starting" (until the first refresh)
         # memory: each rank sampled once a second, a few per wakeup (a warm pool's runs are
@@ -207,27 +196,43 @@ class Supervisor:
 
     def _register(self) -> None:
         for w in self.workers:
-            self.selector.register(w.stdout_fd, selectors.EVENT_READ, (w.rank, "stdout"))
-            self.selector.register(w.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
-            self.selector.register(w.control_fd, selectors.EVENT_READ, (w.rank, "control"))
+            inbox = w.handle.inbox
+            if inbox is not None:  # one descriptor for the group's every channel
+                if inbox.fileno() not in self.selector.get_map():
+                    self.selector.register(inbox, selectors.EVENT_READ, (None, "inbox"))
+                    self._inboxes.append(inbox)
+                continue
+            self.selector.register(w.handle.stdout_fd, selectors.EVENT_READ, (w.rank, "stdout"))
+            self.selector.register(w.handle.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
+            self.selector.register(w.handle.control_fd, selectors.EVENT_READ, (w.rank, "control"))
             self.selector.register(w.handle.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
             self.event_selector.register(w.handle.events_fd, selectors.EVENT_READ, w.rank)
+        if self._inboxes:  # what came before this run (a pool's idle time) is read once
+            self._drain()
 
-    def _unregister(self, fd: int) -> None:
+    def _unregister(self, fd: int | None) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(fd)
 
+    def _news(self) -> list[tuple[int, str]]:
+        """The (rank, channel) pairs the inboxes have news of (the events come at once)."""
+        news = []
+        for inbox in self._inboxes:
+            for rank, kind in inbox.take():
+                if kind == "events":
+                    self._read_events(self.by_rank[rank])
+                else:
+                    news.append((rank, kind))
+        return news
+
     def _read_output(self, worker: Worker, name: str) -> None:
-        fd = worker.stdout_fd if name == "stdout" else worker.stderr_fd
         while True:
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
+            data = worker.handle.read_output(name)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
-                self._unregister(fd)
+                if worker.handle.inbox is None:
+                    self._unregister(getattr(worker.handle, f"{name}_fd"))
                 return
             self.relay.feed(worker.rank, name, data)
             self.hangs.moved(worker.rank)
@@ -240,7 +245,7 @@ class Supervisor:
             self.hangs.moved(worker.rank)
         for message in messages:
             self.record.apply(worker.rank, message)
-        if not still_open:
+        if not still_open and worker.handle.inbox is None:
             with contextlib.suppress(KeyError, ValueError):
                 self.event_selector.unregister(worker.handle.events_fd)
 
@@ -268,15 +273,16 @@ class Supervisor:
                     self._check_collective(worker, message)
                 continue
             self.hangs.moved(worker.rank)
-        if not still_open:
-            self._unregister(worker.control_fd)
+        if not still_open and worker.handle.inbox is None:
+            self._unregister(worker.handle.control_fd)
 
     def _on_exit(self, worker: Worker) -> None:
         self.prompts.end(worker.rank)
         worker.handle.reap(timeout=1)
         worker.exited, worker.exit_time = True, time.time()
         self.unfinished.discard(worker.rank)
-        self._unregister(worker.handle.sentinel)
+        if worker.handle.inbox is None:
+            self._unregister(worker.handle.sentinel)
         self._await_ends(worker)
         self._read_control(worker)
         self._read_events(worker)
@@ -294,8 +300,8 @@ class Supervisor:
         if not worker.handle.end_grace:
             return
         deadline = time.monotonic() + worker.handle.end_grace
-        names = {worker.stdout_fd: "stdout", worker.stderr_fd: "stderr",
-                 worker.control_fd: "control"}
+        names = {worker.handle.stdout_fd: "stdout", worker.handle.stderr_fd: "stderr",
+                 worker.handle.control_fd: "control"}
         with selectors.DefaultSelector() as ends:  # never select.select: fds may pass 1023
             for fd, name in names.items():
                 if fd in self.selector.get_map():
@@ -337,11 +343,15 @@ class Supervisor:
             self.first_failure = time.monotonic()
 
     def _drain(self) -> None:
+        ended = [rank for rank, kind in self._news() if kind == "exit"]  # the rest: read below
         for w in self.workers:
             self._read_output(w, "stdout")
             self._read_output(w, "stderr")
             self._read_control(w)
             self._read_events(w)
+        for rank in ended:
+            if not self.by_rank[rank].exited:
+                self._on_exit(self.by_rank[rank])
         self._flush()
 
     def _flush(self) -> None:
@@ -353,9 +363,10 @@ class Supervisor:
 
     def _poll(self, timeout: float) -> None:
         order = {"stdout": 0, "stderr": 0, "control": 1, "exit": 2}
-        events = self.selector.select(timeout)
-        for key, _ in sorted(events, key=lambda e: order[e[0].data[1]]):
-            rank, kind = key.data
+        ready = [key.data for key, _ in self.selector.select(timeout) if key.data[0] is not None]
+        if self._inboxes:
+            ready += self._news()
+        for rank, kind in sorted(ready, key=lambda item: order[item[1]]):
             worker = self.by_rank[rank]
             if kind == "exit":
                 if not worker.exited:
@@ -490,8 +501,7 @@ class Supervisor:
         while any(not w.finished for w in live) and time.monotonic() < deadline:
             self._poll(0.05)
         stuck = [w for w in live if not w.finished]
-        for w in stuck:
-            w.handle.kill()
+        signal_all([w.handle for w in stuck], "kill")
         for w in stuck:
             w.handle.reap(timeout=5.0)
         take_interrupt()  # more presses meanwhile asked for what was just done
@@ -555,7 +565,7 @@ class Supervisor:
         marks = {w.rank: self.relay.line_count(w.rank) for w in running}
         for w in running:
             self.relay.hold(w.rank)  # the dump is shown once, in the error, cleaned up
-            w.handle.dump_stacks()
+        signal_all([w.handle for w in running], "dump_stacks")  # once per node on a cluster
         deadline = time.monotonic() + _STACK_DUMP_WAIT
         while time.monotonic() < deadline:
             self._poll(0.05)

@@ -6,13 +6,14 @@ runs nobody does, so this reads the answers itself.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import selectors
 import time
 from collections.abc import Sequence
 
 from notebook_accel.launch.backends.base import WorkerHandle
-from notebook_accel.wire import FrameReader, Stack, StackAsk
+from notebook_accel.wire import Stack, StackAsk
 
 Frames = tuple[tuple[str, int, str], ...]
 _asks = itertools.count(1)
@@ -30,20 +31,22 @@ def ask_stacks(handles: Sequence[WorkerHandle],
     answer within ``timeout`` seconds)."""
     stacks: dict[int, Frames] = {}
     ask = stack_ask()
-    waiting = {h.control_fd: (h, FrameReader(h.control_fd)) for h in handles
+    waiting = {h.rank: (h, h.frames("control")) for h in handles
                if h.exitcode is None and h.command(ask)}
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as selector:
-        for fd in waiting:
-            selector.register(fd, selectors.EVENT_READ)
+        for handle, _ in waiting.values():  # a group's inbox, or each control channel
+            with contextlib.suppress(KeyError):
+                selector.register(handle.inbox or handle.control_fd, selectors.EVENT_READ)
         while waiting and (left := deadline - time.monotonic()) > 0:
             for key, _ in selector.select(left):
-                handle, reader = waiting[key.fd]
+                if not isinstance(key.fileobj, int):
+                    key.fileobj.take()  # the news: every waiting rank is read below
+            for rank, (_, reader) in list(waiting.items()):
                 messages, still_open = reader.read()
                 for message in messages:
                     if type(message) is Stack and message.ask == ask.ask:
-                        stacks[handle.rank] = message.frames
-                if handle.rank in stacks or not still_open:
-                    selector.unregister(key.fd)
-                    del waiting[key.fd]
+                        stacks[rank] = message.frames
+                if rank in stacks or not still_open:
+                    del waiting[rank]
     return stacks, [h.rank for h in handles if h.rank not in stacks]

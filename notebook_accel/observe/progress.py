@@ -144,7 +144,7 @@ def bar_label(state: dict[str, Any]) -> str:
     return " · ".join([*parts, str(state.get("desc") or "")]).strip(" ·")
 
 
-def job_progress(record: Any) -> dict[str, Any] | None:
+def job_progress(record: Any, rank: int | None = None) -> dict[str, Any] | None:
     """The progress state that stands for the whole job, or None when no rank sent one.
 
     Rank 0's bar when it is the only one; when several ranks report (bars with
@@ -154,9 +154,13 @@ def job_progress(record: Any) -> dict[str, Any] | None:
 
     Args:
         record: a :class:`~notebook_accel.launch.record.LaunchRecord`.
+        rank: the slowest rank when the caller knows it (a view's per-node summary, which
+            spares a look at every rank's bar).
     """
     if not record.progress:
         return None
+    if rank is not None and rank in record.progress:
+        return _with_eta(dict(record.progress[rank], rank=rank))
 
     def fraction(item: tuple[int, dict[str, Any]]) -> tuple[float, int]:
         rank, state = item
@@ -165,7 +169,11 @@ def job_progress(record: Any) -> dict[str, Any] | None:
         return (done, rank)
 
     rank, state = min(record.progress.items(), key=fraction)
-    state = dict(state, rank=rank)
+    return _with_eta(dict(state, rank=rank))
+
+
+def _with_eta(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its ``eta`` (seconds; None when unknown)."""
     total, rate = state.get("total"), state.get("rate")
     remaining = (total - state.get("n", 0)) if total else None
     state["eta"] = remaining / rate if remaining is not None and rate else None

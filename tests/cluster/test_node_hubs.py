@@ -107,20 +107,12 @@ def test_sockets_and_threads_of_the_kernel_do_not_grow_with_ranks_and_memory_is_
     """Pools of 2 x 1 and of 2 x 16 ranks: the kernel holds as many sockets and threads for
     either (one link per node, one thread for them); the cluster's memory grows by about one
     torch import per node, not per rank."""
-    def cluster_pss() -> int:
-        total = 0
-        for node in wide_cluster.nodes:
-            for proc in node.tree():
-                with contextlib.suppress(psutil.Error):
-                    total += proc.memory_full_info().pss
-        return total
-
     def pool_of(per_node: int) -> tuple[int, int, int]:
         with WorkerPool(num_processes=per_node, num_nodes=2, cluster=wide_cluster.address,
                         return_all=True) as pool:
             pool.run(checks.remember)
             sockets, threads = _sockets_and_threads()
-            memory = cluster_pss()
+            memory = wide_cluster.memory()
             world = 2 * per_node
             assert pool.run(checks.sum_remembered) == [world * (world + 1) / 2] * world
         _unplace()
@@ -128,7 +120,7 @@ def test_sockets_and_threads_of_the_kernel_do_not_grow_with_ranks_and_memory_is_
 
     _unplace()
     time.sleep(1.0)
-    idle = cluster_pss()
+    idle = wide_cluster.memory()
     one = pool_of(1)
     many = pool_of(PER_NODE)
     print(f"kernel sockets / threads with 2 x 1 ranks: {one[0]} / {one[1]}; with 2 x {PER_NODE}: "

@@ -197,3 +197,54 @@ def test_a_stop_signal_goes_through_the_link(capsys):
     with pytest.raises(KeyboardInterrupt):
         _launch(_sleep)
     assert time.monotonic() - started < 1.5 + 2.0
+
+
+def test_a_kept_hub_that_stays_silent_is_replaced_within_seconds(monkeypatch):
+    """A hub placed by an earlier launch that does not link back (frozen) holds the next launch
+    for LINK_TIMEOUT seconds, not the 60 s a fresh placement may take: it is placed afresh."""
+
+    class Frozen(NodeHub):
+        def start(self, specs, payload, kernel, token, node):
+            return [0] * len(specs)  # never links back
+
+    def hubs(hub):
+        return placement.Placement(None, [_Actor(hub)] * 2, ["127.0.0.1"] * 2,
+                                   [os.getpid()] * 2, [[] for _ in range(2)])
+
+    placements = [hubs(Frozen.__new__(Frozen)), hubs(NodeHub.__new__(NodeHub))]
+    discarded = []
+    monkeypatch.setattr(placement, "ray_module", lambda: _Ray)
+    monkeypatch.setattr(placement, "is_placed", lambda plan: not discarded)
+    monkeypatch.setattr(placement, "placement_for", lambda plan: placements[len(discarded)])
+    monkeypatch.setattr(placement, "discard", discarded.append)
+    plan = plan_launch({"num_processes": 1, "mixed_precision": None, "use_port": None,
+                        "master_addr": None, "node_rank": None, "num_nodes": 2,
+                        "start_method": None, "device": None, "cluster": "in-process"},
+                       config_file=None, fsdp=None, notes=[], timeout=None, output="all",
+                       return_all=True, max_restarts=0)
+    started = time.monotonic()
+    links, handles = cluster.start_ranks(plan, serialise_payload(_sleep, (), {}))
+    took = time.monotonic() - started
+    try:
+        assert len(discarded) == 1 and len(handles) == 2
+        assert cluster.LINK_TIMEOUT <= took < cluster.LINK_TIMEOUT + 3, took
+    finally:
+        cluster.ClusterGroup(plan, handles, links).close()
+
+
+def test_the_kernel_waits_on_one_descriptor_for_every_rank(monkeypatch):
+    """2 nodes x 8 ranks: the supervisor waits on the launch's one inbox, not on descriptors
+    per rank (the hubs here share this process, so its own count of descriptors would include
+    theirs: benchmarks/kernel_hub_scale.py --modes cluster counts the kernel's alone)."""
+    from notebook_accel.launch.supervisor import Supervisor
+
+    watched = []
+    register = Supervisor._register
+
+    def counted(self):
+        register(self)
+        watched.append(len(self.selector.get_map()) + len(self.event_selector.get_map()))
+
+    monkeypatch.setattr(Supervisor, "_register", counted)
+    values, backend = _launch(_lines, per_node=8)
+    assert len(values) == 16 and watched == [1]

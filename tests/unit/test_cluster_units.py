@@ -146,7 +146,6 @@ def test_node_link_frames_reassemble_in_order_whatever_the_reads_cut():
 
 def test_a_silent_link_ends_its_ranks_without_an_exit_status_and_beats_go_out():
     """A hub that stops speaking (no FIN) is lost after SILENCE seconds; the kernel beats."""
-    import os
     import socket
     import time
 
@@ -163,12 +162,52 @@ def test_a_silent_link_ends_its_ranks_without_an_exit_status_and_beats_go_out():
         took = time.monotonic() - started
         assert SILENCE - 0.5 < took < SILENCE + 1.5, took
         assert links.ends[1].exitcode is None and "went silent" in links.ends[1].lost
-        assert os.read(links.ends[1].read[Frame.STDOUT], 100) == b"last words\n"
+        assert links.take_bytes(1, Frame.STDOUT) == b"last words\n"
+        assert links.take_bytes(1, Frame.STDOUT) == b""  # its end
+        assert (1, "exit") in links.take() and not links.take()
         hub_end.settimeout(1)
         beats = FrameParser().feed(hub_end.recv(4096))
         assert beats and all(kind is Frame.BEAT for kind, _, _ in beats)
     finally:
         links.close()
-        for ends in links.ends.values():
-            ends.close()
         hub_end.close()
+
+
+def test_a_stop_goes_once_per_node_listing_its_ranks():
+    """signal_all: one SIGNAL frame per node (every rank of it: none listed), read back by the
+    hub as the live ranks it is for; the terminate carries the hub's 2 s grace."""
+    import signal
+    import socket
+    import struct
+
+    from notebook_accel.launch.cluster import node_links
+    from notebook_accel.launch.signal_all import signal_all
+    from notebook_accel.launch.worker import hub_pump
+    from notebook_accel.launch.worker.hub_link import EVERY_RANK, SIGNAL, Frame, FrameParser
+
+    pairs = {node: socket.socketpair() for node in (0, 1)}
+    links = node_links.NodeLinks({n: k for n, (k, _) in pairs.items()}, {0: [0, 1, 2], 1: [3, 4, 5]})
+
+    class Handle:
+        def __init__(self, rank):
+            self.rank, self.together = rank, links
+
+    try:
+        signal_all([Handle(r) for r in (0, 1, 2, 4)], "terminate")
+        frames = {}
+        for node, (_, hub) in pairs.items():
+            hub.settimeout(2)
+            got = [f for f in FrameParser().feed(hub.recv(4096)) if f[0] is Frame.SIGNAL]
+            assert len(got) == 1
+            frames[node] = got[0]
+        (_, rank0, body0), (_, rank1, body1) = frames[0], frames[1]
+        assert rank0 == rank1 == EVERY_RANK
+        assert SIGNAL.unpack_from(body0) == (signal.SIGTERM, 1, 2.0)
+        assert body0[SIGNAL.size:] == b"" and body1[SIGNAL.size:] == struct.pack("!I", 4)
+        assert hub_pump._targets(EVERY_RANK, body0, {0, 2}) == {0, 2}
+        assert hub_pump._targets(EVERY_RANK, body1, {3, 4, 5}) == {4}
+        assert hub_pump._targets(5, body1, {3, 4, 5}) == {5}
+    finally:
+        links.close()
+        for _, hub in pairs.values():
+            hub.close()

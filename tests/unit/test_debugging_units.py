@@ -80,12 +80,12 @@ def test_a_stack_answer_left_unread_by_an_earlier_run_is_not_taken_for_this_runs
 
     from notebook_accel.launch.supervisor import Worker
     from notebook_accel.launch.worker_stacks import stack_ask
-    from notebook_accel.wire import Stack
+    from notebook_accel.wire import FrameReader, Stack
 
     stale = stack_ask()  # asked during an earlier run
     read, write = os.pipe()
     sent = []
-    handle = SimpleNamespace(rank=1, control_fd=read, events_fd=read,
+    handle = SimpleNamespace(rank=1, frames=lambda name: FrameReader(read),
                              command=lambda ask: sent.append(ask) or True)
     try:
         worker = Worker(handle)

@@ -8,6 +8,7 @@ import resource
 import socket
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -227,3 +228,24 @@ def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
     _collect(ray, starts, pids)
     _collect(ray, starts, pids)
     assert pids == {0: 0, 1: 10, 2: 20, 3: 30} and ray.waited == [5, 3]  # only what is pending
+
+
+def test_a_redraw_recomputes_only_the_nodes_whose_ranks_changed():
+    """The per-node summary is kept up to date by the ranks' statuses: a redraw after a few
+    changes remakes their shown nodes' rows only, and shows the change (O(changed) and the
+    shown rows, not O(ranks))."""
+    from magics.view.live_view import render
+    from notebook_accel.launch.views.nodes import node_table
+
+    record = _big_record(1024)
+    render(record)
+    rows = dict(node_table(record).rows)
+    record.ranks[9].last_line = "rank 9 says something else"
+    record.ranks[1000].state = "failed"
+    plain = render(record)["text/plain"]
+    now = node_table(record).rows
+    assert len(rows) == len(now) == 32  # rows only for the nodes shown
+    assert {node for node in rows if now.get(node) is not rows[node]} == {1, 30}  # 30: left out
+    assert 125 in now and 125 not in rows  # a failed rank's node is shown first
+    assert "rank 9: rank 9 says something else" in plain and "rank 1000: failed" in plain
+    assert node_table(record).states == Counter(s.state for s in record.ranks.values())

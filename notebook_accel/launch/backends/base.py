@@ -12,7 +12,14 @@ Channels are the kernel's ends of four non-blocking file descriptors per rank, a
 ``control`` (reliable framed messages: result, failure, displays) and ``events``
 (lossy framed messages: progress, metrics). A backend whose workers are not local
 children (a pool kept across calls, actors on other nodes) gives the same four
-descriptors, e.g. by relaying its own connection into local pipes.
+descriptors, e.g. by relaying its own connection into local pipes, or none: its handles
+then share an ``inbox`` (one descriptor for them all, which says which channels have something)
+and serve their channels' bytes from memory (:meth:`WorkerHandle.read_output`,
+:meth:`WorkerHandle.frames`), as the cluster's node links do.
+
+Signals go through :func:`~notebook_accel.launch.signal_all.signal_all`, which hands a backend
+whose handles share a way to their workers (``together``: a node's link) the ranks at once, one
+message per node.
 
 A backend whose workers outlive a call (the warm pool) marks its handles
 ``persistent``: a rank's run then ends with its :class:`~notebook_accel.wire.RunDone`
@@ -24,10 +31,12 @@ not answer.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from notebook_accel import wire
+from notebook_accel.launch.signal_all import signal_all
 
 if TYPE_CHECKING:
     from notebook_accel.launch.payload import Payload
@@ -50,6 +59,21 @@ class WorkerHandle(abc.ABC):
     end_grace: float = 0.0
     last_report: RunDone | None = None  # a persistent worker's report of its latest run
     commands_fd: int | None = None  # a persistent worker's commands channel (the kernel's end)
+    inbox: Inbox | None = None  # shared by the group's handles when they have no descriptors
+    together: Together | None = None  # signals the group's ranks at once (signal_all)
+
+    def read_output(self, name: str) -> bytes | None:
+        """What its ``stdout`` or ``stderr`` holds now: b"" at its end, None when nothing is."""
+        try:
+            return os.read(self.stdout_fd if name == "stdout" else self.stderr_fd, 1 << 16)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def frames(self, name: str) -> wire.FrameReader:
+        """A reader of its ``control`` or ``events`` channel."""
+        return wire.FrameReader(self.control_fd if name == "control" else self.events_fd)
 
     @property
     @abc.abstractmethod
@@ -116,10 +140,31 @@ class WorkerHandle(abc.ABC):
         return None
 
 
+class Inbox(abc.ABC):
+    """The channels of a group's handles behind one descriptor (readable when there is news)."""
+
+    @abc.abstractmethod
+    def fileno(self) -> int:
+        """Readable while :meth:`take` has something to return."""
+
+    @abc.abstractmethod
+    def take(self) -> list[tuple[int, str]]:
+        """The (rank, channel) pairs with news since the last take, in arrival order; channel
+        is ``stdout``, ``stderr``, ``control``, ``events`` or ``exit`` (the rank ended)."""
+
+
+class Together(abc.ABC):
+    """Signals many ranks of a group at once (a cluster: one frame per node)."""
+
+    @abc.abstractmethod
+    def signal(self, ranks: Sequence[int], what: str) -> None:
+        """Do ``what`` (a :class:`WorkerHandle` method: ``terminate``, ``kill``, ``interrupt``,
+        ``dump_stacks``) to each of ``ranks``."""
+
+
 def kill_all(handles: Sequence[WorkerHandle], reap_timeout: float = 5.0) -> None:
     """Kill every worker (stragglers included), then reap them."""
-    for handle in handles:
-        handle.kill()
+    signal_all(handles, "kill")
     for handle in handles:
         handle.reap(timeout=reap_timeout)
 

@@ -13,7 +13,6 @@ its hub found free there.
 
 from __future__ import annotations
 
-import signal
 import socket
 import time
 from typing import Any
@@ -24,30 +23,29 @@ from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHand
 from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.cluster.channel_relay import RelayedChannels
 from notebook_accel.launch.cluster.channel_server import ChannelServer
-from notebook_accel.launch.cluster.node_links import NodeLinks
+from notebook_accel.launch.cluster.node_links import KINDS, LinkFrames, NodeLinks
 from notebook_accel.launch.environment import worker_environment
 from notebook_accel.launch.fd_limit import ensure_fd_room
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.views import in_kernel
-from notebook_accel.launch.worker.hub_link import STOP_GRACE, Frame
 from notebook_accel.launch.worker.main import WorkerSpec
 
-CONNECT_TIMEOUT = 60.0  # seconds for every node's hub to link back
+CONNECT_TIMEOUT = 60.0  # seconds for every node's freshly placed hub to link back
+LINK_TIMEOUT = 6.0  # the same for hubs placed before: one that is silent (frozen) is replaced
 FIRST_START = 1.0  # seconds the other hubs wait for rank 0's node to have forked its ranks
 
 
 class HubHandle(WorkerHandle):
-    """A rank forked by its node's hub; its channels are the kernel's pipes that the node's link
-    is taken apart into (``NodeLinks``), its signals and commands frames on that link."""
+    """A rank forked by its node's hub; its channels are what the node's link brought
+    (``NodeLinks``, the group's one inbox), its signals and commands frames on that link."""
 
     def __init__(self, rank: int, node: int, address: str, links: NodeLinks, pid: int,
                  persistent: bool) -> None:
         self.rank, self.node, self.address = rank, node, address
         self._links, self._pid = links, pid
-        self._ends = ends = links.ends[rank]
-        self.stdout_fd, self.stderr_fd = ends.read[Frame.STDOUT], ends.read[Frame.STDERR]
-        self.control_fd, self.events_fd = ends.read[Frame.CONTROL], ends.read[Frame.EVENTS]
+        self._ends = links.ends[rank]
+        self.inbox = self.together = links
         self.persistent = persistent  # a pool worker: its commands go on the link
         self._gave_up = False
 
@@ -65,7 +63,7 @@ class HubHandle(WorkerHandle):
 
     @property
     def sentinel(self) -> int:
-        return self._ends.read[Frame.END]  # end of file once its END (or its node's loss) came
+        return self._links.fileno()  # the group's inbox: readable on news (an end among them)
 
     @property
     def exitcode(self) -> int | None:
@@ -75,6 +73,12 @@ class HubHandle(WorkerHandle):
     def ended(self) -> bool:
         """Its end came (with its exit status, or its node's loss)."""
         return self._ends.ended.is_set()
+
+    def read_output(self, name: str) -> bytes | None:
+        return self._links.take_bytes(self.rank, KINDS[name])
+
+    def frames(self, name: str) -> LinkFrames:
+        return LinkFrames(self._links, self.rank, name)
 
     def describe_end(self) -> str | None:
         if self._ends.lost is None:
@@ -89,23 +93,20 @@ class HubHandle(WorkerHandle):
         self._links.command(self.rank, b"")
 
     def terminate(self) -> None:
-        self._links.signal(self.rank, signal.SIGTERM, True, kill_after=STOP_GRACE)  # hub's clock
+        self._links.signal([self.rank], "terminate")  # SIGKILL 2 s later on the hub's clock
 
     def interrupt(self) -> None:
-        self._links.signal(self.rank, signal.SIGINT, False)  # a KeyboardInterrupt in it only
+        self._links.signal([self.rank], "interrupt")
 
     def kill(self) -> None:
-        self._links.signal(self.rank, signal.SIGKILL, True)
+        self._links.signal([self.rank], "kill")
 
     def dump_stacks(self) -> None:
-        self._links.signal(self.rank, signal.SIGUSR1, False)
+        self._links.signal([self.rank], "dump_stacks")
 
     def reap(self, timeout: float) -> None:
         if not self._gave_up and not self._ends.ended.wait(timeout):
             self._gave_up = True  # a hub that did not answer once is not waited for again
-
-    def close(self) -> None:
-        self._ends.close()
 
 
 class ClusterGroup(WorkerGroup):
@@ -119,8 +120,6 @@ class ClusterGroup(WorkerGroup):
     def close(self) -> None:
         kill_all(self.handles, reap_timeout=2.0)
         self.links.close()
-        for handle in self.handles:
-            handle.close()
         if any(handle.describe_end() is not None for handle in self.handles):
             placement.discard(self.plan)  # a node was lost: place afresh next time
 
@@ -141,22 +140,24 @@ class ClusterBackend(Backend):
 def start_ranks(plan: LaunchPlan, payload: Payload | None) -> tuple[NodeLinks, list[HubHandle]]:
     """Have every node's hub fork its ranks (``payload`` None: warm pool workers, serving runs
     from their commands channel); returns the links and the ranks' handles once all linked.
-    Hubs placed before and lost since are placed afresh, once."""
-    ensure_fd_room(plan.world_size)
+    Hubs placed before and lost since, or silent for ``LINK_TIMEOUT`` seconds (a frozen
+    process, a node gone without a word), are placed afresh, once."""
+    ensure_fd_room(plan.num_nodes)
     ray = placement.ray_module()
     for attempt in range(2):
+        kept = placement.is_placed(plan)
         placed = placement.placement_for(plan)
         try:
-            return _start(ray, plan, payload, placed)
-        except ray.exceptions.RayActorError:
+            return _start(ray, plan, payload, placed, LINK_TIMEOUT if kept else CONNECT_TIMEOUT)
+        except (ray.exceptions.RayActorError, TimeoutError) as exc:
             placement.discard(plan)
-            if attempt:
+            if attempt or (isinstance(exc, TimeoutError) and not kept):
                 raise
     raise AssertionError("unreachable")
 
 
-def _start(ray: Any, plan: LaunchPlan, payload: Payload | None,
-           placed: placement.Placement) -> tuple[NodeLinks, list[HubHandle]]:
+def _start(ray: Any, plan: LaunchPlan, payload: Payload | None, placed: placement.Placement,
+           link_timeout: float = CONNECT_TIMEOUT) -> tuple[NodeLinks, list[HubHandle]]:
     port_ref = placed.hubs[0].free_port.remote(placed.addresses[0])
     server = (ChannelServer(ray.util.get_node_ip_address(), plan.num_nodes)
               if placed.relay is None else  # its session opens while the port is found
@@ -179,7 +180,7 @@ def _start(ray: Any, plan: LaunchPlan, payload: Payload | None,
         first = start(0)
         ray.wait([first], timeout=FIRST_START)
         starts = {first: 0, **{start(node): node for node in range(1, plan.num_nodes)}}
-        accepted = server.accept(time.monotonic() + CONNECT_TIMEOUT,
+        accepted = server.accept(time.monotonic() + link_timeout,
                                  lambda: _collect(ray, starts, pids))
         links = {node: channels["link"] for node, channels in accepted.items()}
         _collect(ray, starts, pids, wait=True)

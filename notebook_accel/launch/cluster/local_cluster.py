@@ -60,6 +60,16 @@ class LocalCluster:
     nodes: list[Node] = field(default_factory=list)
     logs: Path | None = None
 
+    def memory(self) -> int:
+        """Bytes of memory every process of every node holds (their PSS: shared pages counted
+        once, split between their sharers)."""
+        total = 0
+        for node in self.nodes:
+            for proc in node.tree():
+                with contextlib.suppress(psutil.Error):
+                    total += proc.memory_full_info().pss
+        return total
+
     def stop(self) -> None:
         """Leave the cluster (this kernel's placements included), then stop every node."""
         from notebook_accel.launch.cluster import placement

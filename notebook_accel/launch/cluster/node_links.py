@@ -1,18 +1,19 @@
 """The kernel's end of the node links: every node's one connection, taken apart into each rank's
-channels as the supervisor knows them.
+channels as the supervisor knows them, with no descriptor per rank.
 
-Each rank gets local pipes (stdout, stderr, control, events, and a sentinel that reaches its end
-of file when the rank has ended), so the supervisor, the output relay, the views and the failure
-records are those of a local launch. One thread per launch reads every node's link and writes
-each frame into its rank's pipe, in the link's order: a rank's ``END`` closes its channels after
-the last of its bytes, then its sentinel, so the kernel never waits for a rank's last line. It
-never blocks on a pipe (bytes the supervisor has not taken wait in memory; a link whose ranks
-hold more than ``BACKLOG_LIMIT`` bytes is not read until they are taken). It beats on every link
-each ``BEAT_EVERY`` seconds; a link that ends, or says nothing for ``SILENCE`` seconds, is a lost
-node: its ranks end without an exit status, naming why.
+One thread per launch reads every node's link and keeps each frame's bytes in memory under its
+rank and channel (stdout, stderr, control, events), in the link's order; the supervisor waits on
+one descriptor for them all (:meth:`NodeLinks.fileno`, readable when there is news) and takes
+the news (:meth:`NodeLinks.take`: which channels have bytes, which ranks ended) and the bytes.
+A rank's ``END`` comes after the last of its bytes, so the kernel never waits for a rank's last
+line. A link whose ranks hold more than ``BACKLOG_LIMIT`` bytes not yet taken is not read until
+they are. The thread beats on every link each ``BEAT_EVERY`` seconds; a link that ends, or says
+nothing for ``SILENCE`` seconds, is a lost node: its ranks end without an exit status, naming
+why. So the kernel holds one socket per node and a few descriptors per launch, whatever the
+number of ranks.
 
-The other way (commands, signals, a pool run once per node) is written on the link by the caller,
-one writer at a time.
+The other way (commands, a pool run once per node, signals once per node for every rank they
+concern) is written on the link by the caller, one writer at a time.
 """
 
 from __future__ import annotations
@@ -21,62 +22,81 @@ import contextlib
 import os
 import pickle
 import selectors
+import signal
 import socket
+import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from notebook_accel import wire
 from notebook_accel.launch.worker.hub_link import (
     BEAT_EVERY,
     EVERY_RANK,
     EXIT,
-    OUTPUTS,
     SIGNAL,
     SILENCE,
+    STOP_GRACE,
     Frame,
     FrameParser,
     frame,
 )
 
 BACKLOG_LIMIT = 32 << 20  # bytes of a node's ranks held here before its link is left unread
+NAMES = {Frame.STDOUT: "stdout", Frame.STDERR: "stderr", Frame.CONTROL: "control",
+         Frame.EVENTS: "events"}
+KINDS = {name: kind for kind, name in NAMES.items()}
+SIGNALS = {  # a handle's method -> (signal, to its process group, SIGKILL after, on the hub)
+    "terminate": (signal.SIGTERM, True, STOP_GRACE),
+    "kill": (signal.SIGKILL, True, 0.0),
+    "interrupt": (signal.SIGINT, False, 0.0),  # a KeyboardInterrupt in the rank only
+    "dump_stacks": (signal.SIGUSR1, False, 0.0),
+}
 
 
 @dataclass
-class RankEnds:
-    """One rank's channels: the supervisor reads ``read``, the links' thread writes ``write``."""
+class RankChannels:
+    """One rank's channels: what its node's link brought that the supervisor has not taken."""
 
     rank: int
     node: int
-    read: dict[Frame, int] = field(default_factory=dict)  # OUTPUTS and END (the sentinel)
-    write: dict[Frame, int] = field(default_factory=dict)
-    pending: dict[Frame, bytearray] = field(default_factory=dict)  # not yet taken by a pipe
+    held: dict[Frame, bytearray] = field(default_factory=dict)
     exitcode: int | None = None  # once ended: its exit code (None: lost, no exit status)
-    ending: int | None = None  # the END's exit code, until its bytes are all in its pipes
     lost: str | None = None  # why it ended without an exit status (its node's link ended)
     ended: threading.Event = field(default_factory=threading.Event)
 
-    def __post_init__(self) -> None:
-        for kind in (*OUTPUTS, Frame.END):
-            self.read[kind], self.write[kind] = os.pipe()
-            os.set_blocking(self.read[kind], False)
-            os.set_blocking(self.write[kind], False)
 
-    def close(self) -> None:
-        """Close the supervisor's ends (the links' thread closes its own)."""
-        for fd in self.read.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
+class LinkFrames(wire.FrameReader):
+    """A rank's control or events channel, read from what its node's link brought."""
+
+    def __init__(self, links: NodeLinks, rank: int, name: str) -> None:
+        super().__init__(-1)
+        self.links, self.rank, self.kind = links, rank, KINDS[name]
+
+    def _fill(self) -> None:
+        data = self.links.take_bytes(self.rank, self.kind)
+        if data:
+            self.buffer += data
+        elif data is not None:
+            self.open = False
 
 
 class NodeLinks:
     """One launch's node links (``links``: node -> its connection; ``ranks``: node -> its
-    global ranks)."""
+    global ranks); the ``Inbox`` and the ``Together`` of its ranks' handles
+    (``launch/backends/base.py``)."""
 
     def __init__(self, links: dict[int, socket.socket], ranks: dict[int, list[int]]) -> None:
         self.links = links
-        self.ends = {rank: RankEnds(rank, node) for node, its in ranks.items() for rank in its}
+        self.ends = {rank: RankChannels(rank, node) for node, its in ranks.items() for rank in its}
         self.ranks = ranks
         self._locks = {node: threading.Lock() for node in links}
+        self._lock = threading.Lock()  # the held bytes and the news
+        self._news: dict[tuple[int, str], None] = {}  # in arrival order, once each
+        self._held = dict.fromkeys(links, 0)  # bytes held per node
+        self._news_r, self._news_w = os.pipe()  # readable while there is news
+        os.set_blocking(self._news_r, False)
         self._open = set(links)
         self._broken: set[int] = set()  # links a send could not use: lost at the next look
         self._heard = dict.fromkeys(links, time.monotonic())
@@ -84,15 +104,46 @@ class NodeLinks:
         self._closing = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._parsers = {node: FrameParser() for node in links}
         for node, link in links.items():
             link.setblocking(True)
             link.settimeout(SILENCE)  # a send that cannot go for this long: the node is lost
-            self._selector.register(link, selectors.EVENT_READ, ("link", node))
+            self._selector.register(link, selectors.EVENT_READ, node)
         self._thread = threading.Thread(target=self._run, name="notebook-accel-node-links",
                                         daemon=True)
         self._thread.start()
+
+    # -- the supervisor's side (Inbox) ---------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self._news_r
+
+    def take(self) -> list[tuple[int, str]]:
+        with self._lock:
+            with contextlib.suppress(OSError):
+                while os.read(self._news_r, 4096):
+                    pass
+            news, self._news = list(self._news), {}
+        return news
+
+    def take_bytes(self, rank: int, kind: Frame) -> bytes | None:
+        """What ``rank``'s channel holds now: b"" once it ended with nothing left, None when
+        nothing is there yet."""
+        ends = self.ends[rank]
+        with self._lock:
+            held = ends.held.pop(kind, None)
+            if held:
+                self._held[ends.node] -= len(held)
+                return bytes(held)
+            return b"" if ends.ended.is_set() else None
+
+    def _tell(self, rank: int, name: str) -> None:
+        """News of ``rank``'s channel ``name`` (the caller holds the lock)."""
+        if not self._news:
+            with contextlib.suppress(OSError):
+                os.write(self._news_w, b"\0")
+        self._news[(rank, name)] = None
 
     # -- the kernel -> the hubs ----------------------------------------------------------------
 
@@ -113,15 +164,17 @@ class NodeLinks:
         """Bytes for a pool worker's commands channel (b"": close it)."""
         return self.send(self.ends[rank].node, frame(Frame.COMMAND, rank, data))
 
-    def signal(self, rank: int, sig: int, group: bool, kill_after: float = 0.0) -> bool:
-        """Have the hub signal ``rank`` (``kill_after``: and SIGKILL it that many seconds later)."""
-        body = SIGNAL.pack(int(sig), int(group), kill_after)
-        return self.send(self.ends[rank].node, frame(Frame.SIGNAL, rank, body))
-
-    def signal_all(self, sig: int, group: bool) -> None:
-        """Signal every rank, one frame per node."""
-        for node in list(self._open):
-            self.send(node, frame(Frame.SIGNAL, EVERY_RANK, SIGNAL.pack(int(sig), int(group), 0.0)))
+    def signal(self, ranks: Sequence[int], what: str) -> None:
+        """Do ``what`` to ``ranks``: one frame per node that has some (the hub kills a rank
+        that ignores its ``terminate`` ``STOP_GRACE`` seconds later, on its own clock)."""
+        sig, group, after = SIGNALS[what]
+        head = SIGNAL.pack(int(sig), int(group), after)
+        by_node: dict[int, list[int]] = {}
+        for rank in ranks:
+            by_node.setdefault(self.ends[rank].node, []).append(rank)
+        for node, its in by_node.items():
+            listed = b"" if len(its) == len(self.ranks[node]) else struct.pack(f"!{len(its)}I", *its)
+            self.send(node, frame(Frame.SIGNAL, EVERY_RANK, head + listed))
 
     def run(self, payload: bytes, with_result: set[int], chosen: set[int]) -> None:
         """A pool run on the ranks ``chosen``: its payload once per node that has some;
@@ -137,26 +190,26 @@ class NodeLinks:
         self._closing = True
         self._wake()
         self._thread.join(timeout=5.0)
+        for fd in (self._news_r, self._news_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
 
-    # -- the hubs -> the ranks' pipes (the links' thread) ---------------------------------------
+    # -- the hubs -> the ranks' channels (the links' thread) ------------------------------------
 
     def _run(self) -> None:
         beat = time.monotonic()
         try:
-            while not self._closing and (self._open or self._any_pending()):
+            while not self._closing and self._open:
                 for key, _ in self._selector.select(0.25):
-                    what, arg = key.data
-                    if what == "link":
-                        self._read_link(arg)
-                    elif what == "pipe":
-                        self._flush(*arg)
-                    else:
+                    if key.data is None:
                         with contextlib.suppress(OSError):
                             self._wake_r.recv(4096)
+                    else:
+                        self._read_link(key.data)
                 now = time.monotonic()
                 if now - beat >= BEAT_EVERY:
                     beat = now
@@ -180,76 +233,36 @@ class NodeLinks:
             self._lose(node, "its node's link ended")
             return
         self._heard[node] = time.monotonic()
-        for kind, rank, body in self._parsers[node].feed(data):
-            ends = self.ends.get(rank)
-            if ends is None or ends.ended.is_set():
-                continue
-            if kind is Frame.END:
-                (ends.ending,) = EXIT.unpack(body)
-                self._settle(ends)
-            elif kind in OUTPUTS and ends.ending is None:
-                self._write(ends, kind, body)
-        if sum(self._backlog(rank) for rank in self.ranks[node]) > BACKLOG_LIMIT:
-            self._paused.add(node)
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(self.links[node])
+        frames = self._parsers[node].feed(data)  # (outside the lock: the supervisor takes)
+        with self._lock:
+            for kind, rank, body in frames:
+                ends = self.ends.get(rank)
+                if ends is None or ends.ended.is_set():
+                    continue
+                if kind is Frame.END:
+                    (ends.exitcode,) = EXIT.unpack(body)
+                    ends.ended.set()  # after its bytes: they are all held already
+                    self._tell(rank, "exit")
+                elif kind in NAMES:
+                    ends.held.setdefault(kind, bytearray()).extend(body)
+                    self._held[node] += len(body)
+                    self._tell(rank, NAMES[kind])
+            if self._held[node] > BACKLOG_LIMIT:
+                self._paused.add(node)
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(self.links[node])
 
     def _resume(self) -> None:
         for node in list(self._paused):
-            if sum(self._backlog(rank) for rank in self.ranks[node]) <= BACKLOG_LIMIT // 2:
+            if self._held[node] <= BACKLOG_LIMIT // 2:
                 self._paused.discard(node)
                 self._heard[node] = time.monotonic()
                 if node in self._open:
-                    self._selector.register(self.links[node], selectors.EVENT_READ, ("link", node))
-
-    def _backlog(self, rank: int) -> int:
-        return sum(len(buffer) for buffer in self.ends[rank].pending.values())
-
-    def _any_pending(self) -> bool:
-        return any(ends.pending for ends in self.ends.values())
-
-    def _write(self, ends: RankEnds, kind: Frame, data: bytes) -> None:
-        pending = ends.pending.get(kind)
-        if pending is not None:
-            pending += data
-            return
-        try:
-            written = os.write(ends.write[kind], data)
-        except BlockingIOError:
-            written = 0
-        except OSError:  # the supervisor has closed its end: nobody reads this any more
-            return
-        if written < len(data):
-            ends.pending[kind] = bytearray(data[written:])
-            self._selector.register(ends.write[kind], selectors.EVENT_WRITE,
-                                    ("pipe", (ends.rank, kind)))
-
-    def _flush(self, rank: int, kind: Frame) -> None:
-        ends = self.ends[rank]
-        pending = ends.pending[kind]
-        try:
-            del pending[:os.write(ends.write[kind], pending)]
-        except BlockingIOError:
-            return
-        except OSError:
-            pending.clear()
-        if not pending:
-            del ends.pending[kind]
-            self._selector.unregister(ends.write[kind])
-            self._settle(ends)
-
-    def _settle(self, ends: RankEnds) -> None:
-        """An ending rank whose bytes are all in its pipes: close them, then its sentinel."""
-        if ends.ended.is_set() or (ends.ending is None and ends.lost is None) or ends.pending:
-            return
-        ends.exitcode = ends.ending
-        for fd in ends.write.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)  # the sentinel last: its pipes are at their ends first
-        ends.ended.set()
+                    self._selector.register(self.links[node], selectors.EVENT_READ, node)
 
     def _lose(self, node: int, why: str) -> None:
-        """``node``'s link is gone: its ranks that had not ended end without an exit status."""
+        """``node``'s link is gone: its ranks that had not ended end without an exit status
+        (what they sent before stays to be read)."""
         if node not in self._open:
             return
         self._open.discard(node)
@@ -258,25 +271,17 @@ class NodeLinks:
             self._selector.unregister(self.links[node])
         with contextlib.suppress(OSError):
             self.links[node].close()
-        for rank in self.ranks[node]:
-            ends = self.ends[rank]
-            if ends.ended.is_set():
-                continue
-            ends.lost = why if ends.ending is None else None
-            for kind in list(ends.pending):  # what the pipe takes now; the rest is dropped
-                with contextlib.suppress(OSError):
-                    os.write(ends.write[kind], ends.pending[kind])
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(ends.write[kind])
-                del ends.pending[kind]
-            self._settle(ends)
+        with self._lock:
+            for rank in self.ranks[node]:
+                ends = self.ends[rank]
+                if not ends.ended.is_set():
+                    ends.lost = why
+                    ends.ended.set()
+                    self._tell(rank, "exit")
 
     def _shut(self) -> None:
         for node in list(self._open):
             self._lose(node, "the launch ended")
-        for ends in self.ends.values():
-            ends.pending.clear()
-            self._settle(ends)
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()

@@ -215,6 +215,11 @@ def _start_relay(ray: Any) -> Any:
         scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
 
 
+def is_placed(plan: LaunchPlan) -> bool:
+    """Whether hubs of ``plan``'s shape were placed by an earlier launch (and kept)."""
+    return _key(plan) in _placements
+
+
 def discard(plan: LaunchPlan) -> None:
     """Stop ``plan``'s hubs (one was lost, or the group must not be reused)."""
     placed = _placements.pop(_key(plan), None)

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from notebook_accel.launch.rank_ranges import ranks_text  # noqa: F401 - the words every view uses
 from notebook_accel.launch.record import ENDED_STATES as _ENDED
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.views.nodes import node_table, per_node
 from notebook_accel.observe.progress import bar_label, job_progress
 
 PREFIX = "[notebook_accel] "
@@ -85,16 +86,23 @@ def state_text(status: RankStatus) -> str:
 def rank_states(record: LaunchRecord) -> str:
     """``"2 running"``, ``"1 compiling (rank 0 for 12.0 s), 1 running"``, or
     ``"1 finished, 1 failed (rank 1, exit code 1)"``."""
-    counts = Counter(status.state for status in record.ranks.values())
+    if per_node(record):  # the nodes' counts, and only the ranks in a phase or abnormal
+        summary = node_table(record)
+        counts = +summary.states  # (no zero counts)
+        phased = [record.ranks[rank] for rank in sorted(summary.in_phase)]
+        abnormal = [record.ranks[rank] for rank in sorted(summary.abnormal)]
+    else:
+        counts = Counter(status.state for status in record.ranks.values())
+        phased = abnormal = list(record.ranks.values())
     parts = []
     for state, count in counts.items():
         part = f"{count} {state}"
-        in_phase = [s for s in record.ranks.values() if s.state == state and s.phase_elapsed is not None]
+        in_phase = [s for s in phased if s.state == state and s.phase_elapsed is not None]
         if in_phase and state not in _ENDED:
             part += " (" + ", ".join(f"rank {s.rank} for {format_duration(s.phase_elapsed)}"
                                      for s in in_phase[:4]) + ")"
         if state == "failed":
-            failed = [s for s in record.ranks.values() if s.state == "failed"]
+            failed = [s for s in abnormal if s.state == "failed"]
             part += " (" + ", ".join(
                 f"rank {s.rank}" + (f", exit code {s.exitcode}" if s.exitcode is not None else "")
                 for s in failed[:4]) + ")"
@@ -104,7 +112,7 @@ def rank_states(record: LaunchRecord) -> str:
 
 def progress_text(record: LaunchRecord) -> str | None:
     """The job's progress as one line (tqdm's own format), or None without progress events."""
-    state = job_progress(record)
+    state = job_progress(record, node_table(record).slowest() if per_node(record) else None)
     if state is None:
         return None
     from tqdm.std import tqdm

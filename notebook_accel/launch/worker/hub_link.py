@@ -6,8 +6,9 @@ data. A hub sends each rank's output and framed channels as they come, and the r
 (``END``: its exit code) after everything the rank wrote, on that same stream, so the kernel
 never waits for a rank's last line. The kernel sends commands for one rank (a pool worker's
 ``Run``, ``StopAsk``, ``StopAt``; empty data: close its commands), signals, and a pool run's
-payload once per node (``RUN``). Both sides send ``BEAT`` every ``BEAT_EVERY`` seconds; a side
-that hears nothing for ``SILENCE`` seconds takes the other for lost.
+payload once per node (``RUN``); a stop, an interrupt or a stack dump goes once per node,
+listing its ranks. Both sides send ``BEAT`` every ``BEAT_EVERY`` seconds; a side that hears
+nothing for ``SILENCE`` seconds takes the other for lost.
 
 The connection opens with :data:`HELLO` (the launch's secret token, the node's index), as every
 connection to the kernel's :class:`~notebook_accel.launch.cluster.channel_server.ChannelServer`.
@@ -23,7 +24,7 @@ LINK_CHANNELS = ("link",)  # what a hub's connection is, for the channel server
 HEADER = struct.Struct("!BII")  # kind, rank, length of the data
 EXIT = struct.Struct("!i")  # an END's data: the exit code (negative: the signal)
 SIGNAL = struct.Struct("!iBd")  # a SIGNAL's data: the signal, to its group, kill after (s; 0: no)
-EVERY_RANK = 0xFFFFFFFF  # a SIGNAL's rank for every rank of the node
+EVERY_RANK = 0xFFFFFFFF  # a SIGNAL's rank for the ranks listed after its data (none: all)
 BEAT_EVERY = 1.0  # seconds between two beats of each side
 SILENCE = 4.0  # seconds without a frame after which a side takes the other for lost
 STOP_GRACE = 2.0  # seconds between a rank's SIGTERM and its SIGKILL, on the hub's own clock
@@ -39,7 +40,7 @@ class Frame(enum.IntEnum):
     END = 4  # hub -> kernel: the rank ended (EXIT), after everything it wrote
     BEAT = 5  # both ways: alive
     COMMAND = 6  # kernel -> hub: bytes for a rank's commands channel (b"": close it)
-    SIGNAL = 7  # kernel -> hub: signal a rank (SIGNAL)
+    SIGNAL = 7  # kernel -> hub: signal a rank, or EVERY_RANK: those listed (SIGNAL, then "!I"s)
     RUN = 8  # kernel -> hub: a pool run for the node (pickled (payload, ranks sending results))
 
 

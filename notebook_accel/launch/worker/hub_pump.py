@@ -16,6 +16,7 @@ import pickle
 import selectors
 import signal
 import socket
+import struct
 import time
 
 from notebook_accel import wire
@@ -142,11 +143,12 @@ class HubPump:
             if kind is Frame.COMMAND:
                 self._command(rank, body)
             elif kind is Frame.SIGNAL:
-                sig, group, after = SIGNAL.unpack(body)
-                for target in (self.live.copy() if rank == EVERY_RANK else {rank} & self.live):
+                sig, group, after = SIGNAL.unpack_from(body)
+                at = time.monotonic() + after  # the stop's grace runs on this hub's clock
+                for target in sorted(_targets(rank, body, self.live)):
                     self._signal(target, sig, bool(group))
                     if after:
-                        self.kill_at.setdefault(target, time.monotonic() + after)
+                        self.kill_at.setdefault(target, at)
             elif kind is Frame.RUN:
                 payload, with_result, targets = pickle.loads(body)
                 for target in sorted(self.live & targets):
@@ -201,3 +203,14 @@ class HubPump:
             self._forget(rank)
         self.selector.close()
         self.link.close()
+
+
+def _targets(rank: int, body: bytes, live: set[int]) -> set[int]:
+    """The live ranks a SIGNAL frame is for: ``rank``, or (``EVERY_RANK``) those listed after
+    its SIGNAL data, every live rank of the node when none are."""
+    if rank != EVERY_RANK:
+        return {rank} & live
+    listed = body[SIGNAL.size:]
+    if not listed:
+        return set(live)
+    return set(struct.unpack(f"!{len(listed) // 4}I", listed)) & live
