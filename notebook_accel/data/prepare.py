@@ -39,6 +39,7 @@ from notebook_accel.data.iterable import IterableDatasetShard, shard_natively
 from notebook_accel.data.samplers import SeedableRandomSampler
 from notebook_accel.data.shard import DataLoaderShard, LoaderProgress, loader_kwargs
 from notebook_accel.data.sharding import ShardBatchSampler
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.ops import broadcast, world_size
 
@@ -134,8 +135,8 @@ def _rank0_int(number: int, device: torch.device | None) -> int:
     value = torch.tensor([number], dtype=torch.int64)
     if world_size() == 1:
         return number
-    if device is not None and device.type in ("cuda", "xla"):  # nccl / xla collectives need it there
-        value = value.to(device)
+    if device is not None:  # where the group's collectives take it (nccl's, XLA's: the device)
+        value = value.to(device_kind(device).collective_device(device))
     return int(broadcast(value, from_process=0).item())
 
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from notebook_accel.runtime import compilation
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, ensure_process_group
 from notebook_accel.strategies.base import Strategy, StrategyContext
@@ -33,15 +34,14 @@ class DeepSpeedStrategy(Strategy):
 
     Raises:
         ImportError: deepspeed is not installed.
-        ValueError: an XLA device; fp16 where DeepSpeed's device has no fp16 support.
+        ValueError: a device kind that is not torch-native (XLA); fp16 where DeepSpeed's device has no fp16 support.
     """
 
     name: ClassVar[str] = "deepspeed"
     joint_setup: ClassVar[bool] = True
 
     def __init__(self, context: StrategyContext, plugin: Any = None) -> None:
-        if context.state.device.type == "xla":
-            raise ValueError("DeepSpeed does not run on XLA devices; on TPU use the default data parallelism")
+        device_kind(context.state.device).refuse("DeepSpeed")
         super().__init__(context, plugin)
         from notebook_accel.strategies.deepspeed.runtime import fill_precision, import_deepspeed
 
