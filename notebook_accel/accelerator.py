@@ -24,7 +24,6 @@ import contextlib
 import os
 import sys
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,14 @@ from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
 from notebook_accel import _peer_paths
-from notebook_accel.checkpoint import training_state as checkpoint
-from notebook_accel.checkpoint.training_state import ProjectConfiguration
+from notebook_accel.checkpoint import orchestration
+from notebook_accel.checkpoint.project import ProjectConfiguration
+from notebook_accel.checkpoint.weight_files import save_weights
+from notebook_accel.checkpoint.weight_shards import save_object
 from notebook_accel.data.prepare import (
     DataLoaderConfiguration,
     DataLoaderShard,
-    prepare_data_loader,
+    shard_data_loader,
     skip_first_batches,
 )
 from notebook_accel.machine.versions import check_os_kernel
@@ -48,6 +49,12 @@ from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
 from notebook_accel.runtime.dynamo import TorchDynamoPlugin, parse_backend
 from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.kwargs_handlers import (
+    comm_hook,
+    find_handler,
+    handler_kwargs,
+    process_group_kwargs,
+)
 from notebook_accel.runtime.memory import release_memory
 from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
 from notebook_accel.runtime.profiling import ProfileKwargs
@@ -60,43 +67,10 @@ if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
     _SCHEDULER_TYPES += (torch.optim.lr_scheduler.ReduceLROnPlateau,)
 
 
-def _handler(handlers: list[Any] | None, class_name: str) -> Any:
-    """The kwargs handler (ours or the peer's) of that class name, or None."""
-    return next((h for h in handlers or [] if type(h).__name__ == class_name), None)
-
-
-def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, Any]:
-    """Keyword arguments from a kwargs handler (ours or the peer's) of that class name."""
-    handler = _handler(handlers, class_name)
-    if handler is None:
-        return {}
-    return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
-
-
-def _process_group_kwargs(handlers: list[Any] | None) -> dict[str, Any]:
-    """``AcceleratorState``'s process-group arguments from an ``InitProcessGroupKwargs`` (ours or the
-    peer's): its timeout, init method, and backend unless it is the default ``"nccl"`` (the device's own)."""
-    kwargs = _handler_kwargs(handlers, "InitProcessGroupKwargs")
-    if kwargs.get("backend") == "nccl":
-        del kwargs["backend"]
-    return {k: v for k, v in kwargs.items() if k in ("backend", "init_method", "timeout")}
-
-
 def _mark_prepared(obj: Any) -> Any:
     """Set the peer's ``_is_accelerate_prepared`` marker (transformers reads it); returns ``obj``."""
     obj._is_accelerate_prepared = True
     return obj
-
-
-def _comm_hook(handlers: list[Any] | None) -> tuple[str, str, dict]:
-    """DDP's communication hook from a ``DistributedDataParallelKwargs``: ``(hook, wrapper, options)``."""
-    handler = _handler(handlers, "DistributedDataParallelKwargs")
-
-    def name(value: Any) -> str:
-        return str(getattr(value, "value", value))
-
-    return (name(getattr(handler, "comm_hook", "no")), name(getattr(handler, "comm_wrapper", "no")),
-            dict(getattr(handler, "comm_state_option", None) or {}))
 
 
 class Accelerator:
@@ -166,7 +140,7 @@ class Accelerator:
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}, dynamo_plugin=...): give one "
                              "of them (the plugin has a backend field)")
-        self.state = AcceleratorState(mixed_precision, cpu=cpu, **_process_group_kwargs(kwargs_handlers))
+        self.state = AcceleratorState(mixed_precision, cpu=cpu, **process_group_kwargs(kwargs_handlers))
         # how prepare compiles models (the peer keeps it on its state)
         if dynamo_backend is not None:
             dynamo_backend = parse_backend(dynamo_backend, "Accelerator(dynamo_backend=...)")
@@ -184,8 +158,8 @@ class Accelerator:
         check_os_kernel()  # a warning on Linux below 5.5, as the peer's
         AcceleratorState.adopt(self.state)  # what AcceleratorState() / GradientState() answer (runtime.latest)
         GradientState.adopt(self.gradient_state)
-        ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
-        scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
+        ddp_kwargs = {**handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
+        scaler_kw = {**handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
         self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)
         self.log_with = log_with
         self.project_configuration = project_config or ProjectConfiguration()
@@ -200,13 +174,11 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
-        # OrderedDict: RemovableHandle keeps a weak reference to it
-        self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self.profile_handler = _handler(kwargs_handlers, "ProfileKwargs")
+        self._state_hooks = orchestration.StateHooks()
+        self.profile_handler = find_handler(kwargs_handlers, "ProfileKwargs")
         # the state's print, not self.print: a bound method here would keep this Accelerator alive in a cycle
         context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.state.print, ddp_kwargs,
-                                  _comm_hook(kwargs_handlers))
+                                  comm_hook(kwargs_handlers))
         # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
         self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
         self.fsdp_plugin = self.state.fsdp_plugin = plugins["fsdp"]
@@ -261,10 +233,7 @@ class Accelerator:
     @property
     def deepspeed_config(self) -> dict[str, Any] | None:
         """The DeepSpeed config (``"auto"`` values filled once a model is prepared), or ``None``."""
-        resolved = self.strategy.resolved_config()
-        if resolved is not None:
-            return resolved
-        return None if self.deepspeed_plugin is None else self.deepspeed_plugin.deepspeed_config
+        return self.strategy.resolved_config()
 
     @property
     def use_distributed(self) -> bool:
@@ -335,11 +304,8 @@ class Accelerator:
 
     def _prepare_jointly(self, out: list[Any], placement: list[bool]) -> None:
         """Set the call's trainable model up together with its optimizer (a ``joint_setup`` strategy:
-        DeepSpeed's engine), in ``out``, in place.
-
-        Loaders are prepared first: their per-process batch is the strategy's micro batch.
-        Models without an optimizer (frozen, evaluation) are placed, not wrapped.
-        """
+        DeepSpeed's engine), in ``out``, in place: loaders first (the strategy reads their batch),
+        models without an optimizer (frozen, evaluation) placed, not wrapped."""
         for i, obj in enumerate(out):
             if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
                 out[i] = self.prepare_data_loader(obj, device_placement=placement[i])
@@ -352,10 +318,8 @@ class Accelerator:
                 out[i] = self.prepare_model(out[i], device_placement=placement[i], evaluation_mode=True)
         if not optimizers:
             return
-        shard = self._dataloaders[0] if self._dataloaders else None
-        micro = shard.total_batch_size // self.num_processes if shard and shard.total_batch_size else None
         model, wrapped = self.strategy.setup_model_and_optimizer(
-            [out[i] for i in models], [out[i] for i in optimizers], micro)
+            [out[i] for i in models], [out[i] for i in optimizers], self._dataloaders)
         self._models.append(model)
         self._optimizers.append(wrapped)
         model = self.strategy.compile_model(model, self.state.dynamo_plugin)
@@ -410,7 +374,7 @@ class Accelerator:
     def prepare_data_loader(self, loader: DataLoader, device_placement: bool | None = None) -> DataLoaderShard:
         """Shard ``loader`` across processes (see ``data``)."""
         place = device_placement if device_placement is not None else self.device_placement
-        shard = prepare_data_loader(
+        shard = shard_data_loader(
             loader, num_processes=self.num_processes, process_index=self.process_index,
             device=self.device if place else None, gradient_state=self.gradient_state,
             split_batches=self.split_batches, even_batches=self.even_batches,
@@ -479,13 +443,11 @@ class Accelerator:
                     raise
 
     def _settle_gradients(self) -> None:
-        """Make the gradients final before they are inspected: unscaled (fp16), and reduced now by the
-        optimizers that reduce them before their step (several XLA cores; the step then skips it)."""
+        """Make the gradients final before they are inspected: unscaled (fp16), then as the strategy
+        has them at a step (``Strategy.settle_gradients``)."""
         self.unscale_gradients()
         if self.sync_gradients:
-            for opt in self._optimizers:
-                if hasattr(opt.before_step, "reduce_now"):
-                    opt.before_step.reduce_now(opt.optimizer)
+            self.strategy.settle_gradients(self._optimizers)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm.
@@ -621,9 +583,6 @@ class Accelerator:
         Under FSDP: the full weights, gathered on the main process's CPU (``{}`` on the others);
         every process must call it. A dispatched model's offloaded weights are read in (to the CPU).
         """
-        dispatch = sys.modules.get("notebook_accel.big_model.dispatch")  # imported when one was dispatched
-        if dispatch is not None and dispatch.DISPATCHED in model.__dict__:
-            return dispatch.state_dict_with_offloaded(model)
         return self.strategy.model_state_dict(model, unwrap)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
@@ -635,7 +594,7 @@ class Accelerator:
         obj = self.strategy.to_cpu(obj)
         on_each_node = self.project_configuration.save_on_each_node
         if self.is_local_main_process if on_each_node else self.is_main_process:
-            checkpoint.save_object(obj, Path(f), safe_serialization)
+            save_object(obj, Path(f), safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> Path | None:
@@ -649,7 +608,7 @@ class Accelerator:
         state = self.strategy.to_cpu(self.get_state_dict(model))
         if not self.is_main_process:
             return None
-        return checkpoint.save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
+        return save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``.
@@ -665,13 +624,6 @@ class Accelerator:
             )
         self._custom_objects.extend(objects)
 
-    def _checkpoint_items(self) -> checkpoint.CheckpointItems:
-        sharded = self.strategy.checkpointer(self._models, self._optimizers)
-        return checkpoint.CheckpointItems(
-            self._models, self._optimizers, self._schedulers, self._dataloaders,
-            self._custom_objects, self.scaler, _AcceleratorCounters(self), sharded=sharded,
-        )
-
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` at the start of every ``save_state``.
 
@@ -679,18 +631,14 @@ class Accelerator:
         (with the matching ``models`` entries) to save something else or nothing.
         Returns a handle whose ``remove()`` unregisters the hook.
         """
-        handle = RemovableHandle(self._save_state_pre_hooks)
-        self._save_state_pre_hooks[handle.id] = hook
-        return handle
+        return self._state_hooks.add(self._state_hooks.save, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` at the start of every ``load_state``.
 
         A hook may remove entries from ``models`` to load them itself. Returns a removable handle.
         """
-        handle = RemovableHandle(self._load_state_pre_hooks)
-        self._load_state_pre_hooks[handle.id] = hook
-        return handle
+        return self._state_hooks.add(self._state_hooks.load, hook)
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None,
                    safe_serialization: bool = True) -> Path:
@@ -702,24 +650,7 @@ class Accelerator:
         peer's. ``safe_serialization`` (the default, as the peer's) stores the models as safetensors
         (``model.safetensors``...), else ``pytorch_model.bin``...; ``load_state`` reads either.
         """
-        config = self.project_configuration
-        automatic = output_dir is None and config.automatic_checkpoint_naming
-        target = config.resolve(output_dir, saving=True)
-        items = self._checkpoint_items()
-        if self._save_state_pre_hooks:
-            Path(target).mkdir(parents=True, exist_ok=True)  # hooks write into it (their files are kept)
-            items.model_states = [self.unwrap_model(m, keep_torch_compile=False).state_dict()
-                                 for m in items.models]
-            items.models = list(items.models)
-            for hook in list(self._save_state_pre_hooks.values()):
-                hook(items.models, items.model_states, target)
-        path = checkpoint.save_state(target, items, self.state, safe_serialization, step=self.step)
-        if automatic:
-            config.iteration += 1
-            if self.is_main_process:
-                config.prune()
-            self.wait_for_everyone()
-        return path
+        return orchestration.save_accelerator_state(self, output_dir, safe_serialization)
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True,
                    *, strict: bool = True) -> Path:
@@ -729,18 +660,7 @@ class Accelerator:
         ``strict=False`` (the peer's ``load_model_func_kwargs``) accepts model weights missing from or
         extra to the checkpoint, e.g. one a save hook cut down to a LoRA adapter; unsharded models only.
         """
-        path = self.project_configuration.resolve(input_dir, saving=False)
-        items = self._checkpoint_items()
-        if self._load_state_pre_hooks:
-            items.models = list(items.models)
-            for hook in list(self._load_state_pre_hooks.values()):
-                hook(items.models, path)
-        path = checkpoint.load_state(path, items, self.state, weights_only, strict)
-        suffix = path.name.removeprefix("checkpoint_")
-        if self.project_configuration.automatic_checkpoint_naming and suffix.isdigit():
-            self.project_configuration.iteration = int(suffix) + 1
-        self.wait_for_everyone()
-        return path
+        return orchestration.load_accelerator_state(self, input_dir, weights_only, strict)
 
     def profile(self, profile_handler: ProfileKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
         """Profile the block with ``torch.profiler`` (settings: ``profile_handler``, else the
@@ -804,22 +724,6 @@ class Accelerator:
         self.trackers = []
         self.wait_for_everyone()
         self.state.destroy_process_group()
-
-
-class _AcceleratorCounters:
-    """The Accelerator's own counters, as a checkpointable object."""
-
-    def __init__(self, accelerator: Accelerator) -> None:
-        self.accelerator = accelerator
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.accelerator.step, "gradient_state": self.accelerator.gradient_state.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """``step``, and the accumulation counters where the checkpoint has them (the peer's has not)."""
-        self.accelerator.step = int(state["step"])
-        if "gradient_state" in state:
-            self.accelerator.gradient_state.load_state_dict(state["gradient_state"])
 
 
 # the peer's ``accelerate.accelerator`` also holds names other modules own (gather, PartialState...)

@@ -246,8 +246,3 @@ def _dispatcher(
         process_index=process_index, num_processes=num_processes, per_process_batch=per,
         remainder=None, total_batch_size=total, **common, **kwargs, **loader_kwargs(loader),
     )
-
-
-# TEMPORARY: notebook_accel/accelerator.py still imports this name (the strategy seam work switches it
-# to ``shard_data_loader``); the peer's ``prepare_data_loader`` is ``loader.prepare_data_loader``.
-prepare_data_loader = shard_data_loader

@@ -139,9 +139,9 @@ class Strategy(ABC):
         return compilation.compile_model(model, plugin)
 
     def setup_model_and_optimizer(self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
-                                  micro_batch: int | None) -> tuple[torch.nn.Module, AcceleratedOptimizer]:
+                                  loaders: list[Any]) -> tuple[torch.nn.Module, AcceleratedOptimizer]:
         """For a ``joint_setup`` strategy: the prepared model and optimizer from one ``prepare`` call's
-        trainable ``models`` and ``optimizers``; ``micro_batch``: the per-process batch of its loader."""
+        trainable ``models`` and ``optimizers``; ``loaders``: the data loaders prepared so far."""
         raise NotImplementedError(f"the {self.name} strategy sets models and optimizers up one at a time")
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> AcceleratedOptimizer:
@@ -197,6 +197,11 @@ class Strategy(ABC):
                 f"{self.distributed_type.value}; it has no effect here", UserWarning, stacklevel=6,
             )
 
+    def settle_gradients(self, optimizers: list[AcceleratedOptimizer]) -> None:
+        """Make the (unscaled) gradients what the optimizers' next step will use, before they are
+        clipped or inspected (XLA averages them across the cores here); nothing here."""
+        return None
+
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the (unscaled) gradients to ``max_norm``; returns their total norm."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
@@ -214,7 +219,12 @@ class Strategy(ABC):
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """``model``'s full weights (see ``Accelerator.get_state_dict``)."""
+        """``model``'s full weights (see ``Accelerator.get_state_dict``); a dispatched model's
+        offloaded ones read in (``big_model.dispatch``)."""
+        from notebook_accel.big_model.dispatch import DISPATCHED, state_dict_with_offloaded
+
+        if DISPATCHED in model.__dict__:
+            return state_dict_with_offloaded(model)
         return (self.unwrap(model) if unwrap else model).state_dict()
 
     def to_cpu(self, obj: Any) -> Any:

@@ -47,5 +47,11 @@ class XlaStrategy(Strategy):
         reducer = xla.GradientReducer() if self.num_processes > 1 else None
         return AcceleratedOptimizer(optimizer, self.gradient_state, scaler, reducer, xla.sync)
 
+    def settle_gradients(self, optimizers: list[AcceleratedOptimizer]) -> None:
+        """Average the gradients across the cores now (before clipping); their step will not repeat it."""
+        for optimizer in optimizers:
+            if optimizer.before_step is not None:  # its GradientReducer (several cores)
+                optimizer.before_step.reduce_now(optimizer.optimizer)
+
     def to_cpu(self, obj: Any) -> Any:
         return xla.to_cpu(obj)  # on every process: the copy runs the pending XLA graph

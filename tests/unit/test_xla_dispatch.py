@@ -358,11 +358,14 @@ def test_notebook_launcher_without_torch_xla_says_how_to_install(monkeypatch):
 def test_clipping_on_several_xla_cores_clips_averaged_gradients_once(monkeypatch):
     from notebook_accel import Accelerator
     from notebook_accel.runtime.optim import AcceleratedOptimizer
+    from notebook_accel.strategies.base import StrategyContext
+    from notebook_accel.strategies.xla import XlaStrategy
 
     calls = []
     monkeypatch.setattr(runtime, "_xm", lambda: types.SimpleNamespace(
         reduce_gradients=lambda opt: calls.append("reduce")))
     accelerator = Accelerator(cpu=True)
+    accelerator.strategy = XlaStrategy(StrategyContext.on_device(torch.device("xla", 0), num_processes=2))
     model = torch.nn.Linear(2, 1)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
     optimizer = AcceleratedOptimizer(inner, accelerator.gradient_state, None, runtime.GradientReducer())
