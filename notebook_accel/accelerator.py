@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,9 @@ from notebook_accel.data.prepare import (
     shard_data_loader,
     skip_first_batches,
 )
+from notebook_accel.data.uneven import even_batches_for
 from notebook_accel.machine.versions import check_os_kernel
-from notebook_accel.observe import tracking
+from notebook_accel.observe import run_trackers, tracking
 from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
 from notebook_accel.runtime.dynamo import TorchDynamoPlugin, parse_backend
@@ -60,17 +60,8 @@ from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedSchedu
 from notebook_accel.runtime.profiling import ProfileKwargs
 from notebook_accel.runtime.state import DistributedType
 from notebook_accel.strategies.base import StrategyContext
+from notebook_accel.strategies.preparation import mark_prepared, prepare_objects
 from notebook_accel.strategies.registry import select
-
-_SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
-if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
-    _SCHEDULER_TYPES += (torch.optim.lr_scheduler.ReduceLROnPlateau,)
-
-
-def _mark_prepared(obj: Any) -> Any:
-    """Set the peer's ``_is_accelerate_prepared`` marker (transformers reads it); returns ``obj``."""
-    obj._is_accelerate_prepared = True
-    return obj
 
 
 class Accelerator:
@@ -98,15 +89,12 @@ class Accelerator:
         kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` (also its ``comm_hook``),
             ``ProfileKwargs`` / ``GradScalerKwargs`` / ``InitProcessGroupKwargs``
             objects are understood too.
-        fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
-            models with FSDP2 instead of DDP; default: one from the environment when
-            ``ACCELERATE_USE_FSDP`` is true (the launcher sets it for ``distributed_type: FSDP``).
-        deepspeed_plugin: a ``DeepSpeedPlugin`` (ours or the peer's): ``prepare`` gives the model and
-            its optimizer to a DeepSpeed ZeRO engine; default: one from the environment when
-            ``ACCELERATE_USE_DEEPSPEED`` is true (``distributed_type: DEEPSPEED``). Needs ``deepspeed``.
-        dynamo_backend: ``torch.compile`` prepared models with this backend (a ``DynamoBackend`` or
-            its name: ``"inductor"``, ``"aot_eager"``...; ``"no"``: not compiled); default:
-            ``ACCELERATE_DYNAMO_BACKEND`` (the launcher's ``dynamo_backend``), else ``"no"``.
+        fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): shard models with FSDP2;
+            default: one from the environment when ``ACCELERATE_USE_FSDP`` is true.
+        deepspeed_plugin: a ``DeepSpeedPlugin`` (ours or the peer's): train through a DeepSpeed ZeRO
+            engine; default: one from the environment when ``ACCELERATE_USE_DEEPSPEED`` is true.
+        dynamo_backend: ``torch.compile`` prepared models with this backend (``"inductor"``...; ``"no"``:
+            not compiled); default: ``ACCELERATE_DYNAMO_BACKEND``, else ``"no"``.
         dynamo_plugin: a ``TorchDynamoPlugin`` (backend, mode, fullgraph, dynamic, options,
             regional compilation), instead of ``dynamo_backend``.
 
@@ -291,48 +279,8 @@ class Accelerator:
         placement = device_placement or [self.device_placement] * len(args)
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
-        out = list(args)
-        if self.strategy.joint_setup:
-            self._prepare_jointly(out, placement)
-        for i, obj in enumerate(args):
-            if not isinstance(obj, _SCHEDULER_TYPES):
-                out[i] = self._prepare_one(out[i], placement[i])
-        for i, obj in enumerate(args):
-            if isinstance(obj, _SCHEDULER_TYPES):
-                out[i] = self.prepare_scheduler(obj)
+        out = prepare_objects(self, list(args), placement)
         return out[0] if len(out) == 1 else tuple(out)
-
-    def _prepare_jointly(self, out: list[Any], placement: list[bool]) -> None:
-        """Set the call's trainable model up together with its optimizer (a ``joint_setup`` strategy:
-        DeepSpeed's engine), in ``out``, in place: loaders first (the strategy reads their batch),
-        models without an optimizer (frozen, evaluation) placed, not wrapped."""
-        for i, obj in enumerate(out):
-            if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
-                out[i] = self.prepare_data_loader(obj, device_placement=placement[i])
-        modules = [i for i, obj in enumerate(out) if isinstance(obj, torch.nn.Module) and not self.strategy.owns(obj)]
-        models = [i for i in modules if any(p.requires_grad for p in out[i].parameters())]
-        optimizers = [i for i, obj in enumerate(out)
-                      if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)]
-        for i in modules:  # frozen models (a teacher...), or all of them when there is no optimizer
-            if not optimizers or i not in models:
-                out[i] = self.prepare_model(out[i], device_placement=placement[i], evaluation_mode=True)
-        if not optimizers:
-            return
-        model, wrapped = self.strategy.setup_model_and_optimizer(
-            [out[i] for i in models], [out[i] for i in optimizers], self._dataloaders)
-        self._models.append(model)
-        self._optimizers.append(wrapped)
-        model = self.strategy.compile_model(model, self.state.dynamo_plugin)
-        out[models[0]], out[optimizers[0]] = _mark_prepared(model), _mark_prepared(wrapped)
-
-    def _prepare_one(self, obj: Any, placement: bool) -> Any:
-        if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=placement)
-        if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
-            return self.prepare_optimizer(obj)
-        if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
-            return self.prepare_data_loader(obj, device_placement=placement)
-        return obj
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
@@ -353,13 +301,13 @@ class Accelerator:
         model = self.strategy.setup_model(model, place, evaluation_mode, [opt.optimizer for opt in self._optimizers])
         model = self.strategy.compile_model(model, self.state.dynamo_plugin)
         self._models.append(model)
-        return _mark_prepared(model)
+        return mark_prepared(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
         wrapped = self.strategy.setup_optimizer(optimizer, self.scaler)
         self._optimizers.append(wrapped)
-        return _mark_prepared(wrapped)
+        return mark_prepared(wrapped)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap ``scheduler`` (see ``optim.AcceleratedScheduler``)."""
@@ -369,7 +317,7 @@ class Accelerator:
             split_batches=self.split_batches, step_with_optimizer=self.step_scheduler_with_optimizer,
         )
         self._schedulers.append(wrapped)
-        return _mark_prepared(wrapped)
+        return mark_prepared(wrapped)
 
     def prepare_data_loader(self, loader: DataLoader, device_placement: bool | None = None) -> DataLoaderShard:
         """Shard ``loader`` across processes (see ``data``)."""
@@ -377,14 +325,9 @@ class Accelerator:
         shard = shard_data_loader(
             loader, num_processes=self.num_processes, process_index=self.process_index,
             device=self.device if place else None, gradient_state=self.gradient_state,
-            split_batches=self.split_batches, even_batches=self.even_batches,
-            loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
-            seed=self.dataloader_config.data_seed, use_stateful_dataloader=self.dataloader_config.use_stateful_dataloader,
-            collective_device=self.device, use_seedable_sampler=self.dataloader_config.use_seedable_sampler,
-            dispatch_batches=bool(self.dataloader_config.dispatch_batches),
-        )
+            loader_index=len(self._dataloaders), collective_device=self.device, **self.dataloader_config.shard_kwargs())
         self._dataloaders.append(shard)
-        return _mark_prepared(shard)
+        return mark_prepared(shard)
 
     def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int | None = None) -> DataLoaderShard:
         """A loader that skips the first ``num_batches`` (default: where ``load_state`` left off)."""
@@ -392,10 +335,7 @@ class Accelerator:
 
     # ---- training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by the accumulation steps and scaled under fp16.
-
-        Under DeepSpeed: the engine's backward and step (an optimizer step at accumulation boundaries).
-        """
+        """``loss.backward()``, divided by the accumulation steps and scaled under fp16 (the strategy's)."""
         self.strategy.backward(loss, self.scaler, **kwargs)
 
     @contextlib.contextmanager
@@ -409,38 +349,24 @@ class Accelerator:
             yield
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Skip DDP's gradient all-reduce inside the block (a null context when not distributed).
-
-        Under FSDP2 its gradient-sync switch; under DeepSpeed the engine's accumulation boundary decides.
-        """
+        """Skip the gradients' synchronisation inside the block (DDP's all-reduce; the strategy's)."""
         return self.strategy.no_sync(model)
 
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Make the next backward all-reduce DDP gradients even though the forward ran under ``no_sync``.
-
-        For several forwards under ``no_sync`` followed by several backwards: wrap the last backward.
-        A null context when ``model`` is not DDP-wrapped.
-        """
+        """Make the next backward all-reduce DDP gradients although the forward ran under ``no_sync``
+        (wrap the last of several backwards; a null context when ``model`` is not DDP-wrapped)."""
         return self.strategy.trigger_sync_in_backward(model)
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
-        """Autocast for this accelerator's mixed precision and device.
-
-        ``autocast_handler``: an object with ``enabled`` (like the peer's ``AutocastKwargs``).
-        """
+        """Autocast for this accelerator's mixed precision and device (``autocast_handler.enabled``:
+        the peer's ``AutocastKwargs``)."""
         enabled = getattr(autocast_handler, "enabled", True)
         return precision.autocast_context(self.mixed_precision, self.device, enabled=enabled)
 
     def unscale_gradients(self) -> None:
         """Unscale fp16 gradients before inspecting them (done once per optimizer step)."""
-        if self.scaler is None or not self.sync_gradients:
-            return
-        for opt in self._optimizers:
-            try:
-                self.scaler.unscale_(opt.optimizer)
-            except RuntimeError as exc:  # already unscaled for this step
-                if "already been called" not in str(exc):
-                    raise
+        if self.scaler is not None and self.sync_gradients:
+            precision.unscale(self.scaler, [opt.optimizer for opt in self._optimizers])
 
     def _settle_gradients(self) -> None:
         """Make the gradients final before they are inspected: unscaled (fp16), then as the strategy
@@ -450,21 +376,13 @@ class Accelerator:
             self.strategy.settle_gradients(self._optimizers)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm.
-
-        Under FSDP2: the global norm over every rank's shards. Under DeepSpeed the engine clips
-        inside its step (config ``gradient_clipping``): this returns the norm it measured (see
-        ``strategies.deepspeed.DeepSpeedStrategy.clip_grad_norm_``).
-        """
+        """Unscale (fp16), then clip as the strategy does (FSDP2: the global norm; DeepSpeed: the
+        engine's ``gradient_clipping``); returns the total norm."""
         self._settle_gradients()
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_``.
-
-        Raises:
-            ValueError: under DeepSpeed (its engine clips by norm only).
-        """
+        """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_`` (``ValueError`` under DeepSpeed)."""
         self._settle_gradients()
         self.strategy.clip_grad_value_(parameters, clip_value)
 
@@ -475,14 +393,8 @@ class Accelerator:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, dropping the duplicates that ``even_batches`` added to the last batch."""
-        use_object = use_gather_object or not ops.is_tensor_structure(input_data)
-        data = ops.gather_object(input_data) if use_object else ops.gather(input_data, uneven=True)
-        remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder > 0:
-            if use_object:
-                return data[:remainder]
-            return ops.recursively_apply(lambda t: t[:remainder], data)
-        return data
+        ending = self.gradient_state.end_of_dataloader
+        return ops.gather_for_metrics(input_data, use_gather_object, self.gradient_state.remainder if ending else 0)
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Gather picklable objects from all processes (lists are flattened)."""
@@ -536,21 +448,8 @@ class Accelerator:
         ``even_batches`` (when given) overrides the setting of the loaders prepared so far,
         for the duration of the block.
         """
-        saved = [(dl.shard_sampler, dl.shard_sampler.even_batches) for dl in self._dataloaders if dl.shard_sampler]
-        if even_batches is not None:
-            for sampler, _ in saved:
-                sampler.even_batches = even_batches
-            if len(saved) < len(self._dataloaders):
-                warnings.warn(
-                    "join_uneven_inputs(even_batches=...) is only supported for map-style datasets: "
-                    "loaders over an IterableDataset keep their setting", UserWarning, stacklevel=3,
-                )
-        try:
-            with self.strategy.join_uneven_inputs(joinables):
-                yield
-        finally:
-            for sampler, value in saved:
-                sampler.even_batches = value
+        with even_batches_for(self._dataloaders, even_batches), self.strategy.join_uneven_inputs(joinables):
+            yield
 
     def set_trigger(self) -> None:
         """Raise a flag on this process that ``check_trigger`` sees on every process."""
@@ -566,15 +465,9 @@ class Accelerator:
     # ---- models and checkpoints ---------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> torch.nn.Module:
-        """The user's module inside DDP; optionally without the autocast forward.
-
-        A compiled model (whole or regions) stays compiled around the unwrapped module with
-        ``keep_torch_compile`` (the default, as the peer), else comes back as the plain module:
-        its ``state_dict`` has no ``_orig_mod.`` prefixes.
-
-        A model sharded by FSDP comes back as a full, plain copy (every process must call it):
-        that is what a worker can return to the notebook.
-        """
+        """The user's module inside DDP; optionally without the autocast forward. A compiled model stays
+        compiled with ``keep_torch_compile`` (as the peer), else comes back plain (no ``_orig_mod.``
+        keys); an FSDP-sharded one comes back as a full, plain copy (every process must call it)."""
         return self.strategy.unwrap(model, keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
@@ -589,7 +482,7 @@ class Accelerator:
         """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict: tensors
         sharing memory stored once); on each machine's with ``ProjectConfiguration(save_on_each_node=True)``.
 
-        XLA tensors are copied to the CPU first, so the file loads without torch_xla.
+        Tensors go to the CPU first where the device needs it (XLA), so the file loads without its runtime.
         """
         obj = self.strategy.to_cpu(obj)
         on_each_node = self.project_configuration.save_on_each_node
@@ -611,18 +504,9 @@ class Accelerator:
         return save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``.
-
-        Raises:
-            ValueError: listing every object ("Item at index i", with its type) that lacks them.
-        """
-        bad = [f"Item at index {i} ({type(obj).__name__})" for i, obj in enumerate(objects)
-               if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
-        if bad:
-            raise ValueError(
-                f"these objects have no state_dict/load_state_dict and cannot be checkpointed: {', '.join(bad)}"
-            )
-        self._custom_objects.extend(objects)
+        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state`` (``ValueError`` naming
+        every object that lacks them)."""
+        self._custom_objects.extend(orchestration.checkpointable(objects))
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` at the start of every ``save_state``.
@@ -685,37 +569,16 @@ class Accelerator:
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
         """Start the ``log_with`` trackers on the main process and record ``config``."""
-        if not self.is_main_process:
-            return
-        self.trackers = tracking.make_trackers(self.log_with, project_name, self.logging_dir, init_kwargs)
-        for tracker in self.trackers:
-            if callable(getattr(tracker, "start", None)):  # a custom tracker's deferred start (the peer's hook)
-                tracker.start()
-        if config is not None:
-            for tracker in self.trackers:
-                tracker.store_init_configuration(config)
+        if self.is_main_process:
+            self.trackers = run_trackers.start(self.log_with, project_name, self.logging_dir, config, init_kwargs)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The started tracker called ``name`` (``unwrap``: the library's own run or writer).
-
-        On other processes, which start none, a blank tracker whose methods do nothing.
-
-        Raises:
-            ValueError: no started tracker has that name.
-        """
-        if not self.trackers:
-            return tracking.BlankTracker()
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        raise ValueError(f"no tracker {name!r} started; started: {[t.name for t in self.trackers]}")
+        """The started tracker called ``name`` (``unwrap``: the library's own run); see ``run_trackers.find``."""
+        return run_trackers.find(self.trackers, name, unwrap)
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
         """Send ``values`` to every tracker (main process only) and to the notebook's live plots."""
-        if self.is_main_process:
-            tracking.stream_to_kernel(values, step)
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+        run_trackers.log(self.trackers, values, step, log_kwargs, self.is_main_process)
 
     def end_training(self) -> None:
         """Finish every tracker, wait for all processes, then destroy the process group (as the peer)."""

@@ -35,6 +35,21 @@ class StateHooks:
         return handle
 
 
+def checkpointable(objects: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``objects``, each with ``state_dict`` / ``load_state_dict`` (``register_for_checkpointing``).
+
+    Raises:
+        ValueError: listing every object ("Item at index i", with its type) that lacks them.
+    """
+    bad = [f"Item at index {i} ({type(obj).__name__})" for i, obj in enumerate(objects)
+           if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
+    if bad:
+        raise ValueError(
+            f"these objects have no state_dict/load_state_dict and cannot be checkpointed: {', '.join(bad)}"
+        )
+    return objects
+
+
 def checkpoint_items(accelerator: Any) -> CheckpointItems:
     """What ``accelerator``'s checkpoints hold, with its strategy's checkpointer and copy to the CPU."""
     strategy = accelerator.strategy

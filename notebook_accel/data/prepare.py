@@ -75,6 +75,13 @@ class DataLoaderConfiguration:
     dispatch_batches: bool | None = None
     use_stateful_dataloader: bool = False
 
+    def shard_kwargs(self) -> dict[str, Any]:
+        """These settings as ``shard_data_loader``'s keyword arguments."""
+        return {"split_batches": self.split_batches, "even_batches": self.even_batches,
+                "non_blocking": self.non_blocking, "seed": self.data_seed,
+                "use_stateful_dataloader": self.use_stateful_dataloader, "use_seedable_sampler": self.use_seedable_sampler,
+                "dispatch_batches": bool(self.dispatch_batches)}
+
 
 def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> DataLoader:
     """A loader over the same data, generator and state that skips the first ``num_batches``.

@@ -152,6 +152,16 @@ def gather(data: Any, uneven: bool = False) -> Any:
     return recursively_apply(lambda t: _gather_one(t, uneven), data, error_on_other_type=True)
 
 
+def gather_for_metrics(data: Any, use_gather_object: bool = False, remainder: int = 0) -> Any:
+    """``gather`` (``gather_object`` for objects), keeping the first ``remainder`` rows when above 0:
+    the last batch's without the duplicates that ``even_batches`` added."""
+    use_object = use_gather_object or not is_tensor_structure(data)
+    out = gather_object(data) if use_object else gather(data, uneven=True)
+    if remainder <= 0:
+        return out
+    return out[:remainder] if use_object else recursively_apply(lambda t: t[:remainder], out)
+
+
 def gather_object(obj: Any) -> list[Any]:
     """Gather picklable objects from every process.
 

@@ -84,6 +84,16 @@ def make_grad_scaler(mixed_precision: str, device: torch.device, **kwargs: Any) 
     return amp_scaler(device.type, **kwargs)
 
 
+def unscale(scaler: Any, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Unscale the fp16 gradients of ``optimizers`` (once per step: a second call is a no-op)."""
+    for optimizer in optimizers:
+        try:
+            scaler.unscale_(optimizer)
+        except RuntimeError as exc:  # already unscaled for this step
+            if "already been called" not in str(exc):
+                raise
+
+
 def convert_to_fp32(data: Any) -> Any:
     """Turn fp16/bf16 tensors in a nested output into float32 ones."""
 
