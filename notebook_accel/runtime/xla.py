@@ -32,11 +32,6 @@ def _xm() -> Any:
     return _import("torch_xla.core.xla_model")
 
 
-def is_xla(device: torch.device | str | None) -> bool:
-    """Whether ``device`` is an XLA device (no torch_xla import)."""
-    return device is not None and torch.device(device).type == "xla"
-
-
 def device() -> torch.device:
     """This process's (or thread's) XLA device; initialises the runtime."""
     return torch.device(_import("torch_xla").device())

@@ -25,6 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from notebook_accel.runtime import compilation, precision
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, collective_backend
@@ -77,6 +78,7 @@ class Strategy(ABC):
         self.plugin = plugin
         self.state = context.state
         self.device: torch.device = context.state.device
+        self.device_kind = device_kind(self.device)  # the device seam (runtime.device)
         self.num_processes: int = context.state.num_processes
         self.mixed_precision = context.mixed_precision
         self.gradient_state = context.gradient_state
@@ -228,8 +230,9 @@ class Strategy(ABC):
         return (self.unwrap(model) if unwrap else model).state_dict()
 
     def to_cpu(self, obj: Any) -> Any:
-        """``obj`` with its tensors where ``torch.save`` can write them without this device's runtime."""
-        return obj
+        """``obj`` with its tensors where ``torch.save`` can write them without this device's runtime
+        (the device kind's copy; on XLA every process takes part)."""
+        return self.device_kind.to_cpu(obj)
 
     def checkpointer(self, models: list[torch.nn.Module], optimizers: list[AcceleratedOptimizer]) -> Any:
         """What writes and reads the models and optimizers in ``save_state`` / ``load_state``

@@ -85,12 +85,6 @@ def test_runtime_initialised_reads_only_loaded_modules(monkeypatch):
     assert detect.runtime_initialised()
 
 
-def test_is_xla_needs_no_torch_xla():
-    assert not runtime.is_xla(torch.device("cpu"))
-    assert not runtime.is_xla(None)
-    assert runtime.is_xla("xla:0")
-
-
 def test_to_cpu_leaves_cpu_data_alone():
     data = {"w": torch.ones(2), "step": 3, "groups": [{"lr": 0.1}]}
     assert runtime.to_cpu(data) is data
