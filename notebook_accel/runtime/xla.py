@@ -57,15 +57,6 @@ def sync() -> None:
         _xm().mark_step()
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, world_size: int, closure: Any = None) -> Any:
-    """Average the gradients across the cores (when several), step, and end the step's graph."""
-    if world_size > 1:
-        _xm().reduce_gradients(optimizer)
-    result = optimizer.step(closure) if closure is not None else optimizer.step()
-    sync()
-    return result
-
-
 class _Once:
     """An iterable over an existing iterator (torch_xla's loaders call ``iter`` on it once)."""
 
@@ -170,22 +161,6 @@ def rng_state() -> int:
 def set_rng_state(seed: int) -> None:
     """Restore what :func:`rng_state` returned."""
     _xm().set_rng_state(int(seed))
-
-
-def autocast(mixed_precision: str, xla_device: torch.device) -> Any:
-    """bf16 autocast on the XLA device (``torch.autocast("xla")``); fp16 is refused.
-
-    Raises:
-        ValueError: ``mixed_precision="fp16"`` (TPUs compute in bf16).
-    """
-    import contextlib
-
-    if mixed_precision == "fp16":
-        raise ValueError("fp16 mixed precision is not supported on XLA devices; "
-                         "use mixed_precision='bf16'")
-    if mixed_precision != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast(xla_device.type, dtype=torch.bfloat16)
 
 
 def move_model(model: torch.nn.Module, xla_device: torch.device) -> dict[int, torch.nn.Parameter]:
