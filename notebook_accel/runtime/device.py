@@ -157,8 +157,9 @@ class TorchDevice:
 
     def all_gather(self, tensor: torch.Tensor, world_size: int) -> torch.Tensor:
         """``tensor`` (same shape everywhere) from every process, concatenated along dim 0."""
+        tensor = tensor.contiguous()
         out = [torch.empty_like(tensor) for _ in range(world_size)]
-        dist.all_gather(out, tensor.contiguous())
+        dist.all_gather(out, tensor)
         return torch.cat(out, dim=0)
 
     def gathers_uneven(self) -> bool:
