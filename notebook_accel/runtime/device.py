@@ -97,7 +97,6 @@ class Placement:
 class TorchDevice:
     """The torch-native kind: CPU, CUDA, XPU and MPS, through torch's own calls."""
 
-    name: ClassVar[str] = "torch"
     torch_native: ClassVar[bool] = True  # torch's DDP, FSDP and DeepSpeed run on it
     backend_fixed: ClassVar[bool] = False  # a user's InitProcessGroupKwargs(backend=...) may replace it
     moves_batches: ClassVar[bool] = False  # its loader moves batches itself (``batches``)

@@ -239,7 +239,6 @@ class GradientReducer:
 class XlaDevice(TorchDevice):
     """The XLA kind (``runtime.device``): TPU cores through torch_xla, which owns its group's threads."""
 
-    name: ClassVar[str] = "XLA"
     torch_native: ClassVar[bool] = False
     backend_fixed: ClassVar[bool] = True
     moves_batches: ClassVar[bool] = True

@@ -17,7 +17,6 @@ from notebook_accel.runtime.device import Placement, TorchDevice
 class FakeDevice(TorchDevice):
     """A device kind that records what it is asked."""
 
-    name = "fake"
     moves_batches = True
 
     def __init__(self) -> None:
