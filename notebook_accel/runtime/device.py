@@ -27,20 +27,17 @@ from notebook_accel.runtime import exit_teardown
 
 # device type -> the kind serving it, as "module:Class"; any other type: TorchDevice
 KINDS: dict[str, str] = {"xla": "notebook_accel.runtime.xla:XlaDevice"}
-_made: dict[str, TorchDevice] = {}
+_made: dict[str, TorchDevice] = {}  # KINDS' target (or "torch-native") -> its one object
 
 
 def device_kind(device: torch.device | str) -> TorchDevice:
-    """The kind serving ``device`` (a ``torch.device`` or its type), made once per type."""
+    """The kind serving ``device`` (a ``torch.device`` or its type), made once (one for every torch-native type)."""
     device_type = device if isinstance(device, str) and ":" not in device else torch.device(device).type
-    if device_type not in _made:
-        target = KINDS.get(device_type)
-        if target is None:
-            _made[device_type] = TorchDevice()
-        else:
-            module, _, name = target.partition(":")
-            _made[device_type] = getattr(importlib.import_module(module), name)()
-    return _made[device_type]
+    target = KINDS.get(device_type, "torch-native")
+    if target not in _made:
+        module, _, name = target.partition(":")
+        _made[target] = getattr(importlib.import_module(module), name)() if name else TorchDevice()
+    return _made[target]
 
 
 def backend_kind(backend: str) -> TorchDevice:

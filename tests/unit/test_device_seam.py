@@ -68,6 +68,7 @@ def test_the_xla_kind_is_found_by_device_type_without_importing_torch_xla():
 
     kind = device.device_kind("xla")
     assert type(kind).__name__ == "XlaDevice" and not kind.torch_native and kind.backend("xla") == "xla"
-    assert type(device.device_kind(torch.device("cpu"))) is TorchDevice is type(device.device_kind("cuda:0"))
+    assert type(device.device_kind(torch.device("cpu"))) is TorchDevice
+    assert device.device_kind("cpu") is device.device_kind("cuda:0") is device.device_kind("mps")
     assert device.backend_kind("xla") is kind and device.backend_kind("gloo") is device.device_kind("cpu")
     assert "torch_xla" not in sys.modules or sys.modules["torch_xla"] is None
