@@ -1,8 +1,8 @@
 """An ``Accelerator``'s ``save_state`` / ``load_state``: its pre-hooks, its counters, automatic naming.
 
 What is saved comes from the Accelerator's prepared objects; model and optimizer states go
-through its strategy (``checkpointer``, ``to_cpu``), RNG states through the device kind, and
-the files are written by ``training_state``.
+through its strategy's checkpointer, RNG states through the device kind, and the rest is
+written by ``training_state``.
 """
 
 from __future__ import annotations
@@ -50,13 +50,14 @@ def checkpointable(objects: tuple[Any, ...]) -> tuple[Any, ...]:
     return objects
 
 
-def checkpoint_items(accelerator: Any) -> CheckpointItems:
-    """What ``accelerator``'s checkpoints hold, with its strategy's checkpointer and copy to the CPU."""
-    strategy = accelerator.strategy
+def checkpoint_items(accelerator: Any, models: list[Any] | None = None) -> CheckpointItems:
+    """What ``accelerator``'s checkpoints hold (``models``: those the pre-hooks left, else all), with
+    its strategy's checkpointer for the models and optimizers."""
+    models = accelerator._models if models is None else models
     return CheckpointItems(
-        accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders,
+        models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders,
         accelerator._custom_objects, accelerator.scaler, _Counters(accelerator),
-        sharded=strategy.checkpointer(accelerator._models, accelerator._optimizers), to_cpu=strategy.to_cpu,
+        checkpointer=accelerator.strategy.checkpointer(models, accelerator._optimizers),
     )
 
 
@@ -66,14 +67,14 @@ def save_accelerator_state(accelerator: Any, output_dir: str | os.PathLike[str] 
     config = accelerator.project_configuration
     automatic = output_dir is None and config.automatic_checkpoint_naming
     target = config.resolve(output_dir, saving=True)
-    items = checkpoint_items(accelerator)
+    models, model_states = list(accelerator._models), None
     if accelerator._state_hooks.save:
         Path(target).mkdir(parents=True, exist_ok=True)  # hooks write into it (their files are kept)
-        items.model_states = [accelerator.unwrap_model(m, keep_torch_compile=False).state_dict()
-                              for m in items.models]
-        items.models = list(items.models)
+        model_states = [accelerator.unwrap_model(m, keep_torch_compile=False).state_dict() for m in models]
         for hook in list(accelerator._state_hooks.save.values()):
-            hook(items.models, items.model_states, target)
+            hook(models, model_states, target)
+    items = checkpoint_items(accelerator, models)
+    items.model_states = model_states
     path = training_state.save_state(target, items, accelerator.state, safe_serialization, step=accelerator.step)
     if automatic:
         config.iteration += 1
@@ -87,11 +88,10 @@ def load_accelerator_state(accelerator: Any, input_dir: str | os.PathLike[str] |
                            strict: bool) -> Path:
     """``Accelerator.load_state``: the load hooks, the checkpoint, then automatic naming's next number."""
     path = accelerator.project_configuration.resolve(input_dir, saving=False)
-    items = checkpoint_items(accelerator)
-    if accelerator._state_hooks.load:
-        items.models = list(items.models)
-        for hook in list(accelerator._state_hooks.load.values()):
-            hook(items.models, path)
+    models = list(accelerator._models)
+    for hook in list(accelerator._state_hooks.load.values()):
+        hook(models, path)
+    items = checkpoint_items(accelerator, models)
     path = training_state.load_state(path, items, accelerator.state, weights_only, strict)
     suffix = path.name.removeprefix("checkpoint_")
     if accelerator.project_configuration.automatic_checkpoint_naming and suffix.isdigit():

@@ -14,8 +14,8 @@ A checkpoint is a directory, in the peer's layout (``layout``: each library load
     random_states_<rank>.pkl           python, numpy, torch, CUDA/XLA RNGs of each process, and the step
 
 Atomically (``atomic_dir``): a crash while saving leaves the previous checkpoint loadable.
-Model and optimizer states come through the strategy (its ``to_cpu``, or its sharded
-checkpointer), RNG states through the device kind (``random_states``).
+Model and optimizer states go through the strategy's checkpointer (``model_files.PlainCheckpointer``,
+or a sharding strategy's own), RNG states through the device kind (``random_states``).
 
 Security: files are read with ``torch.load(weights_only=True)``, which refuses
 arbitrary pickled objects; a state that needs them can be loaded with
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,6 @@ import torch
 
 from notebook_accel.checkpoint import layout, loader_states, random_states
 from notebook_accel.checkpoint.atomic_dir import AtomicDir, resolve_checkpoint
-from notebook_accel.checkpoint.weight_files import load_safetensors, save_weights_file
-from notebook_accel.runtime.helpers import extract_model_from_parallel
 from notebook_accel.runtime.state import PartialState
 
 
@@ -53,8 +50,57 @@ class CheckpointItems:
     scaler: Any = None
     accelerator: Any = None  # an object with state_dict / load_state_dict
     model_states: list[dict[str, Any]] | None = None  # what save-state hooks left to write (else: the models')
-    sharded: Any = None  # writes/reads models and optimizers itself (FSDP: fsdp.checkpointing), on every rank
-    to_cpu: Callable[[Any], Any] = lambda obj: obj  # the strategy's: states where torch.save writes them
+    checkpointer: Any = None  # the strategy's: writes/reads models and optimizers (``save``/``load``), on every rank
+
+
+@dataclass
+class CheckpointFiles:
+    """One checkpoint directory as a checkpointer sees it (its ``save(files)`` and ``load(files)``).
+
+    Attributes:
+        directory: the directory (saving: the atomic directory's ``tmp``; it exists on every process).
+        is_main: this is the main process.
+        owner: saving: this process writes the shared files in this directory (one per file system).
+        weights_only: loading: ``torch.load``'s safe mode.
+        safe_serialization: saving: models as safetensors.
+        strict: loading: model weights must match exactly.
+        model_states: saving: what save-state hooks left to write (else the models').
+    """
+
+    directory: Path
+    is_main: bool
+    owner: bool = False
+    weights_only: bool = True
+    safe_serialization: bool = True
+    strict: bool = True
+    model_states: list[dict[str, Any]] | None = None
+
+    def write(self, obj: Any, path: Path) -> None:
+        """``torch.save`` ``obj`` to ``path``, fsync'd."""
+        _write(obj, path)
+
+    def read(self, path: Path) -> Any:
+        """One file, on the CPU."""
+        return _read(path, self.weights_only)
+
+    def read_named(self, name: str) -> Any:
+        """The file of that name (or the peer's name for it, ``layout.find``).
+
+        Raises:
+            FileNotFoundError: the checkpoint has none.
+        """
+        file = layout.find(self.directory, name)
+        if file is None:
+            raise FileNotFoundError(
+                f"checkpoint {self.directory} has no {name}; was it saved with the same prepared objects?"
+            )
+        return self.read(file)
+
+    def refuse_partial(self, checkpointer: Any) -> None:
+        """Raise ``ValueError`` for ``strict=False``, which a sharding ``checkpointer`` cannot honour."""
+        if not self.strict:
+            raise ValueError(f"load_state(strict=False) loads unsharded models only; {type(checkpointer).__name__} "
+                             "restores sharded models whole: use strict=True (the default)")
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -66,11 +112,6 @@ def _write(obj: Any, path: Path) -> None:
 
 def _read(path: Path, weights_only: bool) -> Any:
     return torch.load(path, map_location="cpu", weights_only=weights_only)
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose state dict is saved and loaded: no DDP, no ``torch.compile`` (no ``_orig_mod.`` keys)."""
-    return extract_model_from_parallel(model, keep_torch_compile=False)
 
 
 def save_state(
@@ -87,21 +128,9 @@ def save_state(
     """
     directory = AtomicDir(output_dir, state)
     tmp = directory.tmp
-    if items.sharded is not None:  # the sharded writer saves the models and optimizers itself
-        model_states, optimizer_states = [], []
-        items.sharded.save(tmp, state.is_main_process, _write)
-    else:  # on every process: a copy to the CPU may be a collective (XLA's runs the pending graph)
-        model_states = items.to_cpu(items.model_states if items.model_states is not None
-                                    else [_unwrap(m).state_dict() for m in items.models])
-        optimizer_states = items.to_cpu([o.state_dict() for o in items.optimizers])
+    items.checkpointer.save(CheckpointFiles(tmp, state.is_main_process, directory.owner,
+                                            safe_serialization=safe_serialization, model_states=items.model_states))
     if directory.owner:
-        for i, weights in enumerate(model_states):
-            if safe_serialization:
-                save_weights_file(weights, tmp / layout.model_file(i, True))
-            else:
-                _write(weights, tmp / layout.model_file(i, False))
-        for i, optimizer_state in enumerate(optimizer_states):
-            _write(optimizer_state, tmp / layout.object_file("optimizer", i))
         for i, obj in enumerate(items.schedulers):
             _write(obj.state_dict(), tmp / layout.object_file("scheduler", i))
         loader_states.save(tmp, items.dataloaders, _write)
@@ -129,31 +158,12 @@ def load_state(
         ValueError: ``strict=False`` with sharded (FSDP / DeepSpeed) models.
     """
     path = resolve_checkpoint(input_dir)
-    if not strict and items.sharded is not None:
-        raise ValueError(f"load_state(strict=False) loads unsharded models only; {type(items.sharded).__name__} "
-                         "restores sharded models whole: use strict=True (the default)")
-
-    def read(name: str) -> Any:
-        file = layout.find(path, name)
-        if file is None:
-            raise FileNotFoundError(
-                f"checkpoint {path} has no {name}; was it saved with the same prepared objects?"
-            )
-        return _read(file, weights_only)
-
-    if items.sharded is not None:
-        items.sharded.load(path, state.is_main_process, lambda file: _read(file, weights_only))
-    for i, model in enumerate(items.models if items.sharded is None else ()):
-        safe = path / layout.model_file(i, True)
-        if safe.is_file():  # tied weights were stored once, under one name
-            load_safetensors(_unwrap(model), str(safe), strict)
-        else:
-            _unwrap(model).load_state_dict(read(layout.model_file(i, False)), strict=strict)
-    for kind, objs in (("optimizer", items.optimizers if items.sharded is None else []),
-                       ("scheduler", items.schedulers)):
-        for i, obj in enumerate(objs):
-            obj.load_state_dict(read(layout.object_file(kind, i)))
-    loader_states.load(path, items.dataloaders, lambda file: _read(file, weights_only))
+    files = CheckpointFiles(path, state.is_main_process, weights_only=weights_only, strict=strict)
+    read = files.read_named
+    items.checkpointer.load(files)
+    for i, obj in enumerate(items.schedulers):
+        obj.load_state_dict(read(layout.object_file("scheduler", i)))
+    loader_states.load(path, items.dataloaders, files.read)
     for i, obj in enumerate(items.custom):
         obj.load_state_dict(read(layout.custom_file(i)))
     if items.scaler is not None:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from notebook_accel.checkpoint.model_files import PlainCheckpointer
 from notebook_accel.runtime import compilation, precision
 from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.gradient_state import GradientState
@@ -235,7 +236,7 @@ class Strategy(ABC):
         return self.device_kind.to_cpu(obj)
 
     def checkpointer(self, models: list[torch.nn.Module], optimizers: list[AcceleratedOptimizer]) -> Any:
-        """What writes and reads the models and optimizers in ``save_state`` / ``load_state``
-        (an object with ``save`` and ``load``, see ``checkpoint.training_state.CheckpointItems``), or ``None``:
-        the plain files."""
-        return None
+        """What writes and reads the models and optimizers in ``save_state`` / ``load_state``: an object
+        with ``save(files)`` and ``load(files)`` (``checkpoint.training_state.CheckpointFiles``); here the
+        plain files, copied to the CPU first (``checkpoint.model_files.PlainCheckpointer``)."""
+        return PlainCheckpointer(models, optimizers, self.to_cpu)

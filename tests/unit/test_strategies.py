@@ -34,7 +34,7 @@ def test_an_fsdp_plugin_chooses_fsdp_which_alone_shards_nothing_but_keeps_its_ch
     from notebook_accel.checkpoint.orchestration import checkpoint_items
     from notebook_accel.strategies.fsdp.checkpointing import FsdpCheckpointer
 
-    assert isinstance(checkpoint_items(accelerator).sharded, FsdpCheckpointer)
+    assert isinstance(checkpoint_items(accelerator).checkpointer, FsdpCheckpointer)
 
 
 def test_plugins_for_two_strategies_are_refused(monkeypatch):
