@@ -27,13 +27,18 @@ from notebook_accel.runtime import exit_teardown
 
 # device type -> the kind serving it, as "module:Class"; any other type: TorchDevice
 KINDS: dict[str, str] = {"xla": "notebook_accel.runtime.xla:XlaDevice"}
-_made: dict[str, TorchDevice] = {}  # KINDS' target (or "torch-native") -> its one object
+_TORCH_NATIVE = "torch-native"
+_made: dict[str, TorchDevice] = {}  # KINDS' target (or _TORCH_NATIVE) -> its one object
 
 
 def device_kind(device: torch.device | str) -> TorchDevice:
     """The kind serving ``device`` (a ``torch.device`` or its type), made once (one for every torch-native type)."""
     device_type = device if isinstance(device, str) and ":" not in device else torch.device(device).type
-    target = KINDS.get(device_type, "torch-native")
+    return _kind(KINDS.get(device_type, _TORCH_NATIVE))
+
+
+def _kind(target: str) -> TorchDevice:
+    """The one object of the kind ``target`` names (``"module:Class"``, or the torch-native kind)."""
     if target not in _made:
         module, _, name = target.partition(":")
         _made[target] = getattr(importlib.import_module(module), name)() if name else TorchDevice()
@@ -97,6 +102,11 @@ class TorchDevice:
     torch_native: ClassVar[bool] = True  # torch's DDP, FSDP and DeepSpeed run on it
     backend_fixed: ClassVar[bool] = False  # a user's InitProcessGroupKwargs(backend=...) may replace it
     moves_batches: ClassVar[bool] = False  # its loader moves batches itself (``batches``)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Unpickled as the receiving process's one object of this kind (a pickled state stays equal)."""
+        kind = type(self)
+        return _kind, (_TORCH_NATIVE if kind is TorchDevice else f"{kind.__module__}:{kind.__qualname__}",)
 
     # ---- the process ----------------------------------------------------------------------
     def locate(self, device_type: str, cpu: bool) -> Placement:

@@ -4,6 +4,8 @@ the CPU and the loaders' batches then go through it, with nothing else changed."
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -71,4 +73,6 @@ def test_the_xla_kind_is_found_by_device_type_without_importing_torch_xla():
     assert type(device.device_kind(torch.device("cpu"))) is TorchDevice
     assert device.device_kind("cpu") is device.device_kind("cuda:0") is device.device_kind("mps")
     assert device.backend_kind("xla") is kind and device.backend_kind("gloo") is device.device_kind("cpu")
+    assert pickle.loads(pickle.dumps(kind)) is kind  # a pickled state (the peer's test) stays equal
+    assert pickle.loads(pickle.dumps(device.device_kind("cpu"))) is device.device_kind("cpu")
     assert "torch_xla" not in sys.modules or sys.modules["torch_xla"] is None
