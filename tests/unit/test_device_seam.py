@@ -63,6 +63,7 @@ def test_a_registered_device_kind_places_the_process_and_owns_its_rng_cpu_copies
     loader = accelerator.prepare(DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2))
     assert [batch[0].device.type for batch in loader] == ["cpu", "cpu"]  # the kind moves them (here: not)
     assert fake.calls == ["locate", "to_cpu", "to_cpu", "rng=7", "to_cpu", "batches"]
+    accelerator.free_memory()
 
 
 def test_the_xla_kind_is_found_by_device_type_without_importing_torch_xla():
