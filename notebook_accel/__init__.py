@@ -24,7 +24,7 @@ _EXPORTS = {
     "PartialState": "notebook_accel.runtime.state",
     "DistributedType": "notebook_accel.runtime.state",
     "DataLoaderConfiguration": "notebook_accel.data.prepare",
-    "ProjectConfiguration": "notebook_accel.checkpoint.training_state",
+    "ProjectConfiguration": "notebook_accel.checkpoint.project",
     "Accelerator": "notebook_accel.accelerator",
     "set_seed": "notebook_accel.runtime.seeding",
     "get_logger": "notebook_accel.observe.logging",

@@ -104,6 +104,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
     "notebook_accel.local_sgd": {"notebook_accel.accelerator": "Accelerator"},
     "notebook_accel.accelerator": {
         "notebook_accel.data.dispatch": "DataLoaderDispatcher",
+        "notebook_accel.data.loader": "prepare_data_loader",
         _AVAILABILITY: "is_bf16_available is_deepspeed_available is_mlu_available is_musa_available "
                        "is_npu_available is_torch_xla_available is_xpu_available",
         "notebook_accel.machine.versions": "compare_versions is_torch_version",

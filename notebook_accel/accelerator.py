@@ -23,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,69 +32,36 @@ from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
 from notebook_accel import _peer_paths
-from notebook_accel.checkpoint import training_state as checkpoint
-from notebook_accel.checkpoint.training_state import ProjectConfiguration
+from notebook_accel.checkpoint import orchestration
+from notebook_accel.checkpoint.project import ProjectConfiguration
+from notebook_accel.checkpoint.weight_files import save_weights
+from notebook_accel.checkpoint.weight_shards import save_object
 from notebook_accel.data.prepare import (
     DataLoaderConfiguration,
     DataLoaderShard,
-    prepare_data_loader,
+    shard_data_loader,
     skip_first_batches,
 )
+from notebook_accel.data.uneven import even_batches_for
 from notebook_accel.machine.versions import check_os_kernel
-from notebook_accel.observe import tracking
+from notebook_accel.observe import run_trackers, tracking
 from notebook_accel.runtime import ops, precision, profiling
 from notebook_accel.runtime.accelerator_state import AcceleratorState
 from notebook_accel.runtime.dynamo import TorchDynamoPlugin, parse_backend
 from notebook_accel.runtime.gradient_state import GradientState
+from notebook_accel.runtime.kwargs_handlers import (
+    comm_hook,
+    find_handler,
+    handler_kwargs,
+    process_group_kwargs,
+)
 from notebook_accel.runtime.memory import release_memory
 from notebook_accel.runtime.optim import AcceleratedOptimizer, AcceleratedScheduler
 from notebook_accel.runtime.profiling import ProfileKwargs
 from notebook_accel.runtime.state import DistributedType
 from notebook_accel.strategies.base import StrategyContext
+from notebook_accel.strategies.preparation import mark_prepared, prepare_objects
 from notebook_accel.strategies.registry import select
-
-_SCHEDULER_TYPES: tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,)
-if hasattr(torch.optim.lr_scheduler, "ReduceLROnPlateau"):
-    _SCHEDULER_TYPES += (torch.optim.lr_scheduler.ReduceLROnPlateau,)
-
-
-def _handler(handlers: list[Any] | None, class_name: str) -> Any:
-    """The kwargs handler (ours or the peer's) of that class name, or None."""
-    return next((h for h in handlers or [] if type(h).__name__ == class_name), None)
-
-
-def _handler_kwargs(handlers: list[Any] | None, class_name: str) -> dict[str, Any]:
-    """Keyword arguments from a kwargs handler (ours or the peer's) of that class name."""
-    handler = _handler(handlers, class_name)
-    if handler is None:
-        return {}
-    return handler.to_kwargs() if hasattr(handler, "to_kwargs") else dict(vars(handler))
-
-
-def _process_group_kwargs(handlers: list[Any] | None) -> dict[str, Any]:
-    """``AcceleratorState``'s process-group arguments from an ``InitProcessGroupKwargs`` (ours or the
-    peer's): its timeout, init method, and backend unless it is the default ``"nccl"`` (the device's own)."""
-    kwargs = _handler_kwargs(handlers, "InitProcessGroupKwargs")
-    if kwargs.get("backend") == "nccl":
-        del kwargs["backend"]
-    return {k: v for k, v in kwargs.items() if k in ("backend", "init_method", "timeout")}
-
-
-def _mark_prepared(obj: Any) -> Any:
-    """Set the peer's ``_is_accelerate_prepared`` marker (transformers reads it); returns ``obj``."""
-    obj._is_accelerate_prepared = True
-    return obj
-
-
-def _comm_hook(handlers: list[Any] | None) -> tuple[str, str, dict]:
-    """DDP's communication hook from a ``DistributedDataParallelKwargs``: ``(hook, wrapper, options)``."""
-    handler = _handler(handlers, "DistributedDataParallelKwargs")
-
-    def name(value: Any) -> str:
-        return str(getattr(value, "value", value))
-
-    return (name(getattr(handler, "comm_hook", "no")), name(getattr(handler, "comm_wrapper", "no")),
-            dict(getattr(handler, "comm_state_option", None) or {}))
 
 
 class Accelerator:
@@ -124,15 +89,12 @@ class Accelerator:
         kwargs_handlers: the peer's ``DistributedDataParallelKwargs`` (also its ``comm_hook``),
             ``ProfileKwargs`` / ``GradScalerKwargs`` / ``InitProcessGroupKwargs``
             objects are understood too.
-        fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): ``prepare`` shards
-            models with FSDP2 instead of DDP; default: one from the environment when
-            ``ACCELERATE_USE_FSDP`` is true (the launcher sets it for ``distributed_type: FSDP``).
-        deepspeed_plugin: a ``DeepSpeedPlugin`` (ours or the peer's): ``prepare`` gives the model and
-            its optimizer to a DeepSpeed ZeRO engine; default: one from the environment when
-            ``ACCELERATE_USE_DEEPSPEED`` is true (``distributed_type: DEEPSPEED``). Needs ``deepspeed``.
-        dynamo_backend: ``torch.compile`` prepared models with this backend (a ``DynamoBackend`` or
-            its name: ``"inductor"``, ``"aot_eager"``...; ``"no"``: not compiled); default:
-            ``ACCELERATE_DYNAMO_BACKEND`` (the launcher's ``dynamo_backend``), else ``"no"``.
+        fsdp_plugin: a ``FullyShardedDataParallelPlugin`` (ours or the peer's): shard models with FSDP2;
+            default: one from the environment when ``ACCELERATE_USE_FSDP`` is true.
+        deepspeed_plugin: a ``DeepSpeedPlugin`` (ours or the peer's): train through a DeepSpeed ZeRO
+            engine; default: one from the environment when ``ACCELERATE_USE_DEEPSPEED`` is true.
+        dynamo_backend: ``torch.compile`` prepared models with this backend (``"inductor"``...; ``"no"``:
+            not compiled); default: ``ACCELERATE_DYNAMO_BACKEND``, else ``"no"``.
         dynamo_plugin: a ``TorchDynamoPlugin`` (backend, mode, fullgraph, dynamic, options,
             regional compilation), instead of ``dynamo_backend``.
 
@@ -166,7 +128,7 @@ class Accelerator:
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}, dynamo_plugin=...): give one "
                              "of them (the plugin has a backend field)")
-        self.state = AcceleratorState(mixed_precision, cpu=cpu, **_process_group_kwargs(kwargs_handlers))
+        self.state = AcceleratorState(mixed_precision, cpu=cpu, **process_group_kwargs(kwargs_handlers))
         # how prepare compiles models (the peer keeps it on its state)
         if dynamo_backend is not None:
             dynamo_backend = parse_backend(dynamo_backend, "Accelerator(dynamo_backend=...)")
@@ -184,8 +146,8 @@ class Accelerator:
         check_os_kernel()  # a warning on Linux below 5.5, as the peer's
         AcceleratorState.adopt(self.state)  # what AcceleratorState() / GradientState() answer (runtime.latest)
         GradientState.adopt(self.gradient_state)
-        ddp_kwargs = {**_handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
-        scaler_kw = {**_handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
+        ddp_kwargs = {**handler_kwargs(kwargs_handlers, "DistributedDataParallelKwargs"), **(ddp_kwargs or {})}
+        scaler_kw = {**handler_kwargs(kwargs_handlers, "GradScalerKwargs"), **(scaler_kwargs or {})}
         self.scaler = precision.make_grad_scaler(self.mixed_precision, self.device, **scaler_kw)
         self.log_with = log_with
         self.project_configuration = project_config or ProjectConfiguration()
@@ -200,13 +162,11 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
-        # OrderedDict: RemovableHandle keeps a weak reference to it
-        self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self.profile_handler = _handler(kwargs_handlers, "ProfileKwargs")
+        self._state_hooks = orchestration.StateHooks()
+        self.profile_handler = find_handler(kwargs_handlers, "ProfileKwargs")
         # the state's print, not self.print: a bound method here would keep this Accelerator alive in a cycle
         context = StrategyContext(self.state, self.mixed_precision, self.gradient_state, self.state.print, ddp_kwargs,
-                                  _comm_hook(kwargs_handlers))
+                                  comm_hook(kwargs_handlers))
         # how this worker trains (DDP, XLA, FSDP2, DeepSpeed): chosen once, from the plugins and the environment
         self.strategy, plugins = select(context, {"fsdp": fsdp_plugin, "deepspeed": deepspeed_plugin})
         self.fsdp_plugin = self.state.fsdp_plugin = plugins["fsdp"]
@@ -261,10 +221,7 @@ class Accelerator:
     @property
     def deepspeed_config(self) -> dict[str, Any] | None:
         """The DeepSpeed config (``"auto"`` values filled once a model is prepared), or ``None``."""
-        resolved = self.strategy.resolved_config()
-        if resolved is not None:
-            return resolved
-        return None if self.deepspeed_plugin is None else self.deepspeed_plugin.deepspeed_config
+        return self.strategy.resolved_config()
 
     @property
     def use_distributed(self) -> bool:
@@ -322,53 +279,8 @@ class Accelerator:
         placement = device_placement or [self.device_placement] * len(args)
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
-        out = list(args)
-        if self.strategy.joint_setup:
-            self._prepare_jointly(out, placement)
-        for i, obj in enumerate(args):
-            if not isinstance(obj, _SCHEDULER_TYPES):
-                out[i] = self._prepare_one(out[i], placement[i])
-        for i, obj in enumerate(args):
-            if isinstance(obj, _SCHEDULER_TYPES):
-                out[i] = self.prepare_scheduler(obj)
+        out = prepare_objects(self, list(args), placement)
         return out[0] if len(out) == 1 else tuple(out)
-
-    def _prepare_jointly(self, out: list[Any], placement: list[bool]) -> None:
-        """Set the call's trainable model up together with its optimizer (a ``joint_setup`` strategy:
-        DeepSpeed's engine), in ``out``, in place.
-
-        Loaders are prepared first: their per-process batch is the strategy's micro batch.
-        Models without an optimizer (frozen, evaluation) are placed, not wrapped.
-        """
-        for i, obj in enumerate(out):
-            if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
-                out[i] = self.prepare_data_loader(obj, device_placement=placement[i])
-        modules = [i for i, obj in enumerate(out) if isinstance(obj, torch.nn.Module) and not self.strategy.owns(obj)]
-        models = [i for i in modules if any(p.requires_grad for p in out[i].parameters())]
-        optimizers = [i for i, obj in enumerate(out)
-                      if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)]
-        for i in modules:  # frozen models (a teacher...), or all of them when there is no optimizer
-            if not optimizers or i not in models:
-                out[i] = self.prepare_model(out[i], device_placement=placement[i], evaluation_mode=True)
-        if not optimizers:
-            return
-        shard = self._dataloaders[0] if self._dataloaders else None
-        micro = shard.total_batch_size // self.num_processes if shard and shard.total_batch_size else None
-        model, wrapped = self.strategy.setup_model_and_optimizer(
-            [out[i] for i in models], [out[i] for i in optimizers], micro)
-        self._models.append(model)
-        self._optimizers.append(wrapped)
-        model = self.strategy.compile_model(model, self.state.dynamo_plugin)
-        out[models[0]], out[optimizers[0]] = _mark_prepared(model), _mark_prepared(wrapped)
-
-    def _prepare_one(self, obj: Any, placement: bool) -> Any:
-        if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=placement)
-        if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
-            return self.prepare_optimizer(obj)
-        if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
-            return self.prepare_data_loader(obj, device_placement=placement)
-        return obj
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
@@ -389,13 +301,13 @@ class Accelerator:
         model = self.strategy.setup_model(model, place, evaluation_mode, [opt.optimizer for opt in self._optimizers])
         model = self.strategy.compile_model(model, self.state.dynamo_plugin)
         self._models.append(model)
-        return _mark_prepared(model)
+        return mark_prepared(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` (see ``optim.AcceleratedOptimizer``)."""
         wrapped = self.strategy.setup_optimizer(optimizer, self.scaler)
         self._optimizers.append(wrapped)
-        return _mark_prepared(wrapped)
+        return mark_prepared(wrapped)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap ``scheduler`` (see ``optim.AcceleratedScheduler``)."""
@@ -405,22 +317,17 @@ class Accelerator:
             split_batches=self.split_batches, step_with_optimizer=self.step_scheduler_with_optimizer,
         )
         self._schedulers.append(wrapped)
-        return _mark_prepared(wrapped)
+        return mark_prepared(wrapped)
 
     def prepare_data_loader(self, loader: DataLoader, device_placement: bool | None = None) -> DataLoaderShard:
         """Shard ``loader`` across processes (see ``data``)."""
         place = device_placement if device_placement is not None else self.device_placement
-        shard = prepare_data_loader(
+        shard = shard_data_loader(
             loader, num_processes=self.num_processes, process_index=self.process_index,
             device=self.device if place else None, gradient_state=self.gradient_state,
-            split_batches=self.split_batches, even_batches=self.even_batches,
-            loader_index=len(self._dataloaders), non_blocking=self.dataloader_config.non_blocking,
-            seed=self.dataloader_config.data_seed, use_stateful_dataloader=self.dataloader_config.use_stateful_dataloader,
-            collective_device=self.device, use_seedable_sampler=self.dataloader_config.use_seedable_sampler,
-            dispatch_batches=bool(self.dataloader_config.dispatch_batches),
-        )
+            loader_index=len(self._dataloaders), collective_device=self.device, **self.dataloader_config.shard_kwargs())
         self._dataloaders.append(shard)
-        return _mark_prepared(shard)
+        return mark_prepared(shard)
 
     def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int | None = None) -> DataLoaderShard:
         """A loader that skips the first ``num_batches`` (default: where ``load_state`` left off)."""
@@ -428,10 +335,7 @@ class Accelerator:
 
     # ---- training step ------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by the accumulation steps and scaled under fp16.
-
-        Under DeepSpeed: the engine's backward and step (an optimizer step at accumulation boundaries).
-        """
+        """``loss.backward()``, divided by the accumulation steps and scaled under fp16 (the strategy's)."""
         self.strategy.backward(loss, self.scaler, **kwargs)
 
     @contextlib.contextmanager
@@ -445,64 +349,40 @@ class Accelerator:
             yield
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Skip DDP's gradient all-reduce inside the block (a null context when not distributed).
-
-        Under FSDP2 its gradient-sync switch; under DeepSpeed the engine's accumulation boundary decides.
-        """
+        """Skip the gradients' synchronisation inside the block (DDP's all-reduce; the strategy's)."""
         return self.strategy.no_sync(model)
 
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Make the next backward all-reduce DDP gradients even though the forward ran under ``no_sync``.
-
-        For several forwards under ``no_sync`` followed by several backwards: wrap the last backward.
-        A null context when ``model`` is not DDP-wrapped.
-        """
+        """Make the next backward all-reduce DDP gradients although the forward ran under ``no_sync``
+        (wrap the last of several backwards; a null context when ``model`` is not DDP-wrapped)."""
         return self.strategy.trigger_sync_in_backward(model)
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
-        """Autocast for this accelerator's mixed precision and device.
-
-        ``autocast_handler``: an object with ``enabled`` (like the peer's ``AutocastKwargs``).
-        """
+        """Autocast for this accelerator's mixed precision and device (``autocast_handler.enabled``:
+        the peer's ``AutocastKwargs``)."""
         enabled = getattr(autocast_handler, "enabled", True)
         return precision.autocast_context(self.mixed_precision, self.device, enabled=enabled)
 
     def unscale_gradients(self) -> None:
         """Unscale fp16 gradients before inspecting them (done once per optimizer step)."""
-        if self.scaler is None or not self.sync_gradients:
-            return
-        for opt in self._optimizers:
-            try:
-                self.scaler.unscale_(opt.optimizer)
-            except RuntimeError as exc:  # already unscaled for this step
-                if "already been called" not in str(exc):
-                    raise
+        if self.scaler is not None and self.sync_gradients:
+            precision.unscale(self.scaler, [opt.optimizer for opt in self._optimizers])
 
     def _settle_gradients(self) -> None:
-        """Make the gradients final before they are inspected: unscaled (fp16), and reduced now by the
-        optimizers that reduce them before their step (several XLA cores; the step then skips it)."""
+        """Make the gradients final before they are inspected: unscaled (fp16), then as the strategy
+        has them at a step (``Strategy.settle_gradients``)."""
         self.unscale_gradients()
         if self.sync_gradients:
-            for opt in self._optimizers:
-                if hasattr(opt.before_step, "reduce_now"):
-                    opt.before_step.reduce_now(opt.optimizer)
+            self.strategy.settle_gradients(self._optimizers)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Unscale (fp16), then ``torch.nn.utils.clip_grad_norm_``; returns the total norm.
-
-        Under FSDP2: the global norm over every rank's shards. Under DeepSpeed the engine clips
-        inside its step (config ``gradient_clipping``): this returns the norm it measured (see
-        ``strategies.deepspeed.DeepSpeedStrategy.clip_grad_norm_``).
-        """
+        """Unscale (fp16), then clip as the strategy does (FSDP2: the global norm; DeepSpeed: the
+        engine's ``gradient_clipping``); returns the total norm."""
         self._settle_gradients()
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_``.
-
-        Raises:
-            ValueError: under DeepSpeed (its engine clips by norm only).
-        """
+        """Unscale (fp16), then ``torch.nn.utils.clip_grad_value_`` (``ValueError`` under DeepSpeed)."""
         self._settle_gradients()
         self.strategy.clip_grad_value_(parameters, clip_value)
 
@@ -513,14 +393,8 @@ class Accelerator:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, dropping the duplicates that ``even_batches`` added to the last batch."""
-        use_object = use_gather_object or not ops.is_tensor_structure(input_data)
-        data = ops.gather_object(input_data) if use_object else ops.gather(input_data, uneven=True)
-        remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder > 0:
-            if use_object:
-                return data[:remainder]
-            return ops.recursively_apply(lambda t: t[:remainder], data)
-        return data
+        ending = self.gradient_state.end_of_dataloader
+        return ops.gather_for_metrics(input_data, use_gather_object, self.gradient_state.remainder if ending else 0)
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Gather picklable objects from all processes (lists are flattened)."""
@@ -574,21 +448,8 @@ class Accelerator:
         ``even_batches`` (when given) overrides the setting of the loaders prepared so far,
         for the duration of the block.
         """
-        saved = [(dl.shard_sampler, dl.shard_sampler.even_batches) for dl in self._dataloaders if dl.shard_sampler]
-        if even_batches is not None:
-            for sampler, _ in saved:
-                sampler.even_batches = even_batches
-            if len(saved) < len(self._dataloaders):
-                warnings.warn(
-                    "join_uneven_inputs(even_batches=...) is only supported for map-style datasets: "
-                    "loaders over an IterableDataset keep their setting", UserWarning, stacklevel=3,
-                )
-        try:
-            with self.strategy.join_uneven_inputs(joinables):
-                yield
-        finally:
-            for sampler, value in saved:
-                sampler.even_batches = value
+        with even_batches_for(self._dataloaders, even_batches), self.strategy.join_uneven_inputs(joinables):
+            yield
 
     def set_trigger(self) -> None:
         """Raise a flag on this process that ``check_trigger`` sees on every process."""
@@ -604,15 +465,9 @@ class Accelerator:
     # ---- models and checkpoints ---------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> torch.nn.Module:
-        """The user's module inside DDP; optionally without the autocast forward.
-
-        A compiled model (whole or regions) stays compiled around the unwrapped module with
-        ``keep_torch_compile`` (the default, as the peer), else comes back as the plain module:
-        its ``state_dict`` has no ``_orig_mod.`` prefixes.
-
-        A model sharded by FSDP comes back as a full, plain copy (every process must call it):
-        that is what a worker can return to the notebook.
-        """
+        """The user's module inside DDP; optionally without the autocast forward. A compiled model stays
+        compiled with ``keep_torch_compile`` (as the peer), else comes back plain (no ``_orig_mod.``
+        keys); an FSDP-sharded one comes back as a full, plain copy (every process must call it)."""
         return self.strategy.unwrap(model, keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
@@ -621,21 +476,18 @@ class Accelerator:
         Under FSDP: the full weights, gathered on the main process's CPU (``{}`` on the others);
         every process must call it. A dispatched model's offloaded weights are read in (to the CPU).
         """
-        dispatch = sys.modules.get("notebook_accel.big_model.dispatch")  # imported when one was dispatched
-        if dispatch is not None and dispatch.DISPATCHED in model.__dict__:
-            return dispatch.state_dict_with_offloaded(model)
         return self.strategy.model_state_dict(model, unwrap)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """Save ``obj`` on the main process (``torch.save``, or safetensors for a tensor dict: tensors
         sharing memory stored once); on each machine's with ``ProjectConfiguration(save_on_each_node=True)``.
 
-        XLA tensors are copied to the CPU first, so the file loads without torch_xla.
+        Tensors go to the CPU first where the device needs it (XLA), so the file loads without its runtime.
         """
         obj = self.strategy.to_cpu(obj)
         on_each_node = self.project_configuration.save_on_each_node
         if self.is_local_main_process if on_each_node else self.is_main_process:
-            checkpoint.save_object(obj, Path(f), safe_serialization)
+            save_object(obj, Path(f), safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> Path | None:
@@ -649,28 +501,12 @@ class Accelerator:
         state = self.strategy.to_cpu(self.get_state_dict(model))
         if not self.is_main_process:
             return None
-        return checkpoint.save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
+        return save_weights(state, Path(save_directory), safe_serialization, max_shard_size)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state``.
-
-        Raises:
-            ValueError: listing every object ("Item at index i", with its type) that lacks them.
-        """
-        bad = [f"Item at index {i} ({type(obj).__name__})" for i, obj in enumerate(objects)
-               if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
-        if bad:
-            raise ValueError(
-                f"these objects have no state_dict/load_state_dict and cannot be checkpointed: {', '.join(bad)}"
-            )
-        self._custom_objects.extend(objects)
-
-    def _checkpoint_items(self) -> checkpoint.CheckpointItems:
-        sharded = self.strategy.checkpointer(self._models, self._optimizers)
-        return checkpoint.CheckpointItems(
-            self._models, self._optimizers, self._schedulers, self._dataloaders,
-            self._custom_objects, self.scaler, _AcceleratorCounters(self), sharded=sharded,
-        )
+        """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state`` (``ValueError`` naming
+        every object that lacks them)."""
+        self._custom_objects.extend(orchestration.checkpointable(objects))
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` at the start of every ``save_state``.
@@ -679,18 +515,14 @@ class Accelerator:
         (with the matching ``models`` entries) to save something else or nothing.
         Returns a handle whose ``remove()`` unregisters the hook.
         """
-        handle = RemovableHandle(self._save_state_pre_hooks)
-        self._save_state_pre_hooks[handle.id] = hook
-        return handle
+        return self._state_hooks.add(self._state_hooks.save, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` at the start of every ``load_state``.
 
         A hook may remove entries from ``models`` to load them itself. Returns a removable handle.
         """
-        handle = RemovableHandle(self._load_state_pre_hooks)
-        self._load_state_pre_hooks[handle.id] = hook
-        return handle
+        return self._state_hooks.add(self._state_hooks.load, hook)
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None,
                    safe_serialization: bool = True) -> Path:
@@ -702,24 +534,7 @@ class Accelerator:
         peer's. ``safe_serialization`` (the default, as the peer's) stores the models as safetensors
         (``model.safetensors``...), else ``pytorch_model.bin``...; ``load_state`` reads either.
         """
-        config = self.project_configuration
-        automatic = output_dir is None and config.automatic_checkpoint_naming
-        target = config.resolve(output_dir, saving=True)
-        items = self._checkpoint_items()
-        if self._save_state_pre_hooks:
-            Path(target).mkdir(parents=True, exist_ok=True)  # hooks write into it (their files are kept)
-            items.model_states = [self.unwrap_model(m, keep_torch_compile=False).state_dict()
-                                 for m in items.models]
-            items.models = list(items.models)
-            for hook in list(self._save_state_pre_hooks.values()):
-                hook(items.models, items.model_states, target)
-        path = checkpoint.save_state(target, items, self.state, safe_serialization, step=self.step)
-        if automatic:
-            config.iteration += 1
-            if self.is_main_process:
-                config.prune()
-            self.wait_for_everyone()
-        return path
+        return orchestration.save_accelerator_state(self, output_dir, safe_serialization)
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True,
                    *, strict: bool = True) -> Path:
@@ -729,18 +544,7 @@ class Accelerator:
         ``strict=False`` (the peer's ``load_model_func_kwargs``) accepts model weights missing from or
         extra to the checkpoint, e.g. one a save hook cut down to a LoRA adapter; unsharded models only.
         """
-        path = self.project_configuration.resolve(input_dir, saving=False)
-        items = self._checkpoint_items()
-        if self._load_state_pre_hooks:
-            items.models = list(items.models)
-            for hook in list(self._load_state_pre_hooks.values()):
-                hook(items.models, path)
-        path = checkpoint.load_state(path, items, self.state, weights_only, strict)
-        suffix = path.name.removeprefix("checkpoint_")
-        if self.project_configuration.automatic_checkpoint_naming and suffix.isdigit():
-            self.project_configuration.iteration = int(suffix) + 1
-        self.wait_for_everyone()
-        return path
+        return orchestration.load_accelerator_state(self, input_dir, weights_only, strict)
 
     def profile(self, profile_handler: ProfileKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
         """Profile the block with ``torch.profiler`` (settings: ``profile_handler``, else the
@@ -765,37 +569,16 @@ class Accelerator:
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
         """Start the ``log_with`` trackers on the main process and record ``config``."""
-        if not self.is_main_process:
-            return
-        self.trackers = tracking.make_trackers(self.log_with, project_name, self.logging_dir, init_kwargs)
-        for tracker in self.trackers:
-            if callable(getattr(tracker, "start", None)):  # a custom tracker's deferred start (the peer's hook)
-                tracker.start()
-        if config is not None:
-            for tracker in self.trackers:
-                tracker.store_init_configuration(config)
+        if self.is_main_process:
+            self.trackers = run_trackers.start(self.log_with, project_name, self.logging_dir, config, init_kwargs)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The started tracker called ``name`` (``unwrap``: the library's own run or writer).
-
-        On other processes, which start none, a blank tracker whose methods do nothing.
-
-        Raises:
-            ValueError: no started tracker has that name.
-        """
-        if not self.trackers:
-            return tracking.BlankTracker()
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        raise ValueError(f"no tracker {name!r} started; started: {[t.name for t in self.trackers]}")
+        """The started tracker called ``name`` (``unwrap``: the library's own run); see ``run_trackers.find``."""
+        return run_trackers.find(self.trackers, name, unwrap)
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
         """Send ``values`` to every tracker (main process only) and to the notebook's live plots."""
-        if self.is_main_process:
-            tracking.stream_to_kernel(values, step)
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+        run_trackers.log(self.trackers, values, step, log_kwargs, self.is_main_process)
 
     def end_training(self) -> None:
         """Finish every tracker, wait for all processes, then destroy the process group (as the peer)."""
@@ -804,22 +587,6 @@ class Accelerator:
         self.trackers = []
         self.wait_for_everyone()
         self.state.destroy_process_group()
-
-
-class _AcceleratorCounters:
-    """The Accelerator's own counters, as a checkpointable object."""
-
-    def __init__(self, accelerator: Accelerator) -> None:
-        self.accelerator = accelerator
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.accelerator.step, "gradient_state": self.accelerator.gradient_state.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """``step``, and the accumulation counters where the checkpoint has them (the peer's has not)."""
-        self.accelerator.step = int(state["step"])
-        if "gradient_state" in state:
-            self.accelerator.gradient_state.load_state_dict(state["gradient_state"])
 
 
 # the peer's ``accelerate.accelerator`` also holds names other modules own (gather, PartialState...)

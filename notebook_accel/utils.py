@@ -39,8 +39,8 @@ from notebook_accel.big_model.tensor_placement import (
     named_module_tensors,
     set_module_tensor_to_device,
 )
+from notebook_accel.checkpoint.project import ProjectConfiguration
 from notebook_accel.checkpoint.saving import save
-from notebook_accel.checkpoint.training_state import ProjectConfiguration
 from notebook_accel.data.prepare import DataLoaderConfiguration
 from notebook_accel.flags import str_to_bool
 from notebook_accel.machine.availability import (

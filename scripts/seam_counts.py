@@ -1,7 +1,9 @@
-"""Count, at one or more revisions, what issue 20's and 32's seams were built to remove: strategy
-special cases outside the strategies, places that spell launch options or their choices, wire
-message kinds spelled as bare strings. Each count is a regular expression over the engine and front-end
-sources (``git grep``, tests excluded), so any commit can be measured the same way.
+"""Count, at one or more revisions, what the seams were built to remove: strategy special cases
+outside the strategies, places that spell launch options or their choices, wire message kinds
+spelled as bare strings (issue 20); lines naming a launch option outside its row, device branches
+and XLA imports outside the device seam, and backend branches outside the launcher backends
+(issue 32). Each count is a regular expression over the engine and front-end sources (``git grep``,
+tests excluded), so any commit can be measured the same way.
 
 Usage, from a checkout: ``python scripts/seam_counts.py 8877f8f HEAD``.
 """
@@ -12,10 +14,19 @@ import subprocess
 import sys
 
 SOURCES = ["notebook_accel", "magics"]
+ACCELERATOR = "notebook_accel/accelerator.py"
+WORKER_SIDE = [ACCELERATOR, "notebook_accel/utils.py", "notebook_accel/runtime", "notebook_accel/strategies",
+               "notebook_accel/data", "notebook_accel/checkpoint", "notebook_accel/observe", "notebook_accel/big_model"]
+KERNEL_SIDE = ["notebook_accel/launch", "notebook_accel/config", "notebook_accel/cli"]
 # where each strategy's own code lives, before (fsdp/, deepspeed_zero/, xla/) and after (strategies/)
 STRATEGY_HOMES = ("notebook_accel/strategies/", "notebook_accel/fsdp/", "notebook_accel/deepspeed_zero/",
                   "notebook_accel/xla/")
 _CHOICE = r'"(no|fp16|bf16|fp8)"'
+# the device seam: runtime/device.py, the XLA kind in runtime/xla.py, the XLA strategy (machine/ probes
+# what is installed; the kernel side, which plans launches and starts torch_xla's launcher, is counted apart)
+DEVICE_SEAM = ("notebook_accel/runtime/device.py", "notebook_accel/runtime/xla.py", "notebook_accel/strategies/xla.py")
+_XLA_DEVICE_TEST = r'(device|device_type|\.type|backend\(\))\s*(==|!=|in)\s*\(?[^)]*"xla"|\b(on|is|alone_on)_xla\b'
+_XLA_IMPORT = r'import torch_xla|from torch_xla|_import\("torch_xla|from notebook_accel\.runtime import xla|runtime\.xla import'
 # name -> (pattern, sources, excluded paths)
 COUNTS = {
     "strategy special cases outside the strategies":
@@ -35,6 +46,15 @@ COUNTS = {
         (r'hang[_-]after', SOURCES, ("notebook_accel/contract.py",)),
     "lines naming a launch option outside its row (dynamo_backend)":
         (r'dynamo[_-]backend', SOURCES, ("notebook_accel/contract.py",)),
+    "device branches outside the device seam (worker side)":
+        (rf'{_XLA_DEVICE_TEST}|backend\s*[!=]=\s*"xla"', WORKER_SIDE, DEVICE_SEAM),
+    "XLA imports outside the device seam (worker side)":
+        (_XLA_IMPORT, WORKER_SIDE, DEVICE_SEAM),
+    "device branches and XLA imports (kernel side: launch, config, cli)":
+        (rf'{_XLA_DEVICE_TEST}|backend\s*[!=]=\s*"xla"|{_XLA_IMPORT}', KERNEL_SIDE, ()),
+    "backend branches outside launch/backends and launch/cluster":
+        (r'plan\.(cluster|xla) is|if (not )?plan\.(cluster|xla)\b|plan\.cluster if', SOURCES,
+         ("notebook_accel/launch/backends/", "notebook_accel/launch/cluster/")),
     "wire message kinds as bare strings (engine)":
         (r'kind\s*==\s*"|\(\s*"(ok|error|display|metrics|progress|memory|dropped)"\s*,', ["notebook_accel"],
          ("notebook_accel/wire.py",)),
@@ -50,12 +70,19 @@ def count(revision: str, pattern: str, sources: list[str], excluded: tuple[str, 
     return len(kept), len(set(kept))
 
 
+def lines(revision: str, path: str) -> int:
+    """The number of lines of ``path`` at ``revision``."""
+    text = subprocess.run(["git", "show", f"{revision}:{path}"], capture_output=True, text=True).stdout
+    return len(text.splitlines())
+
+
 def main(revisions: list[str]) -> None:
     revisions = revisions or ["HEAD"]
-    print(f"{'':64s}" + "".join(f"{r:>18s}" for r in revisions))
+    print(f"{'':68s}" + "".join(f"{r:>18s}" for r in revisions))
     for name, (pattern, sources, excluded) in COUNTS.items():
         cells = [count(r, pattern, sources, excluded) for r in revisions]
-        print(f"{name:64s}" + "".join(f"{f'{n} in {f} files':>18s}" for n, f in cells))
+        print(f"{name:68s}" + "".join(f"{f'{n} in {f} files':>18s}" for n, f in cells))
+    print(f"{'lines of notebook_accel/accelerator.py':68s}" + "".join(f"{lines(r, ACCELERATOR):>18d}" for r in revisions))
 
 
 if __name__ == "__main__":

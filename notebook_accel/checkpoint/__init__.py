@@ -1,7 +1,10 @@
-"""Checkpoints: ``training_state`` (``save_state`` / ``load_state`` of the whole training state,
-atomically), its file names (``layout``, the peer's) and random states (``random_states``),
-``weight_shards`` (a model's weights in shards of a maximum size) and ``saving`` (the peer's ``save``).
+"""Checkpoints: ``orchestration`` (an Accelerator's ``save_state`` / ``load_state``: hooks, counters,
+automatic naming), ``training_state`` (the files of one checkpoint), ``model_files`` (the plain
+checkpointer of models and optimizers), ``atomic_dir`` (written whole or
+not at all), its file names (``layout``, the peer's), random states (``random_states``, through the
+device kind), ``weight_files`` and ``weight_shards`` (a model's weights, in shards of a maximum size),
+``project`` (``ProjectConfiguration``) and ``saving`` (the peer's ``save``).
 
-A strategy that shards its models brings its own checkpointer (``strategies/fsdp``,
-``strategies/deepspeed``); this package holds what every strategy shares.
+Every strategy checkpoints its models and optimizers through its ``checkpointer``: the plain one here,
+or its own where it shards them (``strategies/fsdp``, ``strategies/deepspeed``).
 """

@@ -1,6 +1,6 @@
 """One process's random states in a checkpoint (``random_states_<rank>.pkl``), under the peer's keys.
 
-``capture`` writes Python's, numpy's, torch's (CUDA's, XLA's) generator states and the
+``capture`` writes Python's, numpy's, torch's and the device kind's (CUDA's, XLA's) generator states and the
 Accelerator's step in plain types, so that ``weights_only`` loading and the peer's
 ``load_state`` both read them; ``read`` also takes the peer's files (numpy arrays) and
 ``restore`` our earlier layout's.
@@ -15,10 +15,13 @@ from typing import Any
 
 import torch
 
+from notebook_accel.runtime.device import TorchDevice
 
-def capture(xla_device: bool = False, step: int | None = None) -> dict[str, Any]:
+
+def capture(device_kind: TorchDevice, step: int | None = None) -> dict[str, Any]:
     """Every RNG state of this process under the peer's keys, in plain types: ``weights_only``
-    loading accepts them, and so does the peer's ``load_state``. ``step``: the Accelerator's, kept there too."""
+    loading accepts them, and so does the peer's ``load_state``. ``device_kind``: this process's
+    (``runtime.device``), which adds its own generators'; ``step``: the Accelerator's, kept there too."""
     state: dict[str, Any] = {"random_state": random.getstate(), "torch_manual_seed": torch.get_rng_state()}
     try:
         import numpy as np
@@ -27,19 +30,15 @@ def capture(xla_device: bool = False, step: int | None = None) -> dict[str, Any]
     else:
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         state["numpy_random_seed"] = (kind, keys.tolist(), int(pos), int(has_gauss), float(cached))
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
-    if xla_device:
-        from notebook_accel.runtime import xla
-
-        state["xm_seed"] = xla.rng_state()
+    state.update(device_kind.rng_state())
     if step is not None:
         state["step"] = step
     return state
 
 
-def restore(state: dict[str, Any]) -> None:
-    """Restore what ``capture`` returned (or the peer's file held, or our earlier layout's)."""
+def restore(state: dict[str, Any], device_kind: TorchDevice) -> None:
+    """Restore what ``capture`` returned (or the peer's file held, or our earlier layout's);
+    ``device_kind`` restores its own generators'."""
     if "python" in state:  # our earlier layout
         version, internal, gauss = state["python"]
         kind, keys, pos, has_gauss, cached = state.get("numpy") or (None,) * 5
@@ -53,12 +52,7 @@ def restore(state: dict[str, Any]) -> None:
         import numpy as np
 
         np.random.set_state(tuple(state["numpy_random_seed"]))
-    if state.get("torch_cuda_manual_seed") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["torch_cuda_manual_seed"])
-    if state.get("xm_seed") is not None:
-        from notebook_accel.runtime import xla
-
-        xla.set_rng_state(state["xm_seed"])
+    device_kind.set_rng_state(state)
 
 
 def read(path: Path, weights_only: bool) -> Any:

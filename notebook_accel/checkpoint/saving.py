@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from notebook_accel.checkpoint.weight_shards import save_object
-from notebook_accel.runtime.ops import recursively_apply
 from notebook_accel.runtime.state import PartialState
 
 
@@ -22,10 +21,11 @@ def save(obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False,
         save_on_each_node: write on every machine's local main process (no shared file system).
         safe_serialization: safetensors instead of ``torch.save``.
 
-    Tensors on an XLA device are copied to the CPU first, so the file loads without torch_xla.
+    Tensors are copied to the CPU first where the device kind needs it (XLA's), so the file loads
+    without that kind's runtime.
     """
     state = PartialState()
     if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
         return
-    obj = recursively_apply(lambda t: t.cpu() if t.device.type == "xla" else t, obj)
+    obj = state.device_kind.to_cpu(obj)
     save_object(obj, Path(f), safe_serialization)

@@ -39,6 +39,7 @@ from notebook_accel.data.iterable import IterableDatasetShard, shard_natively
 from notebook_accel.data.samplers import SeedableRandomSampler
 from notebook_accel.data.shard import DataLoaderShard, LoaderProgress, loader_kwargs
 from notebook_accel.data.sharding import ShardBatchSampler
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.ops import broadcast, world_size
 
@@ -73,6 +74,13 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = False
     dispatch_batches: bool | None = None
     use_stateful_dataloader: bool = False
+
+    def shard_kwargs(self) -> dict[str, Any]:
+        """These settings as ``shard_data_loader``'s keyword arguments."""
+        return {"split_batches": self.split_batches, "even_batches": self.even_batches,
+                "non_blocking": self.non_blocking, "seed": self.data_seed,
+                "use_stateful_dataloader": self.use_stateful_dataloader, "use_seedable_sampler": self.use_seedable_sampler,
+                "dispatch_batches": bool(self.dispatch_batches)}
 
 
 def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> DataLoader:
@@ -134,8 +142,8 @@ def _rank0_int(number: int, device: torch.device | None) -> int:
     value = torch.tensor([number], dtype=torch.int64)
     if world_size() == 1:
         return number
-    if device is not None and device.type in ("cuda", "xla"):  # nccl / xla collectives need it there
-        value = value.to(device)
+    if device is not None:  # where the group's collectives take it (nccl's, XLA's: the device)
+        value = value.to(device_kind(device).collective_device(device))
     return int(broadcast(value, from_process=0).item())
 
 
@@ -245,8 +253,3 @@ def _dispatcher(
         process_index=process_index, num_processes=num_processes, per_process_batch=per,
         remainder=None, total_batch_size=total, **common, **kwargs, **loader_kwargs(loader),
     )
-
-
-# TEMPORARY: notebook_accel/accelerator.py still imports this name (the strategy seam work switches it
-# to ``shard_data_loader``); the peer's ``prepare_data_loader`` is ``loader.prepare_data_loader``.
-prepare_data_loader = shard_data_loader

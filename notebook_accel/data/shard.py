@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from notebook_accel.data.sharding import ShardBatchSampler
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.ops import send_to_device, world_size
 from notebook_accel.runtime.rng_sync import synchronize_rng_state
@@ -155,10 +156,8 @@ class DataLoaderShard(DataLoader):
             it = self._batches()
             for _ in range(self.skip_batches):
                 next(it, None)
-            if self.device is not None and self.device.type == "xla":
-                from notebook_accel.runtime import xla
-
-                it = xla.device_batches(it, self.device)  # moves batches and marks step boundaries
+            if self.device is not None:
+                it = device_kind(self.device).batches(it, self.device)  # XLA's moves them, marking steps
             try:
                 current = next(it)
             except StopIteration:
@@ -186,7 +185,7 @@ class DataLoaderShard(DataLoader):
         return super().__iter__()
 
     def _to_device(self, batch: Any) -> Any:
-        if self.device is None or self.device.type == "xla":  # XLA: moved by device_batches
+        if self.device is None or device_kind(self.device).moves_batches:  # moved by its ``batches``
             return batch
         return send_to_device(batch, self.device, self.non_blocking)
 

@@ -37,15 +37,11 @@ _SETTLE_POLL_S = 0.01
 _QUIET_SAMPLES = 3
 
 
-def register(backend: str) -> None:
-    """Arrange, once per process, for the process group to be torn down cleanly at exit.
-
-    Args:
-        backend: the process group's backend; ``"xla"`` needs nothing (torch_xla's own
-            runtime owns its threads).
-    """
+def register() -> None:
+    """Arrange, once per process, for the process group to be torn down cleanly at exit (the
+    torch-native device kind asks, ``runtime.device``; XLA's runtime owns its own threads)."""
     global _registered
-    if _registered or backend == "xla":
+    if _registered:
         return
     _registered = True
     atexit.register(_tear_down)

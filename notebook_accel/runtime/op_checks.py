@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from notebook_accel.flags import env_flag
+from notebook_accel.runtime.device import group_kind
 
 DEBUG_ENV = "NOTEBOOK_ACCEL_DEBUG_MODE"
 PEER_DEBUG_ENV = "ACCELERATE_DEBUG_MODE"
@@ -53,7 +54,7 @@ def verify_shapes(name: str, shapes: Any) -> None:
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    if dist.get_backend() == "xla":  # torch_xla's group has no object collectives
+    if not group_kind().checks_shapes():  # a group without torch's object collectives
         return
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, shapes)

@@ -2,8 +2,8 @@
 
 Every function works on the default ``torch.distributed`` group when one exists
 with more than one process, and is an identity (or a copy) otherwise, so the same
-code runs in one plain process. Tensors on an XLA device go through torch_xla's
-own collectives (``notebook_accel.runtime.xla``) for gather, reduce and broadcast.
+code runs in one plain process. A tensor's device kind (``runtime.device``) runs its
+collectives; objects go through the kind of the default group.
 """
 
 from __future__ import annotations
@@ -16,18 +16,14 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel.runtime import op_checks
+from notebook_accel.runtime.device import device_kind, group_kind
 
 REDUCTIONS = ("sum", "mean", "max", "min", "none")
-_OPS = {"max": "MAX", "min": "MIN"}
 
 
 def world_size() -> int:
     """Number of processes in the default group (1 when there is none)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _on_xla_group() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "xla"
 
 
 class CannotPadNestedTensorWarning(UserWarning):
@@ -126,27 +122,17 @@ def _pad(tensor: torch.Tensor, dim: int, length: int, pad_index: Any, pad_first:
     return torch.cat([filler, tensor] if pad_first else [tensor, filler], dim=dim)
 
 
-def _xla() -> Any:
-    from notebook_accel.runtime import xla as runtime
-
-    return runtime
-
-
 def _gather_one(tensor: torch.Tensor, uneven: bool) -> torch.Tensor:
     if tensor.ndim == 0:
         tensor = tensor[None]
-    if tensor.device.type == "xla":  # torch_xla's all_gather; shapes must match there
-        return _xla().all_gather(tensor)
-    tensor = tensor.contiguous()
-    if not uneven:
-        out = [torch.empty_like(tensor) for _ in range(world_size())]
-        dist.all_gather(out, tensor)
-        return torch.cat(out, dim=0)
+    kind = device_kind(tensor.device)
+    if not (uneven and kind.gathers_uneven()):  # XLA's: shapes must match
+        return kind.all_gather(tensor, world_size())
     sizes = _all_gather_sizes(tensor, 0)
-    padded = _pad(tensor, 0, max(sizes), 0, False)
-    out = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(out, padded)
-    return torch.cat([chunk[:n] for chunk, n in zip(out, sizes, strict=True)], dim=0)
+    out = kind.all_gather(_pad(tensor, 0, max(sizes), 0, False), world_size())
+    if not max(sizes):
+        return out
+    return torch.cat([chunk[:n] for chunk, n in zip(out.split(max(sizes)), sizes, strict=True)], dim=0)
 
 
 def gather(data: Any, uneven: bool = False) -> Any:
@@ -166,6 +152,16 @@ def gather(data: Any, uneven: bool = False) -> Any:
     return recursively_apply(lambda t: _gather_one(t, uneven), data, error_on_other_type=True)
 
 
+def gather_for_metrics(data: Any, use_gather_object: bool = False, remainder: int = 0) -> Any:
+    """``gather`` (``gather_object`` for objects), keeping the first ``remainder`` rows when above 0:
+    the last batch's without the duplicates that ``even_batches`` added."""
+    use_object = use_gather_object or not is_tensor_structure(data)
+    out = gather_object(data) if use_object else gather(data, uneven=True)
+    if remainder <= 0:
+        return out
+    return out[:remainder] if use_object else recursively_apply(lambda t: t[:remainder], out)
+
+
 def gather_object(obj: Any) -> list[Any]:
     """Gather picklable objects from every process.
 
@@ -175,11 +171,7 @@ def gather_object(obj: Any) -> list[Any]:
     flatten = isinstance(obj, (list, tuple))
     if world_size() == 1:
         return list(obj) if flatten else [obj]
-    if _on_xla_group():  # torch_xla's group takes XLA tensors only: exchange bytes instead
-        out = _xla().gather_object(obj)
-    else:
-        out = [None] * world_size()
-        dist.all_gather_object(out, obj)
+    out = group_kind().gather_object(obj, world_size())
     if flatten:
         return [x for part in out for x in part]
     return out
@@ -201,14 +193,8 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         _verify("reduce", data)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
-        if n > 1 and reduction != "none" and tensor.device.type == "xla":
-            out = _xla().all_reduce(tensor, reduction)
-            return out * scale if scale != 1.0 else out
-        out = tensor.clone()
-        if n > 1 and reduction != "none":
-            dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS.get(reduction, "SUM")))
-            if reduction == "mean":
-                out /= n
+        distributed = n > 1 and reduction != "none"
+        out = device_kind(tensor.device).all_reduce(tensor, reduction, n) if distributed else tensor.clone()
         if scale != 1.0:
             out *= scale
         return out
@@ -223,10 +209,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     _verify("broadcast", data)
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type == "xla":
-            return _xla().broadcast(tensor, from_process)
-        dist.broadcast(tensor, src=from_process)
-        return tensor
+        return device_kind(tensor.device).broadcast(tensor, from_process)
 
     return recursively_apply(_one, data, error_on_other_type=True)
 
@@ -234,9 +217,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
 def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any]:
     """Overwrite the items of ``objects`` in place with those of ``from_process``."""
     if world_size() > 1:
-        if _on_xla_group():
-            return _xla().broadcast_object_list(objects, from_process)
-        dist.broadcast_object_list(objects, src=from_process)
+        return group_kind().broadcast_object_list(objects, from_process)
     return objects
 
 

@@ -7,7 +7,7 @@ fp16 on CPU: the peer silently trains in fp32 there. We instead do what was
 asked: CPU autocast in float16 with torch's own CPU ``GradScaler``
 (``torch.amp.GradScaler("cpu")``, torch >= 2.3). It works but is slow on most
 CPUs; bf16 is the better choice on CPU. With an older torch a ``ValueError``
-says so. fp16 on XLA is refused (use bf16).
+says so. A device kind refuses what it cannot run (XLA: fp16; use bf16).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from notebook_accel import contract
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.ops import recursively_apply
 
 PEER_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
@@ -71,8 +72,7 @@ def make_grad_scaler(mixed_precision: str, device: torch.device, **kwargs: Any) 
     """
     if mixed_precision != "fp16":
         return None
-    if device.type == "xla":
-        raise ValueError("fp16 mixed precision is not supported on XLA devices; use mixed_precision='bf16'")
+    device_kind(device).check_mixed_precision(mixed_precision)
     amp_scaler = getattr(torch.amp, "GradScaler", None)
     if amp_scaler is None:
         if device.type == "cuda":
@@ -82,6 +82,16 @@ def make_grad_scaler(mixed_precision: str, device: torch.device, **kwargs: Any) 
             f"this is torch {torch.__version__}. Use mixed_precision='bf16' or 'no'."
         )
     return amp_scaler(device.type, **kwargs)
+
+
+def unscale(scaler: Any, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Unscale the fp16 gradients of ``optimizers`` (once per step: a second call is a no-op)."""
+    for optimizer in optimizers:
+        try:
+            scaler.unscale_(optimizer)
+        except RuntimeError as exc:  # already unscaled for this step
+            if "already been called" not in str(exc):
+                raise
 
 
 def convert_to_fp32(data: Any) -> Any:

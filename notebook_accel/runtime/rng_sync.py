@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from enum import Enum
 
 import torch
-import torch.distributed as dist
 
+from notebook_accel.runtime.device import device_kind, group_kind
 from notebook_accel.runtime.ops import broadcast_object_list, world_size
 
 
@@ -24,13 +24,7 @@ def broadcast_rng_state(state: torch.Tensor) -> torch.Tensor:
     """Rank 0's copy of a generator state tensor (``uint8``), on the CPU."""
     if world_size() == 1:
         return state
-    backend = dist.get_backend()
-    if backend == "xla":  # torch_xla's group takes XLA tensors only
-        return broadcast_object_list([state])[0]
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    moved = state.to(device)
-    dist.broadcast(moved, src=0)
-    return moved.cpu()
+    return group_kind().broadcast_rng_state(state)
 
 
 def synchronize_rng_state(rng_type: str | RNGType, generator: torch.Generator | None = None) -> None:
@@ -50,14 +44,12 @@ def synchronize_rng_state(rng_type: str | RNGType, generator: torch.Generator | 
     elif kind is RNGType.CUDA:
         if torch.cuda.is_available():
             torch.cuda.set_rng_state(broadcast_rng_state(torch.cuda.get_rng_state()))
-    elif kind is RNGType.XLA:
-        from notebook_accel.runtime import xla
-
-        xla.set_rng_state(broadcast_object_list([xla.rng_state()])[0])
-    else:
+    elif kind is RNGType.GENERATOR:
         if generator is None:
             raise ValueError("rng_type='generator' needs the generator to synchronise (generator=...)")
         generator.set_state(broadcast_rng_state(generator.get_state()))
+    else:  # a device kind's own generator (XLA's)
+        device_kind(kind.value).synchronize_rng(broadcast_object_list)
 
 
 def synchronize_rng_states(rng_types: Iterable[str | RNGType], generator: torch.Generator | None = None) -> None:

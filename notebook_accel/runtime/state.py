@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import contract
-from notebook_accel.runtime import exit_teardown
+from notebook_accel.runtime.device import TorchDevice, backend_kind, device_kind, env_int
 
 T = TypeVar("T")
 
@@ -65,16 +65,6 @@ class DistributedType(str, Enum):
             )
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
 def _device_type(cpu: bool) -> str:
     if cpu:
         return "cpu"
@@ -88,35 +78,14 @@ def _device_type(cpu: bool) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _torch_device_from_env(device_type: str) -> torch.device | None:
-    """``ACCELERATE_TORCH_DEVICE`` (the peer's override of the rank's device), when set.
-
-    Raises ``ValueError`` when it is no torch device, or one of another type than ``device_type``.
-    """
-    value = os.environ.get(contract.TORCH_DEVICE_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        device = torch.device(value)
-    except RuntimeError as error:
-        raise ValueError(f"{contract.TORCH_DEVICE_ENV}={value!r} is not a torch device ({error})") from None
-    if device.type != device_type:
-        raise ValueError(f"{contract.TORCH_DEVICE_ENV}={value!r} is a {device.type} device, but this process "
-                         f"uses {device_type!r}; give a {device_type} device (e.g. {device_type}:0) or unset it")
-    return device
-
-
-BACKENDS = {"xla": "xla", "cuda": "nccl"}  # device type -> collective backend; any other device: gloo
-
-
 def collective_backend(device_type: str) -> str:
-    """The ``torch.distributed`` backend for processes on ``device_type`` devices (the one place that chooses).
+    """The ``torch.distributed`` backend for processes on ``device_type`` devices (their kind's).
 
     Example:
         >>> collective_backend("cuda"), collective_backend("cpu")
         ('nccl', 'gloo')
     """
-    return BACKENDS.get(device_type, "gloo")
+    return device_kind(device_type).backend(device_type)
 
 
 def ensure_process_group(
@@ -129,7 +98,7 @@ def ensure_process_group(
     (see ``notebook_accel.runtime.exit_teardown``).
 
     Args:
-        backend: ``"gloo"``, ``"nccl"`` or ``"xla"``.
+        backend: ``"gloo"``, ``"nccl"``, or a device kind's own (``collective_backend``).
         rank: this process's global rank.
         world_size: number of processes; nothing is created when it is 1, unless ``alone``.
         timeout: collective timeout, or ``None`` for torch's default.
@@ -140,7 +109,8 @@ def ensure_process_group(
     """
     if world_size <= 1 and not alone:
         return
-    exit_teardown.register(backend)
+    kind = _backend_kind(backend, device)
+    kind.register_teardown()
     if dist.is_initialized():
         return
     kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size}
@@ -148,12 +118,8 @@ def ensure_process_group(
         kwargs["timeout"] = timeout
     if world_size <= 1:
         kwargs["store"] = dist.HashStore()
-    elif backend == "xla":
-        import torch_xla.distributed.xla_backend  # noqa: F401  (registers the backend)
-
-        kwargs["init_method"] = "xla://"
     else:
-        kwargs["init_method"] = init_method or "env://"
+        kwargs["init_method"] = kind.meeting(init_method)
     if backend == "nccl" and device is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
@@ -161,6 +127,11 @@ def ensure_process_group(
         # gloo connects its full mesh lazily; a rank that finished right after init could
         # otherwise close its sockets while a peer is still connecting to it.
         dist.barrier()
+
+
+def _backend_kind(backend: str, device: torch.device | None) -> TorchDevice:
+    """The device kind running ``backend``: ``device``'s, or the kind whose backend it is."""
+    return device_kind(device) if device is not None else backend_kind(backend)
 
 
 class PartialState:
@@ -182,43 +153,21 @@ class PartialState:
     def __init__(self, cpu: bool = False, timeout: timedelta | None = None, backend: str | None = None,
                  init_method: str | None = None) -> None:
         self.device_type = _device_type(cpu)
-        if self.device_type == "xla":
-            from notebook_accel.runtime import xla
-
-            self.process_index, self.num_processes, self.local_process_index = xla.ranks()
-            self.device = xla.device()
-            self.distributed_type = DistributedType.XLA
-            self.backend: str | None = collective_backend(self.device_type) if self.num_processes > 1 else None
-        else:
-            self.process_index = _env_int(contract.RANK, 0)
-            self.num_processes = _env_int(contract.WORLD_SIZE, 1)
-            self.local_process_index = _env_int(contract.LOCAL_RANK, 0)
-            chosen = None if cpu else _torch_device_from_env(self.device_type)
-            if self.device_type == "cuda":
-                if not torch.cuda.is_available():
-                    raise RuntimeError(
-                        f"{contract.DEVICE_ENV}=cuda, but this torch ({torch.__version__}) sees no CUDA "
-                        f"device; set {contract.DEVICE_ENV}=cpu or pass cpu=True"
-                    )
-                self.device = chosen or torch.device("cuda", self.local_process_index)
-                torch.cuda.set_device(self.device)
-            else:
-                self.device = chosen or torch.device("cpu")
-            if self.num_processes > 1:
-                self.distributed_type = (
-                    DistributedType.MULTI_GPU if self.device_type == "cuda" else DistributedType.MULTI_CPU
-                )
-                self.backend = collective_backend(self.device_type)
-            else:
-                self.distributed_type = DistributedType.NO
-                self.backend = None
+        self.device_kind = device_kind(self.device_type)  # the device seam: chosen once, asked from here on
+        place = self.device_kind.locate(self.device_type, cpu)
+        self.process_index, self.num_processes = place.process_index, place.num_processes
+        self.local_process_index, self.device = place.local_process_index, place.device
+        self.distributed_type = DistributedType(self.device_kind.distributed_type(self.device_type,
+                                                                                  self.num_processes))
+        self.backend: str | None = None
+        if self.num_processes > 1:
+            fixed = self.device_kind.backend_fixed
+            self.backend = (None if fixed else backend) or self.device_kind.backend(self.device_type)
         if not 0 <= self.process_index < self.num_processes:
             raise ValueError(
                 f"rank {self.process_index} is outside the world of {self.num_processes} processes"
             )
-        self.num_local_processes = _env_int(contract.LOCAL_WORLD_SIZE, self.num_processes)
-        if self.backend is not None and self.device_type != "xla":
-            self.backend = backend or self.backend
+        self.num_local_processes = env_int(contract.LOCAL_WORLD_SIZE, self.num_processes)
         if self.backend is not None:
             meeting = {"init_method": init_method} if init_method else {}
             ensure_process_group(self.backend, self.process_index, self.num_processes, timeout, self.device,
@@ -283,20 +232,13 @@ class PartialState:
         docs/torch_gloo_exit_abort.md).
         """
         if self.backend is not None and dist.is_available() and dist.is_initialized():
-            if self.backend != "xla":
-                exit_teardown.settle_comm_threads()
+            self.device_kind.settle()
             dist.destroy_process_group(group)
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (no-op for one process)."""
-        if not self.use_distributed:
-            return
-        if self.distributed_type == DistributedType.XLA:
-            from notebook_accel.runtime import xla
-
-            xla.rendezvous("notebook_accel.wait_for_everyone")
-        else:
-            dist.barrier()
+        if self.use_distributed:
+            self.device_kind.barrier()
 
     @contextlib.contextmanager
     def _first(self, is_first: bool) -> Iterator[None]:

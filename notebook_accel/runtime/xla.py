@@ -1,15 +1,18 @@
-"""What the Accelerator does on an XLA device, through torch_xla (imported lazily).
+"""The XLA device kind (``XlaDevice``, see ``runtime.device``) and what it does, through torch_xla.
 
 Every function imports torch_xla only when called, so this module is importable
-(and the rest of the package works) where torch_xla is not installed.
+(and the rest of the package works) where torch_xla is not installed. It is the one
+worker-side module outside ``strategies/xla.py`` that names torch_xla.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+
+from notebook_accel.runtime.device import Placement, TorchDevice
 
 
 def _import(module: str) -> Any:
@@ -27,11 +30,6 @@ def _import(module: str) -> Any:
 
 def _xm() -> Any:
     return _import("torch_xla.core.xla_model")
-
-
-def is_xla(device: torch.device | str | None) -> bool:
-    """Whether ``device`` is an XLA device (no torch_xla import)."""
-    return device is not None and torch.device(device).type == "xla"
 
 
 def device() -> torch.device:
@@ -57,15 +55,6 @@ def sync() -> None:
         sync_fn()
     else:  # torch_xla < 2.5
         _xm().mark_step()
-
-
-def optimizer_step(optimizer: torch.optim.Optimizer, world_size: int, closure: Any = None) -> Any:
-    """Average the gradients across the cores (when several), step, and end the step's graph."""
-    if world_size > 1:
-        _xm().reduce_gradients(optimizer)
-    result = optimizer.step(closure) if closure is not None else optimizer.step()
-    sync()
-    return result
 
 
 class _Once:
@@ -174,22 +163,6 @@ def set_rng_state(seed: int) -> None:
     _xm().set_rng_state(int(seed))
 
 
-def autocast(mixed_precision: str, xla_device: torch.device) -> Any:
-    """bf16 autocast on the XLA device (``torch.autocast("xla")``); fp16 is refused.
-
-    Raises:
-        ValueError: ``mixed_precision="fp16"`` (TPUs compute in bf16).
-    """
-    import contextlib
-
-    if mixed_precision == "fp16":
-        raise ValueError("fp16 mixed precision is not supported on XLA devices; "
-                         "use mixed_precision='bf16'")
-    if mixed_precision != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast(xla_device.type, dtype=torch.bfloat16)
-
-
 def move_model(model: torch.nn.Module, xla_device: torch.device) -> dict[int, torch.nn.Parameter]:
     """Move ``model`` to ``xla_device``; returns ``id(old parameter) -> new parameter``.
 
@@ -261,3 +234,92 @@ class GradientReducer:
         if not self.reduced:
             _xm().reduce_gradients(optimizer)
         self.reduced = False
+
+
+class XlaDevice(TorchDevice):
+    """The XLA kind (``runtime.device``): TPU cores through torch_xla, which owns its group's threads."""
+
+    torch_native: ClassVar[bool] = False
+    backend_fixed: ClassVar[bool] = True
+    moves_batches: ClassVar[bool] = True
+
+    def locate(self, device_type: str, cpu: bool) -> Placement:
+        """Ranks and device from torch_xla's runtime (initialises it)."""
+        process_index, num_processes, local_process_index = ranks()
+        return Placement(process_index, num_processes, local_process_index, device())
+
+    def distributed_type(self, device_type: str, num_processes: int) -> str:
+        return "XLA"
+
+    def backend(self, device_type: str) -> str:
+        return "xla"
+
+    def meeting(self, init_method: str | None) -> str:
+        _import("torch_xla.distributed.xla_backend")  # registers the backend
+        return "xla://"
+
+    def register_teardown(self) -> None:
+        """Nothing: torch_xla's own runtime owns its threads."""
+
+    def settle(self) -> None:
+        """Nothing: torch_xla's own runtime owns its threads."""
+
+    def barrier(self) -> None:
+        rendezvous("notebook_accel.wait_for_everyone")
+
+    def collective_device(self, device: torch.device) -> torch.device:
+        return device
+
+    def all_gather(self, tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+        return all_gather(tensor)
+
+    def gathers_uneven(self) -> bool:
+        return False
+
+    def all_reduce(self, tensor: torch.Tensor, reduction: str, world_size: int) -> torch.Tensor:
+        return all_reduce(tensor, reduction)
+
+    def broadcast(self, tensor: torch.Tensor, from_process: int) -> torch.Tensor:
+        return broadcast(tensor, from_process)
+
+    def gather_object(self, obj: Any, world_size: int) -> list[Any]:
+        """Through ``xm.rendezvous``: torch_xla's group takes XLA tensors only."""
+        return gather_object(obj)
+
+    def broadcast_object_list(self, objects: list[Any], from_process: int) -> list[Any]:
+        return broadcast_object_list(objects, from_process)
+
+    def checks_shapes(self) -> bool:
+        return False  # torch_xla's group has no object collectives
+
+    def broadcast_rng_state(self, state: torch.Tensor) -> torch.Tensor:
+        return broadcast_object_list([state])[0]
+
+    def rng_state(self) -> dict[str, Any]:
+        return {**super().rng_state(), "xm_seed": rng_state()}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        super().set_rng_state(state)
+        if state.get("xm_seed") is not None:
+            set_rng_state(state["xm_seed"])
+
+    def synchronize_rng(self, broadcast_object_list: Any) -> None:
+        set_rng_state(broadcast_object_list([rng_state()])[0])
+
+    def to_cpu(self, obj: Any) -> Any:
+        return to_cpu(obj)
+
+    def has_storage(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type != "xla"
+
+    def batches(self, batches: Any, device: torch.device) -> Any:
+        """Moved by torch_xla's parallel loader, which also marks each step boundary."""
+        return device_batches(batches, device)
+
+    def check_mixed_precision(self, mixed_precision: str) -> None:
+        if mixed_precision == "fp16":
+            raise ValueError("fp16 mixed precision is not supported on XLA devices; use mixed_precision='bf16'")
+
+    def refuse(self, strategy: str, alternatives: str = "") -> None:
+        raise ValueError(f"{strategy} does not run on XLA devices; on TPU use the default data parallelism"
+                         f"{alternatives}")

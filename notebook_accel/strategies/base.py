@@ -24,7 +24,9 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from notebook_accel.checkpoint.model_files import PlainCheckpointer
 from notebook_accel.runtime import compilation, precision
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, collective_backend
@@ -77,6 +79,7 @@ class Strategy(ABC):
         self.plugin = plugin
         self.state = context.state
         self.device: torch.device = context.state.device
+        self.device_kind = device_kind(self.device)  # the device seam (runtime.device)
         self.num_processes: int = context.state.num_processes
         self.mixed_precision = context.mixed_precision
         self.gradient_state = context.gradient_state
@@ -139,9 +142,9 @@ class Strategy(ABC):
         return compilation.compile_model(model, plugin)
 
     def setup_model_and_optimizer(self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
-                                  micro_batch: int | None) -> tuple[torch.nn.Module, AcceleratedOptimizer]:
+                                  loaders: list[Any]) -> tuple[torch.nn.Module, AcceleratedOptimizer]:
         """For a ``joint_setup`` strategy: the prepared model and optimizer from one ``prepare`` call's
-        trainable ``models`` and ``optimizers``; ``micro_batch``: the per-process batch of its loader."""
+        trainable ``models`` and ``optimizers``; ``loaders``: the data loaders prepared so far."""
         raise NotImplementedError(f"the {self.name} strategy sets models and optimizers up one at a time")
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> AcceleratedOptimizer:
@@ -197,6 +200,11 @@ class Strategy(ABC):
                 f"{self.distributed_type.value}; it has no effect here", UserWarning, stacklevel=6,
             )
 
+    def settle_gradients(self, optimizers: list[AcceleratedOptimizer]) -> None:
+        """Make the (unscaled) gradients what the optimizers' next step will use, before they are
+        clipped or inspected (XLA averages them across the cores here); nothing here."""
+        return None
+
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the (unscaled) gradients to ``max_norm``; returns their total norm."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
@@ -214,15 +222,21 @@ class Strategy(ABC):
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """``model``'s full weights (see ``Accelerator.get_state_dict``)."""
+        """``model``'s full weights (see ``Accelerator.get_state_dict``); a dispatched model's
+        offloaded ones read in (``big_model.dispatch``)."""
+        from notebook_accel.big_model.dispatch import DISPATCHED, state_dict_with_offloaded
+
+        if DISPATCHED in model.__dict__:
+            return state_dict_with_offloaded(model)
         return (self.unwrap(model) if unwrap else model).state_dict()
 
     def to_cpu(self, obj: Any) -> Any:
-        """``obj`` with its tensors where ``torch.save`` can write them without this device's runtime."""
-        return obj
+        """``obj`` with its tensors where ``torch.save`` can write them without this device's runtime
+        (the device kind's copy; on XLA every process takes part)."""
+        return self.device_kind.to_cpu(obj)
 
     def checkpointer(self, models: list[torch.nn.Module], optimizers: list[AcceleratedOptimizer]) -> Any:
-        """What writes and reads the models and optimizers in ``save_state`` / ``load_state``
-        (an object with ``save`` and ``load``, see ``checkpoint.training_state.CheckpointItems``), or ``None``:
-        the plain files."""
-        return None
+        """What writes and reads the models and optimizers in ``save_state`` / ``load_state``: an object
+        with ``save(files)`` and ``load(files)`` (``checkpoint.training_state.CheckpointFiles``); here the
+        plain files, copied to the CPU first (``checkpoint.model_files.PlainCheckpointer``)."""
+        return PlainCheckpointer(models, optimizers, self.to_cpu)

@@ -3,7 +3,7 @@
 Moving a model to an XLA device makes new ``Parameter`` objects, so optimizers are
 pointed at them; with several cores the optimizer averages the gradients (once per
 step, before clipping when the loop clips) instead of a DDP wrapper; every optimizer
-step ends the step's graph. Tensors are copied to the CPU before saving.
+step ends the step's graph. Tensors are copied to the CPU before saving (by the device kind, ``XlaDevice``).
 """
 
 from __future__ import annotations
@@ -47,5 +47,8 @@ class XlaStrategy(Strategy):
         reducer = xla.GradientReducer() if self.num_processes > 1 else None
         return AcceleratedOptimizer(optimizer, self.gradient_state, scaler, reducer, xla.sync)
 
-    def to_cpu(self, obj: Any) -> Any:
-        return xla.to_cpu(obj)  # on every process: the copy runs the pending XLA graph
+    def settle_gradients(self, optimizers: list[AcceleratedOptimizer]) -> None:
+        """Average the gradients across the cores now (before clipping); their step will not repeat it."""
+        for optimizer in optimizers:
+            if optimizer.before_step is not None:  # its GradientReducer (several cores)
+                optimizer.before_step.reduce_now(optimizer.optimizer)

@@ -254,7 +254,7 @@ def test_tensorboard_tracker_is_optional(tmp_path):
 
 
 def test_automatic_checkpoint_naming_with_total_limit(tmp_path):
-    from notebook_accel.checkpoint.training_state import ProjectConfiguration
+    from notebook_accel.checkpoint.project import ProjectConfiguration
 
     config = ProjectConfiguration(project_dir=tmp_path, automatic_checkpoint_naming=True, total_limit=2)
     acc = Accelerator(project_config=config)

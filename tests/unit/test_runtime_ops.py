@@ -52,7 +52,7 @@ def test_object_collectives_on_an_xla_group_go_through_torch_xla(monkeypatch):
     from notebook_accel.runtime import xla
 
     monkeypatch.setattr(ops, "world_size", lambda: 2)
-    monkeypatch.setattr(ops, "_on_xla_group", lambda: True)
+    monkeypatch.setattr(ops, "group_kind", lambda: xla.XlaDevice())
     monkeypatch.setattr(xla, "gather_object", lambda obj, tag="": [obj, obj])
     monkeypatch.setattr(xla, "broadcast_object_list", lambda objects, src: objects + ["from core"])
     assert ops.gather_object([1]) == [1, 1] and ops.gather_object("x") == ["x", "x"]

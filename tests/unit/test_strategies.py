@@ -31,9 +31,10 @@ def test_an_fsdp_plugin_chooses_fsdp_which_alone_shards_nothing_but_keeps_its_ch
     assert accelerator.distributed_type is DistributedType.NO and accelerator.deepspeed_plugin is None
     model = accelerator.prepare(torch.nn.Linear(2, 1))
     assert type(model) is torch.nn.Linear
+    from notebook_accel.checkpoint.orchestration import checkpoint_items
     from notebook_accel.strategies.fsdp.checkpointing import FsdpCheckpointer
 
-    assert isinstance(accelerator._checkpoint_items().sharded, FsdpCheckpointer)
+    assert isinstance(checkpoint_items(accelerator).checkpointer, FsdpCheckpointer)
 
 
 def test_plugins_for_two_strategies_are_refused(monkeypatch):

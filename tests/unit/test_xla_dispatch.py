@@ -85,12 +85,6 @@ def test_runtime_initialised_reads_only_loaded_modules(monkeypatch):
     assert detect.runtime_initialised()
 
 
-def test_is_xla_needs_no_torch_xla():
-    assert not runtime.is_xla(torch.device("cpu"))
-    assert not runtime.is_xla(None)
-    assert runtime.is_xla("xla:0")
-
-
 def test_to_cpu_leaves_cpu_data_alone():
     data = {"w": torch.ones(2), "step": 3, "groups": [{"lr": 0.1}]}
     assert runtime.to_cpu(data) is data
@@ -358,11 +352,14 @@ def test_notebook_launcher_without_torch_xla_says_how_to_install(monkeypatch):
 def test_clipping_on_several_xla_cores_clips_averaged_gradients_once(monkeypatch):
     from notebook_accel import Accelerator
     from notebook_accel.runtime.optim import AcceleratedOptimizer
+    from notebook_accel.strategies.base import StrategyContext
+    from notebook_accel.strategies.xla import XlaStrategy
 
     calls = []
     monkeypatch.setattr(runtime, "_xm", lambda: types.SimpleNamespace(
         reduce_gradients=lambda opt: calls.append("reduce")))
     accelerator = Accelerator(cpu=True)
+    accelerator.strategy = XlaStrategy(StrategyContext.on_device(torch.device("xla", 0), num_processes=2))
     model = torch.nn.Linear(2, 1)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
     optimizer = AcceleratedOptimizer(inner, accelerator.gradient_state, None, runtime.GradientReducer())

@@ -11,11 +11,11 @@ DeepSpeed's ``zero_to_fp32.py`` (written into the folder) merges the partitions 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from notebook_accel.checkpoint.training_state import CheckpointFiles
 
 ENGINE_TAG = "pytorch_model"
 
@@ -43,9 +43,10 @@ class DeepSpeedCheckpointer:
         optimizers = [(i, o) for i, o in enumerate(self.optimizers) if o is not self.runtime.optimizer]
         return models, optimizers
 
-    def save(self, directory: Path, is_main: bool, write: Callable[[Any, Path], None]) -> None:
-        """Write every model and optimizer into ``directory`` (which exists on every rank);
-        ``write(obj, path)`` writes one file (rank 0 only)."""
+    def save(self, files: CheckpointFiles) -> None:
+        """Write every model and optimizer into ``files.directory`` (which exists on every rank);
+        whole files on rank 0 only."""
+        directory, is_main, write = files.directory, files.is_main, files.write
         if self.runtime.engine is not None:
             # save_latest: the 'latest' file lets DeepSpeed's zero_to_fp32.py find the tag by itself
             self.runtime.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=True)
@@ -56,13 +57,16 @@ class DeepSpeedCheckpointer:
             for i, opt in optimizers:
                 write(opt.state_dict(), directory / _file("optimizer", i))
 
-    def load(self, directory: Path, is_main: bool, read: Callable[[Path], Any]) -> None:
-        """Restore every model and optimizer from ``directory``; ``read(path)`` loads one file.
+    def load(self, files: CheckpointFiles) -> None:
+        """Restore every model and optimizer from ``files.directory``.
 
         Raises:
             FileNotFoundError: the checkpoint has no DeepSpeed engine folder (written by a job
                 without DeepSpeed) or lacks a model or optimizer file.
+            ValueError: ``strict=False`` (the engine restores its model whole).
         """
+        files.refuse_partial(self)
+        directory, read = files.directory, files.read
         if self.runtime.engine is not None:
             if not (directory / ENGINE_TAG).is_dir():
                 raise FileNotFoundError(f"{directory} has no {ENGINE_TAG}/ folder: it was not written by a "

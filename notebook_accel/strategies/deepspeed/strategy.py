@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from notebook_accel.runtime import compilation
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, ensure_process_group
 from notebook_accel.strategies.base import Strategy, StrategyContext
@@ -33,15 +34,14 @@ class DeepSpeedStrategy(Strategy):
 
     Raises:
         ImportError: deepspeed is not installed.
-        ValueError: an XLA device; fp16 where DeepSpeed's device has no fp16 support.
+        ValueError: a device kind that is not torch-native (XLA); fp16 where DeepSpeed's device has no fp16 support.
     """
 
     name: ClassVar[str] = "deepspeed"
     joint_setup: ClassVar[bool] = True
 
     def __init__(self, context: StrategyContext, plugin: Any = None) -> None:
-        if context.state.device.type == "xla":
-            raise ValueError("DeepSpeed does not run on XLA devices; on TPU use the default data parallelism")
+        device_kind(context.state.device).refuse("DeepSpeed")
         super().__init__(context, plugin)
         from notebook_accel.strategies.deepspeed.runtime import fill_precision, import_deepspeed
 
@@ -78,7 +78,8 @@ class DeepSpeedStrategy(Strategy):
         return DistributedType.DEEPSPEED
 
     def resolved_config(self) -> dict[str, Any] | None:
-        return self.config
+        """The config with its ``"auto"`` values filled once a model is prepared; the plugin's before."""
+        return self.config if self.config is not None else self.plugin.deepspeed_config
 
     def loss_scaler(self, scaler: Any) -> Any:
         return None  # DeepSpeed scales fp16 losses itself
@@ -109,8 +110,9 @@ class DeepSpeedStrategy(Strategy):
         return super().setup_model(model, place, evaluation_mode, optimizers)
 
     def setup_model_and_optimizer(self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
-                                  micro_batch: int | None) -> tuple[torch.nn.Module, AcceleratedOptimizer]:
-        """The engine for the one trainable model and its optimizer, and the optimizer to hand back.
+                                  loaders: list[Any]) -> tuple[torch.nn.Module, AcceleratedOptimizer]:
+        """The engine for the one trainable model and its optimizer, and the optimizer to hand back;
+        its micro batch is the first loader's per-process batch.
 
         Raises:
             ValueError: not exactly one trainable model and one optimizer; a second engine (one
@@ -131,6 +133,8 @@ class DeepSpeedStrategy(Strategy):
         from notebook_accel.strategies.fsdp.state_dict import meta_skeleton
 
         model, optimizer = models[0], optimizers[0]
+        total = loaders[0].total_batch_size if loaders else None
+        micro_batch = total // self.num_processes if total else None
         self.config = fill_auto(self.plugin.deepspeed_config, micro_batch=micro_batch,
                                 accumulation=self.gradient_state.num_steps, world_size=self.num_processes,
                                 mixed_precision=self.mixed_precision, model=model)

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
+from notebook_accel.checkpoint.training_state import CheckpointFiles
 from notebook_accel.strategies.fsdp.state_dict import (
     MODEL_DIR,
     MODEL_KEY,
@@ -77,9 +78,10 @@ class FsdpCheckpointer:
                 return model
         return None
 
-    def save(self, directory: Path, is_main: bool, write: Callable[[Any, Path], None]) -> None:
-        """Write every model and optimizer into ``directory`` (which exists on every rank);
-        ``write(obj, path)`` writes one file (rank 0 only)."""
+    def save(self, files: CheckpointFiles) -> None:
+        """Write every model and optimizer into ``files.directory`` (which exists on every rank);
+        whole files on rank 0 only."""
+        directory, is_main, write = files.directory, files.is_main, files.write
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)
         for i, model in enumerate(self.models):
             if self.sharded:
@@ -101,13 +103,16 @@ class FsdpCheckpointer:
                 if is_main:
                     write(state, directory / _file("optimizer", i))
 
-    def load(self, directory: Path, is_main: bool, read: Callable[[Path], Any]) -> None:
-        """Restore every model and optimizer from ``directory``; ``read(path)`` loads one file.
+    def load(self, files: CheckpointFiles) -> None:
+        """Restore every model and optimizer from ``files.directory``.
 
         Raises:
             FileNotFoundError: a model or optimizer has no entry (saved with other objects,
                 or with the other ``state_dict_type``).
+            ValueError: ``strict=False`` (sharded models are restored whole).
         """
+        files.refuse_partial(self)
+        directory, is_main, read = files.directory, files.is_main, files.read
         for i, model in enumerate(self.models):
             if self.sharded:
                 state = {MODEL_KEY: get_model_state_dict(model)}

@@ -151,7 +151,7 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike[str], output_path: str 
     """
     import shutil
 
-    from notebook_accel.checkpoint.training_state import save_weights
+    from notebook_accel.checkpoint.weight_files import save_weights
 
     source = Path(checkpoint_dir)
     if (source / f"{MODEL_DIR}_0").is_dir():

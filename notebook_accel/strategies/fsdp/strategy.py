@@ -18,30 +18,25 @@ from typing import Any, ClassVar
 import torch
 
 from notebook_accel.runtime import compilation
+from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, ensure_process_group
 from notebook_accel.strategies.base import Strategy, StrategyContext
 from notebook_accel.strategies.fsdp.plugin import resolve_plugin
 
 
-def refuse_xla(device: torch.device) -> None:
-    """Raise ``ValueError`` on an XLA device, naming the alternatives."""
-    if device.type == "xla":
-        raise ValueError("FSDP (fully_shard) does not run on XLA devices; on TPU use the default data "
-                         "parallelism (no fsdp_plugin), or run on device 'cuda' or 'cpu'")
-
-
 class FsdpStrategy(Strategy):
     """Fully sharded data parallelism (``DistributedType.FSDP`` when sharding).
 
     Raises:
-        ValueError: on an XLA device.
+        ValueError: on a device kind that is not torch-native (XLA).
     """
 
     name: ClassVar[str] = "fsdp"
 
     def __init__(self, context: StrategyContext, plugin: Any = None) -> None:
-        refuse_xla(context.state.device)
+        device_kind(context.state.device).refuse("FSDP (fully_shard)",
+                                                 " (no fsdp_plugin), or run on device 'cuda' or 'cpu'")
         super().__init__(context, plugin)
         self.sharding = self.num_processes > 1 or self.device.type == "cuda"
         if self.sharding and self.num_processes == 1:
@@ -55,10 +50,10 @@ class FsdpStrategy(Strategy):
 
     @classmethod
     def wanted(cls, context: StrategyContext, plugin: Any) -> bool:
-        """With a plugin; not for one XLA process, which shards nothing and runs as XLA (sharding
-        over several XLA processes is refused when the strategy is built)."""
-        alone_on_xla = context.state.device.type == "xla" and context.state.num_processes == 1
-        return plugin is not None and not alone_on_xla
+        """With a plugin; not for one process on a device kind that is not torch-native (XLA), which
+        shards nothing and runs as that kind's default (several such processes are refused when built)."""
+        alone_elsewhere = not device_kind(context.state.device).torch_native and context.state.num_processes == 1
+        return plugin is not None and not alone_elsewhere
 
     @property
     def distributed_type(self) -> DistributedType:

@@ -1,0 +1,65 @@
+"""The plain checkpointer: unsharded models and optimizers, one file each in the peer's names
+(``model.safetensors`` or ``pytorch_model.bin``, ``optimizer.bin``...), written by the directory's owner.
+
+Every strategy that does not shard its models checkpoints through it (``Strategy.checkpointer``);
+a sharding strategy brings its own, with the same two methods (``strategies/fsdp``, ``strategies/deepspeed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from notebook_accel.checkpoint import layout
+from notebook_accel.checkpoint.training_state import CheckpointFiles
+from notebook_accel.checkpoint.weight_files import load_safetensors, save_weights_file
+from notebook_accel.runtime.helpers import extract_model_from_parallel
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose state dict is saved and loaded: no DDP, no ``torch.compile`` (no ``_orig_mod.`` keys)."""
+    return extract_model_from_parallel(model, keep_torch_compile=False)
+
+
+class PlainCheckpointer:
+    """Writes and reads unsharded models and optimizers (every process calls both).
+
+    Args:
+        models: the prepared models.
+        optimizers: the prepared optimizers.
+        to_cpu: the strategy's copy to the CPU (a collective on XLA: every process takes part).
+    """
+
+    def __init__(self, models: list[torch.nn.Module], optimizers: list[Any], to_cpu: Callable[[Any], Any]) -> None:
+        self.models = models
+        self.optimizers = optimizers
+        self.to_cpu = to_cpu
+
+    def save(self, files: CheckpointFiles) -> None:
+        """The models' states (``files.model_states`` when save hooks left them) and the optimizers'."""
+        model_states = self.to_cpu(files.model_states if files.model_states is not None
+                                   else [_unwrap(m).state_dict() for m in self.models])
+        optimizer_states = self.to_cpu([o.state_dict() for o in self.optimizers])
+        if not files.owner:
+            return
+        directory = files.directory
+        for i, weights in enumerate(model_states):
+            if files.safe_serialization:
+                save_weights_file(weights, directory / layout.model_file(i, True))
+            else:
+                files.write(weights, directory / layout.model_file(i, False))
+        for i, optimizer_state in enumerate(optimizer_states):
+            files.write(optimizer_state, directory / layout.object_file("optimizer", i))
+
+    def load(self, files: CheckpointFiles) -> None:
+        """The models (safetensors or ``.bin``, ``files.strict`` or not) and the optimizers."""
+        for i, model in enumerate(self.models):
+            safe = files.directory / layout.model_file(i, True)
+            if safe.is_file():  # tied weights were stored once, under one name
+                load_safetensors(_unwrap(model), str(safe), files.strict)
+            else:
+                _unwrap(model).load_state_dict(files.read_named(layout.model_file(i, False)), strict=files.strict)
+        for i, optimizer in enumerate(self.optimizers):
+            optimizer.load_state_dict(files.read_named(layout.object_file("optimizer", i)))

@@ -1,0 +1,79 @@
+"""Adding a device kind (docs/architecture.md, "Adding a device"): a ``TorchDevice`` subclass and a
+line in ``runtime.device.KINDS``; the process's placement, its RNG states in checkpoints, copies to
+the CPU and the loaders' batches then go through it, with nothing else changed."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from notebook_accel import Accelerator
+from notebook_accel.runtime import device
+from notebook_accel.runtime import state as state_module
+from notebook_accel.runtime.device import Placement, TorchDevice
+
+
+class FakeDevice(TorchDevice):
+    """A device kind that records what it is asked."""
+
+    moves_batches = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def locate(self, device_type: str, cpu: bool) -> Placement:
+        self.calls.append("locate")
+        return Placement(0, 1, 0, torch.device("meta"))
+
+    def rng_state(self) -> dict:
+        return {"fake_seed": 7}
+
+    def set_rng_state(self, state: dict) -> None:
+        self.calls.append(f"rng={state.get('fake_seed')}")
+
+    def to_cpu(self, obj):
+        self.calls.append("to_cpu")
+        return obj
+
+    def batches(self, batches, device):
+        self.calls.append("batches")
+        return batches
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setitem(device.KINDS, "meta", f"{__name__}:FakeDevice")
+    monkeypatch.setattr(device, "_made", {})
+    monkeypatch.setattr(state_module, "_device_type", lambda cpu: "meta")
+    return device.device_kind("meta")
+
+
+def test_a_registered_device_kind_places_the_process_and_owns_its_rng_cpu_copies_and_batches(fake, tmp_path):
+    accelerator = Accelerator()
+    assert accelerator.device == torch.device("meta")
+    assert accelerator.state.device_kind is fake and accelerator.strategy.device_kind is fake
+    accelerator.prepare(torch.nn.Linear(2, 1), device_placement=[False])
+    accelerator.save_state(tmp_path / "ck")
+    assert torch.load(tmp_path / "ck" / "random_states_0.pkl", weights_only=True)["fake_seed"] == 7
+    accelerator.load_state(tmp_path / "ck")
+    accelerator.save({"w": torch.ones(1)}, tmp_path / "w.pt")
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2))
+    assert [batch[0].device.type for batch in loader] == ["cpu", "cpu"]  # the kind moves them (here: not)
+    assert fake.calls == ["locate", "to_cpu", "to_cpu", "rng=7", "to_cpu", "batches"]
+    accelerator.free_memory()
+
+
+def test_the_xla_kind_is_found_by_device_type_without_importing_torch_xla():
+    import sys
+
+    kind = device.device_kind("xla")
+    assert type(kind).__name__ == "XlaDevice" and not kind.torch_native and kind.backend("xla") == "xla"
+    assert type(device.device_kind(torch.device("cpu"))) is TorchDevice
+    assert device.device_kind("cpu") is device.device_kind("cuda:0") is device.device_kind("mps")
+    assert device.backend_kind("xla") is kind and device.backend_kind("gloo") is device.device_kind("cpu")
+    assert pickle.loads(pickle.dumps(kind)) is kind  # a pickled state (the peer's test) stays equal
+    assert pickle.loads(pickle.dumps(device.device_kind("cpu"))) is device.device_kind("cpu")
+    assert "torch_xla" not in sys.modules or sys.modules["torch_xla"] is None
