@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from notebook_accel.data.adapter import DataLoaderAdapter, DataLoaderStateMixin
 from notebook_accel.data.dispatch import DataLoaderDispatcher
 from notebook_accel.data.iterable import IterableDatasetShard
 from notebook_accel.data.prepare import DataLoaderShard, shard_data_loader, skip_first_batches
@@ -24,7 +25,7 @@ from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.state import PartialState
 
 __all__ = [
-    "BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard", "IterableDatasetShard",
+    "BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderStateMixin", "DataLoaderShard", "IterableDatasetShard",
     "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches",
 ]
 

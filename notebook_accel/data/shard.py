@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from notebook_accel.data.adapter import DataLoaderAdapter, DataLoaderStateMixin
 from notebook_accel.data.sharding import ShardBatchSampler
 from notebook_accel.runtime.device import device_kind
 from notebook_accel.runtime.gradient_state import GradientState
@@ -65,7 +66,7 @@ class LoaderProgress:
         self.in_epoch = False
 
 
-class DataLoaderShard(DataLoader):
+class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
     """A ``DataLoader`` yielding this process's share, on its device.
 
     Created by ``Accelerator.prepare``; see the module docstring. Extra attributes:
@@ -74,13 +75,6 @@ class DataLoaderShard(DataLoader):
     process with its own ``GradientState``. ``use_stateful_dataloader=True`` gives its
     torchdata twin (``stateful.stateful_twin``), as the peer's does.
     """
-
-    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> DataLoaderShard:
-        if use_stateful_dataloader:
-            from notebook_accel.data.stateful import stateful_twin
-
-            cls = stateful_twin(cls)
-        return super().__new__(cls)
 
     def __init__(
         self, dataset: Any, batch_sampler: ShardBatchSampler | None = None, *, device: torch.device | None = None,
@@ -150,8 +144,7 @@ class DataLoaderShard(DataLoader):
         progress.batches_yielded = sampler.skip_batches if sampler is not None else self.skip_batches
         progress.resume_step = 0
         progress.in_epoch = True
-        self.end_of_dataloader = False
-        self.gradient_state.add_dataloader(self)
+        self.begin()
         try:
             it = self._batches()
             for _ in range(self.skip_batches):
@@ -177,7 +170,7 @@ class DataLoaderShard(DataLoader):
                 yield self._to_device(current)
                 current = upcoming
         finally:
-            self.gradient_state.remove_dataloader(self)
+            self.end()
             self.iteration += 1
 
     def _batches(self) -> Iterator[Any]:

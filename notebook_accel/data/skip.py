@@ -12,6 +12,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from notebook_accel.data.adapter import DataLoaderAdapter
 from notebook_accel.data.samplers import SkipBatchSampler
 
 _COPIED = (
@@ -20,7 +21,7 @@ _COPIED = (
 )
 
 
-class SkipDataLoader(DataLoader):
+class SkipDataLoader(DataLoaderAdapter):
     """A ``DataLoader`` whose every pass leaves out its first ``skip_batches`` batches.
 
     Args:
@@ -29,13 +30,6 @@ class SkipDataLoader(DataLoader):
         use_stateful_dataloader: a torchdata ``StatefulDataLoader`` (``stateful.stateful_twin``).
         **kwargs: every other ``DataLoader`` argument.
     """
-
-    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> SkipDataLoader:
-        if use_stateful_dataloader:
-            from notebook_accel.data.stateful import stateful_twin
-
-            cls = stateful_twin(cls)
-        return super().__new__(cls)
 
     def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False,
                  **kwargs: Any) -> None:

@@ -215,3 +215,26 @@ def test_a_stateful_loader_without_torchdata_says_what_to_install(monkeypatch):
     monkeypatch.delitem(sys.modules, "notebook_accel.data.stateful", raising=False)
     with pytest.raises(ImportError, match=r"notebook-accel\[stateful\]"):
         DataLoaderShard(list(range(8)), batch_size=4, use_stateful_dataloader=True)
+
+
+def test_our_loaders_are_their_own_base_dataloader_and_carry_the_peers_bases():
+    from torch.utils.data import DataLoader
+
+    from notebook_accel.data_loader import (
+        DataLoaderAdapter,
+        DataLoaderDispatcher,
+        DataLoaderShard,
+        DataLoaderStateMixin,
+        SkipDataLoader,
+    )
+
+    shard, skip = DataLoaderShard(range(8), batch_size=4), SkipDataLoader(range(8), batch_size=4, skip_batches=1)
+    assert shard.base_dataloader is shard and skip.base_dataloader is skip
+    assert isinstance(shard, DataLoaderAdapter) and isinstance(shard, DataLoaderStateMixin)
+    assert isinstance(DataLoaderDispatcher(range(8), batch_size=4), DataLoaderStateMixin)
+    assert not hasattr(DataLoaderShard, "base_dataloader")
+    seen = []
+    for _ in shard:
+        seen.append((shard.end_of_dataloader, shard.gradient_state.active_dataloader is shard))
+    assert seen == [(False, True), (True, True)] and shard.gradient_state.active_dataloader is None
+    assert isinstance(skip, DataLoader) and [b.tolist() for b in skip] == [[4, 5, 6, 7]]
