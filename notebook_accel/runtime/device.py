@@ -4,8 +4,8 @@
 ``runtime.xla.XlaDevice`` is XLA's (torch_xla, imported lazily). Everything that differs
 between kinds is asked of the kind, never decided by a device-type test elsewhere: where this
 process stands and on which device, the process group's backend, meeting, barrier and teardown,
-collectives on tensors and on objects, RNG states, copies to the CPU, how batches reach the
-device, what mixed precision and strategies it runs.
+collectives on tensors and on objects, RNG states, copies to the CPU, memory figures, how
+batches reach the device, what mixed precision and strategies it runs.
 
 Adding a device kind: a ``TorchDevice`` subclass overriding what differs, and a line in ``KINDS``
 (device type -> ``"module:Class"``, imported when first asked for); ``tests/unit/test_device_seam.py``
@@ -227,6 +227,14 @@ class TorchDevice:
     def to_cpu(self, obj: Any) -> Any:
         """``obj`` with its tensors where ``torch.save`` writes them without this kind's runtime (as it is)."""
         return obj
+
+    def memory_reserved(self, device: torch.device) -> int | None:
+        """Bytes this kind's allocator holds on ``device`` now (the kernel's status display shows it);
+        None where the kind keeps no figure (CPU, MPS) or its runtime is not up in this process yet."""
+        module = getattr(torch, device.type, None)  # torch.cuda, torch.xpu
+        if not (hasattr(module, "memory_reserved") and hasattr(module, "is_initialized")):
+            return None
+        return int(module.memory_reserved(device)) if module.is_initialized() else None
 
     def has_storage(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` has a storage pointer (safetensors finds tied weights by it)."""

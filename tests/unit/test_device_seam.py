@@ -77,3 +77,35 @@ def test_the_xla_kind_is_found_by_device_type_without_importing_torch_xla():
     assert pickle.loads(pickle.dumps(kind)) is kind  # a pickled state (the peer's test) stays equal
     assert pickle.loads(pickle.dumps(device.device_kind("cpu"))) is device.device_kind("cpu")
     assert "torch_xla" not in sys.modules or sys.modules["torch_xla"] is None
+
+
+def test_the_workers_memory_figure_is_the_kind_s(fake, monkeypatch):
+    import threading
+
+    from notebook_accel.launch.worker import main as worker_main
+
+    sent, done = [], threading.Event()
+    monkeypatch.setattr(FakeDevice, "memory_reserved", lambda self, where: 42 if where.type == "meta" else None,
+                        raising=False)
+
+    def emit(kind, data, key=None):
+        sent.append((kind, data, key))
+        done.set()
+        threading.Event().wait()  # the reporter's (daemon) thread sends no more, idle
+
+    monkeypatch.setattr(worker_main.events, "emit", emit)
+    worker_main.report_memory("meta", 0, every=0.01)
+    assert done.wait(5)
+    assert sent[0] == (worker_main.Kind.MEMORY, {"gpu": 42}, "gpu")
+
+
+def test_kinds_without_a_memory_figure_say_none():
+    import sys
+
+    assert device.device_kind("cpu").memory_reserved(torch.device("cpu")) is None
+    assert device.device_kind("mps").memory_reserved(torch.device("mps")) is None
+    if not torch.cuda.is_available():
+        assert device.device_kind("cuda").memory_reserved(torch.device("cuda", 0)) is None
+    if "torch_xla" not in sys.modules:  # asking must not start (or import) the XLA runtime
+        assert device.device_kind("xla").memory_reserved(torch.device("xla", 0)) is None
+        assert "torch_xla" not in sys.modules
