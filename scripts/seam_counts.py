@@ -53,7 +53,7 @@ COUNTS = {
         (rf'{_XLA_DEVICE_TEST}|backend\s*[!=]=\s*"xla"', WORKER_SIDE, DEVICE_SEAM),
     "XLA imports outside the device seam (worker side)":
         (_XLA_IMPORT, WORKER_SIDE, DEVICE_SEAM),
-    "device branches and XLA imports (kernel side: launch, config, cli; outside the XLA host worker)":
+    "device branches, XLA imports (kernel side, but the XLA host worker)":
         (rf'{_XLA_DEVICE_TEST}|backend\s*[!=]=\s*"xla"|{_XLA_IMPORT}', KERNEL_SIDE, KERNEL_DEVICE_SEAM),
     "backend branches outside launch/backends and launch/cluster":
         (r'plan\.(cluster|xla) is|if (not )?plan\.(cluster|xla)\b|plan\.cluster if', SOURCES,
