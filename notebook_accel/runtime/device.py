@@ -9,7 +9,8 @@ batches reach the device, what mixed precision and strategies it runs.
 
 Adding a device kind: a ``TorchDevice`` subclass overriding what differs, and a line in ``KINDS``
 (device type -> ``"module:Class"``, imported when first asked for); ``tests/unit/test_device_seam.py``
-registers a fake one and sees placement, RNG and copies to the CPU go through it.
+registers a fake one and sees placement, RNG and copies to the CPU go through it. The kernel's side
+of a device kind (how a launch starts it) is its row in ``machine.launch_kinds``.
 """
 
 from __future__ import annotations
