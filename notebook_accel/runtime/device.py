@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import contract
+from notebook_accel.machine.launch_kinds import device_launch
 from notebook_accel.runtime import exit_teardown
 
 # device type -> the kind serving it, as "module:Class"; any other type: TorchDevice
@@ -132,10 +133,8 @@ class TorchDevice:
         return Placement(env_int(contract.RANK, 0), env_int(contract.WORLD_SIZE, 1), local, device)
 
     def distributed_type(self, device_type: str, num_processes: int) -> str:
-        """The peer's ``DistributedType`` value for this job."""
-        if num_processes == 1:
-            return "NO"
-        return "MULTI_GPU" if device_type == "cuda" else "MULTI_CPU"
+        """The peer's ``DistributedType`` value for this job (its device type's launch row says it)."""
+        return device_launch(device_type).recorded_type(num_processes)
 
     def backend(self, device_type: str) -> str:
         """The ``torch.distributed`` backend of processes on ``device_type``."""

@@ -263,9 +263,6 @@ class XlaDevice(TorchDevice):
         process_index, num_processes, local_process_index = ranks()
         return Placement(process_index, num_processes, local_process_index, device())
 
-    def distributed_type(self, device_type: str, num_processes: int) -> str:
-        return "XLA"
-
     def backend(self, device_type: str) -> str:
         return "xla"
 
