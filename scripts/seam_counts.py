@@ -25,6 +25,9 @@ _CHOICE = r'"(no|fp16|bf16|fp8)"'
 # the device seam: runtime/device.py, the XLA kind in runtime/xla.py, the XLA strategy (machine/ probes
 # what is installed; the kernel side, which plans launches and starts torch_xla's launcher, is counted apart)
 DEVICE_SEAM = ("notebook_accel/runtime/device.py", "notebook_accel/runtime/xla.py", "notebook_accel/strategies/xla.py")
+# the kernel side's: the XLA host worker (it runs torch_xla's launcher; each core reads its ordinals
+# from the XLA device); the kernel asks machine/launch_kinds.py's row of the plan's device type
+KERNEL_DEVICE_SEAM = ("notebook_accel/launch/worker/xla_cores.py",)
 _XLA_DEVICE_TEST = r'(device|device_type|\.type|backend\(\))\s*(==|!=|in)\s*\(?[^)]*"xla"|\b(on|is|alone_on)_xla\b'
 _XLA_IMPORT = r'import torch_xla|from torch_xla|_import\("torch_xla|from notebook_accel\.runtime import xla|runtime\.xla import'
 # name -> (pattern, sources, excluded paths)
@@ -50,8 +53,8 @@ COUNTS = {
         (rf'{_XLA_DEVICE_TEST}|backend\s*[!=]=\s*"xla"', WORKER_SIDE, DEVICE_SEAM),
     "XLA imports outside the device seam (worker side)":
         (_XLA_IMPORT, WORKER_SIDE, DEVICE_SEAM),
-    "device branches and XLA imports (kernel side: launch, config, cli)":
-        (rf'{_XLA_DEVICE_TEST}|backend\s*[!=]=\s*"xla"|{_XLA_IMPORT}', KERNEL_SIDE, ()),
+    "device branches, XLA imports (kernel side, but the XLA host worker)":
+        (rf'{_XLA_DEVICE_TEST}|backend\s*[!=]=\s*"xla"|{_XLA_IMPORT}', KERNEL_SIDE, KERNEL_DEVICE_SEAM),
     "backend branches outside launch/backends and launch/cluster":
         (r'plan\.(cluster|xla) is|if (not )?plan\.(cluster|xla)\b|plan\.cluster if', SOURCES,
          ("notebook_accel/launch/backends/", "notebook_accel/launch/cluster/")),

@@ -11,14 +11,14 @@ from typing import Any
 from notebook_accel.config import dynamo
 from notebook_accel.contract import DEVICE_TYPES, OPTIONS, must_be, not_one_of
 from notebook_accel.contract import FILE_MIXED_PRECISIONS as MIXED_PRECISIONS
+from notebook_accel.machine.launch_kinds import LAUNCHES, device_launch
 from notebook_accel.strategies.registry import config_sections
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 # MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
 # files load, and our "auto"); a launch accepts only contract.LAUNCH_MIXED_PRECISIONS and says so.
-MULTI_DEVICE_TYPES = {"cpu": "MULTI_CPU", "cuda": "MULTI_GPU", "xla": "XLA"}  # the peer's name, several workers
 _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect); use_cpu: cpu
-    "NO": None, **{kind: device for device, kind in MULTI_DEVICE_TYPES.items()}, "TPU": "xla",
+    "NO": None, **{launch.distributed_type: device for device, launch in LAUNCHES.items()}, "TPU": "xla",
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
     "DEEPSPEED": None,  # ZeRO (deepspeed_config: the workers' ACCELERATE_DEEPSPEED_* variables)
 }
@@ -160,13 +160,15 @@ class LaunchConfig:
         if device is not None:
             device = choice("device", device, DEVICE_TYPES, str.lower)
         many = (self.num_processes or 1) > 1 or self.num_machines > 1
-        kind = "MULTI_GPU" if many and device in ("cpu", "cuda") else "NO"
+        launch = None if device is None else device_launch(device)
+        kind = "MULTI_GPU" if many and launch is not None and not launch.own_type else "NO"
         if device == "cpu" and self.distributed_type == "MULTI_CPU" and _mpirun_hostfile(self.extra):
             kind = "MULTI_CPU"  # the peer runs it through mpirun
-        if self.distributed_type in STRATEGY_SECTIONS and device != "xla":  # the strategy stays
+        if launch is not None and launch.own_type:
+            kind = launch.distributed_type
+        elif self.distributed_type in STRATEGY_SECTIONS:  # the strategy stays
             kind = self.distributed_type  # use_cpu says the device
-        return dataclasses.replace(self, distributed_type="XLA" if device == "xla" else kind,
-                                   use_cpu=device == "cpu", extra=dict(self.extra))
+        return dataclasses.replace(self, distributed_type=kind, use_cpu=device == "cpu", extra=dict(self.extra))
 
     def to_dict(self) -> dict[str, Any]:
         """The file's content: our keys (unset ones and ``start_method: auto`` left out,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-from notebook_accel.config.schema import MULTI_DEVICE_TYPES
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.plan import make_plan
+from notebook_accel.machine.launch_kinds import device_launch
 
 
 def launch_in_force(config_file: str | os.PathLike | None = None) -> str:
@@ -21,7 +21,7 @@ def launch_in_force(config_file: str | os.PathLike | None = None) -> str:
         ValueError: the config file or environment holds a bad value (named).
     """
     plan = make_plan(**fill_options({}, config_file))
-    kind = MULTI_DEVICE_TYPES[plan.device_type] if plan.world_size > 1 or plan.device_type == "xla" else "NO"
+    kind = device_launch(plan.device_type).recorded_type(plan.world_size)
     return (f"A launch here: {plan.num_processes} process(es) on {plan.device_type} "
             f"(distributed_type {kind}, use_cpu {str(plan.device_type == 'cpu').lower()}), "
             f"start method {plan.start.method}, mixed precision {plan.mixed_precision}")

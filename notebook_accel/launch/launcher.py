@@ -28,6 +28,7 @@ from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views import make_view
 from notebook_accel.launch.views.text import say, starting_text
 from notebook_accel.machine import devices, hardware
+from notebook_accel.machine.launch_kinds import device_launch
 
 
 def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), *positional: Any,
@@ -141,7 +142,8 @@ def _launch(function: Callable[..., Any], args: Any, kwargs: Any, request: Launc
     notes: list[str] = []
     plan = plan_launch(request.replaced(master_addr=master_addr, use_port=use_port), notes)
     local = plan.cluster is None
-    inherit = local and plan.start.method == "fork" and plan.device_type != "xla"  # queues, locks
+    inherit = (local and plan.start.method == "fork"  # queues, locks
+               and not device_launch(plan.device_type).host_worker)
     with SharedTensors() as shared:  # big tensors: one shared copy, not one per worker (locally)
         payload = serialise_payload(function, tuple(args), dict(kwargs or {}), inherit=inherit,
                                     shared=shared if local else None)

@@ -18,6 +18,7 @@ from notebook_accel.launch.request import launch_options
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
 from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.machine import devices, gpu_support, hardware
+from notebook_accel.machine.launch_kinds import LAUNCHES, device_launch
 from notebook_accel.machine.tpu import XlaJob, xla_job
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -117,7 +118,7 @@ def shm_note(plan: LaunchPlan, size: int | None = None) -> str | None:
     """A warning, said once per kernel, when ``/dev/shm`` (``size`` bytes; read when None) is
     smaller than :data:`SHM_NEEDED` and several local workers will share it: what breaks
     (NCCL's shared-memory transport on CUDA; DataLoader workers everywhere) and the fixes."""
-    if plan.num_processes < 2 or plan.cluster is not None or plan.device_type == "xla":
+    if plan.num_processes < 2 or plan.cluster is not None or device_launch(plan.device_type).host_worker:
         return None
     size = hardware.shm_bytes() if size is None else size
     if size is None or size >= SHM_NEEDED:
@@ -208,7 +209,8 @@ def make_plan(
             raise ValueError(f"num_nodes={num_nodes} needs use_port: every node must use the same port")
     device, wanted = o["device"], o["num_processes"]
     start = choose_start_method(o["start_method"])
-    if starting is not None and wanted is not None and device != "xla":
+    hosted = device is not None and device_launch(device).host_worker  # its own launcher counts
+    if starting is not None and wanted is not None and not hosted:
         starting(wanted, start)  # the checks that need no hardware passed; it may take seconds
 
     hw = hardware.detect()
@@ -216,7 +218,7 @@ def make_plan(
     if mixed_precision == "auto":
         mixed_precision = devices.best_precision(device_type, hw)
     xla = None
-    if device_type == "xla":  # one host worker; torch_xla starts the cores
+    if device_launch(device_type).host_worker:  # one host worker; torch_xla starts the cores
         xla, count = xla_job(wanted, tpu=hw.tpu, tpu_cores=hw.tpu_cores, num_nodes=num_nodes), 1
     else:
         count = _num_processes(wanted, device_type, hw)
@@ -242,9 +244,9 @@ def _cluster_plan(cluster: str, num_processes: int | None, num_nodes: int, node_
     if mixed_precision == "auto":
         raise ValueError(f"mixed_precision='auto' with cluster={cluster!r}: the nodes' hardware is "
                          "not known before they start; use 'no', 'fp16' or 'bf16'")
-    if device_type == "xla":
-        raise ValueError(f"device='xla' with cluster={cluster!r}: a cluster job runs on 'cpu' or "
-                         "'cuda'")
+    if not device_launch(device_type).cluster:
+        runs_on = " or ".join(repr(d) for d, launch in LAUNCHES.items() if launch.cluster)
+        raise ValueError(f"device={device_type!r} with cluster={cluster!r}: a cluster job runs on {runs_on}")
     return LaunchPlan(
         num_processes=num_processes or 1, num_nodes=num_nodes, node_rank=0,
         device_type=device_type, mixed_precision=mixed_precision,

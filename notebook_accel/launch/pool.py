@@ -38,6 +38,7 @@ from notebook_accel.launch.views.text import ranks_text
 from notebook_accel.launch.worker.debugger import post_mortem
 from notebook_accel.launch.worker.serve import join_process_group
 from notebook_accel.launch.worker_stacks import ask_stacks
+from notebook_accel.machine.launch_kinds import device_launch
 from notebook_accel.wire import RunDone
 
 
@@ -125,9 +126,9 @@ class WorkerPool:
         if plan.num_nodes != 1 and plan.cluster is None:
             raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool spans "
                              "several nodes only on a Ray cluster; give cluster=, or num_nodes=1")
-        if plan.device_type == "xla":
-            raise ValueError("device='xla': a pool cannot keep TPU cores warm yet; use "
-                             "notebook_launcher (or %%accelerate --fresh) on a TPU")
+        refusal = device_launch(plan.device_type).pool_refusal
+        if refusal is not None:
+            raise ValueError(refusal)
         print_notes(plan, notes)
         return plan
 

@@ -4,12 +4,13 @@
 ``runtime.xla.XlaDevice`` is XLA's (torch_xla, imported lazily). Everything that differs
 between kinds is asked of the kind, never decided by a device-type test elsewhere: where this
 process stands and on which device, the process group's backend, meeting, barrier and teardown,
-collectives on tensors and on objects, RNG states, copies to the CPU, how batches reach the
-device, what mixed precision and strategies it runs.
+collectives on tensors and on objects, RNG states, copies to the CPU, memory figures, how
+batches reach the device, what mixed precision and strategies it runs.
 
 Adding a device kind: a ``TorchDevice`` subclass overriding what differs, and a line in ``KINDS``
 (device type -> ``"module:Class"``, imported when first asked for); ``tests/unit/test_device_seam.py``
-registers a fake one and sees placement, RNG and copies to the CPU go through it.
+registers a fake one and sees placement, RNG and copies to the CPU go through it. The kernel's side
+of a device kind (how a launch starts it) is its row in ``machine.launch_kinds``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import contract
+from notebook_accel.machine.launch_kinds import device_launch
 from notebook_accel.runtime import exit_teardown
 
 # device type -> the kind serving it, as "module:Class"; any other type: TorchDevice
@@ -131,10 +133,8 @@ class TorchDevice:
         return Placement(env_int(contract.RANK, 0), env_int(contract.WORLD_SIZE, 1), local, device)
 
     def distributed_type(self, device_type: str, num_processes: int) -> str:
-        """The peer's ``DistributedType`` value for this job."""
-        if num_processes == 1:
-            return "NO"
-        return "MULTI_GPU" if device_type == "cuda" else "MULTI_CPU"
+        """The peer's ``DistributedType`` value for this job (its device type's launch row says it)."""
+        return device_launch(device_type).recorded_type(num_processes)
 
     def backend(self, device_type: str) -> str:
         """The ``torch.distributed`` backend of processes on ``device_type``."""
@@ -227,6 +227,14 @@ class TorchDevice:
     def to_cpu(self, obj: Any) -> Any:
         """``obj`` with its tensors where ``torch.save`` writes them without this kind's runtime (as it is)."""
         return obj
+
+    def memory_reserved(self, device: torch.device) -> int | None:
+        """Bytes this kind's allocator holds on ``device`` now (the kernel's status display shows it);
+        None where the kind keeps no figure (CPU, MPS) or its runtime is not up in this process yet."""
+        module = getattr(torch, device.type, None)  # torch.cuda, torch.xpu
+        if not (hasattr(module, "memory_reserved") and hasattr(module, "is_initialized")):
+            return None
+        return int(module.memory_reserved(device)) if module.is_initialized() else None
 
     def has_storage(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` has a storage pointer (safetensors finds tied weights by it)."""

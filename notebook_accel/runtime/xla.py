@@ -7,6 +7,7 @@ worker-side module outside ``strategies/xla.py`` that names torch_xla.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
@@ -163,6 +164,20 @@ def set_rng_state(seed: int) -> None:
     _xm().set_rng_state(int(seed))
 
 
+def memory_used(xla_device: torch.device) -> int | None:
+    """Bytes in use on ``xla_device`` (``xm.get_memory_info``); None before this process has started
+    the XLA runtime (asking would start it, and take the TPU from the cores) or where PJRT keeps no
+    figure (its CPU client)."""
+    torch_xla = sys.modules.get("torch_xla")
+    if torch_xla is None or not torch_xla._XLAC._xla_runtime_is_initialized():
+        return None
+    try:
+        used = _xm().get_memory_info(xla_device).get("bytes_used")
+    except RuntimeError:  # UNIMPLEMENTED: GetAllocatorStats is not supported
+        return None
+    return None if used is None else int(used)
+
+
 def move_model(model: torch.nn.Module, xla_device: torch.device) -> dict[int, torch.nn.Parameter]:
     """Move ``model`` to ``xla_device``; returns ``id(old parameter) -> new parameter``.
 
@@ -248,9 +263,6 @@ class XlaDevice(TorchDevice):
         process_index, num_processes, local_process_index = ranks()
         return Placement(process_index, num_processes, local_process_index, device())
 
-    def distributed_type(self, device_type: str, num_processes: int) -> str:
-        return "XLA"
-
     def backend(self, device_type: str) -> str:
         return "xla"
 
@@ -308,6 +320,9 @@ class XlaDevice(TorchDevice):
 
     def to_cpu(self, obj: Any) -> Any:
         return to_cpu(obj)
+
+    def memory_reserved(self, device: torch.device) -> int | None:
+        return memory_used(device)
 
     def has_storage(self, tensor: torch.Tensor) -> bool:
         return tensor.device.type != "xla"

@@ -1,5 +1,5 @@
-"""Adding a device kind (docs/architecture.md, "Adding a device"): a ``TorchDevice`` subclass and a
-line in ``runtime.device.KINDS``; the process's placement, its RNG states in checkpoints, copies to
+"""Adding a device kind (docs/architecture.md, "Adding a device"): a ``TorchDevice`` subclass, a
+line in ``runtime.device.KINDS`` and its launch row; the process's placement, its RNG states in checkpoints, copies to
 the CPU and the loaders' batches then go through it, with nothing else changed."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator
+from notebook_accel.machine.launch_kinds import LAUNCHES, DeviceLaunch
 from notebook_accel.runtime import device
 from notebook_accel.runtime import state as state_module
 from notebook_accel.runtime.device import Placement, TorchDevice
@@ -46,6 +47,7 @@ class FakeDevice(TorchDevice):
 @pytest.fixture
 def fake(monkeypatch):
     monkeypatch.setitem(device.KINDS, "meta", f"{__name__}:FakeDevice")
+    monkeypatch.setitem(LAUNCHES, "meta", DeviceLaunch("MULTI_CPU"))  # its launch row (the kernel's side)
     monkeypatch.setattr(device, "_made", {})
     monkeypatch.setattr(state_module, "_device_type", lambda cpu: "meta")
     return device.device_kind("meta")
@@ -77,3 +79,35 @@ def test_the_xla_kind_is_found_by_device_type_without_importing_torch_xla():
     assert pickle.loads(pickle.dumps(kind)) is kind  # a pickled state (the peer's test) stays equal
     assert pickle.loads(pickle.dumps(device.device_kind("cpu"))) is device.device_kind("cpu")
     assert "torch_xla" not in sys.modules or sys.modules["torch_xla"] is None
+
+
+def test_the_workers_memory_figure_is_the_kind_s(fake, monkeypatch):
+    import threading
+
+    from notebook_accel.launch.worker import main as worker_main
+
+    sent, done = [], threading.Event()
+    monkeypatch.setattr(FakeDevice, "memory_reserved", lambda self, where: 42 if where.type == "meta" else None,
+                        raising=False)
+
+    def emit(kind, data, key=None):
+        sent.append((kind, data, key))
+        done.set()
+        threading.Event().wait()  # the reporter's (daemon) thread sends no more, idle
+
+    monkeypatch.setattr(worker_main.events, "emit", emit)
+    worker_main.report_memory("meta", 0, every=0.01)
+    assert done.wait(5)
+    assert sent[0] == (worker_main.Kind.MEMORY, {"gpu": 42}, "gpu")
+
+
+def test_kinds_without_a_memory_figure_say_none():
+    import sys
+
+    assert device.device_kind("cpu").memory_reserved(torch.device("cpu")) is None
+    assert device.device_kind("mps").memory_reserved(torch.device("mps")) is None
+    if not torch.cuda.is_available():
+        assert device.device_kind("cuda").memory_reserved(torch.device("cuda", 0)) is None
+    if "torch_xla" not in sys.modules:  # asking must not start (or import) the XLA runtime
+        assert device.device_kind("xla").memory_reserved(torch.device("xla", 0)) is None
+        assert "torch_xla" not in sys.modules

@@ -6,9 +6,11 @@ backend is a module here and a line there.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle
+from notebook_accel.machine.launch_kinds import device_launch
 
 if TYPE_CHECKING:
     from notebook_accel.launch.plan import LaunchPlan
@@ -17,16 +19,11 @@ __all__ = ["Backend", "WorkerGroup", "WorkerHandle", "backend_for"]
 
 
 def backend_for(plan: LaunchPlan) -> Backend:
-    """The backend that runs ``plan``: Ray actors for a cluster, torch_xla's launcher for device
-    "xla", else local processes."""
+    """The backend that runs ``plan``: Ray actors for a cluster, else the one its device's row names
+    (``machine.launch_kinds``: torch_xla's launcher for "xla", local processes otherwise)."""
     if plan.cluster is not None:
         from notebook_accel.launch.backends.cluster import ClusterBackend
 
         return ClusterBackend()
-    if plan.device_type == "xla":
-        from notebook_accel.launch.backends.xla import XlaBackend
-
-        return XlaBackend()
-    from notebook_accel.launch.backends.processes import ProcessBackend
-
-    return ProcessBackend()
+    module, _, name = device_launch(plan.device_type).backend.partition(":")
+    return getattr(importlib.import_module(module), name)()

@@ -119,18 +119,27 @@ def _die_with_parent(parent_pid: int | None) -> None:
         os._exit(1)
 
 
-def _report_gpu_memory(device: int, every: float = 1.0) -> None:
-    """Send this worker's reserved GPU memory to the kernel's status display, once a second."""
+def report_memory(device_type: str, index: int, every: float = 1.0) -> None:
+    """Send the memory figure of this worker's device (``device_type``, local ``index``) to the
+    kernel's status display, once a second, as the device kind (``runtime.device``) gives it:
+    nothing until torch is imported and the kind has a figure (CUDA's once it is initialised)."""
 
     def report() -> None:
-        torch = None
-        while True:
+        time.sleep(every)  # off the start's path
+        while "torch" not in sys.modules:
             time.sleep(every)
-            torch = torch or sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_initialized():
-                events.emit(Kind.MEMORY, {"gpu": torch.cuda.memory_reserved(device)}, key="gpu")
+        import torch  # waits for the main thread's import of torch to finish
 
-    threading.Thread(target=report, name="notebook-accel-gpu-memory", daemon=True).start()
+        from notebook_accel.runtime.device import device_kind
+
+        kind, device = device_kind(device_type), torch.device(device_type, index)
+        while True:
+            reserved = kind.memory_reserved(device)
+            if reserved is not None:
+                events.emit(Kind.MEMORY, {"gpu": reserved}, key="gpu")
+            time.sleep(every)
+
+    threading.Thread(target=report, name="notebook-accel-device-memory", daemon=True).start()
 
 
 def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
@@ -174,8 +183,8 @@ def setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     events.install(pipes.events.fileno())
     worker_display.install(lambda display: send(pipes, display),
                            main=spec.rank == 0, rich=spec.rich_output)
-    if spec.env.get(DEVICE_TYPE) == "cuda":
-        _report_gpu_memory(int(spec.env[LOCAL_RANK]))
+    if DEVICE_TYPE in spec.env:
+        report_memory(spec.env[DEVICE_TYPE], int(spec.env[LOCAL_RANK]))
     _set_process_name(spec.rank, spec.env.get("WORLD_SIZE", "?"))
     _reset_signals()
     os.environ.update(spec.env)

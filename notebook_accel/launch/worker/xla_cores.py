@@ -162,6 +162,7 @@ def _core_main(index: int, payload: bytes, results: str, return_all: bool,
                output: str = "all") -> None:
     """One core: set its environment, run the user's function, leave its result in ``results``."""
     from notebook_accel import events
+    from notebook_accel.launch.worker.main import report_memory
     from notebook_accel.runtime import xla as runtime
 
     ordinal, world, local = runtime.ranks()
@@ -170,6 +171,8 @@ def _core_main(index: int, payload: bytes, results: str, return_all: bool,
         _route_output(ordinal, output)
         if ordinal != 0:
             events.close()  # progress and metrics come from rank 0, as with our own workers
+        elif world > 1:  # a core process of its own: its memory figure, as the host's would be
+            report_memory("xla", local)
     try:
         function, args, kwargs = load_payload(payload)
         value = function(*args, **kwargs)

@@ -1,0 +1,63 @@
+"""The kernel's per-device launch rows (``machine.launch_kinds``): the plan, the pool, ``backend_for``
+and the config file ask the row of the plan's device type; adding a device is a row (docs/architecture.md,
+"Adding a device")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from notebook_accel.config.schema import LaunchConfig
+from notebook_accel.launch.backends import Backend, backend_for
+from notebook_accel.launch.plan import make_plan
+from notebook_accel.launch.pool import WorkerPool
+from notebook_accel.machine import launch_kinds
+from notebook_accel.machine.launch_kinds import LAUNCHES, DeviceLaunch, device_launch
+
+
+class FakeBackend(Backend):
+    """The backend a fake device's row names."""
+
+    name = "fake"
+
+    def start(self, plan, payload):
+        raise NotImplementedError
+
+
+def _plan(device_type):
+    plan = make_plan(num_processes=1, device="cpu", use_port=None)
+    return dataclasses.replace(plan, device_type=device_type)
+
+
+def test_every_device_type_has_a_row():
+    from notebook_accel.contract import DEVICE_TYPES
+
+    assert set(LAUNCHES) == set(DEVICE_TYPES)
+    assert device_launch("cpu").recorded_type(1) == "NO" and device_launch("cpu").recorded_type(2) == "MULTI_CPU"
+    assert device_launch("xla").recorded_type(1) == "XLA"  # torch_xla's job, one process too
+
+
+def test_a_new_row_chooses_its_backend_and_its_config_file_type(monkeypatch):
+    monkeypatch.setitem(LAUNCHES, "meta", DeviceLaunch("MULTI_META", own_type=True,
+                                                       backend=f"{__name__}:FakeBackend"))
+    assert isinstance(backend_for(_plan("meta")), FakeBackend)
+    assert launch_kinds.device_launch("meta").recorded_type(1) == "MULTI_META"
+    assert type(backend_for(_plan("cpu"))).__name__ == "ProcessBackend"
+
+
+def test_the_xla_row_refuses_a_pool_and_a_cluster_with_the_same_words(monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    with pytest.raises(ValueError, match=r"^device='xla': a pool cannot keep TPU cores warm yet; use "
+                                         r"notebook_launcher \(or %%accelerate --fresh\) on a TPU$"):
+        WorkerPool._plan({"device": "xla", "num_processes": 1})
+    with pytest.raises(ValueError, match=r"^device='xla' with cluster='head:6379': a cluster job runs on "
+                                         r"'cpu' or 'cuda'$"):
+        make_plan(device="xla", cluster="head:6379")
+
+
+def test_the_config_file_records_xla_whatever_the_strategy():
+    config = LaunchConfig(distributed_type="FSDP", num_processes=4)
+    assert config.with_device("xla").distributed_type == "XLA"
+    assert config.with_device("cuda").distributed_type == "FSDP"
+    assert LaunchConfig(num_processes=2).with_device("cpu").distributed_type == "MULTI_GPU"  # use_cpu: cpu
