@@ -228,12 +228,17 @@ class TorchDevice:
         """``obj`` with its tensors where ``torch.save`` writes them without this kind's runtime (as it is)."""
         return obj
 
+    def keeps_memory_figure(self, device: torch.device) -> bool:
+        """Whether ``memory_reserved`` can ever give a figure for ``device`` (not on CPU or MPS)."""
+        module = getattr(torch, device.type, None)  # torch.cuda, torch.xpu
+        return hasattr(module, "memory_reserved") and hasattr(module, "is_initialized")
+
     def memory_reserved(self, device: torch.device) -> int | None:
         """Bytes this kind's allocator holds on ``device`` now (the kernel's status display shows it);
         None where the kind keeps no figure (CPU, MPS) or its runtime is not up in this process yet."""
-        module = getattr(torch, device.type, None)  # torch.cuda, torch.xpu
-        if not (hasattr(module, "memory_reserved") and hasattr(module, "is_initialized")):
+        if not self.keeps_memory_figure(device):
             return None
+        module = getattr(torch, device.type)
         return int(module.memory_reserved(device)) if module.is_initialized() else None
 
     def has_storage(self, tensor: torch.Tensor) -> bool:

@@ -321,6 +321,9 @@ class XlaDevice(TorchDevice):
     def to_cpu(self, obj: Any) -> Any:
         return to_cpu(obj)
 
+    def keeps_memory_figure(self, device: torch.device) -> bool:
+        return True
+
     def memory_reserved(self, device: torch.device) -> int | None:
         return memory_used(device)
 

@@ -89,6 +89,7 @@ def test_the_workers_memory_figure_is_the_kind_s(fake, monkeypatch):
     sent, done = [], threading.Event()
     monkeypatch.setattr(FakeDevice, "memory_reserved", lambda self, where: 42 if where.type == "meta" else None,
                         raising=False)
+    monkeypatch.setattr(FakeDevice, "keeps_memory_figure", lambda self, where: True, raising=False)
 
     def emit(kind, data, key=None):
         sent.append((kind, data, key))
@@ -105,6 +106,7 @@ def test_kinds_without_a_memory_figure_say_none():
     import sys
 
     assert device.device_kind("cpu").memory_reserved(torch.device("cpu")) is None
+    assert not device.device_kind("cpu").keeps_memory_figure(torch.device("cpu"))  # its reporter ends
     assert device.device_kind("mps").memory_reserved(torch.device("mps")) is None
     if not torch.cuda.is_available():
         assert device.device_kind("cuda").memory_reserved(torch.device("cuda", 0)) is None

@@ -122,7 +122,8 @@ def _die_with_parent(parent_pid: int | None) -> None:
 def report_memory(device_type: str, index: int, every: float = 1.0) -> None:
     """Send the memory figure of this worker's device (``device_type``, local ``index``) to the
     kernel's status display, once a second, as the device kind (``runtime.device``) gives it:
-    nothing until torch is imported and the kind has a figure (CUDA's once it is initialised)."""
+    nothing until torch is imported and the kind has a figure (CUDA's once it is initialised);
+    on a kind that keeps none (CPU) the reporter ends at once."""
 
     def report() -> None:
         time.sleep(every)  # off the start's path
@@ -133,7 +134,7 @@ def report_memory(device_type: str, index: int, every: float = 1.0) -> None:
         from notebook_accel.runtime.device import device_kind
 
         kind, device = device_kind(device_type), torch.device(device_type, index)
-        while True:
+        while kind.keeps_memory_figure(device):
             reserved = kind.memory_reserved(device)
             if reserved is not None:
                 events.emit(Kind.MEMORY, {"gpu": reserved}, key="gpu")
