@@ -217,11 +217,8 @@ def test_a_kept_hub_that_stays_silent_is_replaced_within_seconds(monkeypatch):
     monkeypatch.setattr(placement, "is_placed", lambda plan: not discarded)
     monkeypatch.setattr(placement, "placement_for", lambda plan: placements[len(discarded)])
     monkeypatch.setattr(placement, "discard", discarded.append)
-    plan = plan_launch({"num_processes": 1, "mixed_precision": None, "use_port": None,
-                        "master_addr": None, "node_rank": None, "num_nodes": 2,
-                        "start_method": None, "device": None, "cluster": "in-process"},
-                       config_file=None, fsdp=None, notes=[], timeout=None, output="all",
-                       return_all=True, max_restarts=0)
+    plan = plan_launch(LaunchRequest.from_keywords("notebook_launcher", {
+        "num_processes": 1, "num_nodes": 2, "cluster": "in-process"}), [])
     started = time.monotonic()
     links, handles = cluster.start_ranks(plan, serialise_payload(_sleep, (), {}))
     took = time.monotonic() - started

@@ -201,7 +201,7 @@ class NodeLinks:
     # -- the hubs -> the ranks' channels (the links' thread) ------------------------------------
 
     def _run(self) -> None:
-        beat = time.monotonic()
+        beat = time.monotonic() - BEAT_EVERY  # a first beat at once: the hubs hear the kernel
         try:
             while not self._closing and self._open:
                 for key, _ in self._selector.select(0.25):
