@@ -21,8 +21,11 @@ that scans its refs as Ray's does).
 (``simulated_nodes.py``: host processes, each running the real ``HubPump`` per node over one link
 to the kernel's ``ChannelServer``, every rank a process of its own on the wire; the kernel's real
 ``NodeLinks``, ``HubHandle`` and supervisor), plus a fourth run: a lost node (its host and ranks
-frozen with SIGSTOP at 2 s). Its connect time is every node's link, from the word to link. Its
-baseline must have the hubs (22dcecd or later).
+frozen with SIGSTOP at 2 s), and a warm pool's cells: ``CELLS`` cells of the real pool backend
+through ``launch_once``, each payload (a 256 kB argument) handed to the node links, which send it
+once per node in a ``RUN`` frame; its latency and the RUN frames and bytes each node got per cell
+(local mode has no pool cell: its fake ranks are not pool workers). Its connect time is every
+node's link, from the word to link. Its baseline must have the hubs (22dcecd or later).
 
 For each side (this checkout, and BASELINE in a throwaway git worktree) and size, in its own
 process, alternating: kernel CPU, the work of one wakeup of the wait loop (p50/p99, after
@@ -39,6 +42,7 @@ WorkerError's lines, and the live view's bytes per redraw.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -438,6 +442,60 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
     }
 
 
+CELLS = 10  # the pool scenario's cells
+CELL_ARGUMENT = 256 * 1024  # bytes each cell's payload carries (its argument)
+
+
+def run_pool(world: int, hosts: int) -> dict:
+    """A warm pool on simulated nodes: ``CELLS`` cells, each through the real pool backend and
+    ``launch_once`` (its payload handed to the node links once); each cell's latency, and the
+    RUN frames and bytes the kernel sent each node."""
+    import io
+
+    import simulated_nodes
+
+    from notebook_accel.launch.backends.cluster import ClusterPoolWorkers
+    from notebook_accel.launch.backends.pool import PoolBackend
+    from notebook_accel.launch.launcher import launch_once, plan_launch
+    from notebook_accel.launch.payload import serialise_payload
+    from notebook_accel.launch.request import LaunchRequest
+    from notebook_accel.launch.worker.hub_link import Frame
+
+    handles, links, procs, _, start = simulated_nodes.link_up(world, "pool", hosts)
+    nodes = world // simulated_nodes.PER_NODE
+    runs, sent = [0] * nodes, [0] * nodes
+    send = links.send
+
+    def counted(node: int, data: bytes) -> bool:
+        runs[node] += data[0] == Frame.RUN
+        sent[node] += len(data) if data[0] != Frame.BEAT else 0
+        return send(node, data)
+
+    links.send = counted
+    workers = ClusterPoolWorkers.__new__(ClusterPoolWorkers)
+    workers.plan = plan_launch(LaunchRequest.from_keywords("notebook_launcher", {
+        "num_processes": simulated_nodes.PER_NODE, "num_nodes": nodes,
+        "cluster": "in-process"}), [])
+    workers.links, workers.handles, workers.sources_sent, workers.closed = links, handles, set(), False
+    time.sleep(max(0.0, start - time.time()))  # the ranks start serving
+    cells = []
+    try:
+        for _ in range(CELLS):
+            payload = serialise_payload(len, (b"x" * CELL_ARGUMENT,), {})
+            began = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                launch_once(PoolBackend(workers), workers.plan, payload)
+            cells.append(time.perf_counter() - began)
+    finally:
+        workers.close()
+        simulated_nodes.end_hosts(procs)
+    cells.sort()
+    return {"cell_p50_s": cells[len(cells) // 2], "cell_max_s": cells[-1],
+            "run_frames_per_node_per_cell": max(runs) / CELLS,
+            "bytes_to_a_node_per_cell": max(sent) / CELLS,
+            "payload_bytes": len(pickle.dumps(payload, protocol=5))}
+
+
 def connect_time(world: int) -> float:
     """Seconds for ``world`` ranks x 5 channels to connect back and be accepted."""
     from notebook_accel.launch.backends import cluster
@@ -497,6 +555,7 @@ def connect_time(world: int) -> float:
 
 SCENARIOS = {"local": ("success", "failure", "hang"),
              "cluster": ("success", "failure", "hang", "lost")}
+POOL = {"local": (), "cluster": ("pool",)}  # the pool cell: through the hubs only
 
 
 def measure(world: int, drivers: int, mode: str) -> dict:
@@ -506,6 +565,8 @@ def measure(world: int, drivers: int, mode: str) -> dict:
     with selectors.DefaultSelector():
         pass
     figures = {name: run_scenario(world, name, drivers, mode) for name in SCENARIOS[mode]}
+    if mode == "cluster":
+        figures["pool"] = run_pool(world, drivers)
     figures["connect_s"] = (connect_time(world) if mode == "local"
                             else figures["success"]["connect_s"])
     return figures
@@ -560,6 +621,11 @@ ROWS = [  # (scenario, key, label)
     ("hang", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99 (hang)"),
     ("lost", "lost_after_s", "lost node (SIGSTOP) -> WorkerError s"),
     ("lost", "error_head", "lost node: the error's first line"),
+    ("pool", "cell_p50_s", "pool cell s p50 (256 kB argument)"),
+    ("pool", "cell_max_s", f"pool cell s max (of {CELLS})"),
+    ("pool", "run_frames_per_node_per_cell", "pool: RUN frames per node per cell"),
+    ("pool", "bytes_to_a_node_per_cell", "pool: bytes to a node per cell (max)"),
+    ("pool", "payload_bytes", "pool: the cell's payload bytes"),
 ]
 
 
@@ -607,7 +673,7 @@ def _compare(args: argparse.Namespace, sizes: list[int], mode: str) -> None:
             if "error" in sides[side]:
                 print(f"  {side} FAILED: {sides[side]['error'][-800:]}")
         for scenario, key, label in ROWS:
-            if scenario is not None and scenario not in SCENARIOS[mode]:
+            if scenario is not None and scenario not in (*SCENARIOS[mode], *POOL[mode]):
                 continue
             values = []
             for side in ("baseline", "this"):
