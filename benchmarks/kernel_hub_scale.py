@@ -12,7 +12,12 @@ a second. Three runs per size:
 - success: 4 s of lines, then every rank returns;
 - failure: at 2 s rank N/2 raises, and every other rank then fails with a broken-collective
   error (as gloo's peers do), so the error has N failures to report;
-- hang: the ranks go silent after 1 s; ``timeout=6`` stops them with their stacks.
+- hang: the ranks go silent after 1 s; ``timeout=6`` stops them with their stacks. Its wakeups
+  from 3 s to half a second before the timeout are the quiet phase (nothing arrives: no line,
+  event or end; the hubs' beats only), reported on their own: what waiting costs the kernel,
+  apart from the once-per-launch steps and the bursts of every rank's lines that an idle
+  wakeup of the other runs (one with no channel ready) may still carry (output paced to the
+  cell, a redraw).
 Also the connect-back: ``ChannelServer.accept`` of N ranks x 5 channels over loopback TCP, with
 the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.wait``/``ray.get``
 that scans its refs as Ray's does).
@@ -319,6 +324,9 @@ def _ended(handle) -> bool:
     return handle.exitcode is not None or handle.describe_end() is not None
 
 
+QUIET_AFTER = 3.0  # s after the ranks' start: a hang's ranks are silent from 1.5 s (lines, events)
+
+
 def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -> dict:
     from magics.view.live_view import LiveView
     from notebook_accel.launch.errors import WorkerError
@@ -360,6 +368,7 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
     timeout = {"hang": 6.0, "lost": 12.0}.get(scenario)  # hang: 4 s of silence first
     supervisor = Supervisor(handles, relay, timeout, record, view)
     waits, works, cpus, peaks = [], [], [], {"fds": 0, "threads": 0, "sockets": 0}
+    stamps: list[float] = []  # when each wakeup ended (the quiet phase's are picked by these)
     select = supervisor.selector.select
     poll = supervisor._poll
 
@@ -379,6 +388,7 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         poll(timeout)
         works.append(time.perf_counter() - began - waits[-1])
         cpus.append(time.thread_time() - cpu_began)  # waiting in select takes no CPU
+        stamps.append(time.time())
         if len(works) % 20 == 1:
             fds = os.listdir("/proc/self/fd")
             peaks["fds"] = max(peaks["fds"], len(fds))
@@ -412,6 +422,9 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         if scenario == "lost" and frozen_at is not None:
             lost_after = time.monotonic() - frozen_at
     used = resource.getrusage(resource.RUSAGE_SELF)
+    ended = time.time()
+    quiet = sorted(cpu for cpu, at in zip(cpus, stamps, strict=False)
+                   if start + QUIET_AFTER <= at <= ended - 0.5) if scenario == "hang" else []
     cleanup()
     writes = sorted(out.writes + err.writes)
     peak_bytes, peak_writes = _peak_per_second(writes)
@@ -429,6 +442,9 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         "wakeup_cpu_p99_ms": cpus[int(len(cpus) * 0.99)] * 1e3 if cpus else None,
         "idle_wakeup_cpu_p50_ms": idle[len(idle) // 2] * 1e3 if idle else None,
         "idle_wakeup_cpu_p99_ms": idle[int(len(idle) * 0.99)] * 1e3 if idle else None,
+        "quiet_wakeups": len(quiet) or None,
+        "quiet_wakeup_cpu_p50_ms": quiet[len(quiet) // 2] * 1e3 if quiet else None,
+        "quiet_wakeup_cpu_p99_ms": quiet[int(len(quiet) * 0.99)] * 1e3 if quiet else None,
         "cpu_us_per_ready_channel": (sum(c for c, _ in busy) / sum(n for _, n in busy) * 1e6
                                      if busy else None),
         "latency_p50_s": latencies[len(latencies) // 2],
@@ -619,6 +635,9 @@ ROWS = [  # (scenario, key, label)
     ("hang", "error_lines", "WorkerError lines (timeout)"),
     ("hang", "wakeup_cpu_p99_ms", "CPU ms per wakeup p99 (hang)"),
     ("hang", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99 (hang)"),
+    ("hang", "quiet_wakeups", "wakeups in the quiet phase (hang)"),
+    ("hang", "quiet_wakeup_cpu_p50_ms", "CPU ms per quiet wakeup p50 (hang)"),
+    ("hang", "quiet_wakeup_cpu_p99_ms", "CPU ms per quiet wakeup p99 (hang)"),
     ("lost", "lost_after_s", "lost node (SIGSTOP) -> WorkerError s"),
     ("lost", "error_head", "lost node: the error's first line"),
     ("pool", "cell_p50_s", "pool cell s p50 (256 kB argument)"),
