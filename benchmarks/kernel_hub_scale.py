@@ -12,7 +12,13 @@ a second. Three runs per size:
 - success: 4 s of lines, then every rank returns;
 - failure: at 2 s rank N/2 raises, and every other rank then fails with a broken-collective
   error (as gloo's peers do), so the error has N failures to report;
-- hang: the ranks go silent after 1 s; ``timeout=6`` stops them with their stacks.
+- hang: the ranks go silent after 1.5 s; ``timeout=`` 8 s after their start stops them with
+  their stacks. Its wakeups from 3 s to 0.3 s before the timeout (its stack dumps) are the quiet
+  phase (nothing arrives: no line,
+  event or end; the hubs' beats only), reported on their own: what waiting costs the kernel,
+  apart from the once-per-launch steps and the bursts of every rank's lines that an idle
+  wakeup of the other runs (one with no channel ready) may still carry (output paced to the
+  cell, a redraw).
 Also the connect-back: ``ChannelServer.accept`` of N ranks x 5 channels over loopback TCP, with
 the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.wait``/``ray.get``
 that scans its refs as Ray's does).
@@ -21,8 +27,11 @@ that scans its refs as Ray's does).
 (``simulated_nodes.py``: host processes, each running the real ``HubPump`` per node over one link
 to the kernel's ``ChannelServer``, every rank a process of its own on the wire; the kernel's real
 ``NodeLinks``, ``HubHandle`` and supervisor), plus a fourth run: a lost node (its host and ranks
-frozen with SIGSTOP at 2 s). Its connect time is every node's link, from the word to link. Its
-baseline must have the hubs (22dcecd or later).
+frozen with SIGSTOP at 2 s), and a warm pool's cells: ``CELLS`` cells of the real pool backend
+through ``launch_once``, each payload (a 256 kB argument) handed to the node links, which send it
+once per node in a ``RUN`` frame; its latency and the RUN frames and bytes each node got per cell
+(local mode has no pool cell: its fake ranks are not pool workers). Its connect time is every
+node's link, from the word to link. Its baseline must have the hubs (22dcecd or later).
 
 For each side (this checkout, and BASELINE in a throwaway git worktree) and size, in its own
 process, alternating: kernel CPU, the work of one wakeup of the wait loop (p50/p99, after
@@ -39,6 +48,7 @@ WorkerError's lines, and the live view's bytes per redraw.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -315,6 +325,9 @@ def _ended(handle) -> bool:
     return handle.exitcode is not None or handle.describe_end() is not None
 
 
+QUIET_AFTER = 3.0  # s after the ranks' start: a hang's ranks are silent from 1.5 s (lines, events)
+
+
 def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -> dict:
     from magics.view.live_view import LiveView
     from notebook_accel.launch.errors import WorkerError
@@ -353,9 +366,11 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         return Shown()
 
     view = LiveView(record, display=display, appear_after=0.5)
-    timeout = {"hang": 6.0, "lost": 12.0}.get(scenario)  # hang: 4 s of silence first
+    # hang: 8 s after the ranks' start (linking 1024 ranks' nodes takes a few), 6.5 s of silence
+    timeout = {"hang": round(8.0 + max(0.0, start - time.time())), "lost": 12.0}.get(scenario)
     supervisor = Supervisor(handles, relay, timeout, record, view)
     waits, works, cpus, peaks = [], [], [], {"fds": 0, "threads": 0, "sockets": 0}
+    stamps: list[float] = []  # when each wakeup ended (the quiet phase's are picked by these)
     select = supervisor.selector.select
     poll = supervisor._poll
 
@@ -375,6 +390,7 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         poll(timeout)
         works.append(time.perf_counter() - began - waits[-1])
         cpus.append(time.thread_time() - cpu_began)  # waiting in select takes no CPU
+        stamps.append(time.time())
         if len(works) % 20 == 1:
             fds = os.listdir("/proc/self/fd")
             peaks["fds"] = max(peaks["fds"], len(fds))
@@ -393,6 +409,7 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         supervisor._news = counted_news
     cpu = resource.getrusage(resource.RUSAGE_SELF)
     error_lines = error_after = ended_after = lost_after = error_head = None
+    watched = time.time()
     try:
         supervisor.run()
     except WorkerError as error:
@@ -408,6 +425,8 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         if scenario == "lost" and frozen_at is not None:
             lost_after = time.monotonic() - frozen_at
     used = resource.getrusage(resource.RUSAGE_SELF)
+    quiet = sorted(cpu for cpu, at in zip(cpus, stamps, strict=False)  # before the timeout's dumps
+                   if start + QUIET_AFTER <= at <= watched + timeout - 0.3) if scenario == "hang" else []
     cleanup()
     writes = sorted(out.writes + err.writes)
     peak_bytes, peak_writes = _peak_per_second(writes)
@@ -425,6 +444,9 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         "wakeup_cpu_p99_ms": cpus[int(len(cpus) * 0.99)] * 1e3 if cpus else None,
         "idle_wakeup_cpu_p50_ms": idle[len(idle) // 2] * 1e3 if idle else None,
         "idle_wakeup_cpu_p99_ms": idle[int(len(idle) * 0.99)] * 1e3 if idle else None,
+        "quiet_wakeups": len(quiet) or None,
+        "quiet_wakeup_cpu_p50_ms": quiet[len(quiet) // 2] * 1e3 if quiet else None,
+        "quiet_wakeup_cpu_p99_ms": quiet[int(len(quiet) * 0.99)] * 1e3 if quiet else None,
         "cpu_us_per_ready_channel": (sum(c for c, _ in busy) / sum(n for _, n in busy) * 1e6
                                      if busy else None),
         "latency_p50_s": latencies[len(latencies) // 2],
@@ -436,6 +458,60 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         "ended_after_s": ended_after, "lost_after_s": lost_after, "connect_s": connect,
         "view_bytes_per_redraw": max(redraws, default=0),
     }
+
+
+CELLS = 10  # the pool scenario's cells
+CELL_ARGUMENT = 256 * 1024  # bytes each cell's payload carries (its argument)
+
+
+def run_pool(world: int, hosts: int) -> dict:
+    """A warm pool on simulated nodes: ``CELLS`` cells, each through the real pool backend and
+    ``launch_once`` (its payload handed to the node links once); each cell's latency, and the
+    RUN frames and bytes the kernel sent each node."""
+    import io
+
+    import simulated_nodes
+
+    from notebook_accel.launch.backends.cluster import ClusterPoolWorkers
+    from notebook_accel.launch.backends.pool import PoolBackend
+    from notebook_accel.launch.launcher import launch_once, plan_launch
+    from notebook_accel.launch.payload import serialise_payload
+    from notebook_accel.launch.request import LaunchRequest
+    from notebook_accel.launch.worker.hub_link import Frame
+
+    handles, links, procs, _, start = simulated_nodes.link_up(world, "pool", hosts)
+    nodes = world // simulated_nodes.PER_NODE
+    runs, sent = [0] * nodes, [0] * nodes
+    send = links.send
+
+    def counted(node: int, data: bytes) -> bool:
+        runs[node] += data[0] == Frame.RUN
+        sent[node] += len(data) if data[0] != Frame.BEAT else 0
+        return send(node, data)
+
+    links.send = counted
+    workers = ClusterPoolWorkers.__new__(ClusterPoolWorkers)
+    workers.plan = plan_launch(LaunchRequest.from_keywords("notebook_launcher", {
+        "num_processes": simulated_nodes.PER_NODE, "num_nodes": nodes,
+        "cluster": "in-process"}), [])
+    workers.links, workers.handles, workers.sources_sent, workers.closed = links, handles, set(), False
+    time.sleep(max(0.0, start - time.time()))  # the ranks start serving
+    cells = []
+    try:
+        for _ in range(CELLS):
+            payload = serialise_payload(len, (b"x" * CELL_ARGUMENT,), {})
+            began = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                launch_once(PoolBackend(workers), workers.plan, payload)
+            cells.append(time.perf_counter() - began)
+    finally:
+        workers.close()
+        simulated_nodes.end_hosts(procs)
+    cells.sort()
+    return {"cell_p50_s": cells[len(cells) // 2], "cell_max_s": cells[-1],
+            "run_frames_per_node_per_cell": max(runs) / CELLS,
+            "bytes_to_a_node_per_cell": max(sent) / CELLS,
+            "payload_bytes": len(pickle.dumps(payload, protocol=5))}
 
 
 def connect_time(world: int) -> float:
@@ -460,7 +536,7 @@ def connect_time(world: int) -> float:
 
         @staticmethod
         def get(ref):
-            return 1000 + ref.rank
+            return [1000 + each.rank for each in ref] if isinstance(ref, list) else 1000 + ref.rank
 
     server = ChannelServer("127.0.0.1", world)
     refs = [Ref(rank) for rank in range(world)]
@@ -497,6 +573,7 @@ def connect_time(world: int) -> float:
 
 SCENARIOS = {"local": ("success", "failure", "hang"),
              "cluster": ("success", "failure", "hang", "lost")}
+POOL = {"local": (), "cluster": ("pool",)}  # the pool cell: through the hubs only
 
 
 def measure(world: int, drivers: int, mode: str) -> dict:
@@ -506,6 +583,11 @@ def measure(world: int, drivers: int, mode: str) -> dict:
     with selectors.DefaultSelector():
         pass
     figures = {name: run_scenario(world, name, drivers, mode) for name in SCENARIOS[mode]}
+    if mode == "cluster":
+        try:
+            figures["pool"] = run_pool(world, drivers)
+        except Exception as error:  # noqa: BLE001 - a side without the pool through the hubs
+            figures["pool"] = {"cell_p50_s": f"failed: {error!r}"[:200]}
     figures["connect_s"] = (connect_time(world) if mode == "local"
                             else figures["success"]["connect_s"])
     return figures
@@ -558,8 +640,16 @@ ROWS = [  # (scenario, key, label)
     ("hang", "error_lines", "WorkerError lines (timeout)"),
     ("hang", "wakeup_cpu_p99_ms", "CPU ms per wakeup p99 (hang)"),
     ("hang", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99 (hang)"),
+    ("hang", "quiet_wakeups", "wakeups in the quiet phase (hang)"),
+    ("hang", "quiet_wakeup_cpu_p50_ms", "CPU ms per quiet wakeup p50 (hang)"),
+    ("hang", "quiet_wakeup_cpu_p99_ms", "CPU ms per quiet wakeup p99 (hang)"),
     ("lost", "lost_after_s", "lost node (SIGSTOP) -> WorkerError s"),
     ("lost", "error_head", "lost node: the error's first line"),
+    ("pool", "cell_p50_s", "pool cell s p50 (256 kB argument)"),
+    ("pool", "cell_max_s", f"pool cell s max (of {CELLS})"),
+    ("pool", "run_frames_per_node_per_cell", "pool: RUN frames per node per cell"),
+    ("pool", "bytes_to_a_node_per_cell", "pool: bytes to a node per cell (max)"),
+    ("pool", "payload_bytes", "pool: the cell's payload bytes"),
 ]
 
 
@@ -607,7 +697,7 @@ def _compare(args: argparse.Namespace, sizes: list[int], mode: str) -> None:
             if "error" in sides[side]:
                 print(f"  {side} FAILED: {sides[side]['error'][-800:]}")
         for scenario, key, label in ROWS:
-            if scenario is not None and scenario not in SCENARIOS[mode]:
+            if scenario is not None and scenario not in (*SCENARIOS[mode], *POOL[mode]):
                 continue
             values = []
             for side in ("baseline", "this"):

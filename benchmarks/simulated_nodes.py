@@ -6,7 +6,8 @@ on private pipes (stdout, stderr, control, events; each rank leads its own sessi
 worker does), and the real ``HubPump`` on its own thread. A rank speaks the real wire without
 torch: ``epoch K done`` and a 580-byte line of its own once a second, a progress event twice a
 second, then its result or failure; SIGUSR1 writes a stack to its stderr (faulthandler's
-format). The kernel's side is the real one: ``NodeLinks`` over the accepted links, the cluster
+format). In the ``pool`` scenario each rank is a warm pool's worker instead: it serves the runs
+that its hub hands it from the node's one ``RUN`` frame, as ``serve.py`` does. The kernel's side is the real one: ``NodeLinks`` over the accepted links, the cluster
 backend's ``HubHandle`` per rank, then the shared supervisor.
 
 The last node runs alone in its own host, so that the lost-node run can freeze it (SIGSTOP on
@@ -75,6 +76,26 @@ def _rank(rank: int, fds: dict[str, int], scenario: str, world: int, go: int) ->
         time.sleep(max(0.0, due - time.time()) + 0.001)
 
 
+def _serve(rank: int, fds: dict[str, int], commands: int, go: int) -> None:
+    """A warm pool's rank (``pool``): each ``Run`` on its commands pipe is a cell that prints a
+    line and answers as ``serve.py`` does (its result, a value if asked, then ``RunDone``); leaves when
+    the pipe closes. Never returns."""
+    import pickle
+
+    from notebook_accel.wire import Result, Run, RunDone, receive, send
+
+    os.read(go, 8)
+    os.setsid()
+    cells = 0
+    while (message := receive(commands)) is not None:
+        if type(message) is Run:
+            cells += 1
+            os.write(fds["stdout"], f"cell {cells} done ({len(message.payload)} bytes)\n".encode())
+            send(fds["control"], Result(pickle.dumps(rank) if message.send_result else None))
+            send(fds["control"], RunDone(collectives=None, broke_group=False))
+    os._exit(0)
+
+
 def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario: str,
               world: int) -> None:
     """One host: fork its nodes' ranks, say so, and at the kernel's word (the start time, on
@@ -89,10 +110,11 @@ def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario
         forked[node] = []
         for rank in range(node * PER_NODE, (node + 1) * PER_NODE):
             pipes = [os.pipe() for _ in OUTPUTS]
+            commands = os.pipe() if scenario == "pool" else None
             pid = os.fork()
             if pid == 0:
                 try:
-                    mine = {w for _, w in pipes} | {go_r}
+                    mine = {w for _, w in pipes} | {go_r} | ({commands[0]} if commands else set())
                     for name in os.listdir("/proc/self/fd"):
                         if int(name) > 2 and int(name) not in mine:
                             try:
@@ -101,14 +123,19 @@ def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario
                                 pass
                     fds = dict(zip(("stdout", "stderr", "control", "events"),
                                    (w for _, w in pipes), strict=True))
+                    if commands:
+                        _serve(rank, fds, commands[0], go_r)
                     _rank(rank, fds, scenario, world, go_r)
                 finally:
                     os._exit(1)
             for read_end, write_end in pipes:
                 os.close(write_end)
                 os.set_blocking(read_end, False)
+            if commands:
+                os.close(commands[0])
             forked[node].append(ForkedRank(rank, pid, dict(zip(OUTPUTS, (r for r, _ in pipes),
-                                                               strict=True))))
+                                                               strict=True)),
+                                           commands[1] if commands else None))
     os.close(go_r)
     print("forked", flush=True)
     start = float(sys.stdin.readline())
@@ -195,7 +222,7 @@ def link_up(world: int, scenario: str, hosts: int):
     server.close()
     ranks = {node: list(range(node * PER_NODE, (node + 1) * PER_NODE)) for node in range(nodes)}
     links = NodeLinks({node: got["link"] for node, got in accepted.items()}, ranks)
-    handles = [HubHandle(rank, rank // PER_NODE, "127.0.0.1", links, 0, persistent=False)
+    handles = [HubHandle(rank, rank // PER_NODE, "127.0.0.1", links, 0, persistent=scenario == "pool")
                for rank in range(world)]
     return handles, links, procs, took, start
 

@@ -5,6 +5,7 @@ cluster's memory about one torch import per node, a pool across both nodes, and 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
@@ -128,6 +129,49 @@ def test_sockets_and_threads_of_the_kernel_do_not_grow_with_ranks_and_memory_is_
           f"/ {(many[2] - idle) / 2**30:.2f} GiB", file=sys.__stderr__)
     assert many[0] <= one[0] + 1 and many[1] <= one[1] + 1  # not per rank
     assert many[2] - idle < 3 * 2**30, f"{(many[2] - idle) / 2**30:.2f} GiB"
+
+
+def _count_ray_calls(monkeypatch) -> collections.Counter:
+    """Count the kernel's calls of Ray's API (``ray.get``, ``put``, ``wait``, ``nodes``...) and of
+    its actors' methods (each ``.remote``) from now on."""
+    import ray
+    from ray.actor import ActorMethod
+
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name, original):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return original(*args, **kwargs)
+        return call
+
+    for name in ("get", "put", "wait", "nodes", "kill", "get_actor"):
+        monkeypatch.setattr(ray, name, counted(f"ray.{name}", getattr(ray, name)))
+    remote = ActorMethod._remote
+
+    def actor_call(self, *args, **kwargs):
+        calls[f"{self._method_name}.remote"] += 1
+        return remote(self, *args, **kwargs)
+
+    monkeypatch.setattr(ActorMethod, "_remote", actor_call)
+    return calls
+
+
+def test_a_warm_launch_costs_one_actor_call_per_node_and_ray_calls_grow_by_one_per_node(
+        wide_cluster, monkeypatch):
+    """Ray calls of a launch on hubs placed before: a start per hub (one actor call per node) and
+    one for the rendezvous port; the rest of Ray's API a few calls whatever the nodes (the
+    capacity check, the port, the payload's put, and a wait and a get for the hubs' pids at
+    each check while the links arrive, every 0.25 s, and once at the end)."""
+    _launch(wide_cluster, checks.nothing, output="none")  # the hubs placed
+    calls = _count_ray_calls(monkeypatch)
+    _launch(wide_cluster, checks.nothing, output="none")
+    nodes = 2
+    actor_calls = sum(n for name, n in calls.items() if name.endswith(".remote"))
+    print(f"Ray calls of a warm launch at {nodes} nodes: {sum(calls.values())} "
+          f"({actor_calls} actor calls): {dict(sorted(calls.items()))}", file=sys.__stderr__)
+    assert calls["start.remote"] == nodes and actor_calls <= 2 * nodes, dict(calls)
+    assert sum(calls.values()) <= nodes + 12, dict(calls)  # nodes + c: <= 2 x nodes from 12
 
 
 def test_a_vanished_node_fails_the_job_within_6s_naming_it_and_leaves_nothing(wide_cluster, capfd):

@@ -221,13 +221,17 @@ def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
             self.waited.append(len(refs))
             return refs[:2], refs[2:]
 
-        def get(self, ref):
-            return ref * 10
+        got: list[list[int]] = []
+
+        def get(self, refs):
+            self.got.append(refs)
+            return [ref * 10 for ref in refs]
 
     starts, pids, ray = {r: r for r in range(5)}, {}, Ray()  # ref -> rank
     _collect(ray, starts, pids)
     _collect(ray, starts, pids)
     assert pids == {0: 0, 1: 10, 2: 20, 3: 30} and ray.waited == [5, 3]  # only what is pending
+    assert ray.got == [[0, 1], [2, 3]]  # one ray.get for what each wait found done
 
 
 def test_a_redraw_recomputes_only_the_nodes_whose_ranks_changed():

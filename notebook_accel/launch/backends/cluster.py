@@ -223,8 +223,9 @@ def _collect(ray: Any, starts: dict, pids: dict[int, list[int]], wait: bool = Fa
     if not pending:
         return
     done, _ = ray.wait(pending, num_returns=len(pending), timeout=None if wait else 0)
-    for ref in done:
-        pids[starts.pop(ref)] = ray.get(ref)
+    if done:  # one call for them all
+        for ref, forked in zip(done, ray.get(done), strict=True):
+            pids[starts.pop(ref)] = forked
 
 
 class ClusterPoolWorkers:

@@ -201,10 +201,10 @@ class NodeLinks:
     # -- the hubs -> the ranks' channels (the links' thread) ------------------------------------
 
     def _run(self) -> None:
-        beat = time.monotonic()
+        beat = time.monotonic() - BEAT_EVERY  # a first beat at once: the hubs hear the kernel
         try:
             while not self._closing and self._open:
-                for key, _ in self._selector.select(0.25):
+                for key, _ in self._selector.select(self._until_due(beat)):
                     if key.data is None:
                         with contextlib.suppress(OSError):
                             self._wake_r.recv(4096)
@@ -223,6 +223,13 @@ class NodeLinks:
                 self._resume()
         finally:
             self._shut()
+
+    def _until_due(self, beat: float) -> float:
+        """Seconds the thread may wait: 0.25 at most, less to the next beat or to a node's
+        loss (so a silent node is lost on time, not up to a wait later)."""
+        now = time.monotonic()
+        due = [beat + BEAT_EVERY, *(self._heard[node] + SILENCE for node in self._open - self._paused)]
+        return max(0.0, min(0.25, min(due) - now + 0.005))
 
     def _read_link(self, node: int) -> None:
         try:
