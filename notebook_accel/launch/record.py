@@ -37,13 +37,11 @@ class RankStatus:
     phase_started: float | None = None  # when its current phase (state "compiling") began
     watchers: set[int] | None = field(default=None, repr=False, compare=False)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.__dict__ and self.__dict__[name] == value:
-            return
-        object.__setattr__(self, name, value)
-        watchers = self.__dict__.get("watchers")
-        if watchers is not None:  # a view's summary recomputes what changed, not every rank
-            watchers.add(self.rank)
+    def watch(self, watchers: set[int]) -> None:
+        """Add this rank to ``watchers`` whenever a field changes from now on (a view's summary
+        recomputes what changed, not every rank). Only a watched status pays for it."""
+        self.watchers = watchers
+        self.__class__ = WatchedRankStatus
 
     @property
     def elapsed(self) -> float:
@@ -65,6 +63,19 @@ class RankStatus:
             self.state, self.phase_started = "running", None
         elif self.state != name:
             self.state, self.phase_started = name, when
+
+
+class WatchedRankStatus(RankStatus):
+    """A status a view watches (``RankStatus.watch``): each change adds its rank to the watchers."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get(name, _UNSET) == value:
+            return
+        object.__setattr__(self, name, value)
+        self.watchers.add(self.rank)
+
+
+_UNSET = object()
 
 
 @dataclass

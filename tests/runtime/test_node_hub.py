@@ -52,7 +52,7 @@ class _Ray:
 
     @staticmethod
     def get(ref):
-        return ref.value
+        return [each.value for each in ref] if isinstance(ref, list) else ref.value
 
     @staticmethod
     def put(value):

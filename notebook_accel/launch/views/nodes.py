@@ -53,7 +53,7 @@ def per_node(record: LaunchRecord) -> bool:
 
 class NodeTable:
     """A record's rows per node, kept up to date at the cost of what changed: each rank's
-    status tells the table when it changes (``RankStatus.watchers``). A look counts the changed
+    status tells the table when it changes (``RankStatus.watch``). A look counts the changed
     ranks' states exactly, and keeps rows only for the nodes a view shows (at most
     ``NODE_ROWS``: those with a failed rank first, then by number): a shown node whose ranks
     changed state is remade at once, one whose ranks changed otherwise (a new last line,
@@ -66,7 +66,7 @@ class NodeTable:
         self.nodes: dict[int, list[int]] = {}
         for status in record.ranks.values():
             self.nodes.setdefault(status.node, []).append(status.rank)
-            status.watchers = self.changed
+            status.watch(self.changed)
         self.in_order = sorted(self.nodes)
         self.rows: dict[int, NodeRow] = {}  # the shown nodes'
         self.stale: dict[int, None] = {}  # nodes whose row waits to be remade, oldest first
