@@ -225,12 +225,12 @@ def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
 
         def get(self, refs):
             self.got.append(refs)
-            return [ref * 10 for ref in refs]
+            return [([ref * 10], 1) for ref in refs]
 
     starts, pids, ray = {r: r for r in range(5)}, {}, Ray()  # ref -> rank
     _collect(ray, starts, pids)
     _collect(ray, starts, pids)
-    assert pids == {0: 0, 1: 10, 2: 20, 3: 30} and ray.waited == [5, 3]  # only what is pending
+    assert pids == {0: [0], 1: [10], 2: [20], 3: [30]} and ray.waited == [5, 3]  # only what is pending
     assert ray.got == [[0, 1], [2, 3]]  # one ray.get for what each wait found done
 
 
