@@ -536,7 +536,7 @@ def connect_time(world: int) -> float:
 
         @staticmethod
         def get(ref):
-            return [1000 + each.rank for each in ref] if isinstance(ref, list) else 1000 + ref.rank
+            return [([1000 + each.rank], 0) for each in ref]
 
     server = ChannelServer("127.0.0.1", world)
     refs = [Ref(rank) for rank in range(world)]

@@ -108,13 +108,20 @@ def _rank_line(record: LaunchRecord, status: RankStatus, gpu: bool) -> str:
     return line
 
 
-def _per_node_text(record: LaunchRecord, gpu: bool) -> list[str]:
-    rows, nodes_left = node_rows(record)
-    lines = [f"  {_node_line(row, gpu)}" for row in rows]
-    if nodes_left:
-        lines.append(f"  ... and {nodes_left} more nodes")
+def _node_lines(record: LaunchRecord, gpu: bool) -> list[str]:
+    """The shown nodes' lines, kept (with their HTML) until a node's row changes."""
+    drawn = node_table(record).drawn
+    if gpu not in drawn:
+        rows, nodes_left = node_rows(record)
+        drawn[gpu] = [f"  {_node_line(row, gpu)}" for row in rows]
+        if nodes_left:
+            drawn[gpu].append(f"  ... and {nodes_left} more nodes")
+    return drawn[gpu]
+
+
+def _abnormal_lines(record: LaunchRecord, gpu: bool) -> list[str]:
     abnormal, ranks_left = abnormal_ranks(record)
-    lines += [f"  {_rank_line(record, status, gpu)}" for status in abnormal]
+    lines = [f"  {_rank_line(record, status, gpu)}" for status in abnormal]
     if ranks_left:
         lines.append(f"  ... and {ranks_left} more failed or stopped ranks")
     return lines
@@ -125,15 +132,20 @@ def status_text(record: LaunchRecord) -> str:
     lines = [f"notebook_accel: {header_text(record)} · {rank_states(record)}"]
     gpu = _shows_gpu(record)
     if per_node(record):
-        return "\n".join(lines + _per_node_text(record, gpu))
+        return "\n".join(lines + _node_lines(record, gpu) + _abnormal_lines(record, gpu))
     lines += [f"  {_rank_line(record, status, gpu)}" for _, status in sorted(record.ranks.items())]
     return "\n".join(lines)
 
 
 def _per_node_html(record: LaunchRecord, gpu: bool) -> str:
     """Per node: one line each, then the abnormal ranks' (plain text in a ``<pre>``, escaped)."""
-    return ('<pre style="font-size:12px;margin:0;white-space:pre-wrap">'
-            + escape("\n".join(line.strip() for line in _per_node_text(record, gpu))) + "</pre>")
+    nodes = _node_lines(record, gpu)
+    drawn = node_table(record).drawn
+    if ("html", gpu) not in drawn:
+        drawn["html", gpu] = escape("\n".join(line.strip() for line in nodes))
+    abnormal = escape("\n".join(line.strip() for line in _abnormal_lines(record, gpu)))
+    return ('<pre style="font-size:12px;margin:0;white-space:pre-wrap">' + drawn["html", gpu]
+            + ("\n" if nodes and abnormal else "") + abnormal + "</pre>")
 
 
 def status_html(record: LaunchRecord) -> str:

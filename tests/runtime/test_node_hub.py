@@ -51,7 +51,7 @@ class _Ray:
         RayActorError = RuntimeError
 
     @staticmethod
-    def get(ref):
+    def get(ref, timeout=None):
         return [each.value for each in ref] if isinstance(ref, list) else ref.value
 
     @staticmethod
@@ -205,7 +205,7 @@ def test_a_kept_hub_that_stays_silent_is_replaced_within_seconds(monkeypatch):
 
     class Frozen(NodeHub):
         def start(self, specs, payload, kernel, token, node):
-            return [0] * len(specs)  # never links back
+            return [0] * len(specs), 1  # never links back
 
     def hubs(hub):
         return placement.Placement(None, [_Actor(hub)] * 2, ["127.0.0.1"] * 2,
@@ -246,3 +246,28 @@ def test_the_kernel_waits_on_one_descriptor_for_every_rank(monkeypatch):
     monkeypatch.setattr(Supervisor, "_register", counted)
     values, backend = _launch(_lines, per_node=8)
     assert len(values) == 16 and watched == [1]
+
+
+def test_a_hub_that_dies_before_linking_fails_the_launch_within_a_second():
+    """Node 1's hub dies before it links back: the launch is not held for the link timeout; the
+    hubs are asked through Ray once the links are ``CHECK_AFTER`` late, and its death raises."""
+
+    class Died:
+        @property
+        def value(self):
+            raise RuntimeError("The actor died unexpectedly (node 1's hub)")
+
+    class DeadHub:
+        class start:  # noqa: N801 - the actor method
+            @staticmethod
+            def remote(*args):
+                return Died()
+
+    placed = placement.Placement(None, [_Actor(NodeHub.__new__(NodeHub)), DeadHub()],
+                                 ["127.0.0.1"] * 2, [os.getpid()] * 2, [[], []])
+    plan = plan_launch(LaunchRequest.from_keywords("notebook_launcher", {
+        "num_processes": 1, "num_nodes": 2, "cluster": "in-process", "output": "none"}), [])
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="node 1's hub"):
+        cluster._start(_Ray, plan, serialise_payload(_sleep, (), {}), placed)
+    assert time.monotonic() - started < cluster.CHECK_AFTER + 0.5

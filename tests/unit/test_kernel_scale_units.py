@@ -225,12 +225,12 @@ def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
 
         def get(self, refs):
             self.got.append(refs)
-            return [ref * 10 for ref in refs]
+            return [([ref * 10], 1) for ref in refs]
 
     starts, pids, ray = {r: r for r in range(5)}, {}, Ray()  # ref -> rank
     _collect(ray, starts, pids)
     _collect(ray, starts, pids)
-    assert pids == {0: 0, 1: 10, 2: 20, 3: 30} and ray.waited == [5, 3]  # only what is pending
+    assert pids == {0: [0], 1: [10], 2: [20], 3: [30]} and ray.waited == [5, 3]  # only what is pending
     assert ray.got == [[0, 1], [2, 3]]  # one ray.get for what each wait found done
 
 
@@ -253,3 +253,23 @@ def test_a_redraw_recomputes_only_the_nodes_whose_ranks_changed():
     assert 125 in now and 125 not in rows  # a failed rank's node is shown first
     assert "rank 9: rank 9 says something else" in plain and "rank 1000: failed" in plain
     assert node_table(record).states == Counter(s.state for s in record.ranks.values())
+
+
+def test_a_redraw_with_nothing_changed_makes_nothing_anew(monkeypatch):
+    """A quiet redraw (every rank marked "no progress", nothing new since) remakes no row, no
+    node line and names no rank anew: it costs what a redraw of 8 ranks' nodes costs."""
+    from magics.view import status
+    from magics.view.live_view import render
+    from notebook_accel.launch.views import nodes, text
+
+    record = _big_record(1024)
+    for each in record.ranks.values():
+        if each.state == "running":
+            each.enter_phase("no progress", time.time())
+    render(record)
+    made: list[str] = []
+    for module, name in ((nodes, "_row"), (status, "_make_node_line"), (text, "_firsts")):
+        monkeypatch.setattr(module, name, lambda *args, name=name: made.append(name))
+    plain = render(record)["text/plain"]
+    assert made == [], made
+    assert "1022 no progress (rank 0 for" in plain and "rank 301: failed" in plain, plain[:300]

@@ -33,7 +33,7 @@ from notebook_accel.launch.worker.main import WorkerSpec
 
 CONNECT_TIMEOUT = 60.0  # seconds for every node's freshly placed hub to link back
 LINK_TIMEOUT = 6.0  # the same for hubs placed before: one that is silent (frozen) is replaced
-FIRST_START = 1.0  # seconds the other hubs wait for rank 0's node to have forked its ranks
+CHECK_AFTER = 0.5  # seconds the links may take before the hubs are asked, through Ray, if alive
 
 
 class HubHandle(WorkerHandle):
@@ -130,7 +130,8 @@ class ClusterBackend(Backend):
     name = "cluster"
 
     def check(self, plan: LaunchPlan) -> None:
-        placement.check_capacity(plan)
+        if not placement.is_placed(plan):  # placed hubs hold their resources already
+            placement.check_capacity(plan)
 
     def start(self, plan: LaunchPlan, payload: Payload) -> ClusterGroup:
         links, handles = start_ranks(plan, payload)
@@ -158,30 +159,31 @@ def start_ranks(plan: LaunchPlan, payload: Payload | None) -> tuple[NodeLinks, l
 
 def _start(ray: Any, plan: LaunchPlan, payload: Payload | None, placed: placement.Placement,
            link_timeout: float = CONNECT_TIMEOUT) -> tuple[NodeLinks, list[HubHandle]]:
-    port_ref = placed.hubs[0].free_port.remote(placed.addresses[0])
+    """Ray calls: one start per hub, one get for rank 0's node (its pids and the rendezvous
+    port), one for the others' pids, a put of the payload above 2 nodes, and a check of the
+    hubs every ``CHECK_EVERY`` seconds only while links are later than ``CHECK_AFTER``."""
     server = (ChannelServer(ray.util.get_node_ip_address(), plan.num_nodes)
-              if placed.relay is None else  # its session opens while the port is found
+              if placed.relay is None else
               RelayedChannels(ray, placed.relay, plan.num_nodes))
     pids: dict[int, list[int]] = {}
     links: dict[int, socket.socket] = {}
     try:
-        port = ray.get(port_ref)
-        payload_ref = ray.put(payload)  # fetched once per node
         per_node = plan.num_processes
 
-        def start(node: int) -> Any:
+        def start(node: int, port: int, payload_arg: Any) -> Any:
             return placed.hubs[node].start.remote(
                 [_spec(plan, placed, rank, port)
                  for rank in range(node * per_node, (node + 1) * per_node)],
-                payload_ref, server.address, server.token, node)
+                payload_arg, server.address, server.token, node)
 
-        # rank 0 first: it hosts the rendezvous store, and a peer that asks before it listens
-        # waits out torch's connect backoff (0.6 s measured); one round trip spares that
-        first = start(0)
-        ray.wait([first], timeout=FIRST_START)
-        starts = {first: 0, **{start(node): node for node in range(1, plan.num_nodes)}}
-        accepted = server.accept(time.monotonic() + link_timeout,
-                                 lambda: _collect(ray, starts, pids))
+        # rank 0's node first: its hub finds the rendezvous port (port 0) and forks rank 0, which
+        # hosts the store, so no peer asks before it listens (torch's connect backoff: 0.6 s)
+        pids[0], port = ray.get(start(0, 0, payload), timeout=link_timeout)
+        rest = ray.put(payload) if payload is not None and plan.num_nodes > 2 else payload
+        starts = {start(node, port, rest): node for node in range(1, plan.num_nodes)}
+        quiet_until = time.monotonic() + CHECK_AFTER
+        accepted = server.accept(time.monotonic() + link_timeout, lambda: (
+            time.monotonic() < quiet_until or _collect(ray, starts, pids)))
         links = {node: channels["link"] for node, channels in accepted.items()}
         _collect(ray, starts, pids, wait=True)
     except BaseException:
@@ -217,14 +219,14 @@ def _spec(plan: LaunchPlan, placed: placement.Placement, rank: int, port: int) -
 
 def _collect(ray: Any, starts: dict, pids: dict[int, list[int]], wait: bool = False) -> None:
     """Record the pids of the ranks the hubs forked (``starts``: each hub's start reference ->
-    its node; those collected are taken out, so a call costs what is still pending); raise if
-    a hub failed to."""
+    its node; those collected are taken out, so a call costs what is still pending; ``wait``:
+    all of them, in one call); raise if a hub failed to."""
     pending = list(starts)
     if not pending:
         return
-    done, _ = ray.wait(pending, num_returns=len(pending), timeout=None if wait else 0)
+    done = pending if wait else ray.wait(pending, num_returns=len(pending), timeout=0)[0]
     if done:  # one call for them all
-        for ref, forked in zip(done, ray.get(done), strict=True):
+        for ref, (forked, _) in zip(done, ray.get(done), strict=True):
             pids[starts.pop(ref)] = forked
 
 

@@ -6,7 +6,7 @@ memory, the last line most of its ranks show and a rank whose line differs), at 
 ``NODE_ROWS`` of them (nodes with a failed rank first), then the abnormal ranks (failed, or
 stopped, root cause first), at most ``ABNORMAL_ROWS``. What does not fit is counted.
 :class:`NodeTable` keeps the rows, recomputing only the nodes whose ranks changed, so a redraw
-costs the nodes, not the ranks.
+costs the nodes, not the ranks, and one with nothing changed reuses what was drawn.
 """
 
 from __future__ import annotations
@@ -77,9 +77,16 @@ class NodeTable:
         self.gpu = False  # some rank reports its GPU memory
         self.least_done: dict[int, tuple[float, int]] = {}  # node -> its least-done rank's
         self.progressed: set[int] = set()  # nodes whose least-done rank may have changed
+        self.showing: list[int] = []  # the nodes shown, as of the last look
+        self.settled = False  # no shown node's row waits to be remade
+        self.drawn: dict = {}  # a view's text of the shown rows, until a look changes them
 
     def look(self) -> None:
-        """Take in the ranks that changed since the last look (see the class)."""
+        """Take in the ranks that changed since the last look (see the class); nothing
+        changed and no shown row waiting: nothing to do (a quiet redraw costs no row)."""
+        if self.settled and not self.changed:
+            return
+        self.drawn.clear()
         ranks, urgent = self.record.ranks, []
         for rank in self.changed:
             status = ranks[rank]
@@ -95,7 +102,8 @@ class NodeTable:
             _mark(self.in_phase, rank, status.phase_started is not None)
             self.gpu = self.gpu or status.gpu_memory is not None
         self.changed.clear()
-        shown = set(self.shown())
+        self.showing = self.shown()
+        shown = set(self.showing)
         for node in list(self.rows):
             if node not in shown:
                 del self.rows[node]
@@ -110,6 +118,7 @@ class NodeTable:
             if self.record.outcome is None and node in self.rows and time.perf_counter() > deadline:
                 break
             self._remake(node)
+        self.settled = shown.isdisjoint(self.stale)
 
     def shown(self) -> list[int]:
         """The nodes a view shows: those with a failed rank, then the others by number."""
@@ -146,7 +155,7 @@ def node_rows(record: LaunchRecord) -> tuple[list[NodeRow], int]:
     """The rows to show (at most ``NODE_ROWS``, nodes with a failed rank first) and how many
     nodes were left out."""
     table = node_table(record)
-    rows = [table.rows[node] for node in table.shown()]
+    rows = [table.rows[node] for node in table.showing]
     return rows, len(table.nodes) - len(rows)
 
 

@@ -89,8 +89,10 @@ def rank_states(record: LaunchRecord) -> str:
     if per_node(record):  # the nodes' counts, and only the ranks in a phase or abnormal
         summary = node_table(record)
         counts = +summary.states  # (no zero counts)
-        phased = [record.ranks[rank] for rank in sorted(summary.in_phase)]
-        abnormal = [record.ranks[rank] for rank in sorted(summary.abnormal)]
+        if "named" not in summary.drawn:  # (kept until a look changes the table)
+            summary.drawn["named"] = (_firsts(record, summary.in_phase),
+                                      _firsts(record, summary.abnormal))
+        phased, abnormal = summary.drawn["named"]
     else:
         counts = Counter(status.state for status in record.ranks.values())
         phased = abnormal = list(record.ranks.values())
@@ -108,6 +110,17 @@ def rank_states(record: LaunchRecord) -> str:
                 for s in failed[:4]) + ")"
         parts.append(part)
     return ", ".join(parts) or "no ranks"
+
+
+def _firsts(record: LaunchRecord, ranks: set[int], limit: int = 4) -> list[RankStatus]:
+    """The ``limit`` lowest ranks of each state among ``ranks`` (all a state's text names)."""
+    firsts, count = [], Counter()
+    for rank in sorted(ranks):
+        status = record.ranks[rank]
+        if count[status.state] < limit:
+            count[status.state] += 1
+            firsts.append(status)
+    return firsts
 
 
 def progress_text(record: LaunchRecord) -> str | None:

@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 
+from notebook_accel.contract import MASTER_ADDR, MASTER_PORT
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.ports import free_port
 from notebook_accel.launch.worker.hub_link import hello
@@ -43,23 +44,30 @@ class NodeHub:
 
         return ray.util.get_node_ip_address(), os.getpid(), [str(g) for g in ray.get_gpu_ids()]
 
-    def free_port(self, host: str) -> int:
-        """A port free on ``host`` now (rank 0's rendezvous store binds it next)."""
-        return free_port(host)
-
     def start(self, specs: list[WorkerSpec], payload: Payload | None, kernel: tuple[str, int],
-              token: bytes, node: int) -> list[int]:
+              token: bytes, node: int) -> tuple[list[int], int]:
         """Link to the kernel at ``kernel`` as node ``node``, fork a worker per spec (without a
         payload: a warm pool's workers, serving the runs the kernel sends) and multiplex them;
-        returns their pids."""
+        returns their pids and the rendezvous port (specs with ``MASTER_PORT`` 0, rank 0's
+        node's: one free here now, which rank 0's store binds next)."""
         link = socket.create_connection(kernel, timeout=30)
         try:
             link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link.sendall(hello(token, node))
+            port = _rendezvous_port(specs)
             ranks, alive_w = fork_ranks(specs, payload, serve=payload is None)
         except BaseException:
             link.close()
             raise
         pump = HubPump(link, ranks, alive_w)
         threading.Thread(target=pump.run, name=f"notebook-accel-hub-node{node}", daemon=True).start()
-        return [rank.pid for rank in ranks]
+        return [rank.pid for rank in ranks], port
+
+
+def _rendezvous_port(specs: list[WorkerSpec]) -> int:
+    port = int(specs[0].env[MASTER_PORT])
+    if port == 0:
+        port = free_port(specs[0].env[MASTER_ADDR])
+        for spec in specs:
+            spec.env[MASTER_PORT] = str(port)
+    return port
