@@ -218,7 +218,7 @@ class Supervisor:
         """The (rank, channel) pairs the inboxes have news of (the events come at once)."""
         news = []
         for inbox in self._inboxes:
-            for rank, kind in inbox.take():
+            for rank, kind in inbox.take(self.by_rank):
                 if kind == "events":
                     self._read_events(self.by_rank[rank])
                 else:

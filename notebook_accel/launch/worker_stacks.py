@@ -41,7 +41,7 @@ def ask_stacks(handles: Sequence[WorkerHandle],
         while waiting and (left := deadline - time.monotonic()) > 0:
             for key, _ in selector.select(left):
                 if not isinstance(key.fileobj, int):
-                    key.fileobj.take()  # the news: every waiting rank is read below
+                    key.fileobj.take(())  # kept for the next run; every waiting rank is read below
             for rank, (_, reader) in list(waiting.items()):
                 messages, still_open = reader.read()
                 for message in messages:

@@ -52,3 +52,31 @@ def test_the_stop_button_keeps_a_pool_across_two_nodes(cluster):
             if first is None:
                 first = [look[0] for look in looks]
             assert [look[0] for look in looks] == first  # the same processes on both nodes
+
+
+def _rank_1_speaks_later():
+    import os
+    import threading
+    import time
+
+    if os.environ["RANK"] == "1":  # its line comes while the next run holds rank 0 alone
+        threading.Thread(target=lambda: (time.sleep(0.5), print("rank 1, between runs", flush=True)),
+                         daemon=True).start()
+
+
+def _a_while_on_this_rank():
+    import os
+    import time
+
+    time.sleep(1.5)
+    return int(os.environ["RANK"])
+
+
+def test_a_run_on_one_rank_while_another_node_speaks_keeps_that_news_for_later(cluster, capfd):
+    """Both nodes share one inbox in the kernel: a run on rank 0 alone must leave rank 1's line
+    (news of a rank outside the run) for the next run, not fail on it."""
+    with WorkerPool(num_processes=1, num_nodes=2, cluster=cluster.address, return_all=True) as pool:
+        pool.run(_rank_1_speaks_later)
+        assert pool.run_on([0], _a_while_on_this_rank) == [0]
+        assert pool.run(_a_while_on_this_rank) == [0, 1]
+    assert "rank 1, between runs" in capfd.readouterr().out

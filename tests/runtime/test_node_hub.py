@@ -248,7 +248,7 @@ def test_the_kernel_waits_on_one_descriptor_for_every_rank(monkeypatch):
     assert len(values) == 16 and watched == [1]
 
 
-def test_a_hub_that_dies_before_linking_fails_the_launch_within_a_second():
+def test_a_hub_that_dies_before_linking_fails_the_launch_without_waiting_for_the_link_timeout():
     """Node 1's hub dies before it links back: the launch is not held for the link timeout; the
     hubs are asked through Ray once the links are ``CHECK_AFTER`` late, and its death raises."""
 
@@ -270,4 +270,4 @@ def test_a_hub_that_dies_before_linking_fails_the_launch_within_a_second():
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="node 1's hub"):
         cluster._start(_Ray, plan, serialise_payload(_sleep, (), {}), placed)
-    assert time.monotonic() - started < cluster.CHECK_AFTER + 0.5
+    assert time.monotonic() - started < cluster.LINK_TIMEOUT / 2  # about CHECK_AFTER; slack for a loaded runner

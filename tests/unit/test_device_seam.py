@@ -89,12 +89,12 @@ def test_the_workers_memory_figure_is_the_kind_s(fake, monkeypatch):
     sent, done = [], threading.Event()
     monkeypatch.setattr(FakeDevice, "memory_reserved", lambda self, where: 42 if where.type == "meta" else None,
                         raising=False)
-    monkeypatch.setattr(FakeDevice, "keeps_memory_figure", lambda self, where: True, raising=False)
+    # a figure until one is sent: the reporter's thread then ends, as on a kind that keeps none
+    monkeypatch.setattr(FakeDevice, "keeps_memory_figure", lambda self, where: not sent, raising=False)
 
     def emit(kind, data, key=None):
         sent.append((kind, data, key))
         done.set()
-        threading.Event().wait()  # the reporter's (daemon) thread sends no more, idle
 
     monkeypatch.setattr(worker_main.events, "emit", emit)
     worker_main.report_memory("meta", 0, every=0.01)

@@ -55,6 +55,8 @@ def weights(model) -> torch.Tensor:
 
 @pytest.mark.parametrize(("mid_epoch", "stateful"), [(False, False), (True, False), (True, True)])
 def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path, mid_epoch, stateful):
+    if stateful:
+        pytest.importorskip("torchdata.stateful_dataloader")  # the stateful extra
     acc, model, opt, loader, sched = setup(stateful=stateful)
     at_save = train(acc, model, opt, sched, loader, save_at=None if mid_epoch else len(loader), path=tmp_path / "ck")
     at_save = train(acc, model, opt, sched, loader, save_at=3 if mid_epoch else None, path=tmp_path / "ck") or at_save

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING, Any
 
 from notebook_accel import wire
@@ -148,9 +148,10 @@ class Inbox(abc.ABC):
         """Readable while :meth:`take` has something to return."""
 
     @abc.abstractmethod
-    def take(self) -> list[tuple[int, str]]:
-        """The (rank, channel) pairs with news since the last take, in arrival order; channel
-        is ``stdout``, ``stderr``, ``control``, ``events`` or ``exit`` (the rank ended)."""
+    def take(self, ranks: Container[int]) -> list[tuple[int, str]]:
+        """The (rank, channel) pairs of ``ranks`` with news since the last take, in arrival
+        order; channel is ``stdout``, ``stderr``, ``control``, ``events`` or ``exit`` (the rank
+        ended). Other ranks' news is kept for a later take (a run on some ranks leaves it)."""
 
 
 class Together(abc.ABC):

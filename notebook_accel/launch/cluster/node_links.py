@@ -27,7 +27,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 from notebook_accel import wire
@@ -94,6 +94,7 @@ class NodeLinks:
         self._locks = {node: threading.Lock() for node in links}
         self._lock = threading.Lock()  # the held bytes and the news
         self._news: dict[tuple[int, str], None] = {}  # in arrival order, once each
+        self._kept: dict[tuple[int, str], None] = {}  # taken news of ranks outside that run
         self._held = dict.fromkeys(links, 0)  # bytes held per node
         self._news_r, self._news_w = os.pipe()  # readable while there is news
         os.set_blocking(self._news_r, False)
@@ -119,13 +120,14 @@ class NodeLinks:
     def fileno(self) -> int:
         return self._news_r
 
-    def take(self) -> list[tuple[int, str]]:
+    def take(self, ranks: Container[int]) -> list[tuple[int, str]]:
         with self._lock:
             with contextlib.suppress(OSError):
                 while os.read(self._news_r, 4096):
                     pass
-            news, self._news = list(self._news), {}
-        return news
+            news, self._news = [*self._kept, *self._news], {}
+            self._kept = {item: None for item in news if item[0] not in ranks}
+        return [item for item in news if item[0] in ranks]
 
     def take_bytes(self, rank: int, kind: Frame) -> bytes | None:
         """What ``rank``'s channel holds now: b"" once it ended with nothing left, None when
