@@ -32,7 +32,6 @@ from notebook_accel.big_model.planner import main_device as first_main_device
 from notebook_accel.big_model.safetensors_io import StoredTensor, write_safetensors
 
 DISPATCHED = model_hooks.DISPATCHED
-_MOVERS = ("to", "cpu", "cuda")
 
 
 @dataclass
@@ -51,7 +50,7 @@ class _Dispatch:
         """Undo the dispatch of ``model``: hooks, movers and ``hf_device_map`` gone, offloaded
         weights loaded onto ``device`` (tied ones stay tied)."""
         model.__dict__.pop(DISPATCHED, None)
-        for method in _MOVERS:
+        for method in model_hooks.MOVERS:
             model.__dict__.pop(method, None)
         for hook in self.hooks:
             hook.remove()
@@ -151,7 +150,7 @@ def dispatch_model(
                   set(preload_module_classes or ()))
     ties = shared_names(model)
     setattr(model, DISPATCHED, _Dispatch(hooks, sources, {n: ties[n] for n in sources}, devices.torch_device(main)))
-    for method in _MOVERS:
+    for method in model_hooks.MOVERS:
         setattr(model, method, _undispatching_mover(model, method))
     return model
 

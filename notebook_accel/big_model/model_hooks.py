@@ -13,7 +13,7 @@ import functools
 import torch
 from torch import nn
 
-_MOVERS = ("to", "cuda", "npu", "xpu", "mlu", "sdaa", "musa")  # dispatch's guards, dropped on removal
+MOVERS = ("to", "cpu", "cuda")  # the methods dispatch guards on a dispatched model, dropped on removal
 
 
 class ModelHook:
@@ -129,7 +129,7 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
         else:
             module.forward = module._old_forward
         delattr(module, "_old_forward")
-    for name in _MOVERS:
+    for name in MOVERS:
         module.__dict__.pop(name, None)
     if recurse:
         for child in module.children():

@@ -55,7 +55,7 @@ def checkpoint_items(accelerator: Any, models: list[Any] | None = None) -> Check
     its strategy's checkpointer for the models and optimizers."""
     models = accelerator._models if models is None else models
     return CheckpointItems(
-        models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders,
+        accelerator._schedulers, accelerator._dataloaders,
         accelerator._custom_objects, accelerator.scaler, _Counters(accelerator),
         checkpointer=accelerator.strategy.checkpointer(models, accelerator._optimizers),
     )

@@ -42,8 +42,6 @@ from notebook_accel.runtime.state import PartialState
 class CheckpointItems:
     """What ``save_state`` / ``load_state`` handle, in the order they were prepared."""
 
-    models: list[torch.nn.Module] = field(default_factory=list)
-    optimizers: list[Any] = field(default_factory=list)
     schedulers: list[Any] = field(default_factory=list)
     dataloaders: list[Any] = field(default_factory=list)
     custom: list[Any] = field(default_factory=list)

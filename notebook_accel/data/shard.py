@@ -96,6 +96,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         self.sampler_is_batch_sampler = sampler_is_batch_sampler
         self.synchronize_generator = synchronize_generator  # the user's generator: rank 0's state each epoch
         self.device = device
+        self.device_kind = device_kind(device) if device is not None else None  # asked per batch
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self._remainder = remainder
         self.total_batch_size = total_batch_size if total_batch_size is not None else self.batch_size
@@ -150,7 +151,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
             for _ in range(self.skip_batches):
                 next(it, None)
             if self.device is not None:
-                it = device_kind(self.device).batches(it, self.device)  # XLA's moves them, marking steps
+                it = self.device_kind.batches(it, self.device)  # XLA's moves them, marking steps
             try:
                 current = next(it)
             except StopIteration:
@@ -178,7 +179,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         return super().__iter__()
 
     def _to_device(self, batch: Any) -> Any:
-        if self.device is None or device_kind(self.device).moves_batches:  # moved by its ``batches``
+        if self.device_kind is None or self.device_kind.moves_batches:  # moved by its ``batches``
             return batch
         return send_to_device(batch, self.device, self.non_blocking)
 

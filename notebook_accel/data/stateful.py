@@ -30,7 +30,7 @@ try:
     from torchdata.stateful_dataloader.stateful import Stateful
 except ImportError as error:  # torchdata is an optional dependency (the stateful extra)
     raise ImportError(
-        "use_stateful_dataloader=True needs torchdata >= 0.8 (its StatefulDataLoader): "
+        "use_stateful_dataloader=True needs torchdata >= 0.11 (its StatefulDataLoader): "
         "pip install 'notebook-accel[stateful]'"
     ) from error
 

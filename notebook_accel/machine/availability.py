@@ -108,7 +108,7 @@ def is_torchdata_available() -> bool:
 
 def is_torchdata_stateful_dataloader_available() -> bool:
     """torchdata with its ``StatefulDataLoader`` (0.8 or later) is installed (``use_stateful_dataloader``)."""
-    return _has("torchdata") and _has("torchdata.stateful_dataloader")
+    return _has("torchdata.stateful_dataloader")  # False too when torchdata is missing
 
 
 def is_pytest_available() -> bool:
