@@ -17,7 +17,7 @@ a second. Three runs per size:
   phase (nothing arrives: no line,
   event or end; the hubs' beats only), reported on their own: what waiting costs the kernel,
   apart from the once-per-launch steps and the bursts of every rank's lines that an idle
-  wakeup of the other runs (one with no channel ready) may still carry (output paced to the
+  wakeup of the other runs (one with no channel ready and no event read) may still carry (output paced to the
   cell, a redraw).
 Also the connect-back: ``ChannelServer.accept`` of N ranks x 5 channels over loopback TCP, with
 the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.wait``/``ray.get``
@@ -407,6 +407,14 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
             return got
 
         supervisor._news = counted_news
+    apply = record.apply
+
+    def counted_event(rank, message):  # an event read is news too (a wakeup with work)
+        if ready:
+            ready[-1] += 1
+        apply(rank, message)
+
+    record.apply = counted_event
     cpu = resource.getrusage(resource.RUSAGE_SELF)
     error_lines = error_after = ended_after = lost_after = error_head = None
     watched = time.time()

@@ -141,10 +141,11 @@ def _per_node_html(record: LaunchRecord, gpu: bool) -> str:
     """Per node: one line each, then the abnormal ranks' (plain text in a ``<pre>``, escaped)."""
     nodes = _node_lines(record, gpu)
     drawn = node_table(record).drawn
-    if ("html", gpu) not in drawn:
-        drawn["html", gpu] = escape("\n".join(line.strip() for line in nodes))
+    html = drawn.get(("html", gpu))
+    if html is None:
+        html = drawn["html", gpu] = escape("\n".join(line.strip() for line in nodes))
     abnormal = escape("\n".join(line.strip() for line in _abnormal_lines(record, gpu)))
-    return ('<pre style="font-size:12px;margin:0;white-space:pre-wrap">' + drawn["html", gpu]
+    return ('<pre style="font-size:12px;margin:0;white-space:pre-wrap">' + html
             + ("\n" if nodes and abnormal else "") + abnormal + "</pre>")
 
 

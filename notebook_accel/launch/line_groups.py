@@ -9,6 +9,7 @@ joins a waiting group only if that group began after the rank's previous line's 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,15 +46,20 @@ class LineGroups:
         group.ranks.append(rank)
         self._rank_seq[rank] = group.seq
 
-    def release(self, now: float | None, emit: Callable[[str, list[int], str], None]) -> None:
+    def release(self, now: float | None, emit: Callable[[str, list[int], str], None],
+                until: float | None = None) -> bool:
         """Pass every group older than the window (all, when ``now`` is None) to
-        ``emit(stream, ranks, text)``, oldest first."""
+        ``emit(stream, ranks, text)``, oldest first; with ``until`` (a ``time.perf_counter()``),
+        stop there (after one group at least). Returns whether every such group was passed."""
         waiting = self._waiting
         while waiting and (now is None or now - waiting[0].since >= self.window):
             group = waiting.popleft()
             if self._open.get((group.name, group.text)) is group:
                 del self._open[(group.name, group.text)]
             emit(group.name, group.ranks, group.text)
+            if until is not None and time.perf_counter() > until:  # (one group at least)
+                return not (waiting and (now is None or now - waiting[0].since >= self.window))
+        return True
 
     def due_in(self, now: float) -> float:
         """Seconds until the oldest group's window has passed (inf: none waits)."""

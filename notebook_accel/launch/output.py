@@ -38,6 +38,7 @@ CELL_BURST = 100_000
 DEDUP_ABOVE = 16  # ranks shown: above this, identical lines of many ranks are shown once
 FLUSH_EVERY = 0.05  # seconds between two writes to the cell while a job runs
 NOTICE_EVERY = 1.0  # seconds between two notices of lines the cell's budget left out
+RELEASE_SLICE = 0.0003  # seconds one paced flush spends releasing groups of identical lines
 
 
 class _Stream:
@@ -125,6 +126,7 @@ class OutputRelay:
         self._cell_skipped: set[int] = set()  # ranks of the lines the cell's budget left out
         self._noticed = float("-inf")
         self._flushed = float("-inf")
+        self._releasing = False  # a paced flush stopped within its groups: it goes on at once
         self._last: dict[int, str] = {}
         self._held: set[int] = set()
         self._moving: set[tuple[int, str]] = set()  # streams with an unfinished line
@@ -286,6 +288,8 @@ class OutputRelay:
 
     def due_in(self, pace: float = FLUSH_EVERY) -> float:
         """Seconds until :meth:`flush` with ``pace`` has something to write (inf: nothing)."""
+        if self._releasing:
+            return 0.0
         now = time.monotonic()
         due = 0.0 if self._pending else float("inf")
         if len(self.groups):
@@ -297,12 +301,17 @@ class OutputRelay:
     def flush(self, pace: float = 0.0) -> None:
         """Write what was gathered to the cell, in arrival order: everything (lines still
         waiting for their group included), or with ``pace`` (seconds), nothing when the last
-        write was less than that ago, and only the groups whose window has passed."""
+        write was less than that ago, and only the groups whose window has passed, taken out
+        ``RELEASE_SLICE`` seconds at a time (one call of the watch loop stays short whatever
+        the number of ranks; the rest at the next call, written together)."""
         now = time.monotonic()
-        if pace and now - self._flushed < pace:
+        if pace and now - self._flushed < pace and not self._releasing:
+            return
+        until = time.perf_counter() + RELEASE_SLICE if pace else None
+        self._releasing = not self.groups.release(now if pace else None, self._show, until)
+        if self._releasing:
             return
         self._flushed = now
-        self.groups.release(now if pace else None, self._show)
         self._cell_notice(now, force=not pace)
         pending, self._pending = self._pending, []
         index = 0

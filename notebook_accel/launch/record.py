@@ -35,11 +35,12 @@ class RankStatus:
     gpu_memory: int | None = None  # bytes, where the worker reports it
     last_line: str = ""
     phase_started: float | None = None  # when its current phase (state "compiling") began
-    watchers: set[int] | None = field(default=None, repr=False, compare=False)
+    watchers: Any = field(default=None, repr=False, compare=False)
 
-    def watch(self, watchers: set[int]) -> None:
-        """Add this rank to ``watchers`` whenever a field changes from now on (a view's summary
-        recomputes what changed, not every rank). Only a watched status pays for it."""
+    def watch(self, watchers: Any) -> None:
+        """Tell ``watchers`` of every change from now on (``watchers.changed(status, field)``;
+        ``"progress"`` for a new state of its progress bar): a view's summary takes in what
+        changed as it changes, not every rank at each redraw. Only a watched status pays."""
         self.watchers = watchers
         self.__class__ = WatchedRankStatus
 
@@ -66,13 +67,13 @@ class RankStatus:
 
 
 class WatchedRankStatus(RankStatus):
-    """A status a view watches (``RankStatus.watch``): each change adds its rank to the watchers."""
+    """A status a view watches (``RankStatus.watch``): each change is told to the watchers."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get(name, _UNSET) == value:
             return
         object.__setattr__(self, name, value)
-        self.watchers.add(self.rank)
+        self.watchers.changed(self, name)
 
 
 _UNSET = object()
@@ -130,7 +131,7 @@ class LaunchRecord:
             self.progress[rank] = dict(message.state, time=message.timestamp)
             status = self.ranks.get(rank)
             if status is not None and status.watchers is not None:
-                status.watchers.add(rank)
+                status.watchers.changed(status, "progress")
         elif type(message) is Phase:
             self.ranks[rank].enter_phase(message.name, message.timestamp or time.time())
         elif type(message) is Memory:

@@ -42,6 +42,7 @@ from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
+from notebook_accel.launch.views.nodes import node_table, per_node
 from notebook_accel.launch.views.text import format_duration
 from notebook_accel.launch.worker_stacks import stack_ask
 from notebook_accel.wire import (
@@ -57,6 +58,7 @@ from notebook_accel.wire import (
 )
 
 _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before stopping them
+# (less when every rank still running has reported already)
 _STACK_DUMP_WAIT = 0.5
 _STACKS_SHOWN = 2  # distinct stacks a timeout's error shows (the rest are counted)
 _RSS_PER_WAKEUP = 8  # ranks whose memory one wakeup samples (each at most once a second)
@@ -173,6 +175,8 @@ class Supervisor:
         self.view = view
         for w in workers:
             record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid, node=w.handle.node)
+        if per_node(record):
+            node_table(record)  # the views' per-node summary: made now, not in the watch loop
         self.by_rank = {w.rank: w for w in workers}
         self.selector = selectors.DefaultSelector()
         # events are read when the loop wakes anyway, not woken per event (a pipe holds ~10k);
@@ -439,7 +443,8 @@ class Supervisor:
         try:
             while self.unfinished:
                 now = time.monotonic()
-                if self.first_failure is not None and now - self.first_failure >= _COLLECT_AFTER_FAILURE:
+                if self.first_failure is not None and (
+                        now - self.first_failure >= _COLLECT_AFTER_FAILURE or self._all_reported()):
                     break
                 if self.timeout is not None and now - start >= self.timeout:
                     raise self._timed_out()
@@ -460,6 +465,11 @@ class Supervisor:
             self._finish()
             raise self._root_cause()
         self._finish()
+
+    def _all_reported(self) -> bool:
+        """Every rank still running has sent its failure (it is ending): no report is left to
+        gather before the rest are stopped. (A rank that returned is left to end by itself.)"""
+        return all(self.by_rank[rank].error is not None for rank in self.unfinished)
 
     def _interrupted_line(self) -> str:
         if not any(w.handle.persistent for w in self.workers):

@@ -144,6 +144,12 @@ def bar_label(state: dict[str, Any]) -> str:
     return " · ".join([*parts, str(state.get("desc") or "")]).strip(" ·")
 
 
+def done_fraction(state: dict[str, Any]) -> float:
+    """How much of its bar a progress state has done (0 without a total)."""
+    total = state.get("total")
+    return state.get("n", 0) / total if total else 0.0
+
+
 def job_progress(record: Any, rank: int | None = None) -> dict[str, Any] | None:
     """The progress state that stands for the whole job, or None when no rank sent one.
 
@@ -162,13 +168,7 @@ def job_progress(record: Any, rank: int | None = None) -> dict[str, Any] | None:
     if rank is not None and rank in record.progress:
         return _with_eta(dict(record.progress[rank], rank=rank))
 
-    def fraction(item: tuple[int, dict[str, Any]]) -> tuple[float, int]:
-        rank, state = item
-        total = state.get("total")
-        done = state.get("n", 0) / total if total else 0.0
-        return (done, rank)
-
-    rank, state = min(record.progress.items(), key=fraction)
+    rank, state = min(record.progress.items(), key=lambda item: (done_fraction(item[1]), item[0]))
     return _with_eta(dict(state, rank=rank))
 
 

@@ -276,3 +276,71 @@ def test_a_redraw_with_nothing_changed_makes_nothing_anew(monkeypatch):
     plain = render(record)["text/plain"]
     assert made == [], made
     assert "1022 no progress (rank 0 for" in plain and "rank 301: failed" in plain, plain[:300]
+
+
+def test_a_paced_flush_releases_grouped_lines_a_slice_at_a_time_and_loses_none(monkeypatch):
+    """Releasing a thousand groups at once would hold the watch loop for milliseconds: a paced
+    flush stops after its slice (one group at least), asks to be called again at once, and
+    writes everything together, in order, when the last due group is out."""
+    monkeypatch.setattr(output, "RELEASE_SLICE", 0.0)  # one group per call
+    relay, out, _ = relay_of(64)
+    for index in range(40):
+        relay.feed(index, "stdout", f"line {index}\n".encode())
+    time.sleep(WINDOW + 0.05)
+    calls = 0
+    while True:
+        relay.flush(pace=output.FLUSH_EVERY)
+        calls += 1
+        if out.getvalue():
+            break
+        assert relay.due_in() == 0.0  # more groups are due: the loop comes back at once
+    assert calls == 40
+    assert out.getvalue() == "".join(f"[rank {index}] line {index}\n" for index in range(40))
+
+
+def test_a_redraw_takes_no_rank_by_rank_work_and_spends_its_budget_once(monkeypatch):
+    """What the ranks change is taken in as it changes: a redraw then remakes rows within its
+    budget, once for all the calls of one redraw, never walking the ranks; a node shown for the
+    first time (its rank failed) gets its row whatever the budget."""
+    from magics.view.live_view import render
+    from notebook_accel.launch.views import nodes
+
+    record = _big_record(1024)
+    render(record)
+    monkeypatch.setattr(nodes, "LOOK_BUDGET", 0.0)
+    monkeypatch.setattr(nodes, "LOOK_AGAIN", 3600.0)
+    for status in record.ranks.values():
+        status.last_line = f"rank {status.rank} moved on"
+    record.ranks[1000].state = "failed"
+    remade, took_in = [], []
+    row, changed = nodes._row, nodes.NodeTable.changed
+    monkeypatch.setattr(nodes, "_row", lambda *args: remade.append(args[1]) or row(*args))
+    monkeypatch.setattr(nodes.NodeTable, "changed",
+                        lambda self, *args: took_in.append(args) or changed(self, *args))
+    plain = render(record)["text/plain"]
+    assert took_in == []  # no rank is looked at in a redraw
+    assert remade == [125]  # the failed rank's node: shown now, made at once; the rest wait
+    assert "rank 1000: failed" in plain and "node 125 (ranks 1000-1007): 7 running, 1 failed" in plain
+    render(record)
+    assert remade == [125]  # a second redraw at once, nothing new: no row
+    record.finish("failed")
+    render(record, final=True)
+    assert len(remade) == 1 + 31  # the end: every shown row made afresh
+    assert "rank 0 moved on" in render(record)["text/plain"]
+
+
+def test_the_slowest_rank_follows_the_progress_events_as_they_come():
+    """Each node keeps its least-done rank from the events themselves: a rank falling behind
+    takes its place; when that rank moves on, the node's ranks are asked again."""
+    from notebook_accel.launch.views.nodes import node_table
+    from notebook_accel.wire import Progress
+
+    record = _big_record(64)
+    table = node_table(record)
+    assert table.slowest() == 0  # every rank at 40 of 100: the lowest rank
+    record.apply(13, Progress({"n": 5, "total": 100}))
+    assert table.slowest() == 13
+    record.apply(13, Progress({"n": 90, "total": 100}))
+    assert table.slowest() == 0 and table.least_done[1] == (0.4, 8)
+    record.apply(42, Progress({"n": 10, "total": 1000}))  # a longer bar: by fraction done
+    assert table.slowest() == 42

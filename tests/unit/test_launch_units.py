@@ -410,3 +410,60 @@ def test_a_launch_says_it_starts_workers_only_when_the_start_takes_seconds(monke
     monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", 12345)
     announce_start(2, "forkserver", "all")  # it runs, warm
     assert capsys.readouterr().err == "[notebook_accel] starting 2 workers (forkserver)...\n"
+
+
+class _FailedRank(WorkerHandle):
+    """A rank that has sent its failure and is still running (its process ends when stopped)."""
+
+    pid, sentinel = 100, -1
+    dump_stacks = lambda self: None  # noqa: E731
+
+    def __init__(self, rank: int) -> None:
+        import os
+
+        from notebook_accel import wire
+
+        self.rank, self.code = rank, None
+        pipes = {name: os.pipe() for name in ("stdout", "stderr", "control", "events", "alive")}
+        for name in ("stdout", "stderr", "events"):
+            os.close(pipes[name][1])
+        wire.send(pipes["control"][1], wire.FailureRecord(
+            rank=rank, pid=100, exitcode=1, exc_type="RuntimeError",
+            headline=f"RuntimeError: rank {rank}", traceback="", secondary=rank > 0,
+            timestamp=time.time() + rank))
+        os.close(pipes["control"][1])
+        self._alive = pipes["alive"][1]
+        self.stdout_fd, self.stderr_fd = pipes["stdout"][0], pipes["stderr"][0]
+        self.control_fd, self.events_fd = pipes["control"][0], pipes["events"][0]
+        self.sentinel = pipes["alive"][0]
+
+    @property
+    def exitcode(self):
+        return self.code
+
+    def terminate(self):
+        import os
+
+        if self.code is None:
+            self.code = -15
+            os.close(self._alive)
+
+    kill = terminate
+    reap = lambda self, timeout: None  # noqa: E731
+
+
+def test_once_every_running_rank_has_reported_its_failure_the_rest_are_stopped_at_once(monkeypatch):
+    """The kernel gathers the other ranks' reports for a moment after a failure; when every rank
+    still running has sent its failure already, nothing is left to gather: no wait."""
+    from notebook_accel.launch import supervisor as watching
+    from notebook_accel.launch.record import LaunchRecord
+
+    monkeypatch.setattr(watching, "_COLLECT_AFTER_FAILURE", 60.0)
+    record = LaunchRecord(world_size=3, num_processes=3, device_type="cpu", start_method="fork",
+                          mixed_precision="no")
+    began = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 0 failed: RuntimeError: rank 0") as raised:
+        watching.Supervisor([_FailedRank(rank) for rank in range(3)], relay()[0], None, record,
+                            view=_NoView()).run()
+    assert time.monotonic() - began < 10  # not the 60 s of gathering
+    assert [failure.rank for failure in raised.value.other_failures] == [1, 2]

@@ -5,24 +5,28 @@ each node gets one :class:`NodeRow` (its ranks' state counts, its slowest rank, 
 memory, the last line most of its ranks show and a rank whose line differs), at most
 ``NODE_ROWS`` of them (nodes with a failed rank first), then the abnormal ranks (failed, or
 stopped, root cause first), at most ``ABNORMAL_ROWS``. What does not fit is counted.
-:class:`NodeTable` keeps the rows, recomputing only the nodes whose ranks changed, so a redraw
-costs the nodes, not the ranks, and one with nothing changed reuses what was drawn.
+:class:`NodeTable` takes in each rank's change as it comes and keeps the rows, remaking only
+shown nodes whose ranks changed, so a redraw costs a few rows, not the ranks, and one with
+nothing changed reuses what was drawn.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.observe.progress import done_fraction
 
 PER_RANK_LIMIT = 32  # ranks shown one row each up to this many
 NODE_ROWS = 32
 ABNORMAL_ROWS = 16
 ABNORMAL_STATES = ("failed", "stopped")
-LOOK_BUDGET = 0.0003  # seconds a look spends on rows whose node changed no state
+LOOK_BUDGET = 0.0001  # seconds a look spends remaking rows (a node shown first: always)
+LOOK_AGAIN = 0.05  # seconds before a look without news remakes more rows (a redraw: 0.3 s)
 
 
 @dataclass
@@ -52,94 +56,129 @@ def per_node(record: LaunchRecord) -> bool:
 
 
 class NodeTable:
-    """A record's rows per node, kept up to date at the cost of what changed: each rank's
-    status tells the table when it changes (``RankStatus.watch``). A look counts the changed
-    ranks' states exactly, and keeps rows only for the nodes a view shows (at most
-    ``NODE_ROWS``: those with a failed rank first, then by number): a shown node whose ranks
-    changed state is remade at once, one whose ranks changed otherwise (a new last line,
-    memory) within ``LOOK_BUDGET`` seconds a look, oldest first, the rest at the next look
-    (all once the launch ended). So a redraw costs the shown rows, whatever the ranks."""
+    """A record's rows per node, kept up to date as the ranks change: each rank's status tells
+    the table of every change (``RankStatus.watch``), which it takes in at once (its state
+    counted, its node marked for a new row, its node's least-done rank updated), so that work
+    goes with the news that caused it. A look then costs the rows it remakes, never the ranks:
+    rows are kept only for the nodes a view shows (at most ``NODE_ROWS``: those with a failed
+    rank first, then by number); the shown nodes whose ranks changed are remade within
+    ``LOOK_BUDGET`` seconds a look (a node shown for the first time always), those whose
+    ranks changed state first, oldest first, the rest at the next look (all once the launch
+    ended)."""
 
     def __init__(self, record: LaunchRecord) -> None:
         self.record, self.size = record, len(record.ranks)
-        self.changed: set[int] = set(record.ranks)
         self.nodes: dict[int, list[int]] = {}
         for status in record.ranks.values():
             self.nodes.setdefault(status.node, []).append(status.rank)
-            status.watch(self.changed)
         self.in_order = sorted(self.nodes)
         self.rows: dict[int, NodeRow] = {}  # the shown nodes'
-        self.stale: dict[int, None] = {}  # nodes whose row waits to be remade, oldest first
+        self.stale: dict[int, None] = dict.fromkeys(self.in_order)  # rows to remake, oldest first
+        self.urgent: set[int] = set()  # nodes whose ranks changed state since the last look
         self.state_of: dict[int, str] = {}
         self.states: Counter = Counter()  # every rank's state, counted
+        self.failed_nodes: Counter = Counter()  # node -> its failed ranks (only nodes with some)
         self.abnormal: set[int] = set()
         self.in_phase: set[int] = set()
         self.gpu = False  # some rank reports its GPU memory
         self.least_done: dict[int, tuple[float, int]] = {}  # node -> its least-done rank's
-        self.progressed: set[int] = set()  # nodes whose least-done rank may have changed
         self.showing: list[int] = []  # the nodes shown, as of the last look
+        self.news = True  # something changed since the last look
+        self.looked = float("-inf")  # when a look last remade rows (time.monotonic())
         self.settled = False  # no shown node's row waits to be remade
         self.drawn: dict = {}  # a view's text of the shown rows, until a look changes them
+        for status in record.ranks.values():
+            for name in ("state", "phase_started", "gpu_memory", "progress"):
+                self.changed(status, name)
+            status.watch(self)
+
+    def changed(self, status: RankStatus, name: str) -> None:
+        """``status``'s field ``name`` changed (``"progress"``: its progress bar): take it in."""
+        node = status.node
+        if name == "state":
+            self._count_state(status)
+            self.urgent.add(node)
+        elif name == "phase_started":
+            _mark(self.in_phase, status.rank, status.phase_started is not None)
+        elif name == "gpu_memory":
+            self.gpu = self.gpu or status.gpu_memory is not None
+        elif name == "progress":
+            self._progressed(status.rank, node)
+        self.stale[node] = None
+        self.news = True
+
+    def _count_state(self, status: RankStatus) -> None:
+        rank, node, state = status.rank, status.node, status.state
+        old = self.state_of.get(rank)
+        if old == state:
+            return
+        if old is not None:
+            self.states[old] -= 1
+            if old == "failed":
+                self.failed_nodes[node] -= 1
+                if not self.failed_nodes[node]:
+                    del self.failed_nodes[node]
+        self.states[state] += 1
+        self.state_of[rank] = state
+        if state == "failed":
+            self.failed_nodes[node] += 1
+        _mark(self.abnormal, rank, state in ABNORMAL_STATES)
+
+    def _progressed(self, rank: int, node: int) -> None:
+        """Keep the node's least-done rank: a rank doing less than it replaces it; when that
+        rank itself moves on, the node's few ranks are asked again."""
+        progress = self.record.progress
+        if rank not in progress:
+            return
+        mine, least = (done_fraction(progress[rank]), rank), self.least_done.get(node)
+        if least is None or mine < least:
+            self.least_done[node] = mine
+        elif least[1] == rank:
+            self.least_done[node] = min((done_fraction(progress[other]), other)
+                                        for other in self.nodes[node] if other in progress)
 
     def look(self) -> None:
-        """Take in the ranks that changed since the last look (see the class); nothing
-        changed and no shown row waiting: nothing to do (a quiet redraw costs no row)."""
-        if self.settled and not self.changed:
-            return
+        """Remake the shown rows that changed (see the class); nothing changed and no shown row
+        waiting: nothing to do (a quiet redraw costs no row); a row waiting is remade at a
+        later redraw (``LOOK_AGAIN`` seconds on, or once the launch ended), not by the next
+        call of the same one."""
+        now = time.monotonic()
+        if not self.news and (self.settled or (self.record.outcome is None
+                                               and now - self.looked < LOOK_AGAIN)):
+            return  # (the views of one redraw ask several times: the rows it spends on once)
+        self.looked = now
         self.drawn.clear()
-        ranks, urgent = self.record.ranks, []
-        for rank in self.changed:
-            status = ranks[rank]
-            if self.state_of.get(rank) != status.state:
-                if rank in self.state_of:
-                    self.states[self.state_of[rank]] -= 1
-                self.states[status.state] += 1
-                self.state_of[rank] = status.state
-                urgent.append(status.node)
-            self.stale[status.node] = None
-            self.progressed.add(status.node)
-            _mark(self.abnormal, rank, status.state in ABNORMAL_STATES)
-            _mark(self.in_phase, rank, status.phase_started is not None)
-            self.gpu = self.gpu or status.gpu_memory is not None
-        self.changed.clear()
+        self.news = False
         self.showing = self.shown()
         shown = set(self.showing)
         for node in list(self.rows):
             if node not in shown:
                 del self.rows[node]
                 self.stale[node] = None  # remade if it is shown again
-        for node in urgent:
-            if node in shown:
-                self._remake(node)
         deadline = time.perf_counter() + LOOK_BUDGET
-        for node in list(self.stale):
-            if node not in shown:
+        for node in [*(self.urgent & shown), *self.stale]:  # a changed state first
+            if node not in shown or node not in self.stale:
                 continue
             if self.record.outcome is None and node in self.rows and time.perf_counter() > deadline:
-                break
+                continue  # (a node shown without a row yet is still made)
             self._remake(node)
+        self.urgent.intersection_update(self.stale)
         self.settled = shown.isdisjoint(self.stale)
 
     def shown(self) -> list[int]:
         """The nodes a view shows: those with a failed rank, then the others by number."""
-        failed = sorted({self.record.ranks[rank].node for rank in self.abnormal
-                         if self.state_of.get(rank) == "failed"})
-        rest = (node for node in self.in_order if node not in failed)
+        failed = sorted(self.failed_nodes)
+        rest = (node for node in self.in_order if node not in self.failed_nodes)
         return [*failed, *itertools.islice(rest, max(0, NODE_ROWS - len(failed)))][:NODE_ROWS]
 
     def _remake(self, node: int) -> None:
         if self.stale.pop(node, 0) is not None:
             return  # remade already in this look
-        self.rows[node] = _row(self.record, node, self.nodes[node])
+        least = self.least_done.get(node)
+        self.rows[node] = _row(self.record, node, self.nodes[node], least and least[1])
 
     def slowest(self) -> int | None:
         """The rank that has done the least of its progress bar (None: no progress events)."""
-        progress = self.record.progress
-        for node in self.progressed:
-            done = [_done(rank, progress[rank]) for rank in self.nodes[node] if rank in progress]
-            if done:
-                self.least_done[node] = min(done)
-        self.progressed.clear()
         return min(self.least_done.values())[1] if self.least_done else None
 
 
@@ -162,26 +201,26 @@ def node_rows(record: LaunchRecord) -> tuple[list[NodeRow], int]:
 def abnormal_ranks(record: LaunchRecord) -> tuple[list[RankStatus], int]:
     """The failed and stopped ranks (root cause first), at most ``ABNORMAL_ROWS``, and how many
     more there are."""
-    found = [record.ranks[rank] for rank in node_table(record).abnormal]
-    found.sort(key=lambda s: (s.rank != record.root_cause, s.state != "failed", s.rank))
-    return found[:ABNORMAL_ROWS], max(0, len(found) - ABNORMAL_ROWS)
+    table = node_table(record)
+    key = ("abnormal", record.root_cause)
+    if key not in table.drawn:  # (kept until a look changes the table)
+        found = heapq.nsmallest(ABNORMAL_ROWS, (record.ranks[rank] for rank in table.abnormal),
+                                key=lambda s: (s.rank != record.root_cause, s.state != "failed", s.rank))
+        table.drawn[key] = found, max(0, len(table.abnormal) - ABNORMAL_ROWS)
+    return table.drawn[key]
 
 
-def _row(record: LaunchRecord, node: int, ranks: list[int]) -> NodeRow:
-    row, lines = NodeRow(node), Counter()
-    for rank in ranks:
-        status = record.ranks[rank]
-        row.ranks.append(rank)
-        row.states[status.state] += 1
-        row.rss = _larger(row.rss, status.rss)
-        row.gpu_memory = _larger(row.gpu_memory, status.gpu_memory)
-        lines[status.last_line.rstrip()] += 1
-    row.slowest = _slowest(record, row.ranks)
-    common, count = lines.most_common(1)[0]
-    row.common_line, row.divergent_count = common, len(row.ranks) - count
+def _row(record: LaunchRecord, node: int, ranks: list[int], slowest: int | None) -> NodeRow:
+    statuses = [record.ranks[rank] for rank in ranks]
+    lines = [status.last_line.rstrip() for status in statuses]
+    common, count = Counter(lines).most_common(1)[0]
+    row = NodeRow(node, list(ranks), Counter(status.state for status in statuses), slowest,
+                  rss=_largest(status.rss for status in statuses),
+                  gpu_memory=_largest(status.gpu_memory for status in statuses),
+                  common_line=common, divergent_count=len(ranks) - count)
     if row.divergent_count:
-        row.divergent = next((rank, record.ranks[rank].last_line.rstrip()) for rank in row.ranks
-                             if record.ranks[rank].last_line.rstrip() != common)
+        row.divergent = next((rank, line) for rank, line in zip(ranks, lines, strict=True)
+                             if line != common)
     return row
 
 
@@ -192,16 +231,6 @@ def _mark(ranks: set[int], rank: int, member: bool) -> None:
         ranks.discard(rank)
 
 
-def _done(rank: int, state: dict) -> tuple[float, int]:
-    total = state.get("total")
-    return (state.get("n", 0) / total if total else 0.0, rank)
-
-
-def _larger(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else max(a, b)
-
-
-def _slowest(record: LaunchRecord, ranks: list[int]) -> int | None:
-    reported = [(state.get("n", 0), rank) for rank in ranks
-                if (state := record.progress.get(rank)) is not None]
-    return min(reported)[1] if reported else None
+def _largest(values) -> int | None:
+    """The largest of ``values`` that are known (None: none is)."""
+    return max((value for value in values if value is not None), default=None)
