@@ -19,6 +19,13 @@ a second. Three runs per size:
   apart from the once-per-launch steps and the bursts of every rank's lines that an idle
   wakeup of the other runs (one with no channel ready and no event read) may still carry (output paced to the
   cell, a redraw).
+Also a warm pool's cells (``pool``): ``CELLS`` cells of the real pool backend through
+``launch_once``, each payload with a 256 kB argument. In local mode each fake rank also has a
+commands pipe, as a local pool's worker has: the real ``PoolWorkers.send_runs`` writes each rank
+its own ``Run``, so the payload goes once per rank, by design (bytes, not a tensor: no shared
+memory), and the drivers serve the runs as ``serve.py`` does (a line, the result, rank 0's
+value, then ``RunDone``). Reported: the cells' latency, how many times the payload went per
+cell, and the commands bytes a rank got per cell (its own tally, once the pool closes).
 Also the connect-back: ``ChannelServer.accept`` of N ranks x 5 channels over loopback TCP, with
 the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.wait``/``ray.get``
 that scans its refs as Ray's does).
@@ -27,11 +34,10 @@ that scans its refs as Ray's does).
 (``simulated_nodes.py``: host processes, each running the real ``HubPump`` per node over one link
 to the kernel's ``ChannelServer``, every rank a process of its own on the wire; the kernel's real
 ``NodeLinks``, ``HubHandle`` and supervisor), plus a fourth run: a lost node (its host and ranks
-frozen with SIGSTOP at 2 s), and a warm pool's cells: ``CELLS`` cells of the real pool backend
-through ``launch_once``, each payload (a 256 kB argument) handed to the node links, which send it
-once per node in a ``RUN`` frame; its latency and the RUN frames and bytes each node got per cell
-(local mode has no pool cell: its fake ranks are not pool workers). Its connect time is every
-node's link, from the word to link. Its baseline must have the hubs (22dcecd or later).
+frozen with SIGSTOP at 2 s), and the warm pool's cells, whose payload the pool hands the node
+links, which send it once per node in a ``RUN`` frame: the RUN frames and bytes each node got
+per cell. Its connect time is every node's link, from the word to link. Its baseline must have
+the hubs (22dcecd or later).
 
 For each side (this checkout, and BASELINE in a throwaway git worktree) and size, in its own
 process, alternating: kernel CPU, the work of one wakeup of the wait loop (p50/p99, after
@@ -81,16 +87,7 @@ def _drive(ranks: dict[int, dict[str, int]], command_r: int, scenario: str, worl
 
     alive = dict(ranks)
     os.set_blocking(command_r, False)
-    buffer = b""
-
-    def end(rank: int, code: int) -> None:
-        fds = alive.pop(rank, None)
-        if fds is None:
-            return
-        for name in ("stdout", "stderr", "control", "events"):
-            os.close(fds[name])
-        os.write(fds["exit"], struct.pack("b", code))
-        os.close(fds["exit"])
+    buffer = bytearray()
 
     def fail(rank: int, headline: str, secondary: bool) -> None:
         fds = alive[rank]
@@ -101,7 +98,7 @@ def _drive(ranks: dict[int, dict[str, int]], command_r: int, scenario: str, worl
                                            exc_type=headline.split(":")[0], headline=headline,
                                            traceback=trace, secondary=secondary,
                                            timestamp=time.time()))
-        end(rank, 1)
+        _end(alive, rank, 1)
 
     step, failing = 0, world // 2
     while alive:
@@ -115,7 +112,7 @@ def _drive(ranks: dict[int, dict[str, int]], command_r: int, scenario: str, worl
             if scenario == "success" and step > 4:
                 for rank, fds in list(alive.items()):
                     send(fds["control"], Result(pickle.dumps(rank) if rank == 0 else None))
-                    end(rank, 0)
+                    _end(alive, rank, 0)
             if scenario == "failure" and step == 3:
                 if failing in alive:
                     fail(failing, "RuntimeError: boom", secondary=False)
@@ -130,18 +127,86 @@ def _drive(ranks: dict[int, dict[str, int]], command_r: int, scenario: str, worl
                     os.write(fds["events"], _frame(body))
                 except BlockingIOError:
                     pass
-        try:
-            buffer += os.read(command_r, 65536)
-        except BlockingIOError:
-            pass
-        while len(buffer) >= COMMAND.size:
-            rank, what = COMMAND.unpack_from(buffer)
-            buffer = buffer[COMMAND.size:]
-            if rank in alive and what == b"D":
-                os.write(alive[rank]["stderr"], STACK.encode())
-            elif rank in alive:
-                end(rank, -signal.SIGTERM if what == b"T" else -signal.SIGKILL)
+        _obey(command_r, buffer, alive)
         time.sleep(0.01)
+
+
+def _end(alive: dict[int, dict[str, int]], rank: int, code: int) -> None:
+    """Rank ``rank`` of a driver ends with ``code``: its output pipes close, then its exit pipe
+    says the code (a pool rank's commands pipe stays open: the driver still reads it)."""
+    fds = alive.pop(rank, None)
+    if fds is None:
+        return
+    for name in ("stdout", "stderr", "control", "events"):
+        os.close(fds[name])
+    os.write(fds["exit"], struct.pack("b", code))
+    os.close(fds["exit"])
+
+
+def _obey(command_r: int, buffer: bytearray, alive: dict[int, dict[str, int]]) -> None:
+    """The kernel's signals to a driver's ranks, from its command pipe (non-blocking): a stack
+    dump on stderr, or the end (terminate, kill)."""
+    try:
+        buffer += os.read(command_r, 65536)
+    except BlockingIOError:
+        pass
+    while len(buffer) >= COMMAND.size:
+        rank, what = COMMAND.unpack_from(buffer)
+        del buffer[:COMMAND.size]
+        if rank in alive and what == b"D":
+            os.write(alive[rank]["stderr"], STACK.encode())
+        elif rank in alive:
+            _end(alive, rank, -signal.SIGTERM if what == b"T" else -signal.SIGKILL)
+
+
+TALLY = "served {} runs: {} bytes of commands, {} of payloads"  # a pool rank's last line
+
+
+def _serve_ranks(ranks: dict[int, dict[str, int]], command_r: int) -> None:
+    """One driver's ranks as a local pool's workers (``pool``): each ``Run`` on a rank's commands
+    pipe is a cell that prints a line and answers as ``serve.py`` does (its result, a value if
+    asked, then ``RunDone``); a rank leaves when its commands pipe closes, its last line the
+    ``TALLY`` of what that pipe brought it."""
+    from notebook_accel.wire import HEADER, Result, Run, RunDone, decode, send
+
+    alive = dict(ranks)
+    os.set_blocking(command_r, False)
+    signals = bytearray()
+    tally = {rank: [0, 0, 0, bytearray()] for rank in ranks}  # runs, bytes, payload bytes, unread
+    selector = selectors.DefaultSelector()
+    selector.register(command_r, selectors.EVENT_READ, None)
+    for rank, fds in ranks.items():
+        selector.register(fds["commands"], selectors.EVENT_READ, rank)
+    while alive:
+        for key, _ in selector.select():
+            rank = key.data
+            if rank is None:
+                _obey(command_r, signals, alive)
+                continue
+            data = os.read(key.fd, 1 << 16)
+            counts = tally[rank]
+            if not data:  # the pool closes
+                selector.unregister(key.fd)
+                if rank in alive:
+                    os.write(alive[rank]["stdout"], (TALLY.format(*counts[:3]) + "\n").encode())
+                    _end(alive, rank, 0)
+                continue
+            counts[1] += len(data)
+            unread = counts[3]
+            unread += data
+            while len(unread) >= HEADER.size:
+                size = HEADER.size + HEADER.unpack_from(unread)[0]
+                if len(unread) < size:
+                    break
+                message = decode(bytes(unread[:size]))
+                del unread[:size]
+                if type(message) is Run and rank in alive:
+                    counts[0] += 1
+                    counts[2] += len(message.payload)
+                    fds = alive[rank]
+                    os.write(fds["stdout"], f"cell {counts[0]} done\n".encode())
+                    send(fds["control"], Result(pickle.dumps(rank) if message.send_result else None),
+                         RunDone(collectives=None, broke_group=False))
 
 
 def _frame(message) -> bytes:
@@ -163,6 +228,8 @@ def _handle_class():
                      node: int) -> None:
             self.rank, self._fds, self._command, self._driver = rank, fds, command_w, driver
             self.node = node
+            self.commands_fd = fds.pop("commands", None)  # a pool worker's (``pool``)
+            self.persistent = self.commands_fd is not None
             self.stdout_fd, self.stderr_fd = fds["stdout"], fds["stderr"]
             self.control_fd, self.events_fd = fds["control"], fds["events"]
             self._code: int | None = None
@@ -251,8 +318,8 @@ def _peak_per_second(writes: list[tuple[float, int]]) -> tuple[float, float]:
 
 
 def _local_ranks(world: int, scenario: str, drivers: int, start: float):
-    """Driver processes for ``world`` fake ranks on the kernel's own pipes; returns (handles,
-    the cleanup)."""
+    """Driver processes for ``world`` fake ranks on the kernel's own pipes (and in ``pool``, a
+    commands pipe each, as a local pool's worker has); returns (handles, the cleanup)."""
     FakeHandle = _handle_class()
     kernel_ends, rank_ends = {}, {}
     for rank in range(world):
@@ -261,6 +328,8 @@ def _local_ranks(world: int, scenario: str, drivers: int, start: float):
             r, w = os.pipe()
             os.set_blocking(r, False)
             kernel_ends[rank][name], rank_ends[rank][name] = r, w
+        if scenario == "pool":  # the other way: the kernel writes (blocking, as the pool's own)
+            rank_ends[rank]["commands"], kernel_ends[rank]["commands"] = os.pipe()
     commands = [os.pipe() for _ in range(drivers)]
     pids = []
     for d in range(drivers):
@@ -274,7 +343,10 @@ def _local_ranks(world: int, scenario: str, drivers: int, start: float):
                            *(fd for pair in commands for fd in pair)]:
                     if fd not in keep:
                         os.close(fd)
-                _drive(mine, commands[d][0], scenario, world, start)
+                if scenario == "pool":
+                    _serve_ranks(mine, commands[d][0])
+                else:
+                    _drive(mine, commands[d][0], scenario, world, start)
             finally:
                 os._exit(0)
         pids.append(pid)
@@ -472,19 +544,45 @@ CELLS = 10  # the pool scenario's cells
 CELL_ARGUMENT = 256 * 1024  # bytes each cell's payload carries (its argument)
 
 
-def run_pool(world: int, hosts: int) -> dict:
-    """A warm pool on simulated nodes: ``CELLS`` cells, each through the real pool backend and
-    ``launch_once`` (its payload handed to the node links once); each cell's latency, and the
-    RUN frames and bytes the kernel sent each node."""
+def _pool_workers(cls: type, handles: list, **options):
+    """A pool-workers object of ``cls`` (its ``send_runs`` the real one) around ``handles``,
+    with the plan of ``options``, without starting anything."""
+    from notebook_accel.launch.launcher import plan_launch
+    from notebook_accel.launch.request import LaunchRequest
+
+    workers = cls.__new__(cls)
+    workers.plan = plan_launch(LaunchRequest.from_keywords("notebook_launcher", options), [])
+    workers.handles, workers.sources_sent, workers.closed = handles, set(), False
+    return workers
+
+
+def _pool_cells(workers) -> dict:
+    """``CELLS`` cells of the real pool backend through ``launch_once`` on ``workers``, each
+    payload with a ``CELL_ARGUMENT``-byte argument: the cells' latency, the payload's size."""
     import io
 
+    from notebook_accel.launch.backends.pool import PoolBackend
+    from notebook_accel.launch.launcher import launch_once
+    from notebook_accel.launch.payload import serialise_payload
+
+    cells = []
+    for _ in range(CELLS):
+        payload = serialise_payload(len, (b"x" * CELL_ARGUMENT,), {})
+        began = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            launch_once(PoolBackend(workers), workers.plan, payload)
+        cells.append(time.perf_counter() - began)
+    cells.sort()
+    return {"cell_p50_s": cells[len(cells) // 2], "cell_max_s": cells[-1],
+            "payload_bytes": len(payload)}
+
+
+def run_pool(world: int, hosts: int) -> dict:
+    """A warm pool on simulated nodes: ``_pool_cells`` through a ``ClusterPoolWorkers`` (its
+    payload handed to the node links once); the RUN frames and bytes the kernel sent each node."""
     import simulated_nodes
 
     from notebook_accel.launch.backends.cluster import ClusterPoolWorkers
-    from notebook_accel.launch.backends.pool import PoolBackend
-    from notebook_accel.launch.launcher import launch_once, plan_launch
-    from notebook_accel.launch.payload import serialise_payload
-    from notebook_accel.launch.request import LaunchRequest
     from notebook_accel.launch.worker.hub_link import Frame
 
     handles, links, procs, _, start = simulated_nodes.link_up(world, "pool", hosts)
@@ -498,28 +596,48 @@ def run_pool(world: int, hosts: int) -> dict:
         return send(node, data)
 
     links.send = counted
-    workers = ClusterPoolWorkers.__new__(ClusterPoolWorkers)
-    workers.plan = plan_launch(LaunchRequest.from_keywords("notebook_launcher", {
-        "num_processes": simulated_nodes.PER_NODE, "num_nodes": nodes,
-        "cluster": "in-process"}), [])
-    workers.links, workers.handles, workers.sources_sent, workers.closed = links, handles, set(), False
+    workers = _pool_workers(ClusterPoolWorkers, handles, cluster="in-process",
+                            num_processes=simulated_nodes.PER_NODE, num_nodes=nodes)
+    workers.links = links
     time.sleep(max(0.0, start - time.time()))  # the ranks start serving
-    cells = []
     try:
-        for _ in range(CELLS):
-            payload = serialise_payload(len, (b"x" * CELL_ARGUMENT,), {})
-            began = time.perf_counter()
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                launch_once(PoolBackend(workers), workers.plan, payload)
-            cells.append(time.perf_counter() - began)
+        figures = _pool_cells(workers)
     finally:
         workers.close()
         simulated_nodes.end_hosts(procs)
-    cells.sort()
-    return {"cell_p50_s": cells[len(cells) // 2], "cell_max_s": cells[-1],
+    return {**figures, "payload_sends_per_cell": sum(runs) / CELLS,
             "run_frames_per_node_per_cell": max(runs) / CELLS,
-            "bytes_to_a_node_per_cell": max(sent) / CELLS,
-            "payload_bytes": len(pickle.dumps(payload, protocol=5))}
+            "bytes_to_a_node_per_cell": max(sent) / CELLS}
+
+
+def run_local_pool(world: int, drivers: int) -> dict:
+    """A warm local pool of the fake ranks (``pool``): ``_pool_cells`` through a ``PoolWorkers``,
+    whose real ``send_runs`` writes each rank a ``Run`` on its own commands pipe, so the payload
+    goes once per rank, by design (its argument is bytes, not a tensor: no shared memory);
+    what each rank's commands pipe brought it, as the ranks' tallies say once the pool closes."""
+    import re
+
+    from notebook_accel.launch.backends.pool import PoolWorkers
+
+    handles, cleanup = _local_ranks(world, "pool", drivers, 0.0)
+    tallies = []
+    try:
+        figures = _pool_cells(_pool_workers(PoolWorkers, handles, num_processes=world))
+    finally:
+        for handle in handles:  # the pool closes: each rank's last line is its tally
+            os.close(handle.commands_fd)
+        for handle in handles:
+            handle.reap(5.0)
+            text = b""
+            with contextlib.suppress(BlockingIOError):
+                while chunk := os.read(handle.stdout_fd, 1 << 16):
+                    text += chunk
+            found = re.search(TALLY.replace("{}", "(\\d+)"), text.decode())
+            tallies.append([int(n) for n in found.groups()] if found else [0, 0, 0])
+        cleanup()
+    _, sent, payloads = zip(*tallies, strict=True)
+    return {**figures, "payload_sends_per_cell": sum(payloads) / CELLS / figures["payload_bytes"],
+            "commands_bytes_to_a_rank_per_cell": max(sent) / CELLS}
 
 
 def connect_time(world: int) -> float:
@@ -581,7 +699,7 @@ def connect_time(world: int) -> float:
 
 SCENARIOS = {"local": ("success", "failure", "hang"),
              "cluster": ("success", "failure", "hang", "lost")}
-POOL = {"local": (), "cluster": ("pool",)}  # the pool cell: through the hubs only
+POOL = {"local": run_local_pool, "cluster": run_pool}  # the warm pool's cells, each mode's
 
 
 def measure(world: int, drivers: int, mode: str) -> dict:
@@ -591,11 +709,10 @@ def measure(world: int, drivers: int, mode: str) -> dict:
     with selectors.DefaultSelector():
         pass
     figures = {name: run_scenario(world, name, drivers, mode) for name in SCENARIOS[mode]}
-    if mode == "cluster":
-        try:
-            figures["pool"] = run_pool(world, drivers)
-        except Exception as error:  # noqa: BLE001 - a side without the pool through the hubs
-            figures["pool"] = {"cell_p50_s": f"failed: {error!r}"[:200]}
+    try:
+        figures["pool"] = POOL[mode](world, drivers)
+    except Exception as error:  # noqa: BLE001 - a side without that pool (the hubs', a local one)
+        figures["pool"] = {"cell_p50_s": f"failed: {error!r}"[:200]}
     figures["connect_s"] = (connect_time(world) if mode == "local"
                             else figures["success"]["connect_s"])
     return figures
@@ -655,8 +772,10 @@ ROWS = [  # (scenario, key, label)
     ("lost", "error_head", "lost node: the error's first line"),
     ("pool", "cell_p50_s", "pool cell s p50 (256 kB argument)"),
     ("pool", "cell_max_s", f"pool cell s max (of {CELLS})"),
+    ("pool", "payload_sends_per_cell", "pool: payload sent per cell (times)"),
     ("pool", "run_frames_per_node_per_cell", "pool: RUN frames per node per cell"),
     ("pool", "bytes_to_a_node_per_cell", "pool: bytes to a node per cell (max)"),
+    ("pool", "commands_bytes_to_a_rank_per_cell", "pool: bytes to a rank per cell (max)"),
     ("pool", "payload_bytes", "pool: the cell's payload bytes"),
 ]
 
@@ -705,8 +824,11 @@ def _compare(args: argparse.Namespace, sizes: list[int], mode: str) -> None:
             if "error" in sides[side]:
                 print(f"  {side} FAILED: {sides[side]['error'][-800:]}")
         for scenario, key, label in ROWS:
-            if scenario is not None and scenario not in (*SCENARIOS[mode], *POOL[mode]):
+            if scenario is not None and scenario not in (*SCENARIOS[mode], "pool"):
                 continue
+            if scenario == "pool" and key != "cell_p50_s" and not any(
+                    key in sides[side].get("pool", {}) for side in sides):
+                continue  # the other mode's row (or neither side's pool got that far)
             values = []
             for side in ("baseline", "this"):
                 figures = sides[side]
