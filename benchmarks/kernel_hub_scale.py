@@ -487,8 +487,18 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         apply(rank, message)
 
     record.apply = counted_event
+    reported: list[float] = []  # when the first failure report reached the kernel
+    failed = supervisor._failed
+
+    def noted_failure() -> None:
+        if supervisor.first_failure is None:
+            reported.append(time.time())
+        failed()
+
+    supervisor._failed = noted_failure
     cpu = resource.getrusage(resource.RUSAGE_SELF)
     error_lines = error_after = ended_after = lost_after = error_head = None
+    report_after = kernel_part = None
     watched = time.time()
     try:
         supervisor.run()
@@ -498,6 +508,8 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         error_head = str(error).splitlines()[0][:160]
         if scenario == "failure":
             error_after = raised - error.failure.timestamp
+            if reported:
+                report_after, kernel_part = reported[0] - error.failure.timestamp, raised - reported[0]
             deadline = time.monotonic() + 10
             while not all(_ended(h) for h in handles) and time.monotonic() < deadline:
                 time.sleep(0.005)
@@ -535,7 +547,8 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         "cell_bytes": sum(size for _, size in writes),
         "fds": peaks["fds"], "threads": peaks["threads"], "sockets": peaks["sockets"],
         "error_lines": error_lines, "error_after_s": error_after, "error_head": error_head,
-        "ended_after_s": ended_after, "lost_after_s": lost_after, "connect_s": connect,
+        "ended_after_s": ended_after, "lost_after_s": lost_after,
+        "report_after_s": report_after, "kernel_part_s": kernel_part, "connect_s": connect,
         "view_bytes_per_redraw": max(redraws, default=0),
     }
 
@@ -759,6 +772,8 @@ ROWS = [  # (scenario, key, label)
     ("success", "view_bytes_per_redraw", "live view bytes per redraw (max)"),
     (None, "connect_s", "connect every rank (cluster: node) s"),
     ("failure", "error_after_s", "failure -> WorkerError s"),
+    ("failure", "report_after_s", "  of which: failure -> 1st report in kernel"),
+    ("failure", "kernel_part_s", "  of which: 1st report -> WorkerError s"),
     ("failure", "ended_after_s", "failure -> every rank ended s"),
     ("failure", "error_lines", "WorkerError lines (failure)"),
     ("failure", "cpu_s", "kernel CPU s (failure)"),
