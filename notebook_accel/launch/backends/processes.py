@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import importlib
 import os
 import signal
@@ -117,8 +118,13 @@ class ProcessHandle(WorkerHandle):
 
     def rss(self) -> int | None:
         with contextlib.suppress(psutil.Error, TypeError):
-            return psutil.Process(self.process.pid).memory_info().rss
+            return self._measured.memory_info().rss
         return None
+
+    @functools.cached_property
+    def _measured(self) -> psutil.Process:
+        """The process as psutil sees it, made once (a watch loop samples a few ranks a wakeup)."""
+        return psutil.Process(self.process.pid)
 
     def kernel_fds(self) -> list[int]:
         """The kernel's ends of the worker's pipes."""
