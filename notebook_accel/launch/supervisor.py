@@ -184,7 +184,6 @@ class Supervisor:
         self.event_selector = selectors.DefaultSelector()
         self._inboxes: list = []  # the groups' inboxes (handles without descriptors)
         self.unfinished = {w.rank for w in workers}
-        self._starting = True  # ranks still shown "starting" (until the first refresh)
         # memory: each rank sampled once a second, a few per wakeup (a warm pool's runs are
         # often far shorter than a second: its first samples wait that long)
         first = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
@@ -396,12 +395,6 @@ class Supervisor:
             self._read_events(self.by_rank[key.data])
         for rank in self.relay.take_touched():
             self.record.ranks[rank].last_line = self.relay.last_line(rank)
-        if self._starting:
-            self._starting = False
-            for w in self.workers:
-                status = self.record.ranks[w.rank]
-                if status.state == "starting" and not w.finished:
-                    status.state = "running"
         now, samples = time.monotonic(), self._samples
         for _ in range(min(_RSS_PER_WAKEUP, len(samples))):
             if samples[0][0] > now:
@@ -439,6 +432,10 @@ class Supervisor:
 
     def _watch(self) -> None:
         self._register()
+        for w in self.workers:  # shown "starting" until watched (once, before the loop)
+            status = self.record.ranks[w.rank]
+            if status.state == "starting" and not w.finished:
+                status.state = "running"
         start = time.monotonic()
         try:
             while self.unfinished:
