@@ -271,3 +271,20 @@ def test_a_hub_that_dies_before_linking_fails_the_launch_without_waiting_for_the
     with pytest.raises(RuntimeError, match="node 1's hub"):
         cluster._start(_Ray, plan, serialise_payload(_sleep, (), {}), placed)
     assert time.monotonic() - started < cluster.LINK_TIMEOUT / 2  # about CHECK_AFTER; slack for a loaded runner
+
+
+def _hold_memory():
+    block = bytearray(64 << 20)  # 64 MB, touched
+    time.sleep(2.5)
+    return len(block)
+
+
+def test_each_ranks_memory_reaches_the_view_from_its_hub():
+    """A hub measures its ranks' resident memory once a second and sends it on the link: the
+    live view's rows (and the record) show a cluster rank's memory as a local launch's."""
+    from notebook_accel.launch import last_launch
+
+    values, _ = _launch(_hold_memory)
+    assert values == [64 << 20] * 4
+    measured = [status.rss for status in last_launch().ranks.values()]
+    assert all(rss is not None and 64 << 20 < rss < 4 << 30 for rss in measured), measured

@@ -80,6 +80,9 @@ class HubHandle(WorkerHandle):
     def frames(self, name: str) -> LinkFrames:
         return LinkFrames(self._links, self.rank, name)
 
+    def rss(self) -> int | None:
+        return self._ends.rss  # its hub's latest figure (once a second)
+
     def describe_end(self) -> str | None:
         if self._ends.lost is None:
             return None

@@ -35,6 +35,7 @@ from notebook_accel.launch.worker.hub_link import (
     BEAT_EVERY,
     EVERY_RANK,
     EXIT,
+    RSS,
     SIGNAL,
     SILENCE,
     STOP_GRACE,
@@ -64,6 +65,7 @@ class RankChannels:
     held: dict[Frame, bytearray] = field(default_factory=dict)
     exitcode: int | None = None  # once ended: its exit code (None: lost, no exit status)
     lost: str | None = None  # why it ended without an exit status (its node's link ended)
+    rss: int | None = None  # its resident memory, as its hub measured it last (bytes)
     ended: threading.Event = field(default_factory=threading.Event)
 
 
@@ -252,6 +254,8 @@ class NodeLinks:
                     (ends.exitcode,) = EXIT.unpack(body)
                     ends.ended.set()  # after its bytes: they are all held already
                     self._tell(rank, "exit")
+                elif kind is Frame.MEMORY:
+                    (ends.rss,) = RSS.unpack(body)  # (no news: the supervisor samples it)
                 elif kind in NAMES:
                     ends.held.setdefault(kind, bytearray()).extend(body)
                     self._held[node] += len(body)

@@ -23,6 +23,7 @@ HELLO = struct.Struct("!32sIB")  # token, global rank (a link: its node), channe
 LINK_CHANNELS = ("link",)  # what a hub's connection is, for the channel server
 HEADER = struct.Struct("!BII")  # kind, rank, length of the data
 EXIT = struct.Struct("!i")  # an END's data: the exit code (negative: the signal)
+RSS = struct.Struct("!Q")  # a MEMORY's data: bytes
 SIGNAL = struct.Struct("!iBd")  # a SIGNAL's data: the signal, to its group, kill after (s; 0: no)
 EVERY_RANK = 0xFFFFFFFF  # a SIGNAL's rank for the ranks listed after its data (none: all)
 BEAT_EVERY = 1.0  # seconds between two beats of each side
@@ -42,6 +43,7 @@ class Frame(enum.IntEnum):
     COMMAND = 6  # kernel -> hub: bytes for a rank's commands channel (b"": close it)
     SIGNAL = 7  # kernel -> hub: signal a rank, or EVERY_RANK: those listed (SIGNAL, then "!I"s)
     RUN = 8  # kernel -> hub: a pool run for the node (pickled (payload, ranks sending results))
+    MEMORY = 9  # hub -> kernel: a rank's resident memory (RSS), once a second
 
 
 OUTPUTS = (Frame.STDOUT, Frame.STDERR, Frame.CONTROL, Frame.EVENTS)  # a rank's channels, in order

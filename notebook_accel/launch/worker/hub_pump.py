@@ -1,7 +1,8 @@
 """The hub's loop for one launch: its ranks' pipes and exits onto the node link, the kernel's
 commands and signals onto its ranks (one thread per launch on each node).
 
-A rank's end goes after everything it wrote: when its process has exited, the loop reads its
+Each live rank's resident memory goes once a second (``MEMORY``). A rank's end goes after
+everything it wrote: when its process has exited, the loop reads its
 pipes to their ends (all of it is there by then), sends that, then ``END`` with the exit code.
 A ``SIGTERM`` from the kernel is followed by a ``SIGKILL`` ``STOP_GRACE`` seconds later on the
 hub's own clock. When the link ends, goes silent for ``SILENCE`` seconds, or cannot take a frame
@@ -19,11 +20,14 @@ import socket
 import struct
 import time
 
+import psutil
+
 from notebook_accel import wire
 from notebook_accel.launch.worker.hub_link import (
     BEAT_EVERY,
     EVERY_RANK,
     EXIT,
+    RSS,
     SIGNAL,
     SILENCE,
     Frame,
@@ -50,6 +54,7 @@ class HubPump:
         link.settimeout(SILENCE)  # a send that cannot go for this long: the kernel is lost
         self.selector.register(link, selectors.EVENT_READ, None)
         self.pidfds: dict[int, int] = {}
+        self.processes: dict[int, psutil.Process] = {}  # the live ranks' (their memory)
         for r in ranks:
             for kind, fd in r.outputs.items():
                 self.selector.register(fd, selectors.EVENT_READ, (r.rank, kind))
@@ -59,6 +64,7 @@ class HubPump:
     def run(self) -> None:
         """The loop (the thread's body)."""
         heard = sent = time.monotonic()
+        measured = heard - BEAT_EVERY  # the ranks' memory: at once, then with every beat
         silence = FIRST_WORD  # until the kernel has taken every node's link and spoken
         try:
             while True:
@@ -75,6 +81,9 @@ class HubPump:
                 for rank, at in list(self.kill_at.items()):
                     if now >= at:
                         self._signal(rank, signal.SIGKILL, True)
+                if now - measured >= BEAT_EVERY:
+                    measured = now
+                    self._measure()
                 if now - sent >= BEAT_EVERY:
                     self.outbox += frame(Frame.BEAT, 0)
                 if self.outbox:
@@ -121,10 +130,20 @@ class HubPump:
         self.outbox += frame(Frame.END, rank, EXIT.pack(code))
         self._forget(rank)
 
+    def _measure(self) -> None:
+        """Each live rank's resident memory, for the kernel's view (as a local launch shows it)."""
+        for rank in self.live:
+            with contextlib.suppress(psutil.Error):
+                process = self.processes.get(rank)
+                if process is None:
+                    process = self.processes[rank] = psutil.Process(self.ranks[rank].pid)
+                self.outbox += frame(Frame.MEMORY, rank, RSS.pack(process.memory_info().rss))
+
     def _forget(self, rank: int) -> None:
         forked = self.ranks[rank]
         self.live.discard(rank)
         self.kill_at.pop(rank, None)
+        self.processes.pop(rank, None)
         for fd in (*forked.outputs.values(), self.pidfds.pop(rank)):
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(fd)
