@@ -31,7 +31,9 @@ the cluster backend's own ``_collect`` as its check (over a stand-in for ``ray.w
 that scans its refs as Ray's does).
 
 ``--modes cluster`` runs the same through the real hub code without Ray, on simulated nodes of 8
-(``simulated_nodes.py``: host processes, each running the real ``HubPump`` per node over one link
+(``simulated_nodes.py``: host processes, by default one per node as on a cluster (``--hosts``:
+fewer, each playing several nodes, put several hubs' threads under one GIL, whose hand-offs
+then add to every figure), each running the real ``HubPump`` per node over one link
 to the kernel's ``ChannelServer``, every rank a process of its own on the wire; the kernel's real
 ``NodeLinks``, ``HubHandle`` and supervisor), plus a fourth run: a lost node (its host and ranks
 frozen with SIGSTOP at 2 s), and the warm pool's cells, whose payload the pool hands the node
@@ -715,12 +717,18 @@ SCENARIOS = {"local": ("success", "failure", "hang"),
 POOL = {"local": run_local_pool, "cluster": run_pool}  # the warm pool's cells, each mode's
 
 
-def measure(world: int, drivers: int, mode: str) -> dict:
-    """One side's figures at one size (in a process with that side's code on PYTHONPATH)."""
+def measure(world: int, drivers: int, mode: str, hosts: int = 0) -> dict:
+    """One side's figures at one size (in a process with that side's code on PYTHONPATH);
+    cluster mode runs ``hosts`` host processes (0: one per node, each node's hub in a process of
+    its own, as on a cluster), local mode ``drivers``."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the harness's own pipes, both sides
     with selectors.DefaultSelector():
         pass
+    if mode == "cluster":
+        import simulated_nodes
+
+        drivers = hosts or world // simulated_nodes.PER_NODE
     figures = {name: run_scenario(world, name, drivers, mode) for name in SCENARIOS[mode]}
     try:
         figures["pool"] = POOL[mode](world, drivers)
@@ -733,10 +741,10 @@ def measure(world: int, drivers: int, mode: str) -> dict:
 
 # -- the two sides --------------------------------------------------------------------------
 
-def _side(directory: Path, world: int, drivers: int, mode: str) -> dict:
+def _side(directory: Path, world: int, args: argparse.Namespace, mode: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(directory))
     out = subprocess.run([sys.executable, __file__, "--measure", str(world), "--drivers",
-                          str(drivers), "--mode", mode], env=env, capture_output=True, text=True, timeout=600,
+                          str(args.drivers), "--hosts", str(args.hosts), "--mode", mode], env=env, capture_output=True, text=True, timeout=600,
                          check=False, cwd=directory)
     line = next((line for line in out.stdout.splitlines() if line.startswith("FIGURES ")), None)
     if line is None:
@@ -799,7 +807,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default="70fe29e", help="the revision to compare against")
     parser.add_argument("--sizes", default="8,32,128,512,1024")
-    parser.add_argument("--drivers", type=int, default=4, help="processes simulating the ranks")
+    parser.add_argument("--drivers", type=int, default=4,
+                        help="local mode: processes simulating the ranks")
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="cluster mode: host processes playing the nodes (0: one per node, "
+                             "as on a cluster; fewer put several hubs' threads under one GIL)")
     parser.add_argument("--modes", default="local,cluster",
                         help="local: fake ranks on the kernel's pipes; cluster: simulated nodes "
                              "of 8 through the real hub code (node links), without Ray")
@@ -807,7 +819,8 @@ def main() -> None:
     parser.add_argument("--mode", default="local", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure is not None:  # one side, one size, in its own process
-        print("FIGURES", json.dumps(measure(args.measure, args.drivers, args.mode)), flush=True)
+        print("FIGURES", json.dumps(measure(args.measure, args.drivers, args.mode, args.hosts)),
+              flush=True)
         return
     sizes = [int(size) for size in args.sizes.split(",")]
     modes = args.modes.split(",")
@@ -824,14 +837,16 @@ def _compare(args: argparse.Namespace, sizes: list[int], mode: str) -> None:
                         args.baseline], check=True)
         try:
             for world in sizes:
-                results[world] = {"baseline": _side(base, world, args.drivers, mode),
-                                  "this": _side(ROOT, world, args.drivers, mode)}
+                results[world] = {"baseline": _side(base, world, args, mode),
+                                  "this": _side(ROOT, world, args, mode)}
                 print(f"measured {world} ranks ({mode})", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                            check=False)
-    print(f"\n== {mode} mode: baseline {args.baseline} vs this checkout; {args.drivers} driver "
-          f"(cluster: host) processes; cell = the relay's target stream; ratio = this / baseline")
+    simulated = (f"{args.drivers} driver processes" if mode == "local" else
+                 f"{args.hosts} host processes" if args.hosts else "a host process per node")
+    print(f"\n== {mode} mode: baseline {args.baseline} vs this checkout; {simulated}; "
+          "cell = the relay's target stream; ratio = this / baseline")
     for world in sizes:
         sides = results[world]
         print(f"\n{world} ranks")

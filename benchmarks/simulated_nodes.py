@@ -1,6 +1,6 @@
 """Simulated cluster nodes for ``kernel_hub_scale.py --mode cluster``: the real hub code without Ray.
 
-A few host processes each play several nodes: for each, one link to the kernel's
+Host processes (one per node, or a few each playing several nodes) run, for each node, one link to the kernel's
 ``ChannelServer`` (its hello, as ``NodeHub.start`` sends it), its ranks forked as child processes
 on private pipes (stdout, stderr, control, events; each rank leads its own session, as a real
 worker does), and the real ``HubPump`` on its own thread. A rank speaks the real wire without
