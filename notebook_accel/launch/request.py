@@ -66,8 +66,10 @@ def _unknown(name: str, door: str, takes: Mapping[str, LaunchOption]) -> TypeErr
 
 class LaunchRequest(Mapping[str, Any]):
     """The options given (name -> checked value; one not given is absent), and where each came
-    from (:meth:`source`: None for an argument, ``"flag --port"`` for a flag). A Mapping, so
-    ``notebook_launcher(fn, **request)`` passes it on."""
+    from (:meth:`source`: None for an argument, ``"flag --port"`` for a flag). A front door
+    that built one hands it over as it is (``launcher.launch_request``,
+    ``WorkerPool.from_request``), so its values are not checked again and keep their sources;
+    as a Mapping, ``notebook_launcher(fn, **request)`` also takes it, as arguments."""
 
     def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str | None] | None = None):
         self._values = dict(values)
