@@ -187,9 +187,9 @@ class AccelerateMagics(Magics):
             except PoolUnavailable as error:  # said in the magic's words
                 raise UsageError(f"{error.reason}; %accelerate start starts a new pool, or "
                                  "%%accelerate --fresh runs this cell on fresh workers") from None
-        from notebook_accel.launch import notebook_launcher
+        from notebook_accel.launch import launch_request
 
-        try:
-            return notebook_launcher(job, **launch_options(args))
+        try:  # the flags' request as it is: an error about a value names its flag
+            return launch_request(job, launch_options(args))
         except (TypeError, ValueError) as error:  # a bad option or config value: no traceback needed
             raise UsageError(str(error)) from None

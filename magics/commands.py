@@ -55,9 +55,9 @@ def test(args: argparse.Namespace) -> None:
     """
     from notebook_accel.cli.sanity import run_sanity_check
 
-    options = dict(launch_options(args))
+    request = launch_options(args)
     try:
-        passed = run_sanity_check(options.pop("num_processes", None), **options)
+        passed = run_sanity_check(request.get("num_processes"), request=request)
     except ValueError as error:  # a bad option or config value
         raise UsageError(str(error)) from None
     if not passed:

@@ -33,7 +33,7 @@ def start(args: argparse.Namespace) -> None:
                          "%accelerate stop ends it (then start one with other flags)")
     started = time.perf_counter()
     try:
-        _pool = WorkerPool(**launch_options(args))
+        _pool = WorkerPool.from_request(launch_options(args))  # errors name the flags
     except ValueError as error:  # a bad option or config value: no traceback needed
         raise UsageError(str(error)) from None
     plan = _pool.plan

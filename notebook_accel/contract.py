@@ -97,7 +97,8 @@ class LaunchOption:
     ``--file-key``); ``panel_field``: the config panel's attribute showing it; ``default``: the
     value a launch uses when nothing sets it (None: auto-detected, or unset); ``nullable``: None
     is a value (``hang_after=None``: never), not "unset"; ``digits``: a string of digits is taken
-    too (``use_port="29500"``, the peer's default).
+    too (``use_port="29500"``, the peer's default); ``default_valid``: the default is a value
+    too, though outside the valid ones (``rdzv_endpoint=""``, the peer's default: no endpoint).
     """
 
     name: str
@@ -125,6 +126,7 @@ class LaunchOption:
     default: Any = None
     nullable: bool = False
     digits: bool = False
+    default_valid: bool = False
     valid_text: str = ""  # the valid values in words, where the kind does not say them
 
     def valid(self, short: bool = False) -> str:
@@ -156,8 +158,6 @@ class LaunchOption:
             TypeError: a mistyped argument (``source`` None), such as ``num_processes='2'``.
             ValueError: any other bad value.
         """
-        if type(value) is type(self.default) and value == self.default:
-            return value  # (rdzv_endpoint="", the peer's default, though no 'host:port')
         try:
             return self._normalise(value, key or self.name, short=source is None)
         except _BadValue as err:
@@ -174,6 +174,8 @@ class LaunchOption:
             raise ValueError(str(err)) from None
 
     def _normalise(self, value: Any, name: str, short: bool) -> Any:
+        if self.default_valid and type(value) is type(self.default) and value == self.default:
+            return value
         valid = self.valid(short)
         if self.digits and isinstance(value, str) and value.strip().isdigit():
             value = int(value)
@@ -240,7 +242,7 @@ _OPTIONS = (
          choices=RDZV_BACKENDS, default="static", positional=True,
          not_for_pool="a pool uses its own static rendezvous"),
     _Opt("rdzv_endpoint", str, "where the nodes meet, 'host:port' (instead of master_addr and "
-         "use_port)", default="", positional=True, valid_text="'host:port'",
+         "use_port)", default="", default_valid=True, positional=True, valid_text="'host:port'",
          not_for_pool="a pool uses its own static rendezvous"),
     _Opt("rdzv_conf", object, "the peer's torch elastic rendezvous settings: taken, unused (the "
          "nodes meet at a store this kernel hosts, with no settings of its own)",

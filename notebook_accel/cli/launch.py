@@ -48,13 +48,13 @@ def _request(args: argparse.Namespace) -> LaunchRequest:
 
 def _cmd_launch(args: argparse.Namespace) -> int:
     from notebook_accel.launch.errors import WorkerError
-    from notebook_accel.launch.launcher import notebook_launcher
+    from notebook_accel.launch.launcher import launch_request
 
     script = Path(args.script)
     if not script.is_file():
         raise FileNotFoundError(f"no such script: {script}")
     try:
-        notebook_launcher(run_script, args=(str(script), list(args.script_args)), **_request(args))
+        launch_request(run_script, _request(args), args=(str(script), list(args.script_args)))
     except WorkerError as error:
         print(f"notebook-accel launch: {error}", file=sys.stderr)
         code = error.exitcode
@@ -74,11 +74,12 @@ def _cmd_test(args: argparse.Namespace) -> int:
         print("notebook-accel test: notebook_accel.cli.sanity is missing from this installation",
               file=sys.stderr)
         return 1
-    options = dict(_request(args))
-    layered = cfgmod.resolve_launch_options(
-        {"num_processes": options.pop("num_processes", None)}, cfgmod.load_config(args.config_file))
-    passed = run_sanity_check(num_processes=layered["num_processes"] or 2,
-                              **options)
+    request = _request(args)
+    num_processes = request.get("num_processes")
+    if num_processes is None:  # the environment's, the file's, else 2
+        layered = cfgmod.resolve_launch_options({}, cfgmod.load_config(args.config_file))
+        num_processes = layered["num_processes"] or 2
+    passed = run_sanity_check(num_processes=num_processes, request=request)
     return 0 if passed else 1
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.request import LaunchRequest
 
 FEATURES = 8
 BATCH_PER_PROCESS = 8
@@ -113,15 +116,18 @@ def _line(ok: bool, what: str, detail: str) -> bool:
     return ok
 
 
-def run_sanity_check(num_processes: int | None = 2, **launch_options: Any) -> bool:
+def run_sanity_check(num_processes: int | None = 2, request: LaunchRequest | None = None,
+                     **launch_options: Any) -> bool:
     """Train a small model on ``num_processes`` workers and check the result.
 
     Prints one PASS/FAIL line per check and a verdict, like ``accelerate test``.
 
     Args:
         num_processes: workers to start (None: the launcher's default).
-        **launch_options: passed on to ``notebook_launcher`` (``mixed_precision``,
-            ``start_method``, ``device``, ``config_file``, ``timeout``...).
+        request: the options a front door checked (the CLI's or the magic's flags), passed on
+            as they are, so an error names their flags; ``num_processes`` over its count.
+        **launch_options: instead of ``request``: passed on to ``notebook_launcher``
+            (``mixed_precision``, ``start_method``, ``device``, ``config_file``, ``timeout``...).
     Returns:
         True when every check passed.
 
@@ -129,13 +135,21 @@ def run_sanity_check(num_processes: int | None = 2, **launch_options: Any) -> bo
         >>> run_sanity_check(2, start_method="spawn")  # doctest: +SKIP
     """
     from notebook_accel.launch.errors import WorkerError
-    from notebook_accel.launch.launcher import notebook_launcher
+    from notebook_accel.launch.launcher import launch_request, notebook_launcher
+
+    if request is not None and launch_options:
+        raise TypeError("give the launch options as request or as keywords, not both")
 
     shown = num_processes if num_processes is not None else "the default number of"
     print(f"notebook_accel sanity check: training a small model on {shown} workers", flush=True)
     try:
-        report = notebook_launcher(_train_on_workers, num_processes=num_processes,
-                                   **launch_options)
+        if request is None:
+            report = notebook_launcher(_train_on_workers, num_processes=num_processes,
+                                       **launch_options)
+        else:
+            if num_processes is not None and request.get("num_processes") != num_processes:
+                request = request.replaced(num_processes=num_processes)
+            report = launch_request(_train_on_workers, request)
     except WorkerError as error:
         _line(False, "the workers trained", str(error))
         print("Test failed: distributed training does not work here (see above).", flush=True)

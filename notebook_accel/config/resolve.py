@@ -108,8 +108,8 @@ def layered_options(config: LaunchConfig | None, given: Collection[str] = ()) ->
     for key in (option.name for option in layered()):
         if key in given:
             out[key] = None
-        elif _from_env(key) is not None:
-            out[key] = _from_env(key)
+        elif (from_env := _from_env(key)) is not None:  # read and checked once
+            out[key] = from_env
         else:
             out[key] = _from_file(key, config) if config is not None else None
     out["device"] = config.device_type if config is not None else None

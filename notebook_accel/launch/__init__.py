@@ -12,6 +12,7 @@ from notebook_accel._lazy import lazy_exports
 
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
+    "launch_request": "notebook_accel.launch.launcher",
     "WorkerPool": "notebook_accel.launch.pool",
     "LaunchRequest": "notebook_accel.launch.request",
     "launch_options": "notebook_accel.launch.request",

@@ -130,6 +130,24 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), *po
 notebook_launcher.__signature__ = launcher_signature()  # the options' table, as parameters
 
 
+def launch_request(function: Callable[..., Any], request: LaunchRequest, args: tuple | list = (),
+                   kwargs: dict | None = None) -> Any:
+    """:func:`notebook_launcher` for a front door that built its own ``request`` (the
+    ``%%accelerate`` magic's flags, the ``notebook-accel`` command's): its values are not
+    checked again, and an error about one of them (``bf16`` on these GPUs) names where it came
+    from (``flag --mixed-precision: ...``), before any worker starts.
+
+    Raises:
+        TypeError: an option ``notebook_launcher`` does not take; else as :func:`notebook_launcher`.
+    """
+    with deferred_interrupts():
+        try:
+            return _launch(function, args, kwargs, request.for_door("notebook_launcher"))
+        except (TypeError, ValueError) as error:
+            hide_our_frames(error)
+            raise
+
+
 def _launch(function: Callable[..., Any], args: Any, kwargs: Any, request: LaunchRequest) -> Any:
     if not callable(function):
         raise TypeError(f"function={function!r} is not callable; pass the function to run")
@@ -162,17 +180,22 @@ def _launch(function: Callable[..., Any], args: Any, kwargs: Any, request: Launc
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def plan_launch(request: LaunchRequest, notes: list[str]) -> LaunchPlan:
-    """The plan of a launch (or a pool): the ``request``'s options filled from the environment
-    and the config file, checked against the options table and this machine's hardware;
-    ``notes`` gets a warning when ``/dev/shm`` is too small for the job.
+def plan_launch(request: LaunchRequest, notes: list[str],
+                filled: dict[str, Any] | None = None) -> LaunchPlan:
+    """The plan of a launch (or a pool): the ``request``'s options (checked where they
+    entered) filled from the environment and the config file (checked there), then judged
+    together and against this machine's hardware; ``notes`` gets a warning when ``/dev/shm`` is
+    too small for the job.
 
+    Args:
+        filled: the request's options already filled (:func:`~notebook_accel.launch.options.
+            fill_options` with ``notes``), by a caller that needed them first (``WorkerPool``).
     Raises:
         TypeError, ValueError: a bad option, named with its valid values and where it came
             from; what the GPUs cannot run (see :func:`~notebook_accel.launch.plan.make_plan`).
     """
     config_file = request.get("config_file")
-    options = fill_options(request, config_file, notes)
+    options = fill_options(request, config_file, notes) if filled is None else filled
     output = options["output"]
     sources = {}  # bf16 may be refused on these GPUs: the error says where it was asked
     if options["mixed_precision"] == "bf16":

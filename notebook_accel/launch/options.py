@@ -14,6 +14,7 @@ from typing import Any
 from notebook_accel.config import LaunchConfig, dynamo, load_config
 from notebook_accel.config.resolve import layered_options
 from notebook_accel.config.schema import STRATEGY_SECTIONS
+from notebook_accel.contract import LaunchOption
 from notebook_accel.launch.request import launch_options
 from notebook_accel.strategies import registry
 from notebook_accel.strategies.registry import STRATEGIES
@@ -40,20 +41,34 @@ def fill_options(explicit: Mapping[str, Any], config_file: str | os.PathLike | N
              if value is not None or (name in options and options[name].nullable)}
     config = load_config(config_file)
     layered = layered_options(config, given)  # a file's bad value the caller overrides: no error
-    blank = layered_options(LaunchConfig(), given)  # what a file that sets nothing gives
+    blank = LaunchConfig()  # what a file that sets nothing holds (read, not checked again)
     chosen = {name: explicit.get(name) for name in registry.launch_options()}
     filled: dict[str, Any] = {"worker_env": {**strategy_environment(config, chosen),
                                              **dynamo.section_environment(config.extra.get(dynamo.SECTION))}}
     from_file: dict[str, Any] = {}
     for key, option in options.items():
         value = explicit[key] if key in given else layered.get(key)
-        if key not in given and value is not None and value != blank.get(key):
-            from_file[key] = value  # (the environment is in both)
+        if (key not in given and value is not None and not _in_environment(option)
+                and value != _file_value(blank, key)):
+            from_file[key] = value
         filled[key] = option.default if value is None and key not in given else value
     if notes is not None and config is not None and config.source is not None and from_file:
         settings = ", ".join(f"{key}={value!r}" for key, value in from_file.items())
         notes.append(f"config file {config.source}: {settings}")
     return filled
+
+
+def _in_environment(option: LaunchOption) -> bool:
+    """Whether ``option``'s variable is set (its value, read and checked, won over the file's)."""
+    return bool(option.env and os.environ.get(option.env, "").strip())
+
+
+def _file_value(config: LaunchConfig, key: str) -> Any:
+    """``config``'s raw value for the launch option ``key`` (None: it holds none)."""
+    if key in ("device", "gpu_ids"):
+        return config.device_type if key == "device" else config.gpu_ids
+    file_key = launch_options()[key].file_key
+    return getattr(config, file_key, None) if file_key else None
 
 
 def strategy_environment(config: LaunchConfig, chosen: Mapping[str, Any]) -> dict[str, str]:

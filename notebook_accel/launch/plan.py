@@ -1,7 +1,7 @@
-"""Check every launch option up front and turn them into one plan.
+"""Turn the launch options, each checked where it entered, into one plan.
 
-All bad input is refused here, before any worker starts, with a message naming
-the value and the valid choices; so is what this machine's GPUs cannot run (bf16 without
+What the options cannot do together is refused here, before any worker starts, with a
+message naming the values; so is what this machine's GPUs cannot run (bf16 without
 native support, a GPU the installed torch has no kernels for), and a ``/dev/shm`` too small
 for several workers is said once (:func:`shm_note`).
 """
@@ -139,13 +139,14 @@ def shm_note(plan: LaunchPlan, size: int | None = None) -> str | None:
             f"a DataLoader worker killed). Fix: `docker run --shm-size=1g` (or more); {fixes}")
 
 
-def _checked(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Every launch option's value, checked by its row: ``options``' (None: unset, except where
-    None is a value), else the row's default.
+def _filled(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Every launch option's value: ``options``' (None: unset, except where None is a value),
+    else the row's default. The values are not checked again: each was where it entered (the
+    front door's :class:`~notebook_accel.launch.request.LaunchRequest`, the environment, the
+    config file), naming that place.
 
     Raises:
-        TypeError: an option the table does not have, or a mistyped value.
-        ValueError: a bad value, named with the valid ones.
+        TypeError: an option the table does not have.
     """
     table = {name: option for name, option in launch_options().items() if option.argument}
     unknown = sorted(set(options) - set(table))
@@ -156,7 +157,7 @@ def _checked(options: Mapping[str, Any]) -> dict[str, Any]:
         value = options.get(name)
         if value is None and not (option.nullable and name in options):
             value = option.default
-        values[name] = value if value is None else option.check(value)
+        values[name] = value
     return values
 
 
@@ -167,8 +168,9 @@ def make_plan(
     sources: Mapping[str, str] | None = None,
     **options: Any,
 ) -> LaunchPlan:
-    """Check the launch options (by name, as ``notebook_launcher`` takes them; one left out
-    takes its row's default) together, and build the plan.
+    """Judge the launch options together (by name, as ``notebook_launcher`` takes them, each
+    already checked by its row where it entered: ``launcher.plan_launch``; one left out takes
+    its row's default), and build the plan.
 
     Args:
         worker_env: the workers' variables so far (the training strategy's, the config file's
@@ -182,11 +184,12 @@ def make_plan(
             to start an error about their value.
 
     Raises:
-        TypeError, ValueError: a bad option, named with its valid values; on CUDA, a GPU the
-            installed torch cannot run, or ``mixed_precision="bf16"`` on a GPU without native
+        TypeError: an option the table does not have.
+        ValueError: options that do not go together (``node_rank >= num_nodes``...); on CUDA,
+            a GPU the installed torch cannot run, or ``mixed_precision="bf16"`` on a GPU without native
             bf16 (compute capability below 8.0: T4, V100, P100), naming the GPU.
     """
-    o = _checked(options)
+    o = _filled(options)
     worker_env = {**(worker_env or {}), **{
         option.env: option.to_workers(o[name]) for name, option in launch_options().items()
         if option.to_workers and options.get(name) is not None}}

@@ -101,6 +101,22 @@ class WorkerPool:
     """
 
     def __init__(self, **options: Any) -> None:
+        self._open(options)
+
+    @classmethod
+    def from_request(cls, request: LaunchRequest) -> WorkerPool:
+        """A pool for a front door that built its own ``request`` (the ``%accelerate start``
+        magic's flags): its values are not checked again, and an error about one of them
+        names where it came from (``flag --mixed-precision: ...``), before any worker starts.
+
+        Raises:
+            TypeError, ValueError: as ``WorkerPool(...)``.
+        """
+        pool = cls.__new__(cls)
+        pool._open(request)
+        return pool
+
+    def _open(self, options: dict[str, Any] | LaunchRequest) -> None:
         with deferred_interrupts():
             try:
                 self.plan = self._plan(options)
@@ -114,18 +130,21 @@ class WorkerPool:
             self._start()
 
     @staticmethod
-    def _plan(options: dict[str, Any]) -> LaunchPlan:
-        request = LaunchRequest.from_keywords("WorkerPool", options)
+    def _plan(options: dict[str, Any] | LaunchRequest) -> LaunchPlan:
+        request = (options.for_door("WorkerPool") if isinstance(options, LaunchRequest)
+                   else LaunchRequest.from_keywords("WorkerPool", options))
         notes: list[str] = []
-        nodes = request.get("num_nodes", 1)
-        if nodes != 1 and fill_options(request, request.get("config_file"))["cluster"] is None:
-            raise ValueError(f"num_nodes={nodes!r}: a pool spans several nodes "
-                             "only on a Ray cluster; give cluster= (e.g. 'head:6379'), or "
-                             "num_nodes=1")
-        plan = plan_launch(request, notes)
-        if plan.num_nodes != 1 and plan.cluster is None:
-            raise ValueError(f"num_nodes={plan.num_nodes} (from the config file): a pool spans "
+        filled = fill_options(request, request.get("config_file"), notes)  # once
+        nodes = filled["num_nodes"]
+        if nodes != 1 and filled["cluster"] is None:
+            if "num_nodes" in request:
+                source = request.source("num_nodes")
+                raise ValueError(f"{source + ': ' if source else ''}num_nodes={nodes!r}: a pool "
+                                 "spans several nodes only on a Ray cluster; give cluster= (e.g. "
+                                 "'head:6379'), or num_nodes=1")
+            raise ValueError(f"num_nodes={nodes} (from the config file): a pool spans "
                              "several nodes only on a Ray cluster; give cluster=, or num_nodes=1")
+        plan = plan_launch(request, notes, filled)
         refusal = device_launch(plan.device_type).pool_refusal
         if refusal is not None:
             raise ValueError(refusal)

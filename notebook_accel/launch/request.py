@@ -66,8 +66,10 @@ def _unknown(name: str, door: str, takes: Mapping[str, LaunchOption]) -> TypeErr
 
 class LaunchRequest(Mapping[str, Any]):
     """The options given (name -> checked value; one not given is absent), and where each came
-    from (:meth:`source`: None for an argument, ``"flag --port"`` for a flag). A Mapping, so
-    ``notebook_launcher(fn, **request)`` passes it on."""
+    from (:meth:`source`: None for an argument, ``"flag --port"`` for a flag). A front door
+    that built one hands it over as it is (``launcher.launch_request``,
+    ``WorkerPool.from_request``), so its values are not checked again and keep their sources;
+    as a Mapping, ``notebook_launcher(fn, **request)`` also takes it, as arguments."""
 
     def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str | None] | None = None):
         self._values = dict(values)
@@ -112,22 +114,42 @@ class LaunchRequest(Mapping[str, Any]):
                     if value is not None or takes[name].nullable})
 
     @classmethod
-    def from_call(cls, *args: Any, **kwargs: Any) -> tuple[Any, Any, Any, LaunchRequest]:
-        """``notebook_launcher``'s call, bound to :func:`launcher_signature`:
-        ``(function, args, kwargs, request)``.
+    def from_call(cls, function: Any, args: Any = (), *positional: Any, kwargs: Any = None,
+                  **options: Any) -> tuple[Any, Any, Any, LaunchRequest]:
+        """``notebook_launcher``'s call, as :func:`launcher_signature` binds it:
+        ``(function, args, kwargs, request)``; the positional options are the rows' (read now,
+        so no signature is made per call).
 
         Raises:
             TypeError: as Python does for a call that does not fit the signature; see
                 :meth:`from_keywords` for the options.
         """
         takes = door_options("notebook_launcher")
-        for name in kwargs:
-            if name not in takes and name not in ("function", "args", "kwargs"):
+        for name in options:
+            if name not in takes:
                 raise _unknown(name, "notebook_launcher", takes)
-        given = launcher_signature().bind(*args, **kwargs).arguments
-        function, call_args = given.pop("function"), given.pop("args", ())
-        call_kwargs = given.pop("kwargs", None)
-        return function, call_args, call_kwargs, cls.from_keywords("notebook_launcher", given)
+        names = [name for name, option in takes.items() if option.positional]
+        if len(positional) > len(names):
+            raise TypeError(f"notebook_launcher() takes from 1 to {len(names) + 2} positional "
+                            f"arguments but {len(positional) + 2} were given")
+        for name, value in zip(names, positional, strict=False):
+            if name in options:
+                raise TypeError(f"notebook_launcher() got multiple values for argument {name!r}")
+            options[name] = value
+        return function, args, kwargs, cls.from_keywords("notebook_launcher", options)
+
+    def for_door(self, door: str) -> LaunchRequest:
+        """This request, for ``door`` (``"notebook_launcher"`` or ``"WorkerPool"``): its values
+        are not checked again (they were, where they entered), only that ``door`` takes each.
+
+        Raises:
+            TypeError: an option ``door`` does not take, as :meth:`from_keywords` says it.
+        """
+        takes = door_options(door)
+        for name in self._values:
+            if name not in takes:
+                raise _unknown(name, door, takes)
+        return self
 
     @classmethod
     def from_flags(cls, values: Mapping[str, Any], front: str) -> LaunchRequest:

@@ -14,7 +14,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from notebook_accel.contract import OPTIONS, START_METHODS
+from notebook_accel.contract import START_METHODS
 
 __all__ = ["FORKSERVER_PRELOAD", "START_METHODS", "StartChoice", "choose_start_method",
            "fork_unsafe_reason", "get_context", "starter_pid"]
@@ -79,12 +79,12 @@ def fork_unsafe_reason(maps: str | None = None, open_files: list[str] | None = N
 
 
 def choose_start_method(requested: str) -> StartChoice:
-    """Resolve ``requested`` (one of START_METHODS) to a concrete method.
+    """Resolve ``requested`` (one of START_METHODS, checked by its row where it entered) to a
+    concrete method.
 
     Raises:
-        ValueError: unknown method, or ``fork`` requested when it is unsafe.
+        ValueError: ``fork`` requested when it is unsafe.
     """
-    requested = OPTIONS["start_method"].check(requested)  # names the valid methods if bad
     if requested in ("forkserver", "spawn"):
         return StartChoice(requested, "")
     reason = fork_unsafe_reason()

@@ -157,8 +157,16 @@ class TorchDevice:
         dist.barrier()
 
     # ---- collectives ----------------------------------------------------------------------
-    def collective_device(self, device: torch.device) -> torch.device:
-        """Where a tensor must be for the group's collectives (nccl: the GPU; gloo: the CPU)."""
+    def collective_device(self, device: torch.device | None = None) -> torch.device:
+        """Where a tensor must be for the group's collectives (nccl: the GPU; gloo: the CPU).
+
+        Args:
+            device: the process's device; default: the device the default group's backend
+                runs on here (the current GPU when it is the GPUs' backend, else the CPU).
+        """
+        if device is None:
+            on_gpus = torch.cuda.is_available() and dist.get_backend() == self.backend("cuda")
+            device = torch.device("cuda", torch.cuda.current_device()) if on_gpus else torch.device("cpu")
         return device if device.type == "cuda" else torch.device("cpu")
 
     def all_gather(self, tensor: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -203,9 +211,7 @@ class TorchDevice:
 
     def broadcast_rng_state(self, state: torch.Tensor) -> torch.Tensor:
         """Rank 0's copy of a generator state (``uint8``), on the CPU."""
-        backend = dist.get_backend()
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        moved = state.to(device)
+        moved = state.to(self.collective_device())
         dist.broadcast(moved, src=0)
         return moved.cpu()
 

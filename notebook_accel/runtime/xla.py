@@ -279,8 +279,8 @@ class XlaDevice(TorchDevice):
     def barrier(self) -> None:
         rendezvous("notebook_accel.wait_for_everyone")
 
-    def collective_device(self, device: torch.device) -> torch.device:
-        return device
+    def collective_device(self, device: torch.device | None = None) -> torch.device:
+        return device if device is not None else torch.device(_import("torch_xla").device())
 
     def all_gather(self, tensor: torch.Tensor, world_size: int) -> torch.Tensor:
         return all_gather(tensor)

@@ -109,7 +109,8 @@ def test_test_command_passes_options_and_fails_on_a_failed_check(monkeypatch, tm
     (tmp_path / "c.yaml").write_text("num_processes: 3\n")
     monkeypatch.setattr(sanity, "run_sanity_check", lambda **kw: calls.append(kw) or False)
     assert cli.main(["test", "--mixed-precision", "bf16"]) == 1
-    assert calls[0]["num_processes"] == 3 and calls[0]["mixed_precision"] == "bf16"
+    assert calls[0]["num_processes"] == 3 and calls[0]["request"]["mixed_precision"] == "bf16"
+    assert calls[0]["request"].source("mixed_precision") == "flag --mixed-precision"
     monkeypatch.setattr(sanity, "run_sanity_check", lambda **kw: calls.append(kw) or True)
     assert cli.main(["test", "-n", "2"]) == 0
     assert calls[1]["num_processes"] == 2

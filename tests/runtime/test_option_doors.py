@@ -93,3 +93,44 @@ def test_its_bad_values_name_their_source_and_the_valid_ones(colour, monkeypatch
     assert cli.main(["launch", "-n", "1", str(script)]) == 1
     assert f"environment variable {VAR}: colour='green' {valid}" in capsys.readouterr().err
     assert plans == []  # nothing started
+
+
+def test_a_value_refused_after_its_door_names_that_door(monkeypatch, capsys, tmp_path):
+    """bf16 on a T4 is refused by the plan, after the request: the error still names where the
+    value came from (a keyword: nothing; the magic's or the CLI's flag: the flag), before any
+    worker starts, whichever door it came through."""
+    import torch
+    from IPython.core.error import UsageError
+
+    from magics import pool as magic_pool
+    from magics.accelerate_magic import AccelerateMagics
+    from notebook_accel.launch import pool
+    from notebook_accel.machine import gpu_support, hardware
+    from notebook_accel.machine.hardware import Hardware
+
+    t4 = Hardware(cpu_count=8, gpu_names=("Tesla T4",) * 2, gpu_capabilities=((7, 5),) * 2)
+    monkeypatch.setattr(hardware, "detect", lambda: t4)
+    monkeypatch.setattr(gpu_support, "torch_arch_list", lambda: ("sm_75", "sm_80"))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    started = []
+    monkeypatch.setattr(launcher, "backend_for", lambda plan: started.append(plan))
+    monkeypatch.setattr(pool, "pool_workers", lambda plan: started.append(plan))
+    refused = "mixed_precision='bf16' on Tesla T4"
+    with pytest.raises(ValueError, match=f"^{refused}"):  # an argument: no prefix
+        notebook_launcher(_colour, mixed_precision="bf16")
+    with pytest.raises(ValueError, match=f"^{refused}"):
+        WorkerPool(mixed_precision="bf16")
+    args = AccelerateMagics.accelerate.parser.parse_args(["--mixed-precision", "bf16"])
+    with pytest.raises(UsageError, match=f"^flag --mixed-precision: {refused}"):
+        AccelerateMagics._run(_colour, None, args, None)  # a %%accelerate cell
+    start = AccelerateMagics.accelerate.parser.parse_args(["start", "--mixed-precision", "bf16"])
+    with pytest.raises(UsageError, match=f"^flag --mixed-precision: {refused}"):
+        magic_pool.start(start)  # %accelerate start
+    nodes = AccelerateMagics.accelerate.parser.parse_args(["start", "--nodes", "2"])
+    with pytest.raises(UsageError, match="^flag --nodes: num_nodes=2: a pool spans several nodes"):
+        magic_pool.start(nodes)
+    script = tmp_path / "never.py"
+    script.write_text("raise SystemExit('a worker ran')\n")
+    assert cli.main(["launch", "--mixed-precision", "bf16", str(script)]) == 1
+    assert f"error: flag --mixed-precision: {refused}" in capsys.readouterr().err
+    assert started == []

@@ -114,3 +114,37 @@ def test_an_offloaded_modules_weights_are_real_inside_align_module_device(tmp_pa
     with align_module_device(plain.linear1, execution_device="meta"):
         assert plain.linear1.weight.is_meta and not plain.linear2.weight.is_meta
     assert not plain.linear1.weight.is_meta
+
+
+def test_the_execution_device_hook_walks_the_model_once(monkeypatch):
+    """Which modules hold state is found in one walk (no state_dict() per level: that was
+    O(parameters x depth)), and the hooks go where a non-empty state_dict() says."""
+    from notebook_accel.big_model.align_hooks import attach_execution_device_hook
+
+    class Extra(nn.Module):
+        def get_extra_state(self):
+            return {"x": 1}
+
+    def chain(depth):
+        root = node = nn.Module()
+        for _ in range(depth):
+            node.block = nn.Sequential(nn.Linear(2, 2), nn.Identity())
+            node.inner = nn.Module()
+            node = node.inner
+        return root
+
+    model = chain(40)
+    quiet, loud = nn.Module(), nn.Module()
+    quiet.register_buffer("scratch", torch.zeros(1), persistent=False)  # no state
+    loud.register_buffer("stats", torch.zeros(1))
+    nobias = nn.Linear(2, 2, bias=False)  # a None parameter, and a weight
+    model.quiet, model.loud, model.extra, model.empty, model.nobias = (
+        quiet, loud, Extra(), nn.Sequential(), nobias)
+    expected = {name for name, m in model.named_modules() if m.state_dict()}
+    calls = []
+    original = nn.Module.state_dict
+    monkeypatch.setattr(nn.Module, "state_dict", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    attach_execution_device_hook(model, torch.device("cpu"))
+    hooked = {name for name, m in model.named_modules() if hasattr(m, "_hf_hook")}
+    assert calls == [] and hooked == expected
+    assert {"quiet", "empty"}.isdisjoint(hooked) and {"", "loud", "extra", "nobias"} <= hooked

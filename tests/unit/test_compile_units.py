@@ -13,6 +13,7 @@ from notebook_accel.config import LaunchConfig, load_config
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.plan import make_plan
 from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.views.text import TextView, rank_states
 from notebook_accel.runtime.compilation import compile_regions
 from notebook_accel.utils import (
@@ -176,14 +177,12 @@ def test_the_file_and_the_argument_become_the_workers_variables(tmp_path, monkey
     monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND")
     plan = make_plan(num_processes=2, mixed_precision=None, use_port=None, master_addr="127.0.0.1",
                      node_rank=0, num_nodes=1, start_method="auto", timeout=None, output="all",
-                     return_all=False, max_restarts=0, device="cpu", dynamo_backend="Inductor",
+                     return_all=False, max_restarts=0, device="cpu", dynamo_backend="inductor",
                      worker_env=filled["worker_env"])
     assert plan.worker_env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
     assert plan.worker_env["ACCELERATE_DYNAMO_MODE"] == "reduce-overhead"
-    with pytest.raises(ValueError, match="dynamo_backend='jit' is not one of 'no'"):
-        make_plan(num_processes=2, mixed_precision=None, use_port=None, master_addr="127.0.0.1",
-                  node_rank=0, num_nodes=1, start_method="auto", timeout=None, output="all",
-                  return_all=False, max_restarts=0, device="cpu", dynamo_backend="jit")
+    with pytest.raises(ValueError, match="dynamo_backend='jit' is not one of 'no'"):  # its door
+        LaunchRequest.from_keywords("notebook_launcher", {"dynamo_backend": "jit"})
 
 
 def test_the_magic_the_cli_and_the_pool_take_the_option():

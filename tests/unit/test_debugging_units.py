@@ -107,7 +107,7 @@ def test_hang_after_is_one_launch_option_of_the_table():
     from magics.cell.arguments import launch_options
     from notebook_accel.launch.hang_watch import HANG_AFTER
     from notebook_accel.launch.plan import make_plan
-    from notebook_accel.launch.request import door_options
+    from notebook_accel.launch.request import LaunchRequest, door_options
 
     parser = AccelerateMagics.accelerate.parser
     assert launch_options(parser.parse_args(["--hang-after", "2.5"]))["hang_after"] == 2.5
@@ -120,7 +120,7 @@ def test_hang_after_is_one_launch_option_of_the_table():
     assert make_plan(**common, hang_after=3).hang_after == 3.0
     assert make_plan(**common, hang_after=None).hang_after is None
     with pytest.raises(ValueError, match=r"hang_after=0 must be a positive number of seconds"):
-        make_plan(**common, hang_after=0)
+        LaunchRequest.from_keywords("WorkerPool", {"hang_after": 0})  # checked at its door
 
 
 def test_a_stack_dump_is_kept_out_of_the_cell_and_the_lines_around_it_are_shown():

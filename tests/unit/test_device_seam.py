@@ -113,3 +113,27 @@ def test_kinds_without_a_memory_figure_say_none():
     if "torch_xla" not in sys.modules:  # asking must not start (or import) the XLA runtime
         assert device.device_kind("xla").memory_reserved(torch.device("xla", 0)) is None
         assert "torch_xla" not in sys.modules
+
+
+def test_an_rng_state_travels_where_the_kinds_collective_device_rule_says(monkeypatch):
+    """One rule: broadcast_rng_state asks collective_device (no copy by backend name); with no
+    device given, that is the current GPU where the group runs the GPUs' backend, else the CPU."""
+    import torch.distributed as dist
+
+    from notebook_accel.runtime.device import TorchDevice
+
+    kind, seen, asked = TorchDevice(), [], []
+    monkeypatch.setattr(dist, "broadcast", lambda tensor, src: seen.append(tensor.device))
+    monkeypatch.setattr(dist, "get_backend", lambda *group: "gloo")
+    state = torch.get_rng_state()
+    assert torch.equal(kind.broadcast_rng_state(state), state) and seen == [torch.device("cpu")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert kind.collective_device() == torch.device("cpu")  # gloo
+    monkeypatch.setattr(dist, "get_backend", lambda *group: "nccl")
+    assert kind.collective_device() == torch.device("cuda", 1)
+    rule = TorchDevice.collective_device
+    monkeypatch.setattr(TorchDevice, "collective_device",
+                        lambda self, device=None: asked.append(rule(self, device)) or torch.device("cpu"))
+    kind.broadcast_rng_state(state)
+    assert asked == [torch.device("cuda", 1)]

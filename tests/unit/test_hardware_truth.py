@@ -106,7 +106,7 @@ def test_bf16_is_refused_by_the_name_when_no_capability_is_known(machine):
 def test_bf16_refusal_says_where_the_value_came_from(machine, monkeypatch, tmp_path):
     machine(T4X2)
     with pytest.raises(ValueError, match=r"^mixed_precision='bf16' on Tesla T4"):
-        launch_plan(mixed_precision="bf16")  # an argument (or the magic's, the CLI's flag)
+        launch_plan(mixed_precision="bf16")  # an argument (a flag: named, below)
     monkeypatch.setenv("NOTEBOOK_ACCEL_MIXED_PRECISION", "bf16")
     with pytest.raises(ValueError, match=r"^environment variable NOTEBOOK_ACCEL_MIXED_PRECISION: "
                                          r"mixed_precision='bf16' on Tesla T4"):
@@ -162,8 +162,8 @@ def test_the_cli_refuses_bf16_on_a_t4_naming_it(machine, tmp_path, capsys):
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('a worker started')\n")
     assert main(["launch", "--mixed-precision", "bf16", str(script)]) == 1
-    assert ("notebook-accel launch: error: mixed_precision='bf16' on Tesla T4"
-            in capsys.readouterr().err)
+    assert ("notebook-accel launch: error: flag --mixed-precision: mixed_precision='bf16' on "
+            "Tesla T4" in capsys.readouterr().err)  # the flag's request reaches the plan
 
 
 @pytest.mark.parametrize("hw", [T4X2, P100, H100,
@@ -210,7 +210,7 @@ def test_auto_precision_from_a_flag_file_or_variable_is_checked_as_any_value(mac
     monkeypatch.setenv("NOTEBOOK_ACCEL_MIXED_PRECISION", "auto")
     assert launch_plan().mixed_precision == "fp16"
     with pytest.raises(ValueError, match="'no', 'fp16', 'bf16', 'auto'"):
-        plan(mixed_precision="best")
+        launch_plan(mixed_precision="best")
     with pytest.raises(ValueError, match="mixed_precision='auto' with cluster="):
         plan(mixed_precision="auto", cluster="auto")
 

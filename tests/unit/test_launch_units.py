@@ -77,8 +77,10 @@ def test_fork_probe_sees_driver_level_cuda_and_uvm():
 def test_choose_start_method_here_and_bad_names():
     assert choose_start_method("auto").method == "fork"
     assert choose_start_method("spawn").method == "spawn"
-    with pytest.raises(ValueError, match="'auto', 'fork', 'forkserver', 'spawn'"):
-        choose_start_method("threads")
+    from notebook_accel.launch.request import LaunchRequest
+
+    with pytest.raises(ValueError, match="'auto', 'fork', 'forkserver', 'spawn'"):  # at its door
+        LaunchRequest.from_keywords("notebook_launcher", {"start_method": "threads"})
 
 
 class Config:
@@ -381,10 +383,11 @@ def test_the_plan_tells_count_and_start_method_before_detecting_the_hardware(mon
     plan = _plan(None, starting, device="cpu")
     assert told == ["detected", (plan.num_processes, "spawn")]
     told.clear()
-    with pytest.raises(ValueError, match="mixed_precision"):  # a bad option: nothing is told
-        _plan(2, starting, mixed_precision="fp64")
-    with pytest.raises(ValueError, match="device"):
-        _plan(2, starting, device="gpu")
+    from notebook_accel.launch.request import LaunchRequest
+
+    for bad in ({"mixed_precision": "fp64"}, {"device": "gpu"}):  # refused at the door: no plan
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LaunchRequest.from_keywords("notebook_launcher", {"num_processes": 2, **bad})
     assert told == []
 
 
