@@ -62,6 +62,7 @@ _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before st
 _STACK_DUMP_WAIT = 0.5
 _STACKS_SHOWN = 2  # distinct stacks a timeout's error shows (the rest are counted)
 _RSS_PER_WAKEUP = 8  # ranks whose memory one wakeup samples (each at most once a second)
+_RSS_MOVED = 0.01  # a rank's memory figure changes when it moved by more than this fraction
 INTERRUPT_GRACE = 1.5  # seconds a persistent worker has to end its run after an interrupt
 _LOOK_EVERY = 0.5  # seconds between two looks at the stacks of a run on some ranks of a pool
 
@@ -402,8 +403,9 @@ class Supervisor:
             rank = samples.popleft()[1]
             worker = self.by_rank[rank]
             if not worker.exited:
-                status = self.record.ranks[rank]
-                status.rss = worker.handle.rss() or status.rss
+                status, rss = self.record.ranks[rank], worker.handle.rss()
+                if rss and (status.rss is None or abs(rss - status.rss) > status.rss * _RSS_MOVED):
+                    status.rss = rss  # (a few pages more or less: no news for the views)
                 samples.append((now + 1.0, rank))
         self.view.update(self.record)
 

@@ -470,3 +470,24 @@ def test_once_every_running_rank_has_reported_its_failure_the_rest_are_stopped_a
                             view=_NoView()).run()
     assert time.monotonic() - began < 10  # not the 60 s of gathering
     assert [failure.rank for failure in raised.value.other_failures] == [1, 2]
+
+
+def test_a_ranks_memory_that_moved_by_a_few_pages_is_no_news(monkeypatch):
+    """A rank's memory is sampled once a second; a figure that moved by 1% or less stays as it
+    was (a view shows 3-4 digits: a quiet job's redraw then finds nothing changed)."""
+    from notebook_accel.launch import supervisor as watching
+    from notebook_accel.launch.record import LaunchRecord
+
+    handle = _FailedRank(0)
+    record = LaunchRecord(world_size=1, num_processes=1, device_type="cpu", start_method="fork",
+                          mixed_precision="no")
+    supervisor = watching.Supervisor([handle], relay()[0], None, record, view=_NoView())
+    clock = [1000.0]
+    monkeypatch.setattr(watching.time, "monotonic", lambda: clock[0])
+    seen = []
+    for rss in (100 << 20, (100 << 20) + 4096 * 100, 110 << 20):
+        handle.rss = lambda rss=rss: rss
+        supervisor._refresh()
+        seen.append(record.ranks[0].rss)
+        clock[0] += 1.0
+    assert seen == [100 << 20, 100 << 20, 110 << 20]
