@@ -87,6 +87,8 @@ class NodeTable:
         self.looked = float("-inf")  # when a look last remade rows (time.monotonic())
         self.settled = False  # no shown node's row waits to be remade
         self.drawn: dict = {}  # a view's text of the shown rows, until a look changes them
+        self.membership = 0  # counts the changes of a rank's state or phase (a view's key)
+        self.named: dict = {}  # a view's ranks named per state, under ``membership``
         for status in record.ranks.values():
             for name in ("state", "phase_started", "gpu_memory", "progress"):
                 self.changed(status, name)
@@ -100,6 +102,7 @@ class NodeTable:
             self.urgent.add(node)
         elif name == "phase_started":
             _mark(self.in_phase, status.rank, status.phase_started is not None)
+            self.membership += 1
         elif name == "gpu_memory":
             self.gpu = self.gpu or status.gpu_memory is not None
         elif name == "progress":
@@ -120,6 +123,7 @@ class NodeTable:
                     del self.failed_nodes[node]
         self.states[state] += 1
         self.state_of[rank] = state
+        self.membership += 1
         if state == "failed":
             self.failed_nodes[node] += 1
         _mark(self.abnormal, rank, state in ABNORMAL_STATES)

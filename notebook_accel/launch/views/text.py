@@ -89,10 +89,12 @@ def rank_states(record: LaunchRecord) -> str:
     if per_node(record):  # the nodes' counts, and only the ranks in a phase or abnormal
         summary = node_table(record)
         counts = +summary.states  # (no zero counts)
-        if "named" not in summary.drawn:  # (kept until a look changes the table)
-            summary.drawn["named"] = (_firsts(record, summary.in_phase),
-                                      _firsts(record, summary.abnormal))
-        phased, abnormal = summary.drawn["named"]
+        named = summary.named.get(summary.membership)  # (kept until a rank's state changes)
+        if named is None:
+            summary.named = {summary.membership: (_firsts(record, summary.in_phase),
+                                                  _firsts(record, summary.abnormal))}
+            named = summary.named[summary.membership]
+        phased, abnormal = named
     else:
         counts = Counter(status.state for status in record.ranks.values())
         phased = abnormal = list(record.ranks.values())
