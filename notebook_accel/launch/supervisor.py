@@ -392,8 +392,9 @@ class Supervisor:
     def _refresh(self) -> None:
         """Bring the record up to date (new events and lines, states, memory) and redraw; costs
         what changed since the last wakeup, not the number of ranks."""
-        for key, _ in self.event_selector.select(0):
-            self._read_events(self.by_rank[key.data])
+        if self.event_selector.get_map():  # (a cluster's events come through its inbox)
+            for key, _ in self.event_selector.select(0):
+                self._read_events(self.by_rank[key.data])
         for rank in self.relay.take_touched():
             self.record.ranks[rank].last_line = self.relay.last_line(rank)
         now, samples = time.monotonic(), self._samples

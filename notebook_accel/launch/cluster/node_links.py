@@ -124,9 +124,10 @@ class NodeLinks:
 
     def take(self, ranks: Container[int]) -> list[tuple[int, str]]:
         with self._lock:
-            with contextlib.suppress(OSError):
-                while os.read(self._news_r, 4096):
-                    pass
+            if self._news:  # (the pipe holds a byte only then: no read for nothing)
+                with contextlib.suppress(OSError):
+                    while os.read(self._news_r, 4096):
+                        pass
             news, self._news = [*self._kept, *self._news], {}
             self._kept = {item: None for item in news if item[0] not in ranks}
         return [item for item in news if item[0] in ranks]
