@@ -62,6 +62,7 @@ _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before st
 _STACK_DUMP_WAIT = 0.5
 _STACKS_SHOWN = 2  # distinct stacks a timeout's error shows (the rest are counted)
 _RSS_PER_WAKEUP = 8  # ranks whose memory one wakeup samples (each at most once a second)
+_RSS_AT_HAND_PER_WAKEUP = 64  # as many where the figure is already here (a cluster's hubs send it)
 _RSS_MOVED = 0.01  # a rank's memory figure changes when it moved by more than this fraction
 INTERRUPT_GRACE = 1.5  # seconds a persistent worker has to end its run after an interrupt
 _LOOK_EVERY = 0.5  # seconds between two looks at the stacks of a run on some ranks of a pool
@@ -189,6 +190,8 @@ class Supervisor:
         # often far shorter than a second: its first samples wait that long)
         first = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         self._samples: deque[tuple[float, int]] = deque((first, w.rank) for w in workers)
+        self._rss_per_wakeup = (_RSS_AT_HAND_PER_WAKEUP if all(h.rss_at_hand for h in handles)
+                                else _RSS_PER_WAKEUP)
         self.dumps = StackDumps(relay)  # the stacks of ranks that cannot answer a StackAsk
         # (a function of the relay, not a method: no cycle keeps the workers' pipes open after)
         self.hangs = HangWatch(list(self.by_rank), hang_after, record,
@@ -398,7 +401,7 @@ class Supervisor:
         for rank in self.relay.take_touched():
             self.record.ranks[rank].last_line = self.relay.last_line(rank)
         now, samples = time.monotonic(), self._samples
-        for _ in range(min(_RSS_PER_WAKEUP, len(samples))):
+        for _ in range(min(self._rss_per_wakeup, len(samples))):
             if samples[0][0] > now:
                 break
             rank = samples.popleft()[1]

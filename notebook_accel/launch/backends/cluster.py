@@ -80,6 +80,8 @@ class HubHandle(WorkerHandle):
     def frames(self, name: str) -> LinkFrames:
         return LinkFrames(self._links, self.rank, name)
 
+    rss_at_hand = True
+
     def rss(self) -> int | None:
         return self._ends.rss  # its hub's latest figure (once a second)
 
