@@ -176,44 +176,25 @@ def align_module_device(module: nn.Module, execution_device: int | str | torch.d
 
 
 def attach_execution_device_hook(module: nn.Module, execution_device, skip_keys=None,
-                                 preload_module_classes: Iterable[str] | None = None,
-                                 tied_params_map: dict | None = None) -> None:
+                                  preload_module_classes: Iterable[str] | None = None,
+                                  tied_params_map: dict | None = None) -> None:
     """An ``AlignDevicesHook(execution_device)`` on every module holding state (a non-empty
     ``state_dict()``) and no hook yet (not inside a module of a ``preload_module_classes``
-    class). Whether a module holds state is found once per module, in one walk of the model,
-    not by a ``state_dict()`` at every level (O(parameters), not O(parameters x depth))."""
-    holding: dict[int, bool] = {}
+    class). One ``state_dict()`` of the whole model tells which modules hold state (by its
+    keys' prefixes), not one at every level (O(parameters x depth))."""
+    holding = {key[:end + 1] for key in module.state_dict(keep_vars=True)
+               for end in (-1, *(i for i, char in enumerate(key) if char == "."))}
 
-    def attach(module: nn.Module) -> None:
-        if not hasattr(module, "_hf_hook") and _holds_state(module, holding):
+    def attach(module: nn.Module, prefix: str) -> None:
+        if not hasattr(module, "_hf_hook") and prefix in holding:
             add_hook_to_module(module, AlignDevicesHook(execution_device, skip_keys=skip_keys,
                                                         tied_params_map=tied_params_map))
         if preload_module_classes is not None and type(module).__name__ in preload_module_classes:
             return
-        for child in module.children():
-            attach(child)
+        for name, child in module.named_children():
+            attach(child, f"{prefix}{name}.")
 
-    attach(module)
-
-
-def _holds_state(module: nn.Module, holding: dict[int, bool]) -> bool:
-    """Whether ``module.state_dict()`` would be non-empty: a parameter, a persistent buffer or
-    extra state in it or below (a module that makes its own ``state_dict`` is asked); each
-    module's answer kept in ``holding`` (by ``id``), so a model is walked once."""
-    key = id(module)
-    if key not in holding:
-        kind = type(module)
-        if kind.state_dict is not nn.Module.state_dict or module._state_dict_hooks:
-            holding[key] = bool(module.state_dict())
-        else:
-            holding[key] = (
-                any(p is not None for p in module._parameters.values())
-                or any(b is not None and name not in module._non_persistent_buffers_set
-                       for name, b in module._buffers.items())
-                or kind.get_extra_state is not nn.Module.get_extra_state
-                or any(_holds_state(child, holding) for child in module._modules.values()
-                       if child is not None))
-    return holding[key]
+    attach(module, "")
 
 
 def attach_align_device_hook(module: nn.Module, execution_device=None, offload: bool = False,

@@ -52,13 +52,17 @@ class LineGroups:
         ``emit(stream, ranks, text)``, oldest first; with ``until`` (a ``time.perf_counter()``),
         stop there (after one group at least). Returns whether every such group was passed."""
         waiting = self._waiting
-        while waiting and (now is None or now - waiting[0].since >= self.window):
+
+        def due() -> bool:
+            return bool(waiting) and (now is None or now - waiting[0].since >= self.window)
+
+        while due():
             group = waiting.popleft()
             if self._open.get((group.name, group.text)) is group:
                 del self._open[(group.name, group.text)]
             emit(group.name, group.ranks, group.text)
             if until is not None and time.perf_counter() > until:  # (one group at least)
-                return not (waiting and (now is None or now - waiting[0].since >= self.window))
+                return not due()
         return True
 
     def due_in(self, now: float) -> float:

@@ -11,6 +11,7 @@ to reach every door; ``notebook_launcher``'s signature is made from them too.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -36,7 +37,12 @@ def launcher_signature() -> inspect.Signature:
     """``notebook_launcher``'s signature: ``function``, ``args``, the positional options (the
     peer's order), then ``kwargs`` and the other options, keyword-only. An option that a layer
     below the argument can set (environment, file) defaults to None (unset), others to their
-    default."""
+    default. Made once per set of option rows (a strategy registered later adds its own)."""
+    return _signature(tuple(door_options("notebook_launcher").values()))
+
+
+@functools.cache
+def _signature(options: tuple[LaunchOption, ...]) -> inspect.Signature:
     kinds = inspect.Parameter
 
     def parameter(option: LaunchOption, kind: Any) -> inspect.Parameter:
@@ -44,7 +50,6 @@ def launcher_signature() -> inspect.Signature:
         return kinds(option.name, kind, default=default,
                      annotation=Any if option.kind is object else option.kind | None)
 
-    options = door_options("notebook_launcher").values()
     params = [kinds("function", kinds.POSITIONAL_OR_KEYWORD),
               kinds("args", kinds.POSITIONAL_OR_KEYWORD, default=()),
               *(parameter(o, kinds.POSITIONAL_OR_KEYWORD) for o in options if o.positional),
@@ -114,29 +119,22 @@ class LaunchRequest(Mapping[str, Any]):
                     if value is not None or takes[name].nullable})
 
     @classmethod
-    def from_call(cls, function: Any, args: Any = (), *positional: Any, kwargs: Any = None,
-                  **options: Any) -> tuple[Any, Any, Any, LaunchRequest]:
-        """``notebook_launcher``'s call, as :func:`launcher_signature` binds it:
-        ``(function, args, kwargs, request)``; the positional options are the rows' (read now,
-        so no signature is made per call).
+    def from_call(cls, *args: Any, **kwargs: Any) -> tuple[Any, Any, Any, LaunchRequest]:
+        """``notebook_launcher``'s call, bound to :func:`launcher_signature`:
+        ``(function, args, kwargs, request)``.
 
         Raises:
             TypeError: as Python does for a call that does not fit the signature; see
                 :meth:`from_keywords` for the options.
         """
         takes = door_options("notebook_launcher")
-        for name in options:
-            if name not in takes:
+        for name in kwargs:
+            if name not in takes and name not in ("function", "args", "kwargs"):
                 raise _unknown(name, "notebook_launcher", takes)
-        names = [name for name, option in takes.items() if option.positional]
-        if len(positional) > len(names):
-            raise TypeError(f"notebook_launcher() takes from 1 to {len(names) + 2} positional "
-                            f"arguments but {len(positional) + 2} were given")
-        for name, value in zip(names, positional, strict=False):
-            if name in options:
-                raise TypeError(f"notebook_launcher() got multiple values for argument {name!r}")
-            options[name] = value
-        return function, args, kwargs, cls.from_keywords("notebook_launcher", options)
+        given = launcher_signature().bind(*args, **kwargs).arguments
+        function, call_args = given.pop("function"), given.pop("args", ())
+        call_kwargs = given.pop("kwargs", None)
+        return function, call_args, call_kwargs, cls.from_keywords("notebook_launcher", given)
 
     def for_door(self, door: str) -> LaunchRequest:
         """This request, for ``door`` (``"notebook_launcher"`` or ``"WorkerPool"``): its values

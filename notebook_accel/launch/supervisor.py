@@ -42,7 +42,6 @@ from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
-from notebook_accel.launch.views.nodes import node_table, per_node
 from notebook_accel.launch.views.text import format_duration
 from notebook_accel.launch.worker_stacks import stack_ask
 from notebook_accel.wire import (
@@ -177,8 +176,6 @@ class Supervisor:
         self.view = view
         for w in workers:
             record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid, node=w.handle.node)
-        if per_node(record):
-            node_table(record)  # the views' per-node summary: made now, not in the watch loop
         self.by_rank = {w.rank: w for w in workers}
         self.selector = selectors.DefaultSelector()
         # events are read when the loop wakes anyway, not woken per event (a pipe holds ~10k);

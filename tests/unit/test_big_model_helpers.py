@@ -117,8 +117,9 @@ def test_an_offloaded_modules_weights_are_real_inside_align_module_device(tmp_pa
 
 
 def test_the_execution_device_hook_walks_the_model_once(monkeypatch):
-    """Which modules hold state is found in one walk (no state_dict() per level: that was
-    O(parameters x depth)), and the hooks go where a non-empty state_dict() says."""
+    """Which modules hold state is found from one state_dict() of the model (each module's
+    state_dict runs once, not once per level above it: that was O(parameters x depth)), and
+    the hooks go where a non-empty state_dict() says."""
     from notebook_accel.big_model.align_hooks import attach_execution_device_hook
 
     class Extra(nn.Module):
@@ -146,5 +147,5 @@ def test_the_execution_device_hook_walks_the_model_once(monkeypatch):
     monkeypatch.setattr(nn.Module, "state_dict", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     attach_execution_device_hook(model, torch.device("cpu"))
     hooked = {name for name, m in model.named_modules() if hasattr(m, "_hf_hook")}
-    assert calls == [] and hooked == expected
+    assert len(calls) == len(list(model.modules())) and hooked == expected
     assert {"quiet", "empty"}.isdisjoint(hooked) and {"", "loud", "extra", "nobias"} <= hooked

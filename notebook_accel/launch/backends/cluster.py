@@ -40,6 +40,8 @@ class HubHandle(WorkerHandle):
     """A rank forked by its node's hub; its channels are what the node's link brought
     (``NodeLinks``, the group's one inbox), its signals and commands frames on that link."""
 
+    rss_at_hand = True  # its hub sends its memory figure once a second
+
     def __init__(self, rank: int, node: int, address: str, links: NodeLinks, pid: int,
                  persistent: bool) -> None:
         self.rank, self.node, self.address = rank, node, address
@@ -79,8 +81,6 @@ class HubHandle(WorkerHandle):
 
     def frames(self, name: str) -> LinkFrames:
         return LinkFrames(self._links, self.rank, name)
-
-    rss_at_hand = True
 
     def rss(self) -> int | None:
         return self._ends.rss  # its hub's latest figure (once a second)

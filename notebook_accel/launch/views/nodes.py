@@ -17,6 +17,7 @@ import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.observe.progress import done_fraction
@@ -88,7 +89,7 @@ class NodeTable:
         self.settled = False  # no shown node's row waits to be remade
         self.drawn: dict = {}  # a view's text of the shown rows, until a look changes them
         self.membership = 0  # counts the changes of a rank's state or phase (a view's key)
-        self.named: dict = {}  # a view's ranks named per state, under ``membership``
+        self.named: tuple[int, Any] | None = None  # (membership, a view's ranks named per state)
         for status in record.ranks.values():
             for name in ("state", "phase_started", "gpu_memory", "progress"):
                 self.changed(status, name)

@@ -89,12 +89,11 @@ def rank_states(record: LaunchRecord) -> str:
     if per_node(record):  # the nodes' counts, and only the ranks in a phase or abnormal
         summary = node_table(record)
         counts = +summary.states  # (no zero counts)
-        named = summary.named.get(summary.membership)  # (kept until a rank's state changes)
-        if named is None:
-            summary.named = {summary.membership: (_firsts(record, summary.in_phase),
-                                                  _firsts(record, summary.abnormal))}
-            named = summary.named[summary.membership]
-        phased, abnormal = named
+        # the ranks named, kept until a rank's state or phase changes
+        if summary.named is None or summary.named[0] != summary.membership:
+            summary.named = (summary.membership, (_firsts(record, summary.in_phase),
+                                                  _firsts(record, summary.abnormal)))
+        phased, abnormal = summary.named[1]
     else:
         counts = Counter(status.state for status in record.ranks.values())
         phased = abnormal = list(record.ranks.values())
