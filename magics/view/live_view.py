@@ -7,7 +7,8 @@ for the job and a chart per logged metric. It appears once the job has run for
 holds relayed output back, so the block always sits above it), is redrawn at most every
 ``interval`` seconds through its display id (never ``clear_output``, so worker
 output relayed into the cell stays), and ends as a static summary that stays in
-the notebook. Every display carries ``text/plain`` too, for consoles and nbconvert.
+the notebook. The wakeups between two redraws make a large launch's per-node summary
+ready, a little at a time, so that a redraw costs about what it shows. Every display carries ``text/plain`` too, for consoles and nbconvert.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from magics.view.plots import Plots
-from magics.view.progress import progress_html, progress_plain
-from magics.view.status import status_html, status_text
-from notebook_accel.launch import LaunchRecord, rich_hidden_text
+from magics.view.progress import progress_parts
+from magics.view.status import node_line, status_parts
+from notebook_accel.launch import LaunchRecord, prepare_node_table, rich_hidden_text
 
 
 def render(record: LaunchRecord, plots: Plots | None = None,
@@ -34,13 +35,15 @@ def render(record: LaunchRecord, plots: Plots | None = None,
     """
     plots = plots or Plots()
     plots.update(record.history)
-    plain = [status_text(record), progress_plain(record), plots.text()]
+    status_plain, status_rich = status_parts(record)
+    progress_plain, progress_rich = progress_parts(record)
+    plain = [status_plain, progress_plain, plots.text()]
     dropped = sum(record.dropped.values())
     notes = [f"{dropped} events dropped (the kernel lagged)" if dropped else "",
              rich_hidden_text(record) or ""]
     note = "; ".join(n for n in notes if n)
     html = ('<div class="notebook-accel-live" style="font-size:12px;line-height:1.35">'
-            + status_html(record) + progress_html(record) + plots.html(as_images=final)
+            + status_rich + progress_rich + plots.html(as_images=final)
             + (f'<div style="color:#888">{note}</div>' if note else "") + "</div>")
     return {"text/html": html, "text/plain": "\n".join(p for p in [*plain, note] if p)}
 
@@ -97,9 +100,11 @@ class LiveView:
             if self.handle is None and record.elapsed < self.appear_after:
                 return  # a trivial job: nothing to show
         elif record.elapsed < self.appear_after:
+            prepare_node_table(record, node_line)
             return
         now = self.clock()
         if not final and now - self.last_draw < self.interval:
+            prepare_node_table(record, node_line)  # (a large launch's summary, a little each wakeup)
             return
         self.last_draw = now
         bundle = render(record, self.plots, final=final)

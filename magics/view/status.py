@@ -74,12 +74,18 @@ def _colour(record: LaunchRecord, rank: int, state: str) -> str:
     return STATE_COLOURS.get(state, "#000000")
 
 
-def _node_line(row: NodeRow, gpu: bool) -> str:
-    """``node 0 (ranks 0-7): 8 running, slowest rank 3, RSS 1.2 GB | epoch 1 | rank 5: other``
-    (made once per row: a row is made afresh when its node changes)."""
+def node_line(row: NodeRow, gpu: bool) -> tuple[str, str]:
+    """``node 0 (ranks 0-7): 8 running, slowest rank 3, RSS 1.2 GB | epoch 1 | rank 5: other``,
+    and as HTML: made once per row (the wakeups between redraws make it with the row, which is
+    made afresh when its node changes)."""
+    text = _make_node_line(row, gpu)
+    return text, escape(text)
+
+
+def _node_line(row: NodeRow, gpu: bool) -> tuple[str, str]:
     line = row.shown.get(gpu)
     if line is None:
-        line = row.shown[gpu] = _make_node_line(row, gpu)
+        line = row.shown[gpu] = node_line(row, gpu)
     return line
 
 
@@ -108,58 +114,53 @@ def _rank_line(record: LaunchRecord, status: RankStatus, gpu: bool) -> str:
     return line
 
 
-def _node_lines(record: LaunchRecord, gpu: bool) -> list[str]:
-    """The shown nodes' lines, kept (with their HTML) until a node's row changes."""
+def _node_lines(record: LaunchRecord, gpu: bool) -> tuple[list[str], list[str]]:
+    """The shown nodes' lines, as text and as HTML, kept until a node's row changes."""
     drawn = node_table(record).drawn
     if gpu not in drawn:
         rows, nodes_left = node_rows(record)
-        drawn[gpu] = [f"  {_node_line(row, gpu)}" for row in rows]
+        lines = [_node_line(row, gpu) for row in rows]
         if nodes_left:
-            drawn[gpu].append(f"  ... and {nodes_left} more nodes")
+            lines.append((f"... and {nodes_left} more nodes",) * 2)
+        drawn[gpu] = [text for text, _ in lines], [html for _, html in lines]
     return drawn[gpu]
 
 
 def _abnormal_lines(record: LaunchRecord, gpu: bool) -> list[str]:
     abnormal, ranks_left = abnormal_ranks(record)
-    lines = [f"  {_rank_line(record, status, gpu)}" for status in abnormal]
+    lines = [_rank_line(record, status, gpu) for status in abnormal]
     if ranks_left:
-        lines.append(f"  ... and {ranks_left} more failed or stopped ranks")
+        lines.append(f"... and {ranks_left} more failed or stopped ranks")
     return lines
 
 
-def status_text(record: LaunchRecord) -> str:
-    """The header and one line per rank (or per node, and the abnormal ranks), for ``text/plain``."""
-    lines = [f"notebook_accel: {header_text(record)} · {rank_states(record)}"]
-    gpu = _shows_gpu(record)
+def status_parts(record: LaunchRecord) -> tuple[str, str]:
+    """The header and the table as ``(text/plain, text/html)``: one row per rank, or per node
+    and the abnormal ranks (everything from workers is escaped in the HTML). Both are made
+    from one pass over the record: a redraw pays for its figures once."""
+    header, gpu = header_text(record), _shows_gpu(record)
     if per_node(record):
-        return "\n".join(lines + _node_lines(record, gpu) + _abnormal_lines(record, gpu))
-    lines += [f"  {_rank_line(record, status, gpu)}" for _, status in sorted(record.ranks.items())]
-    return "\n".join(lines)
+        states = rank_states(record)
+        nodes, nodes_html = _node_lines(record, gpu)
+        abnormal = _abnormal_lines(record, gpu)
+        text = "\n".join([f"notebook_accel: {header} · {states}",
+                          *(f"  {line}" for line in [*nodes, *abnormal])])
+        html = (f'<div style="margin-bottom:4px"><b>notebook_accel</b> · {escape(header)} · '
+                f'{escape(states)}</div><pre style="font-size:12px;margin:0;white-space:pre-wrap">'
+                + "\n".join([*nodes_html, *map(escape, abnormal)]) + "</pre>")
+        return text, html
+    statuses = sorted(record.ranks.items())
+    text = "\n".join([f"notebook_accel: {header} · {rank_states(record)}",
+                      *(f"  {_rank_line(record, status, gpu)}" for _, status in statuses)])
+    return text, _rank_table_html(record, header, statuses, gpu)
 
 
-def _per_node_html(record: LaunchRecord, gpu: bool) -> str:
-    """Per node: one line each, then the abnormal ranks' (plain text in a ``<pre>``, escaped)."""
-    nodes = _node_lines(record, gpu)
-    drawn = node_table(record).drawn
-    html = drawn.get(("html", gpu))
-    if html is None:
-        html = drawn["html", gpu] = escape("\n".join(line.strip() for line in nodes))
-    abnormal = escape("\n".join(line.strip() for line in _abnormal_lines(record, gpu)))
-    return ('<pre style="font-size:12px;margin:0;white-space:pre-wrap">' + html
-            + ("\n" if nodes and abnormal else "") + abnormal + "</pre>")
-
-
-def status_html(record: LaunchRecord) -> str:
-    """The header and a table of ranks, or per node (everything from workers is escaped)."""
-    gpu = _shows_gpu(record)
-    if per_node(record):
-        return (f'<div style="margin-bottom:4px"><b>notebook_accel</b> · '
-                f'{escape(header_text(record))} · {escape(rank_states(record))}</div>'
-                + _per_node_html(record, gpu))
+def _rank_table_html(record: LaunchRecord, header: str, statuses: list[tuple[int, RankStatus]],
+                     gpu: bool) -> str:
     heads = ["rank", "state", "pid", "elapsed", "RSS"] + (["GPU"] if gpu else []) + ["last output"]
     cell = 'style="padding:1px 8px;text-align:left;border:none"'
     rows = ["<tr>" + "".join(f"<th {cell}>{h}</th>" for h in heads) + "</tr>"]
-    for rank, status in sorted(record.ranks.items()):
+    for rank, status in statuses:
         colour = _colour(record, rank, status.state)
         label = _state_label(status, rank == record.root_cause)
         values = [
@@ -174,6 +175,6 @@ def status_html(record: LaunchRecord) -> str:
         last = _short(status.last_line)
         values.append(f"<code>{escape(last)}</code>" if last.strip() else "")  # no empty box
         rows.append("<tr>" + "".join(f"<td {cell}>{v}</td>" for v in values) + "</tr>")
-    return (f'<div style="margin-bottom:4px"><b>notebook_accel</b> · {escape(header_text(record))}'
+    return (f'<div style="margin-bottom:4px"><b>notebook_accel</b> · {escape(header)}'
             f'</div><table style="border-collapse:collapse;font-size:12px;margin:0">'
             + "".join(rows) + "</table>")

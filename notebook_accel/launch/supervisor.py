@@ -43,6 +43,7 @@ from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
 from notebook_accel.launch.views import View
 from notebook_accel.launch.views.text import format_duration
+from notebook_accel.launch.worker.hub_link import memory_moved
 from notebook_accel.launch.worker_stacks import stack_ask
 from notebook_accel.wire import (
     DebugEnd,
@@ -60,9 +61,8 @@ _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before st
 # (less when every rank still running has reported already)
 _STACK_DUMP_WAIT = 0.5
 _STACKS_SHOWN = 2  # distinct stacks a timeout's error shows (the rest are counted)
-_RSS_PER_WAKEUP = 8  # ranks whose memory one wakeup samples (each at most once a second)
-_RSS_AT_HAND_PER_WAKEUP = 64  # as many where the figure is already here (a cluster's hubs send it)
-_RSS_MOVED = 0.01  # a rank's memory figure changes when it moved by more than this fraction
+_RSS_BUDGET = 0.0001  # seconds a wakeup spends sampling memory (one rank at least; each rank
+# at most once a second): a few system calls (a local rank's), or dozens of figures at hand
 INTERRUPT_GRACE = 1.5  # seconds a persistent worker has to end its run after an interrupt
 _LOOK_EVERY = 0.5  # seconds between two looks at the stacks of a run on some ranks of a pool
 
@@ -184,11 +184,10 @@ class Supervisor:
         self._inboxes: list = []  # the groups' inboxes (handles without descriptors)
         self.unfinished = {w.rank for w in workers}
         # memory: each rank sampled once a second, a few per wakeup (a warm pool's runs are
-        # often far shorter than a second: its first samples wait that long)
+        # often far shorter than a second: its first samples wait that long); a rank whose
+        # inbox tells when its figure moves (a cluster's: its hub's) is sampled once, then told
         first = time.monotonic() + 1.0 if any(h.persistent for h in handles) else 0.0
         self._samples: deque[tuple[float, int]] = deque((first, w.rank) for w in workers)
-        self._rss_per_wakeup = (_RSS_AT_HAND_PER_WAKEUP if all(h.rss_at_hand for h in handles)
-                                else _RSS_PER_WAKEUP)
         self.dumps = StackDumps(relay)  # the stacks of ranks that cannot answer a StackAsk
         # (a function of the relay, not a method: no cycle keeps the workers' pipes open after)
         self.hangs = HangWatch(list(self.by_rank), hang_after, record,
@@ -219,12 +218,15 @@ class Supervisor:
             self.selector.unregister(fd)
 
     def _news(self) -> list[tuple[int, str]]:
-        """The (rank, channel) pairs the inboxes have news of (the events come at once)."""
+        """The (rank, channel) pairs the inboxes have news of (the events and a moved memory
+        figure are taken in at once)."""
         news = []
         for inbox in self._inboxes:
             for rank, kind in inbox.take(self.by_rank):
                 if kind == "events":
                     self._read_events(self.by_rank[rank])
+                elif kind == "memory":
+                    self.record.ranks[rank].rss = self.by_rank[rank].handle.rss()
                 else:
                     news.append((rank, kind))
         return news
@@ -398,16 +400,18 @@ class Supervisor:
         for rank in self.relay.take_touched():
             self.record.ranks[rank].last_line = self.relay.last_line(rank)
         now, samples = time.monotonic(), self._samples
-        for _ in range(min(self._rss_per_wakeup, len(samples))):
-            if samples[0][0] > now:
-                break
+        deadline = time.perf_counter() + _RSS_BUDGET
+        while samples and samples[0][0] <= now:
             rank = samples.popleft()[1]
             worker = self.by_rank[rank]
             if not worker.exited:
                 status, rss = self.record.ranks[rank], worker.handle.rss()
-                if rss and (status.rss is None or abs(rss - status.rss) > status.rss * _RSS_MOVED):
-                    status.rss = rss  # (a few pages more or less: no news for the views)
-                samples.append((now + 1.0, rank))
+                if memory_moved(status.rss, rss):
+                    status.rss = rss
+                if not worker.handle.rss_told:
+                    samples.append((now + 1.0, rank))
+            if time.perf_counter() > deadline:
+                break
         self.view.update(self.record)
 
     def run(self) -> list[Worker]:

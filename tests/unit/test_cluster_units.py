@@ -213,3 +213,47 @@ def test_a_stop_goes_once_per_node_listing_its_ranks():
         links.close()
         for _, hub in pairs.values():
             hub.close()
+
+
+def test_a_ranks_memory_goes_to_the_kernel_only_when_it_moved():
+    """A hub looks at its ranks' memory once a second and sends a figure only when it moved by
+    more than 1%: a steady job's figures cost the link and the kernel nothing. The kernel takes
+    a figure in as news of its rank (the supervisor shows it at once, samples nothing)."""
+    import os
+    import socket
+    import time
+
+    from notebook_accel.launch.cluster import node_links
+    from notebook_accel.launch.worker import hub_pump
+    from notebook_accel.launch.worker.hub_link import Frame, FrameParser
+
+    class Process:
+        rss = 100 << 20
+
+        def memory_info(self):
+            return self
+
+    hub_end, kernel_end = socket.socketpair()
+    alive_r, alive_w = os.pipe()
+    pump = hub_pump.HubPump(hub_end, [], alive_w)
+    pump.live, pump.processes[7] = {7}, Process()
+    links = node_links.NodeLinks({0: kernel_end}, {0: [7]})
+    try:
+        sent = []
+        for rss in (100 << 20, (100 << 20) + (512 << 10), 102 << 20):  # +0.5%: not news
+            Process.rss = rss
+            pump._measure()
+            sent += [(kind, rank, body) for kind, rank, body in FrameParser().feed(bytes(pump.outbox))]
+            hub_end.sendall(pump.outbox)
+            pump.outbox.clear()
+        assert [(kind, rank) for kind, rank, _ in sent] == [(Frame.MEMORY, 7)] * 2
+        deadline = time.monotonic() + 2
+        while links.ends[7].rss != 102 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert links.ends[7].rss == 102 << 20
+        assert links.take({7}) == [(7, "memory")]  # the two figures: one piece of news
+    finally:
+        links.close()
+        hub_end.close()
+        for fd in (alive_r, alive_w):
+            os.close(fd)

@@ -222,7 +222,7 @@ def _record() -> LaunchRecord:
 
 
 def test_a_phase_event_shows_as_compiling_with_its_duration():
-    from magics.view.status import status_html, status_text
+    from magics.view.status import status_parts
 
     record = _record()
     message = decode(encode_data("phase", {"name": "compiling"}))
@@ -231,8 +231,8 @@ def test_a_phase_event_shows_as_compiling_with_its_duration():
     record.apply(0, message)
     assert record.ranks[0].state == "compiling"
     assert rank_states(record) == "1 compiling (rank 0 for 12.0 s), 1 running"
-    assert "rank 0: compiling (12.0 s)" in status_text(record)
-    assert "compiling (12.0 s)" in status_html(record)
+    text, html = status_parts(record)
+    assert "rank 0: compiling (12.0 s)" in text and "compiling (12.0 s)" in html
     record.apply(0, Phase(None))
     assert record.ranks[0].state == "running" and rank_states(record) == "2 running"
     record.ranks[1].state = "finished"

@@ -238,17 +238,18 @@ def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
 
 
 def test_a_redraw_recomputes_only_the_nodes_whose_ranks_changed():
-    """The per-node summary is kept up to date by the ranks' statuses: a redraw after a few
-    changes remakes their shown nodes' rows only, and shows the change (O(changed) and the
-    shown rows, not O(ranks))."""
+    """The per-node summary is kept up to date by the ranks' statuses: a wakeup and a redraw
+    after a few changes remake their shown nodes' rows only, and show the change (O(changed)
+    and the shown rows, not O(ranks))."""
     from magics.view.live_view import render
-    from notebook_accel.launch.views.nodes import node_table
+    from notebook_accel.launch.views.nodes import node_table, prepare_node_table
 
     record = _big_record(1024)
     render(record)
     rows = dict(node_table(record).rows)
     record.ranks[9].last_line = "rank 9 says something else"
     record.ranks[1000].state = "failed"
+    prepare_node_table(record)
     plain = render(record)["text/plain"]
     now = node_table(record).rows
     assert len(rows) == len(now) == 32  # rows only for the nodes shown
@@ -298,20 +299,22 @@ def test_a_paced_flush_releases_grouped_lines_a_slice_at_a_time_and_loses_none(m
     assert out.getvalue() == "".join(f"[rank {index}] line {index}\n" for index in range(40))
 
 
-def test_a_redraw_takes_no_rank_by_rank_work_and_spends_its_budget_once(monkeypatch):
-    """What the ranks change is taken in as it changes: a redraw then remakes rows within its
-    budget, once for all the calls of one redraw, never walking the ranks; a node shown for the
-    first time (its rank failed) gets its row whatever the budget."""
+def test_a_redraw_takes_no_rank_by_rank_work_and_leaves_changed_rows_to_the_wakeups_between(
+        monkeypatch):
+    """What the ranks change is taken in as it changes. A redraw remakes no row that it has
+    (a node shown for the first time, its rank failed, gets its row at once) and never walks
+    the ranks; the wakeups between redraws remake the changed rows within their budget, those
+    whose ranks changed state first; the end remakes every one."""
     from magics.view.live_view import render
     from notebook_accel.launch.views import nodes
 
     record = _big_record(1024)
     render(record)
-    monkeypatch.setattr(nodes, "LOOK_BUDGET", 0.0)
-    monkeypatch.setattr(nodes, "LOOK_AGAIN", 3600.0)
+    monkeypatch.setattr(nodes, "LOOK_AGAIN", 0.0)
     for status in record.ranks.values():
         status.last_line = f"rank {status.rank} moved on"
     record.ranks[1000].state = "failed"
+    record.ranks[5].state = "stopped"
     remade, took_in = [], []
     row, changed = nodes._row, nodes.NodeTable.changed
     monkeypatch.setattr(nodes, "_row", lambda *args: remade.append(args[1]) or row(*args))
@@ -321,12 +324,39 @@ def test_a_redraw_takes_no_rank_by_rank_work_and_spends_its_budget_once(monkeypa
     assert took_in == []  # no rank is looked at in a redraw
     assert remade == [125]  # the failed rank's node: shown now, made at once; the rest wait
     assert "rank 1000: failed" in plain and "node 125 (ranks 1000-1007): 7 running, 1 failed" in plain
+    assert "rank 5: stopped" in plain  # (the abnormal ranks: from the counts, not the rows)
     render(record)
     assert remade == [125]  # a second redraw at once, nothing new: no row
+    monkeypatch.setattr(nodes, "PREPARE_BUDGET", 0.0)
+    nodes.prepare_node_table(record)  # a wakeup between redraws: one row past its budget
+    assert remade == [125, 0]  # node 0's rank changed state: first
+    assert "node 0 (ranks 0-7): 7 running, 1 stopped" in render(record)["text/plain"]
     record.finish("failed")
     render(record, final=True)
-    assert len(remade) == 1 + 31  # the end: every shown row made afresh
+    assert len(remade) == 2 + 30  # the end: every shown row made afresh
     assert "rank 0 moved on" in render(record)["text/plain"]
+
+
+def test_a_large_launchs_summary_is_taken_in_a_little_each_wakeup_before_it_is_drawn(
+        monkeypatch):
+    """Taking in 1024 ranks at a launch's first redraw would cost that wakeup milliseconds:
+    the wakeups before (the view is not shown yet) take them in a budget at a time."""
+    from magics.view.live_view import LiveView
+    from notebook_accel.launch.views import nodes
+
+    record = _big_record(1024)
+    monkeypatch.setattr(nodes, "PREPARE_BUDGET", 0.0)  # one chunk of ranks per wakeup
+    drawn = []
+    view = LiveView(record, display=lambda bundle: drawn.append(bundle), appear_after=3600)
+    view.update(record)
+    table = record.node_table
+    assert table.taken == nodes.TAKE_IN_CHUNK and not table.in_order and drawn == []
+    for _ in range(1024 // nodes.TAKE_IN_CHUNK - 1):
+        view.update(record)
+    assert table.taken == 1024 and len(table.in_order) == 128
+    view.update(record)  # every rank in: now rows, a budget at a time
+    assert len(table.rows) == 1
+    assert sum(table.states.values()) == 1024 and table.abnormal == {300, 301}
 
 
 def test_the_slowest_rank_follows_the_progress_events_as_they_come():

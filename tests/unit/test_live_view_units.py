@@ -213,14 +213,14 @@ def test_text_view_is_silent_for_a_trivial_job():
 
 
 def test_ranks_without_output_get_no_empty_box_and_only_the_root_cause_is_red():
-    from magics.view.status import STATE_COLOURS, status_html
+    from magics.view.status import STATE_COLOURS, status_parts
 
     record = make_record(ranks=3)
     record.ranks[0].state, record.ranks[0].last_line = "stopped", ""
     record.ranks[1].state, record.ranks[1].last_line = "failed", "ValueError: boom"
     record.ranks[2].state, record.ranks[2].last_line = "failed", "Connection closed by peer"
     record.root_cause = 1
-    html = status_html(record)
+    _, html = status_parts(record)
     assert "<code></code>" not in html and "<code>ValueError: boom</code>" in html
     red = STATE_COLOURS["failed"]
     assert html.count(f"color:{red}") == 1 and "failed · root cause" in html

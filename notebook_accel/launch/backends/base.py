@@ -61,7 +61,7 @@ class WorkerHandle(abc.ABC):
     commands_fd: int | None = None  # a persistent worker's commands channel (the kernel's end)
     inbox: Inbox | None = None  # shared by the group's handles when they have no descriptors
     together: Together | None = None  # signals the group's ranks at once (signal_all)
-    rss_at_hand: bool = False  # ``rss`` reads a figure already here (no system call)
+    rss_told: bool = False  # ``rss`` reads a figure here, and its inbox tells ("memory") when it moves
 
     def read_output(self, name: str) -> bytes | None:
         """What its ``stdout`` or ``stderr`` holds now: b"" at its end, None when nothing is."""

@@ -40,7 +40,7 @@ class HubHandle(WorkerHandle):
     """A rank forked by its node's hub; its channels are what the node's link brought
     (``NodeLinks``, the group's one inbox), its signals and commands frames on that link."""
 
-    rss_at_hand = True  # its hub sends its memory figure once a second
+    rss_told = True  # its hub sends its memory figure when it moved (looked at once a second)
 
     def __init__(self, rank: int, node: int, address: str, links: NodeLinks, pid: int,
                  persistent: bool) -> None:
@@ -83,7 +83,7 @@ class HubHandle(WorkerHandle):
         return LinkFrames(self._links, self.rank, name)
 
     def rss(self) -> int | None:
-        return self._ends.rss  # its hub's latest figure (once a second)
+        return self._ends.rss  # its hub's latest figure
 
     def describe_end(self) -> str | None:
         if self._ends.lost is None:

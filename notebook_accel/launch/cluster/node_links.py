@@ -255,8 +255,9 @@ class NodeLinks:
                     (ends.exitcode,) = EXIT.unpack(body)
                     ends.ended.set()  # after its bytes: they are all held already
                     self._tell(rank, "exit")
-                elif kind is Frame.MEMORY:
-                    (ends.rss,) = RSS.unpack(body)  # (no news: the supervisor samples it)
+                elif kind is Frame.MEMORY:  # (sent when it moved)
+                    (ends.rss,) = RSS.unpack(body)
+                    self._tell(rank, "memory")
                 elif kind in NAMES:
                     ends.held.setdefault(kind, bytearray()).extend(body)
                     self._held[node] += len(body)

@@ -16,6 +16,7 @@ import heapq
 import itertools
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,10 @@ PER_RANK_LIMIT = 32  # ranks shown one row each up to this many
 NODE_ROWS = 32
 ABNORMAL_ROWS = 16
 ABNORMAL_STATES = ("failed", "stopped")
-LOOK_BUDGET = 0.0001  # seconds a look spends remaking rows (a node shown first: always)
 LOOK_AGAIN = 0.05  # seconds before a look without news remakes more rows (a redraw: 0.3 s)
+PREPARE_BUDGET = 0.0001  # seconds a wakeup without a redraw spends on the table (see prepare)
+TAKE_IN_CHUNK = 32  # ranks taken in between two looks at the clock
+ROW_FIELDS = frozenset({"state", "rss", "gpu_memory", "last_line"})  # a rank's, a row shows
 
 
 @dataclass
@@ -60,21 +63,23 @@ class NodeTable:
     """A record's rows per node, kept up to date as the ranks change: each rank's status tells
     the table of every change (``RankStatus.watch``), which it takes in at once (its state
     counted, its node marked for a new row, its node's least-done rank updated), so that work
-    goes with the news that caused it. A look then costs the rows it remakes, never the ranks:
-    rows are kept only for the nodes a view shows (at most ``NODE_ROWS``: those with a failed
-    rank first, then by number); the shown nodes whose ranks changed are remade within
-    ``LOOK_BUDGET`` seconds a look (a node shown for the first time always), those whose
-    ranks changed state first, oldest first, the rest at the next look (all once the launch
-    ended)."""
+    goes with the news that caused it. Rows are kept only for the nodes a view shows (at most
+    ``NODE_ROWS``: those with a failed rank first, then by number).
+
+    The work is done between redraws (:meth:`prepare`, ``PREPARE_BUDGET`` seconds a wakeup):
+    the ranks are taken in a few at a time, then the shown nodes whose ranks changed are remade
+    (those whose ranks changed state first, oldest first). A redraw's :meth:`look` then remakes
+    only what has no row yet (all of it once the launch ended): a redraw costs the rows it
+    shows, never the ranks, and one with nothing changed reuses what was drawn."""
 
     def __init__(self, record: LaunchRecord) -> None:
         self.record, self.size = record, len(record.ranks)
         self.nodes: dict[int, list[int]] = {}
-        for status in record.ranks.values():
-            self.nodes.setdefault(status.node, []).append(status.rank)
-        self.in_order = sorted(self.nodes)
+        self.in_order: list[int] = []  # the nodes by number (once every rank is taken in)
+        self.unwatched = list(record.ranks.values())  # ranks to take in, from ``taken`` on
+        self.taken = 0
         self.rows: dict[int, NodeRow] = {}  # the shown nodes'
-        self.stale: dict[int, None] = dict.fromkeys(self.in_order)  # rows to remake, oldest first
+        self.stale: dict[int, None] = {}  # rows to remake, oldest first
         self.urgent: set[int] = set()  # nodes whose ranks changed state since the last look
         self.state_of: dict[int, str] = {}
         self.states: Counter = Counter()  # every rank's state, counted
@@ -90,13 +95,40 @@ class NodeTable:
         self.drawn: dict = {}  # a view's text of the shown rows, until a look changes them
         self.membership = 0  # counts the changes of a rank's state or phase (a view's key)
         self.named: tuple[int, Any] | None = None  # (membership, a view's ranks named per state)
-        for status in record.ranks.values():
-            for name in ("state", "phase_started", "gpu_memory", "progress"):
-                self.changed(status, name)
-            status.watch(self)
+        self.listed: tuple[Any, Any] | None = None  # ((membership, root cause), the abnormal ranks)
+        self.show: Callable[[NodeRow, bool], Any] | None = None  # a view's rendering of a row
+
+    def take_in(self, deadline: float | None = None) -> bool:
+        """Watch the ranks not watched yet, taking in what they show now (until ``deadline``, a
+        ``time.perf_counter()``); True once every rank is."""
+        pending, first = self.unwatched, self.taken
+        while self.taken < len(pending):
+            if deadline is not None and self.taken > first and time.perf_counter() > deadline:
+                return False  # (a chunk at least)
+            for status in pending[self.taken:self.taken + TAKE_IN_CHUNK]:
+                self.nodes.setdefault(status.node, []).append(status.rank)
+                for name in ("state", "phase_started", "gpu_memory", "progress"):
+                    self.changed(status, name)
+                status.watch(self)
+            self.taken += TAKE_IN_CHUNK
+        if not self.in_order:
+            self.unwatched = []
+            self.in_order = sorted(self.nodes)
+        return True
+
+    def prepare(self, shown: Callable[[NodeRow, bool], Any] | None = None) -> None:
+        """Spend ``PREPARE_BUDGET`` seconds of a wakeup without a redraw on the table: take in
+        ranks not watched yet, then remake changed rows (see the class), each with the view's
+        ``shown(row, gpu)`` (kept in ``row.shown[gpu]``: a redraw then only puts rows together)."""
+        self.show = shown or self.show
+        deadline = time.perf_counter() + PREPARE_BUDGET
+        if self.take_in(deadline):
+            self._look(deadline)
 
     def changed(self, status: RankStatus, name: str) -> None:
-        """``status``'s field ``name`` changed (``"progress"``: its progress bar): take it in."""
+        """``status``'s field ``name`` changed (``"progress"``: its progress bar): take it in; its
+        node's row is remade only for what the row shows (a new step is news only when it
+        changes the node's slowest rank)."""
         node = status.node
         if name == "state":
             self._count_state(status)
@@ -104,10 +136,14 @@ class NodeTable:
         elif name == "phase_started":
             _mark(self.in_phase, status.rank, status.phase_started is not None)
             self.membership += 1
+            return
         elif name == "gpu_memory":
             self.gpu = self.gpu or status.gpu_memory is not None
         elif name == "progress":
-            self._progressed(status.rank, node)
+            if not self._progressed(status.rank, node):
+                return
+        elif name not in ROW_FIELDS:
+            return
         self.stale[node] = None
         self.news = True
 
@@ -129,44 +165,57 @@ class NodeTable:
             self.failed_nodes[node] += 1
         _mark(self.abnormal, rank, state in ABNORMAL_STATES)
 
-    def _progressed(self, rank: int, node: int) -> None:
+    def _progressed(self, rank: int, node: int) -> bool:
         """Keep the node's least-done rank: a rank doing less than it replaces it; when that
-        rank itself moves on, the node's few ranks are asked again."""
+        rank itself moves on, the node's few ranks are asked again. True when the node's
+        least-done rank is another one now."""
         progress = self.record.progress
         if rank not in progress:
-            return
+            return False
         mine, least = (done_fraction(progress[rank]), rank), self.least_done.get(node)
         if least is None or mine < least:
             self.least_done[node] = mine
         elif least[1] == rank:
             self.least_done[node] = min((done_fraction(progress[other]), other)
                                         for other in self.nodes[node] if other in progress)
+        return least is None or self.least_done[node][1] != least[1]
 
     def look(self) -> None:
-        """Remake the shown rows that changed (see the class); nothing changed and no shown row
-        waiting: nothing to do (a quiet redraw costs no row); a row waiting is remade at a
-        later redraw (``LOOK_AGAIN`` seconds on, or once the launch ended), not by the next
-        call of the same one."""
+        """Bring the shown rows up to date for a redraw: every rank taken in, and a row made for
+        each shown node that has none (every changed row once the launch ended); the other
+        changed rows are left to :meth:`prepare`."""
+        self.take_in()
+        self._look(None)
+
+    def _look(self, deadline: float | None) -> None:
+        """Remake the shown rows that changed until ``deadline`` (one at least; None: a redraw's,
+        only the shown nodes that have no row; all once the launch ended). Nothing changed and no shown row
+        waiting: nothing to do; the several calls of one redraw or wakeup look once
+        (``LOOK_AGAIN``)."""
         now = time.monotonic()
         if not self.news and (self.settled or (self.record.outcome is None
                                                and now - self.looked < LOOK_AGAIN)):
-            return  # (the views of one redraw ask several times: the rows it spends on once)
+            return
         self.looked = now
-        self.drawn.clear()
         self.news = False
-        self.showing = self.shown()
-        shown = set(self.showing)
+        showing = self.shown()
+        if showing != self.showing:
+            self.drawn.clear()
+            self.showing = showing
+        shown = set(showing)
         for node in list(self.rows):
             if node not in shown:
                 del self.rows[node]
                 self.stale[node] = None  # remade if it is shown again
-        deadline = time.perf_counter() + LOOK_BUDGET
+        ended, made = self.record.outcome is not None, 0
         for node in [*(self.urgent & shown), *self.stale]:  # a changed state first
             if node not in shown or node not in self.stale:
                 continue
-            if self.record.outcome is None and node in self.rows and time.perf_counter() > deadline:
-                continue  # (a node shown without a row yet is still made)
+            if not ended and (node in self.rows if deadline is None
+                              else made and time.perf_counter() > deadline):
+                continue  # (a redraw makes the rows it lacks; a wakeup one row at least)
             self._remake(node)
+            made += 1
         self.urgent.intersection_update(self.stale)
         self.settled = shown.isdisjoint(self.stale)
 
@@ -180,19 +229,36 @@ class NodeTable:
         if self.stale.pop(node, 0) is not None:
             return  # remade already in this look
         least = self.least_done.get(node)
-        self.rows[node] = _row(self.record, node, self.nodes[node], least and least[1])
+        row = self.rows[node] = _row(self.record, node, self.nodes[node], least and least[1])
+        if self.show is not None:
+            row.shown[self.gpu] = self.show(row, self.gpu)
+        self.drawn.clear()
 
     def slowest(self) -> int | None:
         """The rank that has done the least of its progress bar (None: no progress events)."""
         return min(self.least_done.values())[1] if self.least_done else None
 
 
-def node_table(record: LaunchRecord) -> NodeTable:
-    """The record's :class:`NodeTable`, up to date."""
+def _table(record: LaunchRecord) -> NodeTable:
     if record.node_table is None or record.node_table.size != len(record.ranks):
         record.node_table = NodeTable(record)
-    record.node_table.look()
     return record.node_table
+
+
+def node_table(record: LaunchRecord) -> NodeTable:
+    """The record's :class:`NodeTable`, ready to draw."""
+    table = _table(record)
+    table.look()
+    return table
+
+
+def prepare_node_table(record: LaunchRecord,
+                       shown: Callable[[NodeRow, bool], Any] | None = None) -> None:
+    """A view's wakeup without a redraw: the per-node summary's work, a little at a time, rows
+    rendered by ``shown`` (:meth:`NodeTable.prepare`); nothing at ``PER_RANK_LIMIT`` ranks or
+    fewer."""
+    if per_node(record):
+        _table(record).prepare(shown)
 
 
 def node_rows(record: LaunchRecord) -> tuple[list[NodeRow], int]:
@@ -207,12 +273,12 @@ def abnormal_ranks(record: LaunchRecord) -> tuple[list[RankStatus], int]:
     """The failed and stopped ranks (root cause first), at most ``ABNORMAL_ROWS``, and how many
     more there are."""
     table = node_table(record)
-    key = ("abnormal", record.root_cause)
-    if key not in table.drawn:  # (kept until a look changes the table)
+    key = (table.membership, record.root_cause)
+    if table.listed is None or table.listed[0] != key:  # (kept until a rank's state changes)
         found = heapq.nsmallest(ABNORMAL_ROWS, (record.ranks[rank] for rank in table.abnormal),
                                 key=lambda s: (s.rank != record.root_cause, s.state != "failed", s.rank))
-        table.drawn[key] = found, max(0, len(table.abnormal) - ABNORMAL_ROWS)
-    return table.drawn[key]
+        table.listed = key, (found, max(0, len(table.abnormal) - ABNORMAL_ROWS))
+    return table.listed[1]
 
 
 def _row(record: LaunchRecord, node: int, ranks: list[int], slowest: int | None) -> NodeRow:

@@ -127,8 +127,11 @@ def _firsts(record: LaunchRecord, ranks: set[int], limit: int = 4) -> list[RankS
 def progress_text(record: LaunchRecord) -> str | None:
     """The job's progress as one line (tqdm's own format), or None without progress events."""
     state = job_progress(record, node_table(record).slowest() if per_node(record) else None)
-    if state is None:
-        return None
+    return None if state is None else progress_line(state)
+
+
+def progress_line(state: dict) -> str:
+    """One progress state (``job_progress``'s) as tqdm's own one-line format."""
     from tqdm.std import tqdm
 
     return tqdm.format_meter(

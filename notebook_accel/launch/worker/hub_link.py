@@ -29,6 +29,7 @@ EVERY_RANK = 0xFFFFFFFF  # a SIGNAL's rank for the ranks listed after its data (
 BEAT_EVERY = 1.0  # seconds between two beats of each side
 SILENCE = 4.0  # seconds without a frame after which a side takes the other for lost
 STOP_GRACE = 2.0  # seconds between a rank's SIGTERM and its SIGKILL, on the hub's own clock
+MEMORY_MOVED = 0.01  # a memory figure is news when it moved by more than this fraction
 
 
 class Frame(enum.IntEnum):
@@ -43,7 +44,8 @@ class Frame(enum.IntEnum):
     COMMAND = 6  # kernel -> hub: bytes for a rank's commands channel (b"": close it)
     SIGNAL = 7  # kernel -> hub: signal a rank, or EVERY_RANK: those listed (SIGNAL, then "!I"s)
     RUN = 8  # kernel -> hub: a pool run for the node (pickled (payload, ranks sending results))
-    MEMORY = 9  # hub -> kernel: a rank's resident memory (RSS), once a second
+    MEMORY = 9  # hub -> kernel: a rank's resident memory (RSS), looked at once a second, sent
+    # when it moved (``memory_moved``)
 
 
 OUTPUTS = (Frame.STDOUT, Frame.STDERR, Frame.CONTROL, Frame.EVENTS)  # a rank's channels, in order
@@ -52,6 +54,13 @@ OUTPUTS = (Frame.STDOUT, Frame.STDERR, Frame.CONTROL, Frame.EVENTS)  # a rank's 
 def hello(token: bytes, index: int, channel: int = 0) -> bytes:
     """The first bytes on a connection to the kernel (or its relay)."""
     return HELLO.pack(token, index, channel)
+
+
+def memory_moved(before: int | None, now: int | None) -> bool:
+    """Whether a rank's memory figure ``now`` is news after ``before`` (a few pages more or less
+    are not: a hub would send it, the kernel's views would redraw, for nothing). The kernel
+    applies the same rule to the figures it samples itself (a local launch's)."""
+    return bool(now) and (before is None or abs(now - before) > before * MEMORY_MOVED)
 
 
 def frame(kind: Frame, rank: int, data: bytes = b"") -> bytes:

@@ -33,6 +33,7 @@ from notebook_accel.launch.worker.hub_link import (
     Frame,
     FrameParser,
     frame,
+    memory_moved,
 )
 from notebook_accel.launch.worker.rank_fork import ForkedRank
 
@@ -55,6 +56,7 @@ class HubPump:
         self.selector.register(link, selectors.EVENT_READ, None)
         self.pidfds: dict[int, int] = {}
         self.processes: dict[int, psutil.Process] = {}  # the live ranks' (their memory)
+        self.told: dict[int, int] = {}  # each rank's memory figure as last sent
         for r in ranks:
             for kind, fd in r.outputs.items():
                 self.selector.register(fd, selectors.EVENT_READ, (r.rank, kind))
@@ -131,19 +133,24 @@ class HubPump:
         self._forget(rank)
 
     def _measure(self) -> None:
-        """Each live rank's resident memory, for the kernel's view (as a local launch shows it)."""
+        """Each live rank's resident memory, for the kernel's view (as a local launch shows it):
+        sent when it moved (``memory_moved``), so a steady job's figures cost the kernel nothing."""
         for rank in self.live:
             with contextlib.suppress(psutil.Error):
                 process = self.processes.get(rank)
                 if process is None:
                     process = self.processes[rank] = psutil.Process(self.ranks[rank].pid)
-                self.outbox += frame(Frame.MEMORY, rank, RSS.pack(process.memory_info().rss))
+                rss = process.memory_info().rss
+                if memory_moved(self.told.get(rank), rss):
+                    self.told[rank] = rss
+                    self.outbox += frame(Frame.MEMORY, rank, RSS.pack(rss))
 
     def _forget(self, rank: int) -> None:
         forked = self.ranks[rank]
         self.live.discard(rank)
         self.kill_at.pop(rank, None)
         self.processes.pop(rank, None)
+        self.told.pop(rank, None)
         for fd in (*forked.outputs.values(), self.pidfds.pop(rank)):
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(fd)
