@@ -38,7 +38,7 @@ CELL_BURST = 100_000
 DEDUP_ABOVE = 16  # ranks shown: above this, identical lines of many ranks are shown once
 FLUSH_EVERY = 0.05  # seconds between two writes to the cell while a job runs
 NOTICE_EVERY = 1.0  # seconds between two notices of lines the cell's budget left out
-RELEASE_SLICE = 0.0003  # seconds one paced flush spends releasing groups of identical lines
+RELEASE_SLICE = 0.0001  # seconds one paced flush spends releasing groups of identical lines
 
 
 class _Stream:

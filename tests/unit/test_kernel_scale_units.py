@@ -301,15 +301,19 @@ def test_a_paced_flush_releases_grouped_lines_a_slice_at_a_time_and_loses_none(m
 
 def test_a_redraw_takes_no_rank_by_rank_work_and_leaves_changed_rows_to_the_wakeups_between(
         monkeypatch):
-    """What the ranks change is taken in as it changes. A redraw remakes no row that it has
-    (a node shown for the first time, its rank failed, gets its row at once) and never walks
-    the ranks; the wakeups between redraws remake the changed rows within their budget, those
-    whose ranks changed state first; the end remakes every one."""
+    """What the ranks change is taken in as it changes. A redraw of the live view remakes no
+    row and never walks the ranks: it puts together the rows made so far (a failed rank shows
+    at once in the header and the abnormal ranks); the wakeups between redraws remake the
+    changed rows within their budget, those whose ranks changed state first; the end remakes
+    every one."""
     from magics.view.live_view import render
+    from magics.view.status import node_line
     from notebook_accel.launch.views import nodes
 
     record = _big_record(1024)
-    render(record)
+    monkeypatch.setattr(nodes, "PREPARE_BUDGET", 1.0)
+    nodes.prepare_node_table(record, node_line)  # the live view's wakeups: every row made
+    assert "node 30 (ranks 240-247)" in render(record)["text/plain"]
     monkeypatch.setattr(nodes, "LOOK_AGAIN", 0.0)
     for status in record.ranks.values():
         status.last_line = f"rank {status.rank} moved on"
@@ -321,20 +325,21 @@ def test_a_redraw_takes_no_rank_by_rank_work_and_leaves_changed_rows_to_the_wake
     monkeypatch.setattr(nodes.NodeTable, "changed",
                         lambda self, *args: took_in.append(args) or changed(self, *args))
     plain = render(record)["text/plain"]
-    assert took_in == []  # no rank is looked at in a redraw
-    assert remade == [125]  # the failed rank's node: shown now, made at once; the rest wait
-    assert "rank 1000: failed" in plain and "node 125 (ranks 1000-1007): 7 running, 1 failed" in plain
-    assert "rank 5: stopped" in plain  # (the abnormal ranks: from the counts, not the rows)
-    render(record)
-    assert remade == [125]  # a second redraw at once, nothing new: no row
+    assert took_in == [] and remade == []  # no rank looked at, no row made in a redraw
+    assert "1020 running, 3 failed (rank 300, exit code 1, rank 301, exit code 1, rank 1000), 1 stopped" in plain
+    assert "rank 1000: failed" in plain and "rank 5: stopped" in plain
+    assert "node 125 " not in plain and "... and 97 more nodes" in plain  # its row: not yet
     monkeypatch.setattr(nodes, "PREPARE_BUDGET", 0.0)
-    nodes.prepare_node_table(record)  # a wakeup between redraws: one row past its budget
-    assert remade == [125, 0]  # node 0's rank changed state: first
-    assert "node 0 (ranks 0-7): 7 running, 1 stopped" in render(record)["text/plain"]
+    for _ in range(2):
+        nodes.prepare_node_table(record, node_line)  # a wakeup between redraws: one row each
+    assert sorted(remade) == [0, 125]  # the nodes whose ranks changed state: first
+    plain = render(record)["text/plain"]
+    assert "node 0 (ranks 0-7): 7 running, 1 stopped" in plain
+    assert "node 125 (ranks 1000-1007): 7 running, 1 failed" in plain
     record.finish("failed")
     render(record, final=True)
     assert len(remade) == 2 + 30  # the end: every shown row made afresh
-    assert "rank 0 moved on" in render(record)["text/plain"]
+    assert "rank 1 moved on" in render(record)["text/plain"]
 
 
 def test_a_large_launchs_summary_is_taken_in_a_little_each_wakeup_before_it_is_drawn(
@@ -357,6 +362,10 @@ def test_a_large_launchs_summary_is_taken_in_a_little_each_wakeup_before_it_is_d
     view.update(record)  # every rank in: now rows, a budget at a time
     assert len(table.rows) == 1
     assert sum(table.states.values()) == 1024 and table.abnormal == {300, 301}
+    view.appear_after = 0.0
+    view.update(record)  # the first redraw: what is made so far
+    assert "node 37 (ranks 296-303)" in drawn[0]["text/plain"]
+    assert "... and 127 more nodes" in drawn[0]["text/plain"] and len(table.rows) == 1
 
 
 def test_the_slowest_rank_follows_the_progress_events_as_they_come():

@@ -6,8 +6,8 @@ memory, the last line most of its ranks show and a rank whose line differs), at 
 ``NODE_ROWS`` of them (nodes with a failed rank first), then the abnormal ranks (failed, or
 stopped, root cause first), at most ``ABNORMAL_ROWS``. What does not fit is counted.
 :class:`NodeTable` takes in each rank's change as it comes and keeps the rows, remaking only
-shown nodes whose ranks changed, so a redraw costs a few rows, not the ranks, and one with
-nothing changed reuses what was drawn.
+shown nodes whose ranks changed, in the wakeups between redraws, so that a redraw costs what it
+shows, not the ranks, and one with nothing changed reuses what was drawn.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ ABNORMAL_STATES = ("failed", "stopped")
 LOOK_AGAIN = 0.05  # seconds before a look without news remakes more rows (a redraw: 0.3 s)
 PREPARE_BUDGET = 0.0001  # seconds a wakeup without a redraw spends on the table (see prepare)
 TAKE_IN_CHUNK = 32  # ranks taken in between two looks at the clock
+_NO_ROWS = float("-inf")  # a look that remakes no row (a redraw of a table a view prepares)
 ROW_FIELDS = frozenset({"state", "rss", "gpu_memory", "last_line"})  # a rank's, a row shows
 
 
@@ -68,9 +69,10 @@ class NodeTable:
 
     The work is done between redraws (:meth:`prepare`, ``PREPARE_BUDGET`` seconds a wakeup):
     the ranks are taken in a few at a time, then the shown nodes whose ranks changed are remade
-    (those whose ranks changed state first, oldest first). A redraw's :meth:`look` then remakes
-    only what has no row yet (all of it once the launch ended): a redraw costs the rows it
-    shows, never the ranks, and one with nothing changed reuses what was drawn."""
+    (those whose ranks changed state first, oldest first). A redraw's :meth:`look` remakes no
+    row: it puts together the rows made so far (a shown node without one yet is counted with
+    the nodes left out), and once the launch ended every changed row is remade. So a redraw
+    never costs the ranks or the rows, and one with nothing changed reuses what was drawn."""
 
     def __init__(self, record: LaunchRecord) -> None:
         self.record, self.size = record, len(record.ranks)
@@ -88,6 +90,7 @@ class NodeTable:
         self.in_phase: set[int] = set()
         self.gpu = False  # some rank reports its GPU memory
         self.least_done: dict[int, tuple[float, int]] = {}  # node -> its least-done rank's
+        self._slowest: tuple[float, int] | None = None  # the least of them (None: to be found)
         self.showing: list[int] = []  # the nodes shown, as of the last look
         self.news = True  # something changed since the last look
         self.looked = float("-inf")  # when a look last remade rows (time.monotonic())
@@ -100,20 +103,31 @@ class NodeTable:
 
     def take_in(self, deadline: float | None = None) -> bool:
         """Watch the ranks not watched yet, taking in what they show now (until ``deadline``, a
-        ``time.perf_counter()``); True once every rank is."""
+        ``time.perf_counter()``; a chunk at least); True once every rank is."""
         pending, first = self.unwatched, self.taken
+        progress, nodes, stale = self.record.progress, self.nodes, self.stale
         while self.taken < len(pending):
             if deadline is not None and self.taken > first and time.perf_counter() > deadline:
-                return False  # (a chunk at least)
+                return False
             for status in pending[self.taken:self.taken + TAKE_IN_CHUNK]:
-                self.nodes.setdefault(status.node, []).append(status.rank)
-                for name in ("state", "phase_started", "gpu_memory", "progress"):
-                    self.changed(status, name)
+                rank, node = status.rank, status.node
+                nodes.setdefault(node, []).append(rank)
+                self._count_state(status)
+                if status.state in ABNORMAL_STATES:
+                    self.urgent.add(node)  # (its row first)
+                if status.phase_started is not None:
+                    self.in_phase.add(rank)
+                if status.gpu_memory is not None:
+                    self.gpu = True
+                if rank in progress:
+                    self._progressed(rank, node)
+                stale[node] = None
                 status.watch(self)
             self.taken += TAKE_IN_CHUNK
+            self.news = True
         if not self.in_order:
             self.unwatched = []
-            self.in_order = sorted(self.nodes)
+            self.in_order = sorted(nodes)
         return True
 
     def prepare(self, shown: Callable[[NodeRow, bool], Any] | None = None) -> None:
@@ -178,20 +192,23 @@ class NodeTable:
         elif least[1] == rank:
             self.least_done[node] = min((done_fraction(progress[other]), other)
                                         for other in self.nodes[node] if other in progress)
+        else:
+            return False  # (the node's least-done rank did no more)
+        self._slowest = None
         return least is None or self.least_done[node][1] != least[1]
 
     def look(self) -> None:
-        """Bring the shown rows up to date for a redraw: every rank taken in, and a row made for
-        each shown node that has none (every changed row once the launch ended); the other
-        changed rows are left to :meth:`prepare`."""
+        """Bring the table up to date for a redraw: every rank taken in; the rows as
+        :meth:`prepare` left them (a table that no view prepares: every changed shown row
+        remade, as is every one once the launch ended)."""
         self.take_in()
-        self._look(None)
+        self._look(None if self.show is None else _NO_ROWS)
 
-    def _look(self, deadline: float | None) -> None:
-        """Remake the shown rows that changed until ``deadline`` (one at least; None: a redraw's,
-        only the shown nodes that have no row; all once the launch ended). Nothing changed and no shown row
-        waiting: nothing to do; the several calls of one redraw or wakeup look once
-        (``LOOK_AGAIN``)."""
+    def _look(self, until: float | None) -> None:
+        """Remake the shown rows that changed, those whose ranks changed state first, until
+        ``until`` (a ``time.perf_counter()``; one row at least; ``_NO_ROWS``: none; None: all,
+        as once the launch ended). Nothing changed and no shown row waiting: nothing to do; the
+        several calls of one redraw or wakeup look once (``LOOK_AGAIN``)."""
         now = time.monotonic()
         if not self.news and (self.settled or (self.record.outcome is None
                                                and now - self.looked < LOOK_AGAIN)):
@@ -203,19 +220,23 @@ class NodeTable:
             self.drawn.clear()
             self.showing = showing
         shown = set(showing)
+        if self.record.outcome is not None:
+            until = None
+        elif until is _NO_ROWS:  # (a redraw: the rows as they are)
+            self.settled = shown.isdisjoint(self.stale)
+            return
         for node in list(self.rows):
             if node not in shown:
                 del self.rows[node]
                 self.stale[node] = None  # remade if it is shown again
-        ended, made = self.record.outcome is not None, 0
-        for node in [*(self.urgent & shown), *self.stale]:  # a changed state first
-            if node not in shown or node not in self.stale:
-                continue
-            if not ended and (node in self.rows if deadline is None
-                              else made and time.perf_counter() > deadline):
-                continue  # (a redraw makes the rows it lacks; a wakeup one row at least)
-            self._remake(node)
-            made += 1
+                self.drawn.clear()
+        made = 0
+        for node in [*(self.urgent & shown), *self.stale]:
+            if until is not None and made and time.perf_counter() > until:
+                break
+            if node in shown and node in self.stale:
+                self._remake(node)
+                made += 1
         self.urgent.intersection_update(self.stale)
         self.settled = shown.isdisjoint(self.stale)
 
@@ -236,7 +257,9 @@ class NodeTable:
 
     def slowest(self) -> int | None:
         """The rank that has done the least of its progress bar (None: no progress events)."""
-        return min(self.least_done.values())[1] if self.least_done else None
+        if self._slowest is None and self.least_done:
+            self._slowest = min(self.least_done.values())
+        return self._slowest and self._slowest[1]
 
 
 def _table(record: LaunchRecord) -> NodeTable:
@@ -262,10 +285,10 @@ def prepare_node_table(record: LaunchRecord,
 
 
 def node_rows(record: LaunchRecord) -> tuple[list[NodeRow], int]:
-    """The rows to show (at most ``NODE_ROWS``, nodes with a failed rank first) and how many
-    nodes were left out."""
+    """The rows to show (at most ``NODE_ROWS``, nodes with a failed rank first; a shown node
+    whose row is not made yet is left out) and how many nodes were left out."""
     table = node_table(record)
-    rows = [table.rows[node] for node in table.showing]
+    rows = [table.rows[node] for node in table.showing if node in table.rows]
     return rows, len(table.nodes) - len(rows)
 
 
