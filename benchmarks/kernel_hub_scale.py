@@ -287,20 +287,25 @@ def _handle_class():
 
 
 class _Cell:
-    """The cell's stream: counts writes and bytes per second, and when each epoch line came."""
+    """The cell's stream: counts writes and bytes per second, and when each epoch line came. A
+    write only keeps the text and its time, as a kernel's stream only buffers it (the lines are
+    read after the run: reading them is not the kernel's work)."""
 
     def __init__(self, start: float) -> None:
         self.start = start
-        self.writes: list[tuple[float, int]] = []
-        self.latencies: list[float] = []
+        self.written: list[tuple[float, str]] = []
 
     def write(self, text: str) -> None:
-        now = time.time()
-        self.writes.append((now, len(text.encode())))
-        for line in text.splitlines():
-            if "] epoch " in line and line.endswith(" done"):
-                step = int(line.rsplit(" ", 2)[1])
-                self.latencies.append(now - (self.start + step))
+        self.written.append((time.time(), text))
+
+    @property
+    def writes(self) -> list[tuple[float, int]]:
+        return [(at, len(text.encode())) for at, text in self.written]
+
+    @property
+    def latencies(self) -> list[float]:
+        return [at - (self.start + int(line.rsplit(" ", 2)[1])) for at, text in self.written
+                for line in text.splitlines() if "] epoch " in line and line.endswith(" done")]
 
     def flush(self) -> None:
         pass

@@ -177,8 +177,12 @@ class HubPump:
                         self.kill_at.setdefault(target, at)
             elif kind is Frame.RUN:
                 payload, with_result, targets = pickle.loads(body)
+                runs = {}  # a Run encoded once per kind (with a result, without): not per rank
                 for target in sorted(self.live & targets):
-                    self._command(target, wire.encode(wire.Run(payload, target in with_result)))
+                    returns = target in with_result
+                    if returns not in runs:
+                        runs[returns] = wire.encode(wire.Run(payload, returns))
+                    self._command(target, runs[returns])
         return True
 
     def _command(self, rank: int, data: bytes) -> None:
