@@ -610,10 +610,10 @@ def run_pool(world: int, hosts: int) -> dict:
     runs, sent = [0] * nodes, [0] * nodes
     send = links.send
 
-    def counted(node: int, data: bytes) -> bool:
-        runs[node] += data[0] == Frame.RUN
-        sent[node] += len(data) if data[0] != Frame.BEAT else 0
-        return send(node, data)
+    def counted(node: int, *parts: bytes) -> bool:  # (one part, or a frame's parts)
+        runs[node] += parts[0][0] == Frame.RUN
+        sent[node] += sum(map(len, parts)) if parts[0][0] != Frame.BEAT else 0
+        return send(node, *parts)
 
     links.send = counted
     workers = _pool_workers(ClusterPoolWorkers, handles, cluster="in-process",

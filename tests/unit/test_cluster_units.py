@@ -257,3 +257,36 @@ def test_a_ranks_memory_goes_to_the_kernel_only_when_it_moved():
         hub_end.close()
         for fd in (alive_r, alive_w):
             os.close(fd)
+
+
+def test_a_pool_runs_payload_goes_to_each_node_as_it_is_whatever_the_socket_takes():
+    """A RUN frame is written as its parts (the payload's own bytes, not a copy per node), in
+    as many writes as the socket takes; the hub reads back the payload and its rank sets."""
+    import socket
+    import threading
+
+    from notebook_accel.launch.cluster import node_links
+    from notebook_accel.launch.worker.hub_link import Frame, FrameParser, read_run
+
+    kernel_end, hub_end = socket.socketpair()
+    kernel_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # many partial writes
+    links = node_links.NodeLinks({3: kernel_end}, {3: [24, 25, 26]})
+    payload = bytes(range(256)) * 2000
+    got, parser = [], FrameParser()
+
+    def hub() -> None:
+        hub_end.settimeout(5)
+        while not any(kind is Frame.RUN for kind, _, _ in got):
+            got.extend(parser.feed(hub_end.recv(1 << 16)))
+
+    reader = threading.Thread(target=hub)
+    reader.start()
+    try:
+        links.run(payload, with_result={0, 25}, chosen={25, 26, 40})
+        reader.join(10)
+        runs = [(rank, body) for kind, rank, body in got if kind is Frame.RUN]
+        assert [rank for rank, _ in runs] == [3]
+        assert read_run(runs[0][1]) == (payload, {25}, {25, 26})
+    finally:
+        links.close()
+        hub_end.close()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import selectors
 import signal
 import socket
@@ -42,6 +41,7 @@ from notebook_accel.launch.worker.hub_link import (
     Frame,
     FrameParser,
     frame,
+    run_frame,
 )
 
 BACKLOG_LIMIT = 32 << 20  # bytes of a node's ranks held here before its link is left unread
@@ -152,13 +152,14 @@ class NodeLinks:
 
     # -- the kernel -> the hubs ----------------------------------------------------------------
 
-    def send(self, node: int, data: bytes) -> bool:
-        """Write frames on ``node``'s link; False when it is gone."""
+    def send(self, node: int, *parts: bytes) -> bool:
+        """Write frames on ``node``'s link (``parts``: their bytes, in order, written together
+        without joining them); False when it is gone."""
         if node not in self._open or node in self._broken:
             return False
         try:
             with self._locks[node]:
-                self.links[node].sendall(data)
+                _send_parts(self.links[node], parts)
         except OSError:
             self._broken.add(node)
             self._wake()
@@ -182,13 +183,13 @@ class NodeLinks:
             self.send(node, frame(Frame.SIGNAL, EVERY_RANK, head + listed))
 
     def run(self, payload: bytes, with_result: set[int], chosen: set[int]) -> None:
-        """A pool run on the ranks ``chosen``: its payload once per node that has some;
-        ``with_result``: the ranks sending values."""
+        """A pool run on the ranks ``chosen``: its payload once per node that has some (the
+        same bytes written to every link, not copied per node); ``with_result``: the ranks
+        sending values."""
         for node, ranks in self.ranks.items():
             targets = chosen & set(ranks)
             if targets:
-                body = pickle.dumps((payload, with_result & targets, targets), protocol=5)
-                self.send(node, frame(Frame.RUN, node, body))
+                self.send(node, *run_frame(node, payload, with_result & targets, targets))
 
     def close(self) -> None:
         """End every link (the hubs then kill what is left of their ranks) and the thread."""
@@ -300,3 +301,15 @@ class NodeLinks:
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
+
+
+def _send_parts(link: socket.socket, parts: Sequence[bytes]) -> None:
+    """Write ``parts`` on a blocking ``link`` in as few calls as the socket takes (``sendall``
+    of each gathered, without joining them into one copy)."""
+    views = [memoryview(part) for part in parts if part]
+    while views:
+        sent = link.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views.pop(0))
+        if views:
+            views[0] = views[0][sent:]

@@ -17,6 +17,7 @@ connection to the kernel's :class:`~notebook_accel.launch.cluster.channel_server
 from __future__ import annotations
 
 import enum
+import pickle
 import struct
 
 HELLO = struct.Struct("!32sIB")  # token, global rank (a link: its node), channel index
@@ -24,6 +25,7 @@ LINK_CHANNELS = ("link",)  # what a hub's connection is, for the channel server
 HEADER = struct.Struct("!BII")  # kind, rank, length of the data
 EXIT = struct.Struct("!i")  # an END's data: the exit code (negative: the signal)
 RSS = struct.Struct("!Q")  # a MEMORY's data: bytes
+RUN_HEAD = struct.Struct("!I")  # a RUN's data starts with the length of its pickled rank sets
 SIGNAL = struct.Struct("!iBd")  # a SIGNAL's data: the signal, to its group, kill after (s; 0: no)
 EVERY_RANK = 0xFFFFFFFF  # a SIGNAL's rank for the ranks listed after its data (none: all)
 BEAT_EVERY = 1.0  # seconds between two beats of each side
@@ -43,7 +45,8 @@ class Frame(enum.IntEnum):
     BEAT = 5  # both ways: alive
     COMMAND = 6  # kernel -> hub: bytes for a rank's commands channel (b"": close it)
     SIGNAL = 7  # kernel -> hub: signal a rank, or EVERY_RANK: those listed (SIGNAL, then "!I"s)
-    RUN = 8  # kernel -> hub: a pool run for the node (pickled (payload, ranks sending results))
+    RUN = 8  # kernel -> hub: a pool run for the node (``RUN_HEAD``, the pickled (ranks sending
+    # results, ranks running it), then the payload's own bytes: never copied per node)
     MEMORY = 9  # hub -> kernel: a rank's resident memory (RSS), looked at once a second, sent
     # when it moved (``memory_moved``)
 
@@ -66,6 +69,22 @@ def memory_moved(before: int | None, now: int | None) -> bool:
 def frame(kind: Frame, rank: int, data: bytes = b"") -> bytes:
     """One frame."""
     return HEADER.pack(kind, rank, len(data)) + data
+
+
+def run_frame(node: int, payload: bytes, with_result: set[int],
+              targets: set[int]) -> tuple[bytes, ...]:
+    """A ``RUN`` frame for ``node``'s ``targets`` as parts to write in order: the payload is
+    one of them, as it is (every node's frame holds the same bytes, not a copy)."""
+    sets = pickle.dumps((with_result, targets))
+    head = HEADER.pack(Frame.RUN, node, RUN_HEAD.size + len(sets) + len(payload))
+    return head, RUN_HEAD.pack(len(sets)), sets, payload
+
+
+def read_run(body: bytes) -> tuple[bytes, set[int], set[int]]:
+    """A ``RUN`` frame's data: (the payload, the ranks sending results, the ranks running it)."""
+    (size,) = RUN_HEAD.unpack_from(body)
+    with_result, targets = pickle.loads(body[RUN_HEAD.size:RUN_HEAD.size + size])
+    return body[RUN_HEAD.size + size:], with_result, targets
 
 
 class FrameParser:

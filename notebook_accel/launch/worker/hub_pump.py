@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import selectors
 import signal
 import socket
@@ -34,6 +33,7 @@ from notebook_accel.launch.worker.hub_link import (
     FrameParser,
     frame,
     memory_moved,
+    read_run,
 )
 from notebook_accel.launch.worker.rank_fork import ForkedRank
 
@@ -176,7 +176,7 @@ class HubPump:
                     if after:
                         self.kill_at.setdefault(target, at)
             elif kind is Frame.RUN:
-                payload, with_result, targets = pickle.loads(body)
+                payload, with_result, targets = read_run(body)
                 runs = {}  # a Run encoded once per kind (with a result, without): not per rank
                 for target in sorted(self.live & targets):
                     returns = target in with_result
