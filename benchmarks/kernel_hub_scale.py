@@ -14,11 +14,10 @@ a second. Three runs per size:
   error (as gloo's peers do), so the error has N failures to report;
 - hang: the ranks go silent after 1.5 s; ``timeout=`` 8 s after their start stops them with
   their stacks. Its wakeups from 3 s to 0.3 s before the timeout (its stack dumps) are the quiet
-  phase (nothing arrives: no line,
-  event or end; the hubs' beats only), reported on their own: what waiting costs the kernel,
-  apart from the once-per-launch steps and the bursts of every rank's lines that an idle
-  wakeup of the other runs (one with no channel ready and no event read) may still carry (output paced to the
-  cell, a redraw).
+  phase (nothing arrives: no line, event or end; the hubs' beats only), reported on their own:
+  what waiting costs the kernel, apart from the once-per-launch steps and the bursts of every
+  rank's lines that an idle wakeup of the other runs (one that read no channel and took in no
+  event) may still carry (output paced to the cell, a redraw).
 Also a warm pool's cells (``pool``): ``CELLS`` cells of the real pool backend through
 ``launch_once``, each payload with a 256 kB argument. In local mode each fake rank also has a
 commands pipe, as a local pool's worker has: the real ``PoolWorkers.send_runs`` writes each rank
@@ -448,27 +447,27 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
     # hang: 8 s after the ranks' start (linking 1024 ranks' nodes takes a few), 6.5 s of silence
     timeout = {"hang": round(8.0 + max(0.0, start - time.time())), "lost": 12.0}.get(scenario)
     supervisor = Supervisor(handles, relay, timeout, record, view)
-    waits, works, cpus, peaks = [], [], [], {"fds": 0, "threads": 0, "sockets": 0}
+    works, cpus, peaks = [], [], {"fds": 0, "threads": 0, "sockets": 0}
     stamps: list[float] = []  # when each wakeup ended (the quiet phase's are picked by these)
+    ready: list[int] = []  # the channels each wakeup read (output, control, an end; each event)
+    wakeup = {"waited": 0.0, "work": 0}  # this wakeup's: time in select, channels read
     select = supervisor.selector.select
     poll = supervisor._poll
-
-    ready: list[int] = []
 
     def timed_select(timeout=None):
         began = time.perf_counter()
         try:
-            events = select(timeout)
-            ready.append(len(events))
-            return events
+            return select(timeout)
         finally:
-            waits.append(time.perf_counter() - began)
+            wakeup["waited"] += time.perf_counter() - began
 
     def timed_poll(timeout):
+        wakeup.update(waited=0.0, work=0)
         began, cpu_began = time.perf_counter(), time.thread_time()
         poll(timeout)
-        works.append(time.perf_counter() - began - waits[-1])
+        works.append(time.perf_counter() - began - wakeup["waited"])
         cpus.append(time.thread_time() - cpu_began)  # waiting in select takes no CPU
+        ready.append(wakeup["work"])
         stamps.append(time.time())
         if len(works) % 20 == 1:
             fds = os.listdir("/proc/self/fd")
@@ -476,24 +475,16 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
             peaks["sockets"] = max(peaks["sockets"], sum(_is_socket(fd) for fd in fds))
             peaks["threads"] = max(peaks["threads"], threading.active_count())
 
+    def counted(method):  # a channel read (or an event taken in): a wakeup with work
+        def call(*args, **kwargs):
+            wakeup["work"] += 1
+            return method(*args, **kwargs)
+        return call
+
     supervisor.selector.select, supervisor._poll = timed_select, timed_poll
-    news = getattr(supervisor, "_news", None)
-    if news is not None:  # the cluster's inbox: its news count as ready channels
-        def counted_news():
-            got = news()
-            if ready:
-                ready[-1] += len(got)
-            return got
-
-        supervisor._news = counted_news
-    apply = record.apply
-
-    def counted_event(rank, message):  # an event read is news too (a wakeup with work)
-        if ready:
-            ready[-1] += 1
-        apply(rank, message)
-
-    record.apply = counted_event
+    for name in ("_read_output", "_read_control", "_on_exit"):
+        setattr(supervisor, name, counted(getattr(supervisor, name)))
+    record.apply = counted(record.apply)
     reported: list[float] = []  # when the first failure report reached the kernel
     failed = supervisor._failed
 
@@ -772,7 +763,7 @@ ROWS = [  # (scenario, key, label)
     ("success", "wakeup_cpu_p99_ms", "CPU ms per wakeup p99"),
     ("success", "idle_wakeup_cpu_p50_ms", "CPU ms per idle wakeup p50"),
     ("success", "idle_wakeup_cpu_p99_ms", "CPU ms per idle wakeup p99"),
-    ("success", "cpu_us_per_ready_channel", "CPU us per ready channel"),
+    ("success", "cpu_us_per_ready_channel", "CPU us per channel read"),
     ("success", "wakeup_p50_ms", "wall ms per wakeup p50 (2 cores shared)"),
     ("success", "wakeup_p99_ms", "wall ms per wakeup p99 (2 cores shared)"),
     ("success", "latency_p50_s", "line latency rank->cell p50 s"),

@@ -61,6 +61,8 @@ _COLLECT_AFTER_FAILURE = 0.3  # seconds to gather other ranks' reports before st
 # (less when every rank still running has reported already)
 _STACK_DUMP_WAIT = 0.5
 _STACKS_SHOWN = 2  # distinct stacks a timeout's error shows (the rest are counted)
+_WAKEUP_BUDGET = 0.0004  # seconds a wakeup spends on what is ready (one channel at least): a
+# burst of every rank's lines is taken over several wakeups, back to back, the oldest first
 _RSS_BUDGET = 0.0001  # seconds a wakeup spends sampling memory (one rank at least; each rank
 # at most once a second): a few system calls (a local rank's), or dozens of figures at hand
 INTERRUPT_GRACE = 1.5  # seconds a persistent worker has to end its run after an interrupt
@@ -183,6 +185,9 @@ class Supervisor:
         self.event_selector = selectors.DefaultSelector()
         self._inboxes: list = []  # the groups' inboxes (handles without descriptors)
         self.unfinished = {w.rank for w in workers}
+        # what a wakeup's budget left ready, taken first by the next (before asking again)
+        self._left: list[tuple[int, str]] = []
+        self._events_left: list[int] = []  # the ranks whose events are left
         # memory: each rank sampled once a second, a few per wakeup (a warm pool's runs are
         # often far shorter than a second: its first samples wait that long); a rank whose
         # inbox tells when its figure moves (a cluster's: its hub's) is sampled once, then told
@@ -218,14 +223,12 @@ class Supervisor:
             self.selector.unregister(fd)
 
     def _news(self) -> list[tuple[int, str]]:
-        """The (rank, channel) pairs the inboxes have news of (the events and a moved memory
-        figure are taken in at once)."""
+        """The (rank, channel) pairs the inboxes have news of (a moved memory figure is taken
+        in at once)."""
         news = []
         for inbox in self._inboxes:
             for rank, kind in inbox.take(self.by_rank):
-                if kind == "events":
-                    self._read_events(self.by_rank[rank])
-                elif kind == "memory":
+                if kind == "memory":
                     self.record.ranks[rank].rss = self.by_rank[rank].handle.rss()
                 else:
                     news.append((rank, kind))
@@ -368,35 +371,66 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------------
 
     def _poll(self, timeout: float) -> None:
-        order = {"stdout": 0, "stderr": 0, "control": 1, "exit": 2}
-        ready = [key.data for key, _ in self.selector.select(timeout) if key.data[0] is not None]
+        """One wakeup, within ``_WAKEUP_BUDGET``: the record and the view brought up to date
+        with what the last wakeups read, then what is ready (what the last wakeup left first,
+        then output and events, control, ends) until the budget is spent (one channel at
+        least; the rest is left to the next wakeup, which comes at once), then the cell. So a
+        burst of every rank's lines is taken over several short wakeups, back to back."""
+        order = {"stdout": 0, "stderr": 0, "events": 0, "control": 1, "exit": 2}
+        fresh = [] if self._left else [  # (what is left is taken before a pipe's is asked again)
+            key.data for key, _ in self.selector.select(timeout) if key.data[0] is not None]
         if self._inboxes:
-            ready += self._news()
-        for rank, kind in sorted(ready, key=lambda item: order[item[1]]):
+            fresh += self._news()
+        deadline = time.perf_counter() + _WAKEUP_BUDGET
+        self._refresh()
+        self._read_ready_events(deadline)
+        ready = list(dict.fromkeys([*self._left, *sorted(fresh, key=lambda item: order[item[1]])]))
+        self._left = []
+        for index, (rank, kind) in enumerate(ready):
+            if index and time.perf_counter() > deadline:
+                self._left = ready[index:]
+                break
             worker = self.by_rank[rank]
             if kind == "exit":
                 if not worker.exited:
                     self._on_exit(worker)
             elif kind == "control":
                 self._read_control(worker)
+            elif kind == "events":
+                self._read_events(worker)
             else:
                 self._read_output(worker, kind)
         self.relay.tick()
-        self._refresh()
         self._flush()
 
+    def _read_ready_events(self, deadline: float) -> None:
+        """Read the ranks' events that are ready (those the last wakeup left first) until
+        ``deadline`` (a ``time.perf_counter()``; one rank's at least). A cluster's come through
+        its inbox, with the other channels."""
+        if not self.event_selector.get_map():
+            return
+        if not self._events_left:
+            self._events_left = [key.data for key, _ in self.event_selector.select(0)]
+        left = self._events_left
+        for index, rank in enumerate(left):
+            if index and time.perf_counter() > deadline:
+                del left[:index]
+                return
+            self._read_events(self.by_rank[rank])
+        left.clear()
+
     def _wait_for(self) -> float:
-        """How long the loop may wait: 0.1 s, less when gathered output is due in the cell."""
+        """How long the loop may wait: 0.1 s, less when gathered output is due in the cell, not
+        at all when the last wakeup's budget left something ready."""
+        if self._left or self._events_left:
+            return 0.0
         if getattr(self.view, "holds_output", False):
             return 0.1
         return min(0.1, self.relay.due_in(FLUSH_EVERY))
 
     def _refresh(self) -> None:
-        """Bring the record up to date (new events and lines, states, memory) and redraw; costs
-        what changed since the last wakeup, not the number of ranks."""
-        if self.event_selector.get_map():  # (a cluster's events come through its inbox)
-            for key, _ in self.event_selector.select(0):
-                self._read_events(self.by_rank[key.data])
+        """Bring the record up to date (the ranks' last lines, memory) and redraw; costs what
+        changed since the last wakeup, not the number of ranks."""
         for rank in self.relay.take_touched():
             self.record.ranks[rank].last_line = self.relay.last_line(rank)
         now, samples = time.monotonic(), self._samples

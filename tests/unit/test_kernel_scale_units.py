@@ -383,3 +383,58 @@ def test_the_slowest_rank_follows_the_progress_events_as_they_come():
     assert table.slowest() == 0 and table.least_done[1] == (0.4, 8)
     record.apply(42, Progress({"n": 10, "total": 1000}))  # a longer bar: by fraction done
     assert table.slowest() == 42
+
+
+def test_a_wakeup_takes_what_is_ready_within_its_budget_and_leaves_the_rest_to_the_next(
+        monkeypatch):
+    """A burst of every rank's lines is taken over several wakeups, back to back: each takes
+    what fits in its budget (one channel at least), the next comes at once and takes what was
+    left first, and no line is lost or out of its rank's order."""
+    import os
+
+    from notebook_accel.launch import supervisor as watching
+    from notebook_accel.launch.backends.base import WorkerHandle
+    from notebook_accel.launch.views import NullView
+
+    class Speaking(WorkerHandle):
+        pid, exitcode = 100, None
+        terminate = kill = dump_stacks = lambda self: None
+        reap = lambda self, timeout: None  # noqa: E731
+
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+            self.pipes = {name: os.pipe() for name in ("stdout", "stderr", "control", "events",
+                                                        "alive")}
+            for read, _ in self.pipes.values():
+                os.set_blocking(read, False)
+            os.write(self.pipes["stdout"][1], f"line 1 of {rank}\nline 2 of {rank}\n".encode())
+            self.stdout_fd, self.stderr_fd = self.pipes["stdout"][0], self.pipes["stderr"][0]
+            self.control_fd, self.events_fd = self.pipes["control"][0], self.pipes["events"][0]
+
+        @property
+        def sentinel(self) -> int:
+            return self.pipes["alive"][0]
+
+    monkeypatch.setattr(watching, "_WAKEUP_BUDGET", 0.0)
+    handles = [Speaking(rank) for rank in range(8)]
+    out = io.StringIO()
+    record = LaunchRecord(world_size=8, num_processes=8, device_type="cpu", start_method="fork",
+                          mixed_precision="no")
+    supervisor = watching.Supervisor(handles, OutputRelay(show="all", stdout=out, stderr=out),
+                                     None, record, view=NullView())
+    try:
+        supervisor._register()
+        supervisor._poll(0.0)
+        assert len(supervisor._left) == 7 and supervisor._wait_for() == 0.0  # one read: 7 left
+        wakeups = 1
+        while supervisor._left:
+            supervisor._poll(supervisor._wait_for())
+            wakeups += 1
+        assert wakeups == 8 and supervisor._wait_for() > 0.0
+        supervisor.relay.flush()
+        for rank in range(8):
+            assert f"[rank {rank}] line 1 of {rank}\n[rank {rank}] line 2 of {rank}\n" in out.getvalue()
+    finally:
+        for handle in handles:
+            for fd in (fd for pair in handle.pipes.values() for fd in pair):
+                os.close(fd)
