@@ -447,7 +447,7 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
     # hang: 8 s after the ranks' start (linking 1024 ranks' nodes takes a few), 6.5 s of silence
     timeout = {"hang": round(8.0 + max(0.0, start - time.time())), "lost": 12.0}.get(scenario)
     supervisor = Supervisor(handles, relay, timeout, record, view)
-    works, cpus, peaks = [], [], {"fds": 0, "threads": 0, "sockets": 0}
+    works, cpus, peaks = [], [], {"fds": 0, "threads": 0, "sockets": 0, "at": 0.0}
     stamps: list[float] = []  # when each wakeup ended (the quiet phase's are picked by these)
     ready: list[int] = []  # the channels each wakeup read (output, control, an end; each event)
     wakeup = {"waited": 0.0, "work": 0}  # this wakeup's: time in select, channels read
@@ -469,7 +469,8 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
         cpus.append(time.thread_time() - cpu_began)  # waiting in select takes no CPU
         ready.append(wakeup["work"])
         stamps.append(time.time())
-        if len(works) % 20 == 1:
+        if time.monotonic() - peaks["at"] >= 0.25:  # (by time: a count of wakeups would make
+            peaks["at"] = time.monotonic()  # a side with more of them pay more for the figure)
             fds = os.listdir("/proc/self/fd")
             peaks["fds"] = max(peaks["fds"], len(fds))
             peaks["sockets"] = max(peaks["sockets"], sum(_is_socket(fd) for fd in fds))

@@ -186,8 +186,8 @@ class Supervisor:
         self._inboxes: list = []  # the groups' inboxes (handles without descriptors)
         self.unfinished = {w.rank for w in workers}
         # what a wakeup's budget left ready, taken first by the next (before asking again)
-        self._left: list[tuple[int, str]] = []
-        self._events_left: list[int] = []  # the ranks whose events are left
+        self._left: deque[tuple[int, str]] = deque()
+        self._events_left: deque[int] = deque()  # the ranks whose events are left
         # memory: each rank sampled once a second, a few per wakeup (a warm pool's runs are
         # often far shorter than a second: its first samples wait that long); a rank whose
         # inbox tells when its figure moves (a cluster's: its hub's) is sampled once, then told
@@ -384,12 +384,12 @@ class Supervisor:
         deadline = time.perf_counter() + _WAKEUP_BUDGET
         self._refresh()
         self._read_ready_events(deadline)
-        ready = list(dict.fromkeys([*self._left, *sorted(fresh, key=lambda item: order[item[1]])]))
-        self._left = []
-        for index, (rank, kind) in enumerate(ready):
-            if index and time.perf_counter() > deadline:
-                self._left = ready[index:]
-                break
+        ready = self._left  # (an item twice, left and news again, finds nothing the second time)
+        ready.extend(sorted(fresh, key=lambda item: order[item[1]]))
+        taken = 0
+        while ready and not (taken and time.perf_counter() > deadline):
+            rank, kind = ready.popleft()
+            taken += 1
             worker = self.by_rank[rank]
             if kind == "exit":
                 if not worker.exited:
@@ -409,15 +409,13 @@ class Supervisor:
         its inbox, with the other channels."""
         if not self.event_selector.get_map():
             return
-        if not self._events_left:
-            self._events_left = [key.data for key, _ in self.event_selector.select(0)]
         left = self._events_left
-        for index, rank in enumerate(left):
-            if index and time.perf_counter() > deadline:
-                del left[:index]
-                return
-            self._read_events(self.by_rank[rank])
-        left.clear()
+        if not left:
+            left.extend(key.data for key, _ in self.event_selector.select(0))
+        taken = 0
+        while left and not (taken and time.perf_counter() > deadline):
+            self._read_events(self.by_rank[left.popleft()])
+            taken += 1
 
     def _wait_for(self) -> float:
         """How long the loop may wait: 0.1 s, less when gathered output is due in the cell, not
