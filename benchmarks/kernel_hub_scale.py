@@ -454,10 +454,10 @@ def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -
     select = supervisor.selector.select
     poll = supervisor._poll
 
-    def timed_select(timeout=None):
+    def timed_select(*args):
         began = time.perf_counter()
         try:
-            return select(timeout)
+            return select(*args)
         finally:
             wakeup["waited"] += time.perf_counter() - began
 

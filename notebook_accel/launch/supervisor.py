@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from notebook_accel.launch.backends.base import WorkerHandle
+from notebook_accel.launch.bounded_selector import BoundedSelector
 from notebook_accel.launch.debug_prompt import Prompts
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.hang_watch import HANG_AFTER, HangWatch
@@ -63,6 +64,8 @@ _STACK_DUMP_WAIT = 0.5
 _STACKS_SHOWN = 2  # distinct stacks a timeout's error shows (the rest are counted)
 _WAKEUP_BUDGET = 0.0004  # seconds a wakeup spends on what is ready (one channel at least): a
 # burst of every rank's lines is taken over several wakeups, back to back, the oldest first
+_MOST_READY = 64  # channels one select takes from the kernel (more wait their turn, in order):
+# what a wakeup pays for them is bounded too, even when thousands are ready at once
 _RSS_BUDGET = 0.0001  # seconds a wakeup spends sampling memory (one rank at least; each rank
 # at most once a second): a few system calls (a local rank's), or dozens of figures at hand
 INTERRUPT_GRACE = 1.5  # seconds a persistent worker has to end its run after an interrupt
@@ -179,10 +182,10 @@ class Supervisor:
         for w in workers:
             record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid, node=w.handle.node)
         self.by_rank = {w.rank: w for w in workers}
-        self.selector = selectors.DefaultSelector()
+        self.selector = BoundedSelector()
         # events are read when the loop wakes anyway, not woken per event (a pipe holds ~10k);
         # a selector of their own tells which ranks have some, so a wakeup costs what is ready
-        self.event_selector = selectors.DefaultSelector()
+        self.event_selector = BoundedSelector()
         self._inboxes: list = []  # the groups' inboxes (handles without descriptors)
         self.unfinished = {w.rank for w in workers}
         # what a wakeup's budget left ready, taken first by the next (before asking again)
@@ -206,28 +209,28 @@ class Supervisor:
         for w in self.workers:
             inbox = w.handle.inbox
             if inbox is not None:  # one descriptor for the group's every channel
-                if inbox.fileno() not in self.selector.get_map():
-                    self.selector.register(inbox, selectors.EVENT_READ, (None, "inbox"))
+                if inbox not in self.selector:
+                    self.selector.register(inbox, (None, "inbox"))
                     self._inboxes.append(inbox)
                 continue
-            self.selector.register(w.handle.stdout_fd, selectors.EVENT_READ, (w.rank, "stdout"))
-            self.selector.register(w.handle.stderr_fd, selectors.EVENT_READ, (w.rank, "stderr"))
-            self.selector.register(w.handle.control_fd, selectors.EVENT_READ, (w.rank, "control"))
-            self.selector.register(w.handle.sentinel, selectors.EVENT_READ, (w.rank, "exit"))
-            self.event_selector.register(w.handle.events_fd, selectors.EVENT_READ, w.rank)
+            self.selector.register(w.handle.stdout_fd, (w.rank, "stdout"))
+            self.selector.register(w.handle.stderr_fd, (w.rank, "stderr"))
+            self.selector.register(w.handle.control_fd, (w.rank, "control"))
+            self.selector.register(w.handle.sentinel, (w.rank, "exit"))
+            self.event_selector.register(w.handle.events_fd, w.rank)
         if self._inboxes:  # what came before this run (a pool's idle time) is read once
             self._drain()
 
     def _unregister(self, fd: int | None) -> None:
-        with contextlib.suppress(KeyError, ValueError):
+        with contextlib.suppress(KeyError):
             self.selector.unregister(fd)
 
-    def _news(self) -> list[tuple[int, str]]:
-        """The (rank, channel) pairs the inboxes have news of (a moved memory figure is taken
-        in at once)."""
+    def _news(self, most: int | None = _MOST_READY) -> list[tuple[int, str]]:
+        """The (rank, channel) pairs the inboxes have news of, at most ``most`` of each (a
+        moved memory figure is taken in at once)."""
         news = []
         for inbox in self._inboxes:
-            for rank, kind in inbox.take(self.by_rank):
+            for rank, kind in inbox.take(self.by_rank, most):
                 if kind == "memory":
                     self.record.ranks[rank].rss = self.by_rank[rank].handle.rss()
                 else:
@@ -255,7 +258,7 @@ class Supervisor:
         for message in messages:
             self.record.apply(worker.rank, message)
         if not still_open and worker.handle.inbox is None:
-            with contextlib.suppress(KeyError, ValueError):
+            with contextlib.suppress(KeyError):
                 self.event_selector.unregister(worker.handle.events_fd)
 
     def _read_control(self, worker: Worker) -> None:
@@ -313,7 +316,7 @@ class Supervisor:
                  worker.handle.control_fd: "control"}
         with selectors.DefaultSelector() as ends:  # never select.select: fds may pass 1023
             for fd, name in names.items():
-                if fd in self.selector.get_map():
+                if fd in self.selector:
                     ends.register(fd, selectors.EVENT_READ, name)
             while ends.get_map() and (left := deadline - time.monotonic()) > 0:
                 for key, _ in ends.select(left):
@@ -321,7 +324,7 @@ class Supervisor:
                         self._read_control(worker)
                     else:
                         self._read_output(worker, key.data)
-                    if key.fd not in self.selector.get_map():
+                    if key.fd not in self.selector:
                         ends.unregister(key.fd)
 
     def _run_ended(self, worker: Worker) -> None:
@@ -352,7 +355,7 @@ class Supervisor:
             self.first_failure = time.monotonic()
 
     def _drain(self) -> None:
-        ended = [rank for rank, kind in self._news() if kind == "exit"]  # the rest: read below
+        ended = [rank for rank, kind in self._news(None) if kind == "exit"]  # the rest: below
         for w in self.workers:
             self._read_output(w, "stdout")
             self._read_output(w, "stderr")
@@ -378,8 +381,8 @@ class Supervisor:
         burst of every rank's lines is taken over several short wakeups, back to back."""
         order = {"stdout": 0, "stderr": 0, "events": 0, "control": 1, "exit": 2}
         fresh = [] if self._left else [  # (what is left is taken before a pipe's is asked again)
-            key.data for key, _ in self.selector.select(timeout) if key.data[0] is not None]
-        if self._inboxes:
+            item for item in self.selector.select(timeout, _MOST_READY) if item[0] is not None]
+        if self._inboxes and not self._left:
             fresh += self._news()
         deadline = time.perf_counter() + _WAKEUP_BUDGET
         self._refresh()
@@ -407,11 +410,11 @@ class Supervisor:
         """Read the ranks' events that are ready (those the last wakeup left first) until
         ``deadline`` (a ``time.perf_counter()``; one rank's at least). A cluster's come through
         its inbox, with the other channels."""
-        if not self.event_selector.get_map():
+        if not self.event_selector:
             return
         left = self._events_left
         if not left:
-            left.extend(key.data for key, _ in self.event_selector.select(0))
+            left.extend(self.event_selector.select(0, _MOST_READY))
         taken = 0
         while left and not (taken and time.perf_counter() > deadline):
             self._read_events(self.by_rank[left.popleft()])

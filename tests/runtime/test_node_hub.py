@@ -241,7 +241,7 @@ def test_the_kernel_waits_on_one_descriptor_for_every_rank(monkeypatch):
 
     def counted(self):
         register(self)
-        watched.append(len(self.selector.get_map()) + len(self.event_selector.get_map()))
+        watched.append(len(self.selector) + len(self.event_selector))
 
     monkeypatch.setattr(Supervisor, "_register", counted)
     values, backend = _launch(_lines, per_node=8)

@@ -259,6 +259,40 @@ def test_a_ranks_memory_goes_to_the_kernel_only_when_it_moved():
             os.close(fd)
 
 
+def test_the_kernel_takes_a_nodes_news_a_few_at_a_time_the_oldest_first():
+    """A wakeup asks the links for a few pieces of news (a thousand ranks may all have some):
+    the oldest come first, the rest stay news and the inbox stays readable until the last is
+    taken; news of ranks outside the run is kept for a later run."""
+    import selectors
+    import socket
+    import time
+
+    from notebook_accel.launch.cluster import node_links
+    from notebook_accel.launch.worker.hub_link import Frame, frame
+
+    kernel_end, hub_end = socket.socketpair()
+    links = node_links.NodeLinks({0: kernel_end}, {0: list(range(100))})
+    readable = selectors.DefaultSelector()
+    readable.register(links.fileno(), selectors.EVENT_READ)
+    try:
+        hub_end.sendall(b"".join(frame(Frame.STDOUT, rank, b"line\n") for rank in range(100)))
+        deadline = time.monotonic() + 2
+        while len(links._news) < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        taken = []
+        for _ in range(3):
+            assert readable.select(0)
+            taken += links.take(range(90), most=30)
+        assert taken == [(rank, "stdout") for rank in range(90)]
+        assert readable.select(0) and not links.take(range(90), most=30)  # 90-99: not this run's
+        assert not readable.select(0)
+        assert links.take(range(100)) == [(rank, "stdout") for rank in range(90, 100)]
+    finally:
+        readable.close()
+        links.close()
+        hub_end.close()
+
+
 def test_a_pool_runs_payload_goes_to_each_node_as_it_is_whatever_the_socket_takes():
     """A RUN frame is written as its parts (the payload's own bytes, not a copy per node), in
     as many writes as the socket takes; the hub reads back the payload and its rank sets."""

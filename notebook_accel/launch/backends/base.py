@@ -149,10 +149,12 @@ class Inbox(abc.ABC):
         """Readable while :meth:`take` has something to return."""
 
     @abc.abstractmethod
-    def take(self, ranks: Container[int]) -> list[tuple[int, str]]:
+    def take(self, ranks: Container[int], most: int | None = None) -> list[tuple[int, str]]:
         """The (rank, channel) pairs of ``ranks`` with news since the last take, in arrival
-        order; channel is ``stdout``, ``stderr``, ``control``, ``events`` or ``exit`` (the rank
-        ended). Other ranks' news is kept for a later take (a run on some ranks leaves it)."""
+        order; channel is ``stdout``, ``stderr``, ``control``, ``events``, ``memory`` or
+        ``exit`` (the rank ended). ``most``: take only the oldest that many (about: news kept
+        from before comes too); the rest stays news, and the inbox readable. Other ranks'
+        news is kept for a later take (a run on some ranks leaves it)."""
 
 
 class Together(abc.ABC):

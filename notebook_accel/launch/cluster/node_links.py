@@ -19,6 +19,7 @@ concern) is written on the link by the caller, one writer at a time.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import selectors
 import signal
@@ -122,14 +123,22 @@ class NodeLinks:
     def fileno(self) -> int:
         return self._news_r
 
-    def take(self, ranks: Container[int]) -> list[tuple[int, str]]:
+    def take(self, ranks: Container[int], most: int | None = None) -> list[tuple[int, str]]:
         with self._lock:
-            if self._news:  # (the pipe holds a byte only then: no read for nothing)
+            if most is None or len(self._news) <= most:
+                news, self._news = list(self._news), {}
+            else:  # the oldest; the rest stay news, and the pipe keeps its byte
+                news = list(itertools.islice(self._news, most))
+                for item in news:
+                    del self._news[item]
+            if not self._news:  # (the pipe holds a byte only while there is news)
                 with contextlib.suppress(OSError):
                     while os.read(self._news_r, 4096):
                         pass
-            news, self._news = [*self._kept, *self._news], {}
-            self._kept = {item: None for item in news if item[0] not in ranks}
+            news, self._kept = [*self._kept, *news], {}
+            for item in news:
+                if item[0] not in ranks:
+                    self._kept[item] = None
         return [item for item in news if item[0] in ranks]
 
     def take_bytes(self, rank: int, kind: Frame) -> bytes | None:
