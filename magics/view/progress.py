@@ -11,15 +11,23 @@ _COLOURS = {"finished": "#2ca02c", "failed": "#d62728", "interrupted": "#ff7f0e"
             "timed out": "#d62728"}
 
 
+_last: list = [None, ("", "")]  # what the last call drew: (its rank's state, ...), its parts
+
+
 def progress_parts(record: LaunchRecord) -> tuple[str, str]:
     """The job's progress as ``(text/plain, text/html)``: tqdm's one line, and a bar (percent
     done, or a moving count without a total) with that line's figures; empty without progress
-    events."""
+    events. Made again only when the bar shown changed (a redraw without news of it reuses
+    the last parts: a rank's state is replaced, never changed, by its next event)."""
     state = job_progress(record, node_table(record).slowest() if per_node(record) else None)
     if state is None:
         return "", ""
+    key = (record.progress[state["rank"]], state["rank"], record.outcome, len(record.progress) > 1)
+    if _last[0] is not None and _last[0][0] is key[0] and _last[0][1:] == key[1:]:
+        return _last[1]
     line = progress_line(state)
-    return line, _progress_html(record, state, line)
+    _last[:] = key, (line, _progress_html(record, state, line))
+    return _last[1]
 
 
 def _progress_html(record: LaunchRecord, state: dict, line: str) -> str:

@@ -143,6 +143,23 @@ def test_job_progress_is_the_slowest_rank_with_rate_and_eta():
     assert "20/100 [00:04<00:16" in render(record)["text/plain"]
 
 
+def test_a_redraw_makes_the_progress_bar_again_only_when_the_bar_shown_has_news(monkeypatch):
+    from magics.view import progress
+
+    record = make_record(age=2.0)
+    record.progress[0] = {"n": 50, "total": 100, "rate": 10.0, "elapsed": 5.0}
+    made, line = [], progress.progress_line
+    monkeypatch.setattr(progress, "progress_line", lambda state: made.append(state["n"]) or line(state))
+    first = progress.progress_parts(record)
+    assert progress.progress_parts(record) is first and made == [50]  # no news: kept
+    record.progress[0] = {"n": 60, "total": 100, "rate": 10.0, "elapsed": 6.0}  # an event
+    assert "60/100" in progress.progress_parts(record)[0] and made == [50, 60]
+    record.outcome = "failed"  # the bar's colour
+    assert "#d62728" in progress.progress_parts(record)[1] and made == [50, 60, 60]
+    record.progress[1] = {"n": 90, "total": 100, "rate": 10.0, "elapsed": 6.0}
+    assert "(rank 0)" in progress.progress_parts(record)[1]  # several bars: whose it is
+
+
 def test_plots_thin_long_histories_and_skip_non_finite_values():
     points = [(step, math.sin(step / 1000)) for step in range(100_000)]
     points[500] = (500, float("nan"))
