@@ -97,8 +97,8 @@ def kernel_cost(count: int = 20_000) -> float:
     import os
 
     from notebook_accel.events import EventChannel
-    from notebook_accel.launch.backends.processes import enlarge_pipe
     from notebook_accel.launch.record import LaunchRecord, RankStatus
+    from notebook_accel.launch.worker.main import enlarge_pipe
     from notebook_accel.wire import FrameReader
 
     read_fd, write_fd = os.pipe()

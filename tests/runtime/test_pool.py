@@ -110,6 +110,9 @@ def test_names_are_those_living_on_every_rank_after_a_run_on_some_ranks(pool):
 def test_return_all_and_status(pool):
     pids = [info.pid for info in pool.status()]
     assert len(pids) == 2 and all(info.alive and info.rss for info in pool.status())
+    import fcntl  # a run's payload goes into every rank's commands pipe at once: 1 MiB each
+    assert all(fcntl.fcntl(h.commands_fd, getattr(fcntl, "F_GETPIPE_SZ", 1032)) == 1 << 20
+               for h in pool._current.workers.handles)
     assert pool.run(CELLS["reduce_rank"]) == 3.0
     assert {info.pid for info in pool.status()} == set(pids)
 

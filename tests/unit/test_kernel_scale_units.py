@@ -342,6 +342,36 @@ def test_a_redraw_takes_no_rank_by_rank_work_and_leaves_changed_rows_to_the_wake
     assert "rank 1 moved on" in render(record)["text/plain"]
 
 
+def test_the_text_view_of_a_large_launch_looks_at_its_ranks_only_when_one_changed(monkeypatch):
+    """Outside a notebook (a script, a terminal) the text view is asked every wakeup whether
+    a line is due: per node, it answers from the state counts, looking at ranks again only
+    after a state or phase changed or when a young phase turns notable (a phase shorter than a
+    second prints no line of its own)."""
+    from notebook_accel.launch.views import text
+    from notebook_accel.launch.views.text import TextView
+
+    record = _big_record(1024)
+    record.started -= 2.0
+    out, looked = io.StringIO(), []
+    monkeypatch.setattr(text, "_lasting_state", lambda status: looked.append(status) or "x")
+    view = TextView(record, stream=out, clock=lambda: 0.0)
+    view.update(record)
+    assert out.getvalue().count("\n") == 1 and "1022 running, 2 failed" in out.getvalue()
+    for _ in range(100):
+        view.update(record)
+    assert looked == [] and out.getvalue().count("\n") == 1  # nothing changed: no rank walked
+    record.ranks[9].enter_phase("compiling", time.time() - 0.8)  # young: counted as running
+    view.update(record)
+    assert out.getvalue().count("\n") == 1
+    time.sleep(0.3)  # now notable
+    view.update(record)
+    assert out.getvalue().count("\n") == 2 and "1 compiling (rank 9 for" in out.getvalue()
+    record.ranks[3].state = "failed"
+    view.update(record)
+    assert out.getvalue().count("\n") == 3 and "3 failed" in out.getvalue().splitlines()[-1]
+    assert looked == []
+
+
 def test_a_large_launchs_summary_is_taken_in_a_little_each_wakeup_before_it_is_drawn(
         monkeypatch):
     """Taking in 1024 ranks at a launch's first redraw would cost that wakeup milliseconds:

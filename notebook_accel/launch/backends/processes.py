@@ -12,7 +12,6 @@ reads runs from a fifth pipe, its commands channel (see ``launch/pool.py``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import importlib
 import os
@@ -31,19 +30,9 @@ from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.start_method import get_context, starter_pid
 from notebook_accel.launch.views import in_kernel
-from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, worker_main
+from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, enlarge_pipe, worker_main
 from notebook_accel.launch.worker.main_module import main_module_hidden
 from notebook_accel.launch.worker.serve import serve_main
-
-_PIPE_BYTES = 1 << 20
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-
-
-def enlarge_pipe(fd: int) -> None:
-    """Give the pipe 1 MiB of buffer where the OS allows (fewer full-pipe moments)."""
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
-
 
 _long_lived_fds: set[int] = set()  # kernel fds of warm pools, closed in every forked worker
 
@@ -205,6 +194,8 @@ def start_workers(
     for triple in ends:
         enlarge_pipe(triple[3][1])
     commands = [_pipe() for _ in ends] if serve else []  # (worker's read end, kernel's write end)
+    for _, write_end in commands:
+        enlarge_pipe(write_end)
     kernel_fds = [alive_w, *kernel_only, *_long_lived_fds] + [
         pair[0] for triple in ends for pair in triple] + [w for _, w in commands]
     alive = Connection(alive_r, writable=False)

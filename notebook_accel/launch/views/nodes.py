@@ -275,6 +275,14 @@ def node_table(record: LaunchRecord) -> NodeTable:
     return table
 
 
+def taken_in(record: LaunchRecord) -> NodeTable:
+    """The record's :class:`NodeTable` with every rank taken in (its counts, phases and
+    membership current), no row looked at: what a view that shows no rows needs."""
+    table = _table(record)
+    table.take_in()
+    return table
+
+
 def prepare_node_table(record: LaunchRecord,
                        shown: Callable[[NodeRow, bool], Any] | None = None) -> None:
     """A view's wakeup without a redraw: the per-node summary's work, a little at a time, rows

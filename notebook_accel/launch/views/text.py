@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from notebook_accel.launch.rank_ranges import ranks_text  # noqa: F401 - the words every view uses
 from notebook_accel.launch.record import ENDED_STATES as _ENDED
 from notebook_accel.launch.record import LaunchRecord, RankStatus
-from notebook_accel.launch.views.nodes import node_table, per_node
+from notebook_accel.launch.views.nodes import node_table, per_node, taken_in
 from notebook_accel.observe.progress import bar_label, job_progress
 
 PREFIX = "[notebook_accel] "
@@ -197,9 +197,11 @@ class TextView:
         self.quiet_for = quiet_for
         self.every = every
         self.clock = clock
-        self.last_states: tuple[str, ...] | None = None
+        self.last_states: tuple | None = None
         self.last_time = -math.inf
         self.done = False
+        # per node: (membership, when a young phase turns notable, the states then)
+        self._counted: tuple[int, float, tuple] | None = None
 
     def update(self, record: LaunchRecord, final: bool = False) -> None:
         """Print a status line when due, or the summary line when ``final``."""
@@ -213,13 +215,35 @@ class TextView:
         if record.elapsed < self.quiet_for:
             return
         now = self.clock()
-        states = tuple(_lasting_state(status) for status in record.ranks.values())
-        if all(state in _ENDED for state in states):
+        states, ended = self._lasting_states(record)
+        if ended:
             return  # the summary line follows
         if states != self.last_states or now - self.last_time >= self.every:
             first = self.last_states is None
             self.last_states, self.last_time = states, now
             self._write(self.status_line(record, first))
+
+    def _lasting_states(self, record: LaunchRecord) -> tuple[tuple, bool]:
+        """What a status line is news for, and whether every rank ended: each rank's state, a
+        phase younger than ``NOTABLE_PHASE`` counted as running. Per node (a large launch),
+        the states counted, looked at again only after a rank's state or phase changed or when
+        a young phase turns notable: a wakeup costs nothing otherwise, whatever the ranks."""
+        if not per_node(record):
+            states = tuple(_lasting_state(status) for status in record.ranks.values())
+            return states, all(state in _ENDED for state in states)
+        table, now = taken_in(record), time.time()
+        counted = self._counted
+        if counted is None or counted[0] != table.membership or now >= counted[1]:
+            counts, turns = +table.states, math.inf
+            for rank in table.in_phase:
+                status = record.ranks[rank]
+                notable_at = status.phase_started + NOTABLE_PHASE
+                if status.state not in _ENDED and now < notable_at:
+                    counts[status.state] -= 1
+                    counts["running"] += 1
+                    turns = min(turns, notable_at)
+            counted = self._counted = table.membership, turns, tuple(sorted((+counts).items()))
+        return counted[2], all(state in _ENDED for state, _ in counted[2])
 
     def status_line(self, record: LaunchRecord, first: bool = False) -> str:
         """``12.0 s: 2 running | train 40/100 [...] | loss 0.12 @ step 40``; the ``first``

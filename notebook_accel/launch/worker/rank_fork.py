@@ -9,17 +9,14 @@ pipes, waits for their exits and signals them.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from notebook_accel.launch.payload import Payload
 from notebook_accel.launch.worker.hub_link import OUTPUTS, Frame
-from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, worker_main
+from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, enlarge_pipe, worker_main
 from notebook_accel.launch.worker.serve import serve_main
-
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 @dataclass
@@ -55,8 +52,8 @@ def fork_ranks(specs: list[WorkerSpec], payload: Payload | None,
 def _fork(spec: WorkerSpec, payload: Payload | None, serve: bool, alive_r: int) -> ForkedRank:
     pipes = [os.pipe() for _ in OUTPUTS]
     commands = os.pipe() if serve else None
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(pipes[3][1], _F_SETPIPE_SZ, 1 << 20)  # events: fewer full-pipe moments
+    for enlarged in (pipes[3], commands) if commands else (pipes[3],):  # events, a pool's runs
+        enlarge_pipe(enlarged[1])
     spec.parent_pid = os.getpid()
     pid = os.fork()
     if pid == 0:  # the worker: never returns
