@@ -17,7 +17,10 @@ RANK_MAX = 16 << 20
 
 class _Log:
     def __init__(self) -> None:
-        self.lines: collections.deque[tuple[str, str]] = collections.deque()  # (stream, text)
+        # a line's text and its stream side by side, not as a pair: a million kept lines are
+        # then no million objects for the garbage collector to count and walk
+        self.texts: collections.deque[str] = collections.deque()
+        self.streams: collections.deque[str] = collections.deque()
         self.size = 0
         self.dropped_lines = 0
         self.dropped_bytes = 0
@@ -40,10 +43,12 @@ class RankLogs:
         log = self._logs.get(rank)
         if log is None:
             log = self._logs[rank] = _Log()
-        log.lines.append((stream, text))
+        log.texts.append(text)
+        log.streams.append(stream)
         log.size += len(text) + 1
-        while log.size > self.share and len(log.lines) > 1:
-            _, old = log.lines.popleft()
+        while log.size > self.share and len(log.texts) > 1:
+            old = log.texts.popleft()
+            log.streams.popleft()
             log.size -= len(old) + 1
             log.dropped_lines += 1
             log.dropped_bytes += len(old) + 1
@@ -58,7 +63,8 @@ class RankLogs:
         log = self._logs.get(rank)
         if log is None:
             return ""
-        lines = [text for name, text in log.lines if stream is None or name == stream]
+        lines = list(log.texts) if stream is None else [
+            text for name, text in zip(log.streams, log.texts, strict=True) if name == stream]
         if log.dropped_lines:
             lines.insert(0, f"[notebook_accel] {log.dropped_lines} earlier lines "
                             f"({log.dropped_bytes / 1e6:.1f} MB) not kept: over this rank's "
