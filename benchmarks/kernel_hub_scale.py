@@ -65,14 +65,13 @@ import selectors
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from revision_sides import ROOT, baseline_worktree, run_side
+
 COMMAND = struct.Struct("!Ic")  # rank, what: T(erminate) K(ill) D(ump stacks)
 STACK = ("Thread 0x00007f0000000001 (most recent call first):\n"
          '  File "/tmp/train.py", line 12 in wait_forever\n'
@@ -739,14 +738,8 @@ def measure(world: int, drivers: int, mode: str, hosts: int = 0) -> dict:
 # -- the two sides --------------------------------------------------------------------------
 
 def _side(directory: Path, world: int, args: argparse.Namespace, mode: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(directory))
-    out = subprocess.run([sys.executable, __file__, "--measure", str(world), "--drivers",
-                          str(args.drivers), "--hosts", str(args.hosts), "--mode", mode], env=env, capture_output=True, text=True, timeout=600,
-                         check=False, cwd=directory)
-    line = next((line for line in out.stdout.splitlines() if line.startswith("FIGURES ")), None)
-    if line is None:
-        return {"error": (out.stdout[-1500:] + out.stderr[-1500:]).strip()}
-    return json.loads(line[len("FIGURES "):])
+    return run_side(__file__, directory, ["--measure", str(world), "--drivers", str(args.drivers),
+                                          "--hosts", str(args.hosts), "--mode", mode], timeout=600)
 
 
 def _fmt(value) -> str:
@@ -828,18 +821,11 @@ def main() -> None:
 def _compare(args: argparse.Namespace, sizes: list[int], mode: str) -> None:
     """Both sides at every size in one mode, alternating; then the table."""
     results: dict[int, dict[str, dict]] = {}
-    with tempfile.TemporaryDirectory() as work:
-        base = Path(work) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
-                        args.baseline], check=True)
-        try:
-            for world in sizes:
-                results[world] = {"baseline": _side(base, world, args, mode),
-                                  "this": _side(ROOT, world, args, mode)}
-                print(f"measured {world} ranks ({mode})", file=sys.stderr, flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=False)
+    with baseline_worktree(args.baseline) as base:
+        for world in sizes:
+            results[world] = {"baseline": _side(base, world, args, mode),
+                              "this": _side(ROOT, world, args, mode)}
+            print(f"measured {world} ranks ({mode})", file=sys.stderr, flush=True)
     simulated = (f"{args.drivers} driver processes" if mode == "local" else
                  f"{args.hosts} host processes" if args.hosts else "a host process per node")
     print(f"\n== {mode} mode: baseline {args.baseline} vs this checkout; {simulated}; "

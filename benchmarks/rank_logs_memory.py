@@ -14,14 +14,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from revision_sides import ROOT, baseline_worktree, run_side
+
 LINES = 1_000_000
 
 
@@ -50,16 +46,6 @@ def measure() -> dict:
             "full_gc_ms": collect * 1e3, "kept": sum(len(logs.text(r).splitlines()) for r in range(8))}
 
 
-def _side(directory: Path) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--measure"], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(directory)), cwd=directory,
-                         timeout=300, check=False)
-    line = next((line for line in out.stdout.splitlines() if line.startswith("FIGURES ")), None)
-    if line is None:
-        raise SystemExit(f"{directory}: {out.stdout[-800:]}{out.stderr[-800:]}")
-    return json.loads(line[len("FIGURES "):])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default="abd64e4", help="the revision to compare against")
@@ -68,15 +54,12 @@ def main() -> None:
     if args.measure:
         print("FIGURES", json.dumps(measure()), flush=True)
         return
-    with tempfile.TemporaryDirectory() as work:
-        base = Path(work) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
-                        args.baseline], check=True)
-        try:
-            sides = {"baseline": _side(base), "this": _side(ROOT)}
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=False)
+    with baseline_worktree(args.baseline) as base:
+        sides = {side: run_side(__file__, directory, ["--measure"], timeout=300)
+                 for side, directory in (("baseline", base), ("this", ROOT))}
+    for side, figures in sides.items():
+        if "error" in figures:
+            raise SystemExit(f"{side}: no figures\n{figures['error']}")
     print(f"{LINES} kept lines ({sides['this']['text_mb']:.0f} MB of text), baseline "
           f"{args.baseline} vs this checkout; ratio = this / baseline")
     for key, label in (("memory_over_text_mb", "kernel memory over the text, MB"),

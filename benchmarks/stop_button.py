@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from revision_sides import ROOT, baseline_worktree, run_side
 
 
 def measure(presses: int) -> dict:
@@ -63,13 +60,10 @@ def measure(presses: int) -> dict:
 
 
 def _side(directory: Path, presses: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(directory))
-    out = subprocess.run([sys.executable, __file__, "--measure", str(presses)], env=env,
-                         capture_output=True, text=True, timeout=1800, check=False, cwd=directory)
-    line = next((line for line in out.stdout.splitlines() if line.startswith("FIGURES ")), None)
-    if line is None:
-        raise RuntimeError(f"{directory}: no figures\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    return json.loads(line[len("FIGURES "):])
+    figures = run_side(__file__, directory, ["--measure", str(presses)], timeout=1800)
+    if "error" in figures:
+        raise RuntimeError(f"{directory}: no figures\n{figures['error']}")
+    return figures
 
 
 def main() -> None:
@@ -82,18 +76,11 @@ def main() -> None:
     if args.measure is not None:  # one side, in its own process
         print("FIGURES", json.dumps(measure(args.measure)), flush=True)
         return
-    with tempfile.TemporaryDirectory() as work:
-        base = Path(work) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
-                        args.baseline], check=True)
-        try:
-            sides: dict[str, list[dict]] = {"baseline": [], "this": []}
-            for _ in range(args.rounds):
-                sides["baseline"].append(_side(base, args.presses))
-                sides["this"].append(_side(ROOT, args.presses))
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=False)
+    with baseline_worktree(args.baseline) as base:
+        sides: dict[str, list[dict]] = {"baseline": [], "this": []}
+        for _ in range(args.rounds):
+            sides["baseline"].append(_side(base, args.presses))
+            sides["this"].append(_side(ROOT, args.presses))
     print(f"baseline {args.baseline} vs this checkout, {args.presses} presses per series, "
           f"{args.rounds} round(s), medians of rounds:")
     for key, unit in (("empty_run_ms", "ms"), ("ddp_step_ms", "ms")):
