@@ -2,7 +2,7 @@
 
 The watch loop of a 1024-rank launch registers thousands of descriptors; when every rank
 prints at once, all of them are ready together, and a plain ``selectors`` selector hands back
-every one of them in one call (about 1 ms of Python objects at 2,000). With epoll the kernel can
+every one of them in one call, a Python object each. With epoll the kernel can
 be asked for a few: level-triggered, it puts a descriptor it reported back at the end of its
 ready list, so successive calls go round every ready channel in turn. Where there is no epoll
 (macOS), every ready channel is returned, as ``selectors`` does.

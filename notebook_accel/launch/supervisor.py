@@ -380,9 +380,10 @@ class Supervisor:
         least; the rest is left to the next wakeup, which comes at once), then the cell. So a
         burst of every rank's lines is taken over several short wakeups, back to back."""
         order = {"stdout": 0, "stderr": 0, "events": 0, "control": 1, "exit": 2}
-        fresh = [] if self._left else self.selector.select(timeout, _MOST_READY)  # (what is left
-        if any(rank is None for rank, _ in fresh):  # is taken before a pipe is asked again)
-            fresh = [item for item in fresh if item[0] is not None] + self._news()  # (an inbox)
+        # what the last wakeup left is taken before a pipe is asked again
+        fresh = [] if self._left else self.selector.select(timeout, _MOST_READY)
+        if self._inboxes and any(rank is None for rank, _ in fresh):  # an inbox has news
+            fresh = [item for item in fresh if item[0] is not None] + self._news()
         deadline = time.perf_counter() + _WAKEUP_BUDGET
         self._refresh()
         self._read_ready_events(deadline)

@@ -52,8 +52,9 @@ def fork_ranks(specs: list[WorkerSpec], payload: Payload | None,
 def _fork(spec: WorkerSpec, payload: Payload | None, serve: bool, alive_r: int) -> ForkedRank:
     pipes = [os.pipe() for _ in OUTPUTS]
     commands = os.pipe() if serve else None
-    for enlarged in (pipes[3], commands) if commands else (pipes[3],):  # events, a pool's runs
-        enlarge_pipe(enlarged[1])
+    enlarge_pipe(pipes[3][1])  # events
+    if commands is not None:
+        enlarge_pipe(commands[1])  # a pool's runs
     spec.parent_pid = os.getpid()
     pid = os.fork()
     if pid == 0:  # the worker: never returns
