@@ -302,6 +302,10 @@ _OPTIONS = (
          "button, to reach the point where they all stop together (default 5)",
          metavar="SECONDS", positive=True, default=5.0, pool_only=True,
          magic_flag="--stop-wait"),
+    _Opt("heal", bool, "%%accelerate start only: when a pool rank dies, replace that rank alone "
+         "and copy it what the other ranks hold alike (default); --no-heal replaces every rank",
+         default=True, pool_only=True, env="NOTEBOOK_ACCEL_HEAL", file_key="heal",
+         magic_flag="--heal", switch=True),
 )
 OPTIONS: dict[str, LaunchOption] = {option.name: option for option in _OPTIONS}
 # Views of the table as it was imported (the kernel's code reads OPTIONS itself, so that a row

@@ -103,6 +103,7 @@ class LaunchConfig:
     start_method: str = "auto"
     cluster: str | None = None  # our own key: a Ray cluster's address
     dynamo_backend: str | None = None  # in the file: dynamo_config's dynamo_backend (the peer's format)
+    heal: bool | None = None  # our own key: a warm pool replaces a dead rank alone (default true)
     extra: dict[str, Any] = field(default_factory=dict)
     source: Path | None = field(default=None, compare=False)  # the file it was read from
 
@@ -132,6 +133,7 @@ class LaunchConfig:
         self.start_method = _row("start_method", "start_method", self.start_method)
         self.cluster = _row("cluster", "cluster", self.cluster)
         self.dynamo_backend = _row("dynamo_backend", "dynamo_backend", self.dynamo_backend)
+        self.heal = _row("heal", "heal", self.heal)
         try:
             dynamo.check_section(self.extra.get(dynamo.SECTION))
         except ValueError as err:

@@ -60,6 +60,7 @@ class WorkerError(RuntimeError):
         failure: FailureRecord | None = None,
     ) -> None:
         super().__init__(message)
+        self.recovery = ""  # what a warm pool did after the failure (healed, replaced), in words
         self.rank = rank
         self.exitcode = exitcode
         self.remote_traceback = remote_traceback
@@ -70,6 +71,8 @@ class WorkerError(RuntimeError):
 
     def __str__(self) -> str:
         text = super().__str__()
+        if self.recovery:
+            text += "\n" + self.recovery
         if self.remote_traceback:
             text += "\n\n" + self.remote_traceback.rstrip()
         if self.other_failures:
@@ -79,14 +82,14 @@ class WorkerError(RuntimeError):
 
     def __reduce__(self):
         return (_rebuild, (self.args[0], self.rank, self.exitcode, self.remote_traceback,
-                           self.other_failures, self.failure))
+                           self.other_failures, self.failure), {"recovery": self.recovery})
 
     def _render_traceback_(self) -> list[str]:
         """IPython hook: show the worker's own frames, not the launcher's internals."""
         from notebook_accel.launch.tracebacks import with_cell_labels
 
         red, reset = "\x1b[31m", "\x1b[0m"
-        lines = [f"{red}WorkerError{reset}: {self.args[0]}"]
+        lines = [f"{red}WorkerError{reset}: {self.args[0]}", *self.recovery.splitlines()]
         if self.remote_traceback:
             lines += ["", f"{red}[rank {self.rank}]{reset}",
                       *with_cell_labels(self.remote_traceback.rstrip()).splitlines()]

@@ -258,8 +258,9 @@ def print_notes(plan: LaunchPlan, notes: list[str]) -> None:
         print(f"[notebook_accel] {note}", flush=True)
 
 
-def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
-    """Start the workers through ``backend``, supervise them, collect their values."""
+def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload, remembered: bool = True) -> Any:
+    """Start the workers through ``backend``, supervise them, collect their values
+    (``remembered=False``: a run of ours, not the user's, which ``last_launch()`` keeps showing)."""
     check_interrupt("launch interrupted before any worker started")
     group = backend.start(plan, payload)
     subset = group.collectives_before is not None  # the user chose the ranks: show theirs
@@ -272,7 +273,8 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload) -> Any:
             mixed_precision=ran.mixed_precision,
             warm_pool=any(handle.persistent for handle in group.handles),  # a pool's workers
         )
-        remember(record)
+        if remembered:
+            remember(record)
         workers = Supervisor(group.handles, relay, plan.timeout, record,
                              make_view(record, plan.output), plan.stop_wait,
                              group.collectives_before, plan.hang_after).run()

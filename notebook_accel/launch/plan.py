@@ -48,6 +48,7 @@ class LaunchPlan:
     cluster: str | None = None  # a Ray cluster's address: the kernel drives every node through Ray
     stop_wait: float = STOP_WAIT  # a pool run's ranks have this long to reach the stop button's cut
     hang_after: float | None = HANG_AFTER  # seconds without progress before a rank is marked
+    heal: bool = True  # a pool replaces a dead rank alone (launch/pool_heal.py), else every rank
 
     @property
     def world_size(self) -> int:
@@ -198,7 +199,7 @@ def make_plan(
         raise ValueError(f"node_rank={node_rank} must be < num_nodes={num_nodes} (0..{num_nodes - 1})")
     common = {"timeout": o["timeout"], "output": o["output"], "return_all": o["return_all"],
               "max_restarts": o["max_restarts"], "worker_env": worker_env,
-              "stop_wait": o["stop_wait"], "hang_after": o["hang_after"]}
+              "stop_wait": o["stop_wait"], "hang_after": o["hang_after"], "heal": o["heal"]}
     if o["cluster"] is not None:
         return _cluster_plan(o["cluster"], o["num_processes"], num_nodes, node_rank, o["device"],
                              mixed_precision, o["start_method"], common)

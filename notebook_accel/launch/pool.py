@@ -28,6 +28,7 @@ from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.pool_heal import can_heal, heal_in_place
 from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.shared_tensors import SharedTensors
@@ -40,6 +41,8 @@ from notebook_accel.launch.worker.serve import join_process_group
 from notebook_accel.launch.worker_stacks import ask_stacks
 from notebook_accel.machine.launch_kinds import device_launch
 from notebook_accel.wire import RunDone
+
+_REPLACED = "the pool's workers were replaced"
 
 
 class PoolUnavailable(RuntimeError):
@@ -126,6 +129,7 @@ class WorkerPool:
             self._current = _Current()
             self._finalizer = weakref.finalize(self, self._current.close)
             self._reports: tuple[RunDone, ...] = ()  # each rank's latest report
+            self._healed: tuple[int, ...] = ()  # the ranks the last run's heal replaced
             self._failed_rank: int | None = None  # the root cause of the latest failed run
             self._start()
 
@@ -207,8 +211,9 @@ class WorkerPool:
         return _lost(self._reports)
 
     def revive(self) -> None:
-        """Replace the workers if any is gone (idle or mid-run: one rule), saying what was
-        lost.
+        """Recover if a worker is gone (died while idle): heal in place (the dead ranks
+        replaced alone, given what the others hold alike), or, with ``heal=False`` or no rank
+        left, replace every worker; either way say what was kept and lost.
 
         Raises:
             PoolUnavailable: the pool is closed.
@@ -217,7 +222,7 @@ class WorkerPool:
         dead = workers.dead()
         if dead:
             reason = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead) + " while idle"
-            self._replace(reason, self.lost)
+            _say(self._recover(workers, reason, self._reports))
 
     def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` on every rank of the pool.
@@ -318,12 +323,15 @@ class WorkerPool:
                     return value
                 except WorkerError as error:
                     self._failed_rank = error.rank
+                    error.recovery = self._after_run(workers, "failed")
+                    ended = "said"
                     raise
                 except KeyboardInterrupt:
                     ended = "interrupted"
                     raise
                 finally:
-                    self._after_run(workers, ended)
+                    if ended != "said":
+                        _say(self._after_run(workers, ended))
 
     def restart(self) -> None:
         """Replace the workers with fresh ones (their state is dropped)."""
@@ -370,23 +378,67 @@ class WorkerPool:
                                   "the pool is closed")
         return workers
 
-    def _after_run(self, workers: PoolWorkers, ended: str) -> None:
-        """Keep the workers when every rank is idle with a group it can trust; else replace them."""
+    def _after_run(self, workers: PoolWorkers, ended: str) -> str | None:
+        """Keep the workers when every rank is idle with a group it can trust; else heal or
+        replace them. Returns what was done, in words (None: the workers were kept)."""
         reason = _distrust(workers, ended)
         reports = tuple(h.last_report for h in workers.handles)
         if reason is None:
             self._reports = reports  # (ranks a run on some ranks left idle: their last ones)
-            return
-        known = tuple(r for r in reports if r is not None)
-        self._replace(reason, _lost(known) if known else self.lost)
+            self._healed = ()
+            return None
+        # a rank without a report of this run keeps its last one (what it held before)
+        merged = tuple(r if r is not None else (self._reports[i] if i < len(self._reports) else None)
+                       for i, r in enumerate(reports))
+        return self._recover(workers, reason, merged)
 
-    def _replace(self, reason: str, lost: tuple[str, ...]) -> None:
+    def _recover(self, workers: PoolWorkers, reason: str,
+                 reports: tuple[RunDone | None, ...]) -> str:
+        """Heal the dead ranks in place when the pool can, else replace every worker."""
+        dead = tuple(h.rank for h in workers.dead())
+        known = tuple(r for r in reports if r is not None)
+        why_not = can_heal(self.plan, workers, list(dead)) if dead else "no rank died"
+        if why_not is None:
+            alive = [r for rank, r in enumerate(reports) if rank not in dead and r is not None]
+            again = sorted(set(dead) & set(self._healed))
+            try:
+                text = heal_in_place(workers, self.plan, dead,
+                                     _lost(tuple(r for i, r in enumerate(reports)
+                                                 if i in dead and r is not None)),
+                                     len({r.collectives for r in alive}) <= 1)
+            except Exception as error:  # noqa: BLE001 - whatever broke the heal, the pool recovers
+                headline = str(error).splitlines()[0]
+                return self._replace(f"{reason}; the heal failed: {headline}",
+                                     _lost(known) if known else self.lost)
+            except KeyboardInterrupt:
+                self._replace(f"{reason}; the heal was interrupted", _lost(known) if known else self.lost)
+                raise
+            self._healed = dead
+            self._reports = tuple(h.last_report for h in workers.handles)
+            if again:
+                text += (f"\n{ranks_text(again)} died again in the run right after a heal: if "
+                         "this cell makes it run out of memory (or crash) every time, change the "
+                         "cell before running it again")
+            return f"{reason}. {text}" if "while idle" in reason else text
+        return self._replace(reason, _lost(known) if known else self.lost)
+
+    def _replace(self, reason: str, lost: tuple[str, ...]) -> str:
+        """Replace every worker; returns what was done and lost, in words."""
         self._failed_rank = None  # its frames are gone with the workers
+        self._healed = ()
         self._current.close()
         self._start()
-        print(f"[notebook_accel] the pool's workers were replaced ({reason}; a process group "
-              f"that may pair later collectives wrongly is never reused): their state was "
-              f"lost{': ' + _listed(lost) if lost else ''}", file=sys.stderr, flush=True)
+        return (f"{_REPLACED} ({reason}; a process group that may pair "
+                f"later collectives wrongly is never reused): their state was "
+                f"lost{': ' + _listed(lost) if lost else ''}")
+
+
+def _say(recovery: str | None) -> None:
+    """What a recovery did, in the cell: a heal as information, a replacement (state lost) as
+    a warning."""
+    if recovery:
+        lost = recovery.startswith(_REPLACED)
+        print(f"[notebook_accel] {recovery}", file=sys.stderr if lost else sys.stdout, flush=True)
 
 
 def _lost(reports: tuple[RunDone, ...]) -> tuple[str, ...]:

@@ -43,6 +43,20 @@ RANK_BOUND: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# How a warm pool's heal carries such objects to a new rank (``launch/worker/replicas.py``): the
+# fields that say where their holder stands become the receiver's ("rank": its global rank,
+# "local_rank", "device"); a DDP wrapper is built anew around its module; the default process
+# group becomes the receiver's. What holds one rank's part of the state cannot be carried.
+PLACE_FIELDS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("notebook_accel.runtime.state", "PartialState",
+     {"process_index": "rank", "local_process_index": "local_rank", "device": "device"}),
+    ("notebook_accel.data.sharding", "ShardBatchSampler", {"process_index": "rank"}),
+    ("notebook_accel.data.iterable", "IterableDatasetShard", {"process_index": "rank"}),
+    ("notebook_accel.data.dispatch", "DataLoaderDispatcher", {"process_index": "rank"}),
+)
+SHARDED: tuple[str, ...] = ("an FSDP-sharded model", "a DeepSpeed engine", "a device mesh")
+
+
 def rank_bound_types() -> list[tuple[type, str]]:
     """The rank-bound types whose modules are imported in this process, with their names."""
     found = []

@@ -152,6 +152,15 @@ class TorchDevice:
         """Before the group is destroyed: wait until torch's communication threads are idle."""
         exit_teardown.settle_comm_threads()
 
+    def abandon_group(self) -> None:
+        """Leave the default group without its peers (one of them died): nccl's communicators
+        are aborted, not waited on; gloo's group is torn down locally."""
+        self.settle()
+        if dist.get_backend() == "nccl" and hasattr(dist.distributed_c10d, "_abort_process_group"):
+            dist.distributed_c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
+
     def barrier(self) -> None:
         """Every process of the default group meets here."""
         dist.barrier()

@@ -123,10 +123,31 @@ def ensure_process_group(
     if backend == "nccl" and device is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
+    _MEETING.update(backend=backend, timeout=timeout, device=device, init_method=init_method)
     if backend == "gloo" and world_size > 1:
         # gloo connects its full mesh lazily; a rank that finished right after init could
         # otherwise close its sockets while a peer is still connecting to it.
         dist.barrier()
+
+
+_MEETING: dict[str, Any] = {}  # how ensure_process_group last created the default group
+
+
+def rejoin_process_group(rank: int, world_size: int) -> None:
+    """Leave the default process group (one a dead peer broke) and meet the same world again,
+    over the store the torchrun environment names now (``MASTER_PORT``), with the backend and
+    timeout the group had (a process that had none: its device's, torch's default timeout).
+
+    The old group is abandoned, not waited on: its device kind aborts it (nccl) or tears it
+    down locally (gloo). A warm pool's heal calls this on every rank at once.
+    """
+    meeting = dict(_MEETING) or {"backend": device_kind(_device_type(False)).backend(_device_type(False)),
+                                 "timeout": None, "device": None, "init_method": None}
+    if dist.is_initialized():
+        kind = _backend_kind(dist.get_backend(), meeting["device"])
+        kind.abandon_group()
+    ensure_process_group(meeting["backend"], rank, world_size, meeting["timeout"], meeting["device"],
+                         init_method=meeting["init_method"])
 
 
 def _backend_kind(backend: str, device: torch.device | None) -> TorchDevice:

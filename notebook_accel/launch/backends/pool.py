@@ -44,10 +44,38 @@ class PoolWorkers:
             self.rendezvous.close()
             raise
         self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
+        self._alive_fds = [self.alive_fd]  # one per start: the first, then each heal's
         self._kept_out = [self.alive_fd, self.rendezvous.fd,
                           *(fd for handle in self.handles for fd in handle.kernel_fds())]
         keep_out_of_forks(self._kept_out)
         self.closed = False
+
+    def replace(self, ranks: tuple[int, ...]) -> int:
+        """Start new workers in place of the dead ones of ``ranks`` (same rank numbers, device
+        and environment), around a fresh rendezvous store that every rank meets at next (a
+        heal: ``launch/pool_heal.py``); returns the store's port."""
+        rendezvous = Rendezvous(self.plan.master_addr, 0)
+        local = {self.plan.global_rank(i): i for i in range(self.plan.num_processes)}
+        try:
+            fresh, alive_fd = start_workers(self.plan, None, rendezvous.port, (rendezvous.fd,),
+                                            serve=True, local_ranks=tuple(local[r] for r in ranks))
+        except BaseException:
+            rendezvous.close()
+            raise
+        old = [h for h in self.handles if h.rank in ranks]
+        released = [fd for h in old for fd in h.kernel_fds()] + [self.rendezvous.fd]
+        keep_out_of_forks(released, keep_out=False)
+        for handle in old:
+            handle.close()
+        self.rendezvous.close()
+        self.rendezvous = rendezvous
+        by_rank = {h.rank: h for h in fresh}
+        self.handles = [by_rank.get(h.rank, h) for h in self.handles]
+        self._alive_fds.append(alive_fd)
+        added = [alive_fd, rendezvous.fd, *(fd for h in fresh for fd in h.kernel_fds())]
+        self._kept_out = [fd for fd in self._kept_out if fd not in released] + added
+        keep_out_of_forks(added)
+        return rendezvous.port
 
     def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:
         """Start a run on the workers of ``ranks`` (``with_result``: the ranks that send their
@@ -82,8 +110,9 @@ class PoolWorkers:
         for handle in self.handles:
             handle.commands_fd = None  # closed above
             handle.close()
-        with contextlib.suppress(OSError):
-            os.close(self.alive_fd)
+        for fd in self._alive_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         self.rendezvous.close()
 
 

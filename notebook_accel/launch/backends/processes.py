@@ -177,20 +177,22 @@ def _pipe() -> tuple[int, int]:
 
 def start_workers(
     plan: LaunchPlan, payload: Payload | None, port: int, kernel_only: tuple[int, ...] = (),
-    serve: bool = False,
+    serve: bool = False, local_ranks: tuple[int, ...] | None = None,
 ) -> tuple[list[ProcessHandle], int]:
     """Start one process per local rank; returns the workers and the kernel-alive fd.
 
     ``kernel_only``: other kernel fds that forked workers must close (the store's socket).
     ``serve``: warm pool workers, which take runs from a commands pipe (``payload`` unused).
+    ``local_ranks``: these local ranks only (a pool's heal replaces its dead ones); default all.
 
     Worker-side pipe ends are closed in the kernel only after every worker has
     started, so a forked worker never closes an fd number that got reused.
     """
     context = get_context(plan.start.method)
     ensure_fd_room(plan.num_processes)
+    chosen = tuple(range(plan.num_processes)) if local_ranks is None else local_ranks
     alive_r, alive_w = _pipe()
-    ends = [(_pipe(), _pipe(), _pipe(), _pipe()) for _ in range(plan.num_processes)]
+    ends = [(_pipe(), _pipe(), _pipe(), _pipe()) for _ in chosen]
     for triple in ends:
         enlarge_pipe(triple[3][1])
     commands = [_pipe() for _ in ends] if serve else []  # (worker's read end, kernel's write end)
@@ -207,10 +209,10 @@ def start_workers(
     parent = starter_pid(plan.start.method)
     workers: list[ProcessHandle] = []
     try:
-        for local_rank, (out, err, ctl, ev) in enumerate(ends):
+        for index, (local_rank, (out, err, ctl, ev)) in enumerate(zip(chosen, ends, strict=True)):
             own = {out[1], err[1], ctl[1], ev[1], alive_r}
             if serve:
-                own.add(commands[local_rank][0])
+                own.add(commands[index][0])
             every = ({fd for triple in ends for pair in triple for fd in pair} | set(kernel_fds)
                      | {fd for pair in commands for fd in pair})
             close_fds = tuple(sorted(every - own)) if plan.start.method == "fork" else ()
@@ -228,11 +230,11 @@ def start_workers(
             spec = WorkerSpec(rank=rank, env=env, num_threads=threads,
                               send_result=plan.return_all or local_rank == 0, close_fds=close_fds,
                               rich_output=rich, parent_pid=parent)
-            base = 1 + 4 * local_rank
+            base = 1 + 4 * index
             pipes = WorkerPipes(stdout=worker_side[base], stderr=worker_side[base + 1],
                                 control=worker_side[base + 2], events=worker_side[base + 3],
                                 alive=alive,
-                                commands=worker_side[1 + 4 * len(ends) + local_rank] if serve else None)
+                                commands=worker_side[1 + 4 * len(ends) + index] if serve else None)
             process = context.Process(target=serve_main if serve else worker_main,
                                       args=(spec, payload, pipes),
                                       name=f"notebook-accel-rank{rank}", daemon=False)
@@ -242,17 +244,17 @@ def start_workers(
                 os.set_blocking(fd, False)
             workers.append(ProcessHandle(rank, process, stdout_fd=out[0], stderr_fd=err[0],
                                          control_fd=ctl[0], events_fd=ev[0],
-                                         commands_fd=commands[local_rank][1] if serve else None))
+                                         commands_fd=commands[index][1] if serve else None))
     except BaseException:
         _close(alive_w)
         kill_all(workers)
         for handle in workers:
             handle.close()
-        for local_rank in range(len(workers), plan.num_processes):
-            for pair in ends[local_rank]:
+        for index in range(len(workers), len(ends)):
+            for pair in ends[index]:
                 _close(pair[0])
             if serve:
-                _close(commands[local_rank][1])
+                _close(commands[index][1])
         raise
     finally:
         for connection in worker_side:

@@ -41,6 +41,13 @@ def imported() -> tuple[str, ...]:
                         or (_is_code(NAMESPACE[name]) and not _by_value(NAMESPACE[name]))))
 
 
+def restore(values: dict[str, Any], copies: Iterable[str]) -> None:
+    """Put a live replica's names in (a heal's new rank); those among ``copies``, which the
+    replica still held as the notebook's copies, stay copies here too."""
+    NAMESPACE.update(values)
+    _COPIES.update((name, values[name]) for name in copies if name in values)
+
+
 @contextlib.contextmanager
 def worker_scope(shipped: dict[str, Any], replace: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
     """The globals of one run: this worker's namespace, with the ``shipped`` names put in
