@@ -44,12 +44,17 @@ def _users(filename: str) -> bool:
     return not _ours_or_stdlib(filename) and not _LIBRARY.search(filename)
 
 
+def innermost(frames: Sequence[Frame]) -> str:
+    """The function the rank is in now: ``all_reduce``; or ``idle``."""
+    return frames[-1][2] if frames else "idle"
+
+
 def headline(frames: Sequence[Frame]) -> str:
     """The innermost function, then the user's own ones: ``all_reduce <- step <- train``;
     or ``idle``."""
     if not frames:
         return "idle (no run)"
-    names = [frames[-1][2]]
+    names = [innermost(frames)]
     for filename, _, name in reversed(frames[:-1]):
         if _users(filename) and name != names[-1]:  # (a cell's <module> once, not per frame)
             names.append(name)

@@ -274,8 +274,9 @@ class Supervisor:
             elif type(message) is RunDone:
                 worker.handle.last_report = message
                 self._run_ended(worker)
-            elif type(message) is StopCount:
+            elif type(message) is StopCount:  # not progress: an answer (a mark stays)
                 worker.stop_count = message
+                continue
             elif type(message) is InputAsk:
                 self.prompts.ask(worker, message)
             elif type(message) is DebugEnd:
@@ -536,12 +537,14 @@ class Supervisor:
 
     def _interrupt(self) -> None:
         """End the run of every persistent worker still in it: at a point they agree on
-        (``stop_agreement``), else at once (a KeyboardInterrupt), killing those that do not
+        (``stop_agreement``), else at once (a KeyboardInterrupt; at once too when the hang
+        watch already saw that no such point can be reached), killing those that do not
         report within ``INTERRUPT_GRACE`` (blocked in C++ code)."""
         live = [w for w in self.workers if not w.finished]
         for w in live:
             w.stopped = True
-        self.stopped_at_once = self.at_once or agree_and_stop(live, self._poll, self.stop_wait)
+        self.stopped_at_once = (self.at_once or self.hangs.cut_unreachable(live)
+                                or agree_and_stop(live, self._poll, self.stop_wait))
         if self.stopped_at_once is None:
             return
         live = [w for w in live if not w.finished]

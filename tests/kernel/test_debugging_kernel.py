@@ -149,3 +149,33 @@ dist.all_reduce(torch.ones(1))
     idle = k.ok("%accelerate stacks")
     assert time.monotonic() - started < 2.0
     assert "ranks 0, 1: idle (no run)" in idle.stdout
+
+
+def test_the_stop_after_a_diagnosed_hang_stops_at_once_and_says_why_in_words(k):
+    """Rank 1 waits in an all_reduce that rank 0, asleep, has not joined: once the hang watch
+    marked both and showed their stacks, one press stops every rank at once (no stop_wait),
+    says why in words (no collective counters) and keeps the marks while it stops."""
+    pressed = {}
+
+    def press_once_marked(result):
+        if "every rank's stack now" in result.stderr and "at" not in pressed:
+            pressed["at"] = time.monotonic()
+            k.manager.interrupt_kernel()
+
+    result = k.collect(k.execute("""%%accelerate
+import time, torch, torch.distributed as dist
+if dist.get_rank() == 1:
+    dist.all_reduce(torch.ones(1))
+else:
+    time.sleep(60)
+"""), timeout=90, on_output=press_once_marked)
+    took = time.monotonic() - pressed["at"]
+    assert took < 4.0, took  # the interrupt's grace and the kill, not stop_wait (5 s) first
+    said = result.error["evalue"] + result.stderr
+    assert ("rank 1 is blocked in all_reduce, which rank 0 has not joined, so every rank was "
+            "stopped at once") in result.error["evalue"], said
+    assert "collective 3" not in said and "rank 0 at" not in said, said  # no internal counters
+    tables = [m["content"]["data"]["text/plain"] for m in result.outputs]
+    marked = next(i for i, table in enumerate(tables) if "rank 1: no progress" in table)
+    assert not any("rank 1: running" in table for table in tables[marked:]), tables[marked:]
+    reduce_is_right(k)
