@@ -145,6 +145,8 @@ dist.all_reduce(torch.ones(1))
     stacks = result.stderr.split("every rank's stack now:")[1]
     assert "rank 0: all_reduce <- <module>\n" in stacks  # rank 0 waits in the collective
     assert "rank 1: <module>\n" in stacks and "time.sleep(4)" in stacks  # rank 1 sleeps
+    # the user's frames only, as in a failure's traceback: not the %%accelerate line first
+    assert "%%accelerate" not in stacks and "line 1, in <module>" not in stacks, stacks
     started = time.monotonic()
     idle = k.ok("%accelerate stacks")
     assert time.monotonic() - started < 2.0
