@@ -433,8 +433,7 @@ class Supervisor:
     def _refresh(self) -> None:
         """Bring the record up to date (the ranks' last lines, memory) and redraw; costs what
         changed since the last wakeup, not the number of ranks."""
-        for rank in self.relay.take_touched():
-            self.record.ranks[rank].last_line = self.relay.last_line(rank)
+        self._take_last_lines()
         now, samples = time.monotonic(), self._samples
         deadline = time.perf_counter() + _RSS_BUDGET
         while samples and samples[0][0] <= now:
@@ -449,6 +448,11 @@ class Supervisor:
             if time.perf_counter() > deadline:
                 break
         self.view.update(self.record)
+
+    def _take_last_lines(self) -> None:
+        """Each rank's last line, for the ranks that wrote since the last look."""
+        for rank in self.relay.take_touched():
+            self.record.ranks[rank].last_line = self.relay.last_line(rank)
 
     def run(self) -> list[Worker]:
         """Watch until every worker has ended; returns them when all succeeded.
@@ -469,6 +473,7 @@ class Supervisor:
             raise
         finally:
             self.record.finish(outcome, self.timed_out_at)
+            self._take_last_lines()  # what the last wakeups read: the summary's last lines
             self.view.update(self.record, final=True)
             self.relay.flush()  # below the summary: output held while it had to appear
         return self.workers
