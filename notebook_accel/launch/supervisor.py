@@ -42,7 +42,7 @@ from notebook_accel.launch.stack_groups import headline, stacks_text, users_part
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
-from notebook_accel.launch.views import View
+from notebook_accel.launch.views import NullView, View
 from notebook_accel.launch.views.text import format_duration
 from notebook_accel.launch.worker.hub_link import memory_moved
 from notebook_accel.launch.worker_stacks import stack_ask
@@ -447,7 +447,20 @@ class Supervisor:
                     samples.append((now + 1.0, rank))
             if time.perf_counter() > deadline:
                 break
-        self.view.update(self.record)
+        self._draw()
+
+    def _draw(self, final: bool = False) -> None:
+        """Redraw the view, except while a rank's debugger has the cell (a table would land
+        between a pdb command and its answer)."""
+        if self.prompts.holder is None or final:
+            self.view.update(self.record, final)
+
+    def _debugger_shown(self) -> None:
+        """A rank's debugger has the cell: a view that has not appeared yet never will in
+        this run (its table, below the transcript or inside it, would count the user's typing
+        and show ranks the session is not on); one already shown stays above it."""
+        if self.view.holds_output:
+            self.view = NullView()
 
     def _take_last_lines(self) -> None:
         """Each rank's last line, for the ranks that wrote since the last look."""
@@ -474,7 +487,7 @@ class Supervisor:
         finally:
             self.record.finish(outcome, self.timed_out_at)
             self._take_last_lines()  # what the last wakeups read: the summary's last lines
-            self.view.update(self.record, final=True)
+            self._draw(final=True)
             self.relay.flush()  # below the summary: output held while it had to appear
         return self.workers
 
@@ -565,6 +578,7 @@ class Supervisor:
 
     def _show_output(self, worker: Worker) -> None:
         """Everything ``worker`` wrote so far, in the cell now (before its debugger's prompt)."""
+        self._debugger_shown()
         self._read_output(worker, "stdout")
         self._read_output(worker, "stderr")
         self.relay.tick()

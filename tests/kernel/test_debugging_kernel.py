@@ -91,6 +91,42 @@ t.item()
     assert "30.0" in str(result.outputs)  # 10 + 20: the job's normal result
 
 
+def test_a_debugger_session_shows_no_live_table_inside_its_transcript(k):
+    """The user takes their time at the prompt (longer than the live view waits before it
+    appears): no table lands between a pdb command and its answer, in a post-mortem (a run
+    on rank 1 only) or at a breakpoint() during a run on both ranks."""
+    def slowly(*lines):
+        typing = answers(*lines)
+
+        def on_input(prompt, result):
+            shown[len(typing.prompts)] = len(result.outputs)
+            time.sleep(1.3)
+            return typing(prompt, result)
+
+        shown = {}
+        on_input.shown = shown
+        return on_input
+
+    failed = k.run("%%accelerate\nimport torch.distributed as dist\nif dist.get_rank() == 1:\n"
+                   "    raise ValueError('boom')\n")
+    assert failed.error is not None
+    typing = slowly("p 6 * 7", "w", "q")
+    debugged = k.collect(k.execute("%accelerate debug"), timeout=60, on_input=typing)
+    assert "[rank 1] 42" in debugged.stdout, debugged.stdout
+    assert debugged.outputs == [], [m["content"]["data"]["text/plain"] for m in debugged.outputs]
+    typing = slowly("p i", "c")
+    paused = k.collect(k.execute("""%%accelerate
+import time
+for i in range(3):
+    if dist.get_rank() == 1 and i == 1:
+        breakpoint()
+    time.sleep(0.1)
+"""), timeout=60, on_input=typing)
+    assert paused.error is None, paused.traceback
+    assert "[rank 1] 1" in paused.stdout
+    assert paused.outputs == [], [m["content"]["data"]["text/plain"] for m in paused.outputs]
+
+
 def test_the_stop_button_at_the_prompt_ends_the_job(k):
     pids = sorted(p.pid for p in worker_processes())
     at = {}
