@@ -12,6 +12,19 @@ import traitlets
 
 LABEL_WIDTH = "150px"
 LABEL = {"description_width": LABEL_WIDTH}  # every field's ``style``: one label column
+FIELD_WIDTH = "420px"  # a field with its label: room for the longest choice (TRANSFORMER_BASED_WRAP)
+
+
+def field_layout() -> widgets.Layout:
+    """Every field's ``layout``: one width, so no choice or placeholder is clipped."""
+    return widgets.Layout(width=FIELD_WIDTH)
+
+
+def checkbox(value: bool, description: str, tooltip: str = "") -> widgets.Checkbox:
+    """A checkbox whose box sits in the control column, under the fields (its indent is the
+    label column's width), its description to the right, as the other fields' values."""
+    return widgets.Checkbox(value=value, description=description, indent=True, style=LABEL,
+                            layout=field_layout(), **(tip(tooltip) if tooltip else {}))
 # A field's hover text: ``tooltip`` from ipywidgets 8 (which deprecates the other name),
 # ``description_tooltip`` before (7.7.1 ignores ``tooltip`` on a field, with a warning).
 _TOOLTIP = "tooltip" if int(widgets.__version__.split(".")[0]) >= 8 else "description_tooltip"

@@ -187,27 +187,29 @@ class DeepSpeedFields:
     def __init__(self, form: DeepSpeedForm, on_change: Callable[[dict], None]) -> None:
         import ipywidgets as widgets
 
-        from magics.panel.controls import tip
+        from magics.panel.controls import LABEL as label
+        from magics.panel.controls import checkbox, field_layout, tip
 
-        label = {"description_width": "150px"}
         self._other = dict(form.other)
         self.zero_stage = widgets.Dropdown(options=[(STAGE_LABELS[s], s) for s in ZERO_STAGES],
-                                           value=form.zero_stage, description="ZeRO stage", style=label,
+                                           value=form.zero_stage, description="ZeRO stage", style=label, layout=field_layout(),
                                            **tip("what is sharded over the processes"))
         self.offload_optimizer = widgets.Dropdown(options=list(OFFLOAD_DEVICES), value=form.offload_optimizer_device,
-                                                  description="Offload optimizer", style=label,
+                                                  description="Offload optimizer", style=label, layout=field_layout(),
                                                   **tip("keep optimizer state (and its step) on cpu or nvme"))
         self.optimizer_nvme_path = widgets.Text(value=form.offload_optimizer_nvme_path, style=label,
+                                                layout=field_layout(),
                                                 description="Optimizer NVMe path", placeholder="/local_nvme")
         self.offload_param = widgets.Dropdown(options=list(OFFLOAD_DEVICES), value=form.offload_param_device,
-                                              description="Offload parameters", style=label,
+                                              description="Offload parameters", style=label, layout=field_layout(),
                                               **tip("ZeRO stage 3 only"))
         self.param_nvme_path = widgets.Text(value=form.offload_param_nvme_path, style=label,
+                                            layout=field_layout(),
                                             description="Parameter NVMe path", placeholder="/local_nvme")
-        self.clipping = widgets.Text(value=form.gradient_clipping, description="Gradient clipping", style=label,
+        self.clipping = widgets.Text(value=form.gradient_clipping, description="Gradient clipping", style=label, layout=field_layout(),
                                      placeholder="none (max norm, e.g. 1.0)")
-        self.save16 = widgets.Checkbox(value=form.zero3_save_16bit_model, description="Save 16-bit model (ZeRO-3)",
-                                       **tip("let save_model / get_state_dict gather ZeRO-3's weights"))
+        self.save16 = checkbox(form.zero3_save_16bit_model, "Save 16-bit model (ZeRO-3)",
+                               "let save_model / get_state_dict gather ZeRO-3's weights")
         self.fields = (self.zero_stage, self.offload_optimizer, self.optimizer_nvme_path, self.offload_param,
                        self.param_nvme_path, self.clipping, self.save16)
         self.box = widgets.VBox(list(self.fields))

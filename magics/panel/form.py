@@ -16,7 +16,7 @@ from pathlib import Path
 import ipywidgets as widgets
 
 from magics import config_hint
-from magics.panel.controls import LABEL, ButtonChoice, tip
+from magics.panel.controls import LABEL, ButtonChoice, field_layout, tip
 from magics.panel.deepspeed import DeepSpeedFields
 from magics.panel.fsdp import FsdpFields
 from magics.panel.rules import (
@@ -30,7 +30,10 @@ from magics.panel.rules import (
 )
 from magics.panel.sanity import run_sanity
 from magics.panel.state import (
+    BLOCKING,
+    MULTI_NODE_PORT,
     FormState,
+    Message,
     config_from_state,
     launcher_call,
     magic_line,
@@ -56,14 +59,26 @@ _CODE_STYLE = ("font-family:var(--jp-code-font-family,monospace),monospace;"
                "white-space:pre;overflow-x:auto;user-select:text")
 
 
-def _wide() -> widgets.Layout:
-    return widgets.Layout(width="360px")
-
-
 def _int_field(description: str, value: int, low: int, high: int,
                tooltip: str) -> widgets.BoundedIntText:
     return widgets.BoundedIntText(value=value, min=low, max=high, description=description,
-                                  style=LABEL, layout=_wide(), **tip(tooltip))
+                                  style=LABEL, layout=field_layout(), **tip(tooltip))
+
+
+_COLOUR = {"error": "#c62828", "needed": "#555", "note": "#8a6d00"}
+_LABEL = {"error": "Error:", "needed": "To do:", "note": "Note:"}  # words: icon glyphs may be missing
+_BESIDE = ("device", "num_processes", "start_method", "dynamo_backend")  # fields with notes beside
+
+
+def _message_html(level: str, text: str) -> str:
+    return (f"<div style='color:{_COLOUR[level]}'><b>{_LABEL[level]}</b> "
+            f"{html.escape(text)}</div>")
+
+
+def _beside(field: widgets.Widget, note: widgets.HTML) -> widgets.HBox:
+    """A field and its note to its right (the note wraps; it never pushes the form down)."""
+    note.layout = widgets.Layout(margin="0 0 0 12px", max_width="440px")
+    return widgets.HBox([field, note])
 
 
 def _options(choices: list[Choice], current: str) -> list[tuple[str, str]]:
@@ -132,25 +147,26 @@ class ConfigPanel(widgets.VBox):
         self.device = widgets.Dropdown(
             options=[(c.value if c.enabled else f"{c.value} (not detected)", c.value)
                      for c in devices if c.enabled or c.value == state.device],
-            value=state.device, description="Device", style=LABEL, layout=_wide(),
+            value=state.device, description="Device", style=LABEL, layout=field_layout(),
             **tip("; ".join(f"{c.value}: {c.tooltip}" for c in devices)))
         self.num_processes = widgets.IntText(  # not Bounded: it would clamp without a word
             value=state.num_processes, description="Processes",
             **tip(OPTIONS["num_processes"].help),
-            style=LABEL, layout=_wide())
-        self.clamp_note = widgets.HTML()
-        self._clamped_to: int | None = None
+            style=LABEL, layout=field_layout())
+        self.field_notes = {name: widgets.HTML() for name in _BESIDE}  # shown beside the field
+        self.clamp_note = self.field_notes["num_processes"]  # (a clamp is said there too)
+        self._clamped: tuple[int, int] | None = None  # (asked, kept) of the last clamp
         self.precision = ButtonChoice([(c.value, c.value) for c in precision_choices(state.device, hw)],
                                       state.mixed_precision, "Mixed precision", button_width="80px")
         self.precision_buttons = self.precision.buttons
         self.precision_note = widgets.HTML()
         self.start_method = widgets.Dropdown(
             options=list(OPTIONS["start_method"].choices), value=state.start_method, description="Start method",
-            style=LABEL, layout=_wide(),
+            style=LABEL, layout=field_layout(),
             **tip("; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items())))
         self.dynamo_backend = widgets.Dropdown(  # only what runs here (and the file's value)
             options=_options(compile_backend_choices(state.device, hw), state.dynamo_backend),
-            value=state.dynamo_backend, description="torch.compile", style=LABEL, layout=_wide(),
+            value=state.dynamo_backend, description="torch.compile", style=LABEL, layout=field_layout(),
             **tip(OPTIONS["dynamo_backend"].help))
         self._syncing = False  # set while the panel itself rewrites a field's options
         self.num_machines = _int_field("Machines", state.num_machines, 1, 4096,
@@ -160,7 +176,7 @@ class ConfigPanel(widgets.VBox):
                                        "0 on the main machine, 1.. on the others")
         self.main_process_ip = widgets.Text(
             value=state.main_process_ip, description="Main process IP", style=LABEL,
-            layout=_wide(), placeholder="address of machine 0")
+            layout=field_layout(), placeholder="address of machine 0")
         self.main_process_port = _int_field("Main process port", state.main_process_port, 0,
                                             65535, "the same port on every machine; 0: unset")
         self.multi_node = widgets.VBox([self.machine_rank, self.main_process_ip,
@@ -183,7 +199,7 @@ class ConfigPanel(widgets.VBox):
         self.test_button = widgets.Button(description="Test", icon="play",
                                           tooltip="run the sanity check on these settings")
         self.status = widgets.HTML()
-        self.code = widgets.HTML(layout=widgets.Layout(display="none"))  # <pre><code>, monospace
+        self.code = widgets.HTML(layout=widgets.Layout(display="none"))  # two <pre><code> boxes
         self.test_output = widgets.Output()
         self.save_button.on_click(lambda _: self.save())
         self.code_button.on_click(lambda _: self._show_code())
@@ -191,9 +207,12 @@ class ConfigPanel(widgets.VBox):
 
     def _rows(self) -> list[widgets.Widget]:
         buttons = widgets.HBox([self.save_button, self.code_button, self.test_button])
-        return [self.device, self.num_processes, self.clamp_note, self.precision, self.precision_note,
-                self.start_method, self.dynamo_backend, self.num_machines, self.multi_node, self.strategy.box,
-                self.deepspeed.box, self.messages, buttons, self.saved, self.status, self.code, self.test_output]
+        notes = self.field_notes
+        return [_beside(self.device, notes["device"]), _beside(self.num_processes, notes["num_processes"]),
+                self.precision, self.precision_note, _beside(self.start_method, notes["start_method"]),
+                _beside(self.dynamo_backend, notes["dynamo_backend"]), self.num_machines, self.multi_node,
+                self.strategy.box, self.deepspeed.box, self.messages, buttons, self.saved, self.code,
+                self.status, self.test_output]  # the Test's verdict right above its log
 
     def __repr__(self) -> str:
         """The panel as text (instead of every child), what a front end shows where widgets do
@@ -231,6 +250,7 @@ class ConfigPanel(widgets.VBox):
         """Re-derive enabled choices, bounds, visibility and messages from the form."""
         hw, state = self.hardware, self.state()
         self._clamp_processes(max_processes(state.device, hw))
+        self._offer_port()
         tips = []
         for choice in precision_choices(state.device, hw):
             button = self.precision_buttons[choice.value]
@@ -243,15 +263,36 @@ class ConfigPanel(widgets.VBox):
         self.strategy.refresh()
         self.deepspeed.refresh(state.strategy)
         messages = validate(self.state(), hw)
-        colour = {"error": "#c62828", "note": "#8a6d00"}
-        label = {"error": "Error:", "note": "Note:"}  # words: icon glyphs may be missing
-        self.messages.value = "".join(
-            f"<div style='color:{colour[m.level]}'><b>{label[m.level]}</b> "
-            f"{html.escape(m.text)}</div>" for m in messages)
-        self.save_button.disabled = any(m.level == "error" for m in messages)
+        self._show_messages(messages)
+        self.save_button.disabled = any(m.level in BLOCKING for m in messages)
         self.test_button.disabled = self.save_button.disabled
         if self.code.layout.display != "none":
             self._show_code()
+
+    def _show_messages(self, messages: list[Message]) -> None:
+        """A field's notes beside the field (a clamp first); errors, and what is still needed,
+        above the buttons."""
+        beside = {name: [] for name in self.field_notes}
+        if self._clamped is not None and self._clamped[1] == self.num_processes.value:
+            asked, kept = self._clamped
+            beside["num_processes"].append(_message_html(
+                "note", f"Processes {asked} changed to {kept}: at most {kept} on "
+                        f"{effective_device(self.device.value, self.hardware)} here "
+                        f"({self.hardware.summary()})"))
+        below = []
+        for m in messages:
+            if m.level == "note" and m.field in beside:
+                beside[m.field].append(_message_html(m.level, m.text))
+            else:
+                below.append(_message_html(m.level, m.text))
+        for name, note in self.field_notes.items():
+            note.value = "".join(beside[name])
+        self.messages.value = "".join(below)
+
+    def _offer_port(self) -> None:
+        """Several machines need one port on all: offer torchrun's default rather than 0 (unset)."""
+        if self.num_machines.value > 1 and self.main_process_port.value == 0:
+            self.main_process_port.value = MULTI_NODE_PORT  # re-enters _refresh through the observer
 
     def _offer_backends(self, choices: list[Choice]) -> None:
         """The torch.compile dropdown offers what runs on the chosen device (cudagraphs: CUDA);
@@ -266,25 +307,20 @@ class ConfigPanel(widgets.VBox):
                 self._syncing = False
 
     def _clamp_processes(self, bound: int) -> None:
-        """Keep Processes within 1..bound, saying so when a value had to change."""
+        """Keep Processes at most ``bound``, saying so beside it; below 1 it is refused (an
+        error), never changed without a word."""
         asked = self.num_processes.value
-        if 1 <= asked <= bound:
-            if asked != self._clamped_to:  # the user chose again: the old note is stale
-                self.clamp_note.value, self._clamped_to = "", None
+        if asked <= bound:
+            if self._clamped is not None and asked != self._clamped[1]:  # chosen again: stale
+                self._clamped = None
             return
-        kept = min(max(asked, 1), bound)
-        why = ("at least 1" if asked < 1 else
-               f"at most {bound} on {effective_device(self.device.value, self.hardware)} here "
-               f"({self.hardware.summary()})")
-        self.clamp_note.value = (f"<div style='color:#8a6d00'><b>Note:</b> Processes "
-                                 f"{asked} changed to {kept}: {html.escape(why)}</div>")
-        self._clamped_to = kept
-        self.num_processes.value = kept  # re-enters _refresh through the observer
+        self._clamped = (asked, bound)
+        self.num_processes.value = bound  # re-enters _refresh through the observer
 
     def save(self) -> Path | None:
         """Write the form to the config file (the Save button); returns the path, or None when
         the form has errors (they are shown in the panel)."""
-        if any(m.level == "error" for m in validate(self.state(), self.hardware)):
+        if any(m.level in BLOCKING for m in validate(self.state(), self.hardware)):
             self.saved.value = "<span style='color:#c62828'>Not saved: fix the errors above</span>"
             return None
         try:
@@ -295,20 +331,25 @@ class ConfigPanel(widgets.VBox):
         self.saved.value = f"Saved to <code>{html.escape(str(path))}</code>"
         state = self.state()
         if state.device == "auto" and saved_device(state, self.hardware):
-            self.saved.value += html.escape(
-                f" (device auto written as {saved_device(state, self.hardware)}, what it is on this "
-                "machine: with several processes the file names the device, so that Accelerate's "
-                "`accelerate launch` starts them all)")
+            self.saved.value += (
+                html.escape(f" (device auto written as {saved_device(state, self.hardware)}, what "
+                            "it is on this machine: with several processes the file names the "
+                            "device, so that Accelerate's ")
+                + "<code>accelerate launch</code> starts them all)")
         self.notes.value = html.escape(f"Config file: {path} (saved; every launch without "
                                        "arguments now uses it)")
         return path
 
     def _show_code(self) -> None:
+        """Two boxes, each a valid cell alone: the Python call, and the cell magic's line."""
         state = self.state()
-        text = f"{launcher_call(state, self.path)}\n\n{magic_line(state, self.path)}"
-        self.code.value = ("<div>Equivalent code (select and copy):</div>"
-                           f"<pre style='{_CODE_STYLE}'><code style='font-family:inherit'>"
-                           f"{html.escape(text)}</code></pre>")
+        boxes = [("In Python:", launcher_call(state, self.path)),
+                 ("Or as the first line of a cell whose body is the training code:",
+                  magic_line(state, self.path))]
+        self.code.value = "".join(
+            f"<div>{html.escape(title)}</div><pre style='{_CODE_STYLE}'>"
+            f"<code style='font-family:inherit'>{html.escape(text)}</code></pre>"
+            for title, text in boxes)
         self.code.layout.display = ""
 
     def test(self) -> bool | None:

@@ -109,7 +109,7 @@ class FsdpFields:
         import ipywidgets as widgets
 
         from magics.panel.controls import LABEL as label
-        from magics.panel.controls import ButtonChoice, tip
+        from magics.panel.controls import ButtonChoice, checkbox, field_layout
 
         self.strategy = ButtonChoice([(_STRATEGY_LABELS[s], s) for s in STRATEGIES], form.strategy,
                                      "Strategy",
@@ -119,16 +119,17 @@ class FsdpFields:
                                                "DeepSpeed ZeRO: shard optimizer state (stage 1), "
                                                "+ gradients (2), + parameters (3)"])
         self.wrap = widgets.Dropdown(options=list(AUTO_WRAP_POLICIES), value=form.wrap, description="Wrap policy",
-                                     style=label)
+                                     style=label, layout=field_layout())
         self.classes = widgets.Text(value=form.classes, description="Layer classes", style=label,
-                                    placeholder="Block,DecoderLayer")
+                                    placeholder="Block,DecoderLayer", layout=field_layout())
         self.min_num_params = widgets.BoundedIntText(value=form.min_num_params, min=0, max=10**12,
-                                                     description="Min parameters", style=label)
-        self.reshard = widgets.Checkbox(value=form.reshard_after_forward, description="Reshard after forward",
-                                        **tip("free gathered weights after forward (less memory, ZeRO-3)"))
+                                                     description="Min parameters", style=label,
+                                                     layout=field_layout())
+        self.reshard = checkbox(form.reshard_after_forward, "Reshard after forward",
+                                "free gathered weights after forward (less memory, ZeRO-3)")
         self.state_dict_type = widgets.Dropdown(options=list(STATE_DICT_TYPES), value=form.state_dict_type,
-                                                description="Checkpoints", style=label)
-        self.offload = widgets.Checkbox(value=form.offload, description="Offload to CPU")
+                                                description="Checkpoints", style=label, layout=field_layout())
+        self.offload = checkbox(form.offload, "Offload to CPU")
         self.options = widgets.VBox([self.wrap, self.classes, self.min_num_params, self.reshard,
                                      self.state_dict_type, self.offload])
         self.box = widgets.VBox([self.strategy, self.options])

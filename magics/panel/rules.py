@@ -16,7 +16,7 @@ from notebook_accel.contract import DYNAMO_BACKENDS
 from notebook_accel.machine import devices
 from notebook_accel.machine.gpu_support import BF16_WHY, bf16_verdicts
 from notebook_accel.machine.gpu_support import gpu_supports_bf16 as gpu_supports_bf16  # the tests'
-from notebook_accel.machine.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware, counted
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def effective_device(device: str, hw: Hardware) -> str:
 def device_choices(hw: Hardware) -> list[Choice]:
     """``auto``, ``cpu``, ``cuda`` and ``xla``; ``cuda``/``xla`` enabled only when detected."""
     auto = effective_device("auto", hw)
-    gpus = f"{hw.gpu_count} GPU(s) detected" if hw.gpu_count else "no NVIDIA GPU detected"
+    gpus = f"{counted(hw.gpu_count, 'GPU')} detected" if hw.gpu_count else "no NVIDIA GPU detected"
     return [
         Choice("auto", True, f"decide at launch time: {auto} on this machine"),
         Choice("cpu", True, "CPU workers with the gloo backend"),
@@ -85,17 +85,18 @@ def _bf16_choice(dev: str, hw: Hardware) -> Choice:
 
 
 def precision_choices(device: str, hw: Hardware) -> list[Choice]:
-    """The mixed precisions, each enabled only where this hardware supports it, with why."""
+    """The mixed precisions, each enabled only where this hardware supports it, with why (words
+    that follow the precision's name: ``fp16: needs a GPU; on CPU use bf16``)."""
     dev = effective_device(device, hw)
     fp16 = (Choice("fp16", True, "float16 autocast with a gradient scaler")
             if dev == "cuda" else
-            Choice("fp16", False, "fp16 needs a GPU" + ("; on TPU use bf16" if dev == "xla"
-                                                       else "; on CPU use bf16")))
+            Choice("fp16", False, "needs a GPU" + ("; on TPU use bf16" if dev == "xla"
+                                                  else "; on CPU use bf16")))
     return [
         Choice("no", True, "full fp32 precision"),
         fp16,
         _bf16_choice(dev, hw),
-        Choice("fp8", False, "fp8 is not supported by notebook_accel yet (the peer needs "
+        Choice("fp8", False, "not supported by notebook_accel yet (the peer needs "
                              "Transformer Engine or torchao on Hopper/Ada GPUs)"),
         Choice("auto", True, f"the best this hardware supports, decided at launch: "
                              f"{devices.best_precision(dev, hw)} here "

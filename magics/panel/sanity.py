@@ -10,7 +10,7 @@ from typing import Any
 
 from magics.panel.rules import effective_device
 from magics.panel.state import FormState
-from notebook_accel.machine.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware, counted
 
 
 class _LineWriter(io.TextIOBase):
@@ -70,9 +70,10 @@ def run_sanity(state: FormState, hw: Hardware, status: Any, output: Any) -> bool
         return None
     options = sanity_options(state, hw)
     output.clear_output()
-    status.value = (f"Running the sanity check on {options['num_processes']} "
-                    f"{options['device']} process(es), mixed precision "
-                    f"{options['mixed_precision']}…")
+    device = options["device"]
+    processes = counted(options["num_processes"], f"{device} process", f"{device} processes")
+    status.value = (f"Running the sanity check on {processes}, "
+                    f"mixed precision {options['mixed_precision']}…")
     out, err = _LineWriter(output.append_stdout), _LineWriter(output.append_stderr)
     try:
         with redirect_stdout(out), redirect_stderr(err):

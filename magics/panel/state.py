@@ -26,7 +26,7 @@ from magics.panel.rules import (
     precision_choices,
 )
 from notebook_accel.config import LaunchConfig, default_config_path, device_to_save
-from notebook_accel.machine.hardware import Hardware
+from notebook_accel.machine.hardware import Hardware, counted
 
 _LOOPBACK = ("", "127.0.0.1", "localhost", "::1")
 
@@ -56,10 +56,18 @@ class FormState:
 
 @dataclass(frozen=True)
 class Message:
-    """One inline validation message; ``level`` is ``"error"`` (blocks Save) or ``"note"``."""
+    """One inline validation message. ``level``: ``"error"`` (a wrong value: blocks Save, in
+    red), ``"needed"`` (a value still to give: blocks Save, not in red, as nothing was typed
+    wrong) or ``"note"``; ``field``: the form field it is about (a note is shown beside it),
+    None for the form as a whole."""
 
     level: str
     text: str
+    field: str | None = None
+
+
+BLOCKING = ("error", "needed")  # levels that keep the form from being saved or tested
+MULTI_NODE_PORT = 29500  # what the port field offers for several machines: torchrun's default
 
 
 def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
@@ -125,14 +133,15 @@ def _process_messages(state: FormState, hw: Hardware) -> list[Message]:
         return [Message("error", "device 'cuda' but no NVIDIA GPU is detected on this machine; "
                                  "choose cpu or auto")]
     if dev == "cuda" and n > hw.gpu_count:
-        return [Message("error", f"{n} processes but only {hw.gpu_count} GPU(s) detected; use at "
-                                 f"most {hw.gpu_count} (one per GPU), or device cpu")]
+        return [Message("error", f"{n} processes but only {counted(hw.gpu_count, 'GPU')} detected; "
+                                 f"use at most {hw.gpu_count} (one per GPU), or device cpu")]
     if dev == "cpu" and n > max_processes(state.device, hw):
         return [Message("error", f"{n} processes is more than {max_processes(state.device, hw)} "
-                                 f"(4 per CPU core) on {hw.cpu_count} CPU core(s)")]
+                                 f"(4 per CPU core) on {counted(hw.cpu_count, 'CPU core')}")]
     if dev == "cpu" and n > hw.cpu_count:
-        return [Message("note", f"{n} processes on {hw.cpu_count} CPU core(s): workers share "
-                                "cores; fine for trying things out, slower for training")]
+        return [Message("note", f"{n} processes on {counted(hw.cpu_count, 'CPU core')}: workers "
+                                "share cores; fine for trying things out, slower for training",
+                        "num_processes")]
     return []
 
 
@@ -145,9 +154,12 @@ def _node_messages(state: FormState) -> list[Message]:
     if not 0 <= state.machine_rank < state.num_machines:
         out.append(Message("error", f"machine rank must be 0..{state.num_machines - 1} (0 on the "
                                     f"main machine), not {state.machine_rank}"))
-    if state.main_process_ip.strip() in _LOOPBACK:
+    if not state.main_process_ip.strip():
+        out.append(Message("needed", "main process IP: give the main machine's address that "
+                                     "every machine can reach"))
+    elif state.main_process_ip.strip() in _LOOPBACK:
         out.append(Message("error", "main process IP: give the main machine's address that every "
-                                    "machine can reach (not empty or loopback)"))
+                                    "machine can reach (not loopback)"))
     if not 1 <= state.main_process_port <= 65535:
         out.append(Message("error", "main process port: every machine must use the same port "
                                     "(1..65535)"))
@@ -155,33 +167,35 @@ def _node_messages(state: FormState) -> list[Message]:
 
 
 def validate(state: FormState, hw: Hardware) -> list[Message]:
-    """Everything wrong or noteworthy about ``state`` on this hardware, errors first."""
+    """Everything wrong, missing or noteworthy about ``state`` on this hardware, what blocks
+    Save first."""
     out = _process_messages(state, hw)
     dev = effective_device(state.device, hw)
     if state.device == "xla" and not hw.tpu:
         out.append(Message("error", "device 'xla' but no TPU is detected on this machine"))
     elif dev == "xla":
         out.append(Message("note", "TPU: torch_xla starts one worker per core; the number of "
-                                   "processes is what torch_xla decides (or 1)"))
+                                   "processes is what torch_xla decides (or 1)", "device"))
     choice = {c.value: c for c in precision_choices(state.device, hw)}.get(state.mixed_precision)
     if choice is None:
         out.append(Message("error", f"unknown mixed precision {state.mixed_precision!r}"))
     elif not choice.enabled:
-        out.append(Message("error", f"mixed precision {choice.value}: {choice.tooltip}"))
+        out.append(Message("error", f"mixed precision {choice.value}: {choice.tooltip}",
+                           "mixed_precision"))
     backend = {c.value: c for c in compile_backend_choices(state.device, hw)}.get(state.dynamo_backend)
     if backend is not None and not backend.enabled:  # a file's value, kept: it may be for another machine
         out.append(Message("note", f"torch.compile backend {backend.value!r} cannot run here "
                                    f"({backend.tooltip}): a launch here fails when prepare() "
-                                   "compiles; choose another to run here"))
+                                   "compiles; choose another to run here", "dynamo_backend"))
     if state.start_method == "fork" and dev == "cuda":
         out.append(Message("note", "fork fails once CUDA is initialised in this kernel; "
-                                   "auto switches to forkserver then"))
+                                   "auto switches to forkserver then", "start_method"))
     out += _node_messages(state)
     processes = state.num_processes * state.num_machines
     out += [Message(level, text) for level, text in fsdp_messages(state.fsdp, processes, dev)]
     out += [Message(level, text) for level, text in deepspeed_messages(
         state.deepspeed, state.strategy, processes, dev)]
-    return sorted(out, key=lambda m: m.level != "error")
+    return sorted(out, key=lambda m: (*BLOCKING, "note").index(m.level))
 
 
 def _launch_kwargs(state: FormState, config_file: Path | None) -> list[tuple[str, object]]:
@@ -214,7 +228,7 @@ def launcher_call(state: FormState, config_file: Path | None = None) -> str:
     if state.strategy == "DEEPSPEED":
         note += f"; DeepSpeed ZeRO-{state.deepspeed.zero_stage} from the saved file's deepspeed_config"
     return ("from notebook_accel import notebook_launcher\n\n"
-            f"notebook_launcher(train, args=(), {args})  # {note}")
+            f"notebook_launcher(train, {args})  # {note}")
 
 
 def magic_line(state: FormState, config_file: Path | None = None) -> str:

@@ -7,6 +7,8 @@ the line back (:class:`~notebook_accel.wire.InputLine`). One rank at a time: a r
 the prompt from its first line until its session ends (:class:`~notebook_accel.wire.DebugEnd`,
 or the rank ends); others wait their turn. The stop button at the prompt ends the input
 at once (:func:`~notebook_accel.launch.interrupts.interrupts_raised`) and the run with it.
+While a session holds the prompt the launch's view is not redrawn (the supervisor asks
+:attr:`Prompts.holder`), so no table lands inside the transcript.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ live view and the text view show it, with the time), and every running rank's st
 then shown once, grouped (:mod:`.stack_groups`): a pool's ranks answer a ``StackAsk``, a
 one-off launch's dump theirs through faulthandler (:mod:`.stack_dumps`). A rank that moves
 again loses the mark.
+
+The stacks shown also tell the stop button when its cut cannot be reached
+(:meth:`HangWatch.cut_unreachable`): every rank marked, and some wait inside a collective
+that the others, further back, have not joined. Waiting for a common point would only
+wait ``stop_wait``; the ranks are stopped at once, saying why in words.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord
 from notebook_accel.launch.stack_dumps import StackDumps
-from notebook_accel.launch.stack_groups import stacks_text
+from notebook_accel.launch.stack_groups import innermost, stacks_text
 
 NO_PROGRESS = "no progress"  # the rank's state (a phase) while it makes none
 HANG_AFTER: float = OPTIONS["hang_after"].default  # seconds without progress before a mark
@@ -115,3 +120,26 @@ class HangWatch:
             self.said = True
             self.report(f"no progress (no output, event or collective) for {self.after:g} s on "
                         f"{ranks_text(marked)}; every rank's stack now:\n{stacks_text(stacks)}")
+
+    def cut_unreachable(self, workers: Sequence[Any]) -> str | None:
+        """Why the stop button's cut cannot be reached, as the stacks shown already tell
+        (``rank 1 is blocked in all_reduce, which rank 0 has not joined``); None: it may be.
+
+        Every running rank is marked, and the ranks furthest on (most collectives issued)
+        wait inside their last one while the others, further back, have not joined it.
+        """
+        running = [w for w in workers if not w.finished]
+        if not self.said or not running:
+            return None
+        if any(self.record.ranks[w.rank].state != NO_PROGRESS or w.stack is None
+               or w.stack.collectives is None for w in running):
+            return None
+        furthest = max(w.stack.collectives for w in running)
+        ahead = [w for w in running if w.stack.collectives == furthest]
+        behind = [w.rank for w in running if w.stack.collectives < furthest]
+        if not behind:
+            return None
+        blocked = innermost(ahead[0].stack.frames)
+        return (f"{ranks_text(w.rank for w in ahead)} {'is' if len(ahead) == 1 else 'are'} "
+                f"blocked in {blocked}, which {ranks_text(behind)} "
+                f"{'has' if len(behind) == 1 else 'have'} not joined")

@@ -2,7 +2,8 @@
 
 Ranks standing at the same place are one group; its first line names the innermost
 functions (innermost first), then its frames read as a traceback. The worker's own
-frames around the user's code (its serve loop, the run's set-up) are left out; a rank
+frames around the user's code (its serve loop, the run's set-up, the ``%%accelerate`` line
+that runs a cell) are left out, as in a failure's traceback; a rank
 with nothing else is idle.
 """
 
@@ -15,9 +16,8 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 
 from notebook_accel.launch.rank_ranges import ranks_text
-from notebook_accel.launch.tracebacks import OURS, with_cell_labels
+from notebook_accel.launch.tracebacks import OURS, Frame, with_cell_labels, without_cell_runner
 
-Frame = tuple[str, int, str]  # (file, line, function)
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker") + os.sep
 _LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
@@ -26,13 +26,13 @@ _NAMED = 4  # functions the headline names
 
 def users_part(frames: Sequence[Frame]) -> tuple[Frame, ...]:
     """``frames`` (innermost last) below the worker's own (its entry, serve loop, the run's
-    set-up) and the standard library's around the call: what the rank's run is doing;
-    empty: the rank is idle."""
+    set-up) and the standard library's around the call, without the ``%%accelerate`` line
+    that runs a cell: what the rank's run is doing; empty: the rank is idle."""
     start = max((i + 1 for i, (name, _, _) in enumerate(frames) if name.startswith(_WORKER)),
                 default=0)
     for index in range(start, len(frames)):
         if not _ours_or_stdlib(frames[index][0]):
-            return tuple(frames[index:])
+            return without_cell_runner(frames[index:])
     return ()
 
 
@@ -44,12 +44,17 @@ def _users(filename: str) -> bool:
     return not _ours_or_stdlib(filename) and not _LIBRARY.search(filename)
 
 
+def innermost(frames: Sequence[Frame]) -> str:
+    """The function the rank is in now: ``all_reduce``; or ``idle``."""
+    return frames[-1][2] if frames else "idle"
+
+
 def headline(frames: Sequence[Frame]) -> str:
     """The innermost function, then the user's own ones: ``all_reduce <- step <- train``;
     or ``idle``."""
     if not frames:
         return "idle (no run)"
-    names = [frames[-1][2]]
+    names = [innermost(frames)]
     for filename, _, name in reversed(frames[:-1]):
         if _users(filename) and name != names[-1]:  # (a cell's <module> once, not per frame)
             names.append(name)

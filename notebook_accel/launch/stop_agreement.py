@@ -109,8 +109,7 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
     if any(a.counts is None for a in first):
         return "a process group does not count its collectives, so no common point can be found"
     groups = tuple(sorted(set.intersection(*(set(a.counts) for a in first))))
-    totals = [_total(a, groups) for a in first]
-    total = max(totals) + 1
+    total = max(_total(a, groups) for a in first) + 1
     for w in asked:
         w.handle.command(StopAt(groups, total))
     started, said, before = time.monotonic(), False, first
@@ -125,16 +124,15 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
         if why != "timeout":
             return why
         if not said and time.monotonic() - started >= SAY_AFTER:
-            at = ", ".join(f"rank {w.rank} at {n:,}" for w, n in zip(asked, totals, strict=True))
-            print(f"[notebook_accel] stopping after the current step: every rank runs on to "
-                  f"collective {total:,} ({at}); press stop again to stop now",
+            print("[notebook_accel] stopping after the current step (every rank runs on to the "
+                  "same point of your code); press stop again to stop now",
                   file=sys.stderr, flush=True)
             said = True
         running = [w for w in asked if not w.finished]
         if time.monotonic() - started >= stop_wait:
             behind = [w.rank for w in running if w.stop_count is None or w.stop_count.waiting_at != total]
-            return (f"{ranks_text(behind or [w.rank for w in running])} did not reach "
-                    f"collective {total:,} within {stop_wait:g} s (stop_wait)")
+            return (f"{ranks_text(behind or [w.rank for w in running])} did not reach the "
+                    f"common stopping point within {stop_wait:g} s (stop_wait)")
         why = _ask(running, poll)
         if why is not None:
             return why

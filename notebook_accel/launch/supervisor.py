@@ -42,7 +42,7 @@ from notebook_accel.launch.stack_groups import headline, stacks_text, users_part
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
 from notebook_accel.launch.tracebacks import main_thread_stack
-from notebook_accel.launch.views import View
+from notebook_accel.launch.views import NullView, View
 from notebook_accel.launch.views.text import format_duration
 from notebook_accel.launch.worker.hub_link import memory_moved
 from notebook_accel.launch.worker_stacks import stack_ask
@@ -274,8 +274,9 @@ class Supervisor:
             elif type(message) is RunDone:
                 worker.handle.last_report = message
                 self._run_ended(worker)
-            elif type(message) is StopCount:
+            elif type(message) is StopCount:  # not progress: an answer (a mark stays)
                 worker.stop_count = message
+                continue
             elif type(message) is InputAsk:
                 self.prompts.ask(worker, message)
             elif type(message) is DebugEnd:
@@ -432,8 +433,7 @@ class Supervisor:
     def _refresh(self) -> None:
         """Bring the record up to date (the ranks' last lines, memory) and redraw; costs what
         changed since the last wakeup, not the number of ranks."""
-        for rank in self.relay.take_touched():
-            self.record.ranks[rank].last_line = self.relay.last_line(rank)
+        self._take_last_lines()
         now, samples = time.monotonic(), self._samples
         deadline = time.perf_counter() + _RSS_BUDGET
         while samples and samples[0][0] <= now:
@@ -447,7 +447,25 @@ class Supervisor:
                     samples.append((now + 1.0, rank))
             if time.perf_counter() > deadline:
                 break
-        self.view.update(self.record)
+        self._draw()
+
+    def _draw(self, final: bool = False) -> None:
+        """Redraw the view, except while a rank's debugger has the cell (a table would land
+        between a pdb command and its answer)."""
+        if self.prompts.holder is None or final:
+            self.view.update(self.record, final)
+
+    def _debugger_shown(self) -> None:
+        """A rank's debugger has the cell: a view that has not appeared yet never will in
+        this run (its table, below the transcript or inside it, would count the user's typing
+        and show ranks the session is not on); one already shown stays above it."""
+        if self.view.holds_output:
+            self.view = NullView()
+
+    def _take_last_lines(self) -> None:
+        """Each rank's last line, for the ranks that wrote since the last look."""
+        for rank in self.relay.take_touched():
+            self.record.ranks[rank].last_line = self.relay.last_line(rank)
 
     def run(self) -> list[Worker]:
         """Watch until every worker has ended; returns them when all succeeded.
@@ -468,7 +486,8 @@ class Supervisor:
             raise
         finally:
             self.record.finish(outcome, self.timed_out_at)
-            self.view.update(self.record, final=True)
+            self._take_last_lines()  # what the last wakeups read: the summary's last lines
+            self._draw(final=True)
             self.relay.flush()  # below the summary: output held while it had to appear
         return self.workers
 
@@ -536,12 +555,14 @@ class Supervisor:
 
     def _interrupt(self) -> None:
         """End the run of every persistent worker still in it: at a point they agree on
-        (``stop_agreement``), else at once (a KeyboardInterrupt), killing those that do not
+        (``stop_agreement``), else at once (a KeyboardInterrupt; at once too when the hang
+        watch already saw that no such point can be reached), killing those that do not
         report within ``INTERRUPT_GRACE`` (blocked in C++ code)."""
         live = [w for w in self.workers if not w.finished]
         for w in live:
             w.stopped = True
-        self.stopped_at_once = self.at_once or agree_and_stop(live, self._poll, self.stop_wait)
+        self.stopped_at_once = (self.at_once or self.hangs.cut_unreachable(live)
+                                or agree_and_stop(live, self._poll, self.stop_wait))
         if self.stopped_at_once is None:
             return
         live = [w for w in live if not w.finished]
@@ -557,6 +578,7 @@ class Supervisor:
 
     def _show_output(self, worker: Worker) -> None:
         """Everything ``worker`` wrote so far, in the cell now (before its debugger's prompt)."""
+        self._debugger_shown()
         self._read_output(worker, "stdout")
         self._read_output(worker, "stderr")
         self.relay.tick()

@@ -14,10 +14,12 @@ import re
 import sys
 import traceback
 import types
+from collections.abc import Sequence
 from typing import Any
 
 from notebook_accel.launch.cells import cell_numbers
 
+Frame = tuple[str, int, str]  # (file, line, function)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # notebook_accel/
 OURS = (_PACKAGE + os.sep, os.path.join(os.path.dirname(_PACKAGE), "magics") + os.sep)
 _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker", "main.py")  # the entry point
@@ -62,6 +64,16 @@ def dump_frames(dump: str) -> tuple[tuple[str, int, str], ...]:
     return tuple(reversed(frames))
 
 
+def without_cell_runner(frames: Sequence[Frame]) -> tuple[Frame, ...]:
+    """``frames`` (innermost last) without the ``%%accelerate`` line that runs a cell's body:
+    a cell's ``<module>`` frame whose next frame is a ``<module>`` of the same file (its
+    body, run by ``exec``). A failure's traceback leaves it out too (``__tracebackhide__``),
+    so stacks and tracebacks both start at the user's own first line."""
+    return tuple(frame for frame, inner in zip(frames, (*frames[1:], None), strict=True)
+                 if not (inner is not None and frame[2] == inner[2] == "<module>"
+                         and frame[0] == inner[0]))
+
+
 def main_thread_stack(dump: str) -> str:
     """The user's part of a faulthandler dump, as a traceback (most recent call last).
 
@@ -80,7 +92,7 @@ def main_thread_stack(dump: str) -> str:
             break
         user.append(frame)
     lines = ["Traceback (most recent call last):"]
-    for filename, line, name in (reversed(user) if user else frames):
+    for filename, line, name in without_cell_runner(tuple(reversed(user)) if user else frames):
         lines.append(f'  File "{filename}", line {line}, in {name}')
         source = linecache.getline(filename, line).strip()
         if source:

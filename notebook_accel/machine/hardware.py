@@ -51,8 +51,14 @@ class Hardware:
         if self.gpu_names:
             names = sorted(set(self.gpu_names))
             parts.append(", ".join(f"{self.gpu_names.count(n)} × {n}" for n in names))
-        parts.append(f"{self.cpu_count} CPU cores")
+        parts.append(counted(self.cpu_count, "CPU core"))
         return ", ".join(parts)
+
+
+def counted(number: int, noun: str, plural: str | None = None) -> str:
+    """``counted(2, "CPU core")`` -> ``"2 CPU cores"``; ``counted(1, "GPU")`` -> ``"1 GPU"``;
+    ``plural``: the noun's plural where it is not ``noun + "s"``."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
 def _cpu_count() -> int:

@@ -44,6 +44,17 @@ _LABEL_BOXES = """p => Object.fromEntries([...p.querySelectorAll('.widget-label'
         return [e.textContent.trim(), [Math.round(r.left), Math.round(r.width), getComputedStyle(e).textAlign]]; }))"""
 
 
+# whether a select's widest option fits its box (measured in the select's own font)
+_LONGEST_FITS = """e => { const c = document.createElement('canvas').getContext('2d');
+    c.font = getComputedStyle(e).font;
+    const widest = Math.max(...[...e.options].map(o => c.measureText(o.text).width));
+    return widest + 24 <= e.clientWidth; }"""
+
+
+def _top(locator) -> float:
+    return locator.evaluate("e => e.getBoundingClientRect().top")
+
+
 def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -76,7 +87,7 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
             assert ddp.evaluate("e => getComputedStyle(e).color") == "rgb(255, 255, 255)"
             fp16 = panel.get_by_role("button", name="fp16", exact=True)
             expect(fp16).to_be_disabled()
-            expect(fp16).to_have_attribute("title", re.compile("fp16 needs a GPU"))  # tooltip
+            expect(fp16).to_have_attribute("title", re.compile("^needs a GPU"))  # tooltip
 
             processes.fill("99")  # more than allowed: changed, and the panel says so
             processes.press("Tab")
@@ -103,15 +114,29 @@ def test_panel_renders_in_jupyterlab_and_saves(tmp_path):
 
             panel.get_by_role("button", name="Show as code").click()
             code = panel.locator("pre code")  # a code block, in a monospace font
-            expect(code).to_contain_text("notebook_launcher(")
-            font = code.evaluate("e => getComputedStyle(e).fontFamily")
+            expect(code.first).to_contain_text("notebook_launcher(")
+            font = code.first.evaluate("e => getComputedStyle(e).fontFamily")
             assert "monospace" in font, font
+            expect(code).to_have_count(2)  # the call and the %%accelerate line: two cells
+            expect(code.nth(1)).to_have_text(re.compile(r"^%%accelerate -n 2"))
             panel.get_by_role("button", name="Test").click()  # real workers, forked by the kernel
             expect(panel).to_contain_text("Test passed", timeout=120_000)
             expect(panel).to_contain_text(f"Saved to {config}")  # not replaced by the Test
-            expect(panel.locator(".jp-OutputArea-output", has_text="PASS").first).to_be_visible()
+            log = panel.locator(".jp-OutputArea-output", has_text="PASS").first
+            expect(log).to_be_visible()
+            verdict = panel.get_by_text("Test passed")  # between the code boxes and its log
+            assert _top(code.nth(1)) < _top(verdict) < _top(log)
             assert "ⓘ" not in panel.inner_text()  # no glyph that may be missing
 
+            panel.get_by_role("button", name="FSDP", exact=True).click()
+            wrap = panel.locator(".widget-inline-hbox", has_text="Wrap policy").locator("select")
+            expect(wrap).to_be_visible(timeout=20_000)
+            for label in ("Wrap policy", "Checkpoints"):  # the longest choices fit, unclipped
+                select = panel.locator(".widget-inline-hbox", has_text=label).locator("select")
+                assert select.evaluate(_LONGEST_FITS), label
+            reshard = panel.locator(".widget-checkbox", has_text="Reshard after forward")
+            box_left = reshard.locator("input").evaluate("e => e.getBoundingClientRect().left")
+            assert abs(box_left - wrap.evaluate("e => e.getBoundingClientRect().left")) < 8
             panel.get_by_role("button", name="DeepSpeed", exact=True).click()  # the third strategy
             expect(panel.locator("button.widget-toggle-button", has_text="DeepSpeed")).to_have_class(
                 re.compile("mod-primary"), timeout=20_000)

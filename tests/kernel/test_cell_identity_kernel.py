@@ -97,7 +97,7 @@ def test_step_2_the_stop_button_inside_a_collective_replaces_the_workers_and_say
     # rank 1 sleeps 30 s before the collective: no common point within stop_wait, so every
     # rank is stopped at once, and rank 0, inside the all_reduce, is ended
     assert result.error["evalue"] == (
-        "interrupted the run (ranks 0, 1 did not reach collective 11 within 5 s (stop_wait), so "
+        "interrupted the run (ranks 0, 1 did not reach the common stopping point within 5 s (stop_wait), so "
         "every rank was stopped at once); rank 0 did not stop within 1.5 s (blocked in C++ "
         "code, e.g. a collective), so we ended it")
     said = result.stderr

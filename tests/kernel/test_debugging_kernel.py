@@ -91,6 +91,42 @@ t.item()
     assert "30.0" in str(result.outputs)  # 10 + 20: the job's normal result
 
 
+def test_a_debugger_session_shows_no_live_table_inside_its_transcript(k):
+    """The user takes their time at the prompt (longer than the live view waits before it
+    appears): no table lands between a pdb command and its answer, in a post-mortem (a run
+    on rank 1 only) or at a breakpoint() during a run on both ranks."""
+    def slowly(*lines):
+        typing = answers(*lines)
+
+        def on_input(prompt, result):
+            shown[len(typing.prompts)] = len(result.outputs)
+            time.sleep(1.3)
+            return typing(prompt, result)
+
+        shown = {}
+        on_input.shown = shown
+        return on_input
+
+    failed = k.run("%%accelerate\nimport torch.distributed as dist\nif dist.get_rank() == 1:\n"
+                   "    raise ValueError('boom')\n")
+    assert failed.error is not None
+    typing = slowly("p 6 * 7", "w", "q")
+    debugged = k.collect(k.execute("%accelerate debug"), timeout=60, on_input=typing)
+    assert "[rank 1] 42" in debugged.stdout, debugged.stdout
+    assert debugged.outputs == [], [m["content"]["data"]["text/plain"] for m in debugged.outputs]
+    typing = slowly("p i", "c")
+    paused = k.collect(k.execute("""%%accelerate
+import time
+for i in range(3):
+    if dist.get_rank() == 1 and i == 1:
+        breakpoint()
+    time.sleep(0.1)
+"""), timeout=60, on_input=typing)
+    assert paused.error is None, paused.traceback
+    assert "[rank 1] 1" in paused.stdout
+    assert paused.outputs == [], [m["content"]["data"]["text/plain"] for m in paused.outputs]
+
+
 def test_the_stop_button_at_the_prompt_ends_the_job(k):
     pids = sorted(p.pid for p in worker_processes())
     at = {}
@@ -145,7 +181,39 @@ dist.all_reduce(torch.ones(1))
     stacks = result.stderr.split("every rank's stack now:")[1]
     assert "rank 0: all_reduce <- <module>\n" in stacks  # rank 0 waits in the collective
     assert "rank 1: <module>\n" in stacks and "time.sleep(4)" in stacks  # rank 1 sleeps
+    # the user's frames only, as in a failure's traceback: not the %%accelerate line first
+    assert "%%accelerate" not in stacks and "line 1, in <module>" not in stacks, stacks
     started = time.monotonic()
     idle = k.ok("%accelerate stacks")
     assert time.monotonic() - started < 2.0
     assert "ranks 0, 1: idle (no run)" in idle.stdout
+
+
+def test_the_stop_after_a_diagnosed_hang_stops_at_once_and_says_why_in_words(k):
+    """Rank 1 waits in an all_reduce that rank 0, asleep, has not joined: once the hang watch
+    marked both and showed their stacks, one press stops every rank at once (no stop_wait),
+    says why in words (no collective counters) and keeps the marks while it stops."""
+    pressed = {}
+
+    def press_once_marked(result):
+        if "every rank's stack now" in result.stderr and "at" not in pressed:
+            pressed["at"] = time.monotonic()
+            k.manager.interrupt_kernel()
+
+    result = k.collect(k.execute("""%%accelerate
+import time, torch, torch.distributed as dist
+if dist.get_rank() == 1:
+    dist.all_reduce(torch.ones(1))
+else:
+    time.sleep(60)
+"""), timeout=90, on_output=press_once_marked)
+    took = time.monotonic() - pressed["at"]
+    assert took < 4.0, took  # the interrupt's grace and the kill, not stop_wait (5 s) first
+    said = result.error["evalue"] + result.stderr
+    assert ("rank 1 is blocked in all_reduce, which rank 0 has not joined, so every rank was "
+            "stopped at once") in result.error["evalue"], said
+    assert "collective 3" not in said and "rank 0 at" not in said, said  # no internal counters
+    tables = [m["content"]["data"]["text/plain"] for m in result.outputs]
+    marked = next(i for i, table in enumerate(tables) if "rank 1: no progress" in table)
+    assert not any("rank 1: running" in table for table in tables[marked:]), tables[marked:]
+    reduce_is_right(k)

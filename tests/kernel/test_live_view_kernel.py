@@ -167,3 +167,25 @@ def test_the_header_says_a_cell_ran_on_the_warm_pool(kernel):
     final = _displays(result)[-1]["content"]["data"]
     assert "2 processes on cpu · on the warm pool (fork) · mixed precision: no" in final["text/plain"]
     assert "on the warm pool (fork)" in final["text/html"] and "finished in" in final["text/plain"]
+
+
+def test_the_finished_table_shows_each_ranks_real_last_line(kernel):
+    """The summary's rows take in the lines read in the run's last wakeups (a rank's last
+    line arrives with its end: unflushed until the run ends)."""
+    kernel.ok("%load_ext notebook_accel")
+    kernel.ok("%accelerate start -n 2")
+    try:
+        for _ in range(3):
+            result = kernel.ok("""%%accelerate
+import time
+for step in range(0, 500, 20):
+    time.sleep(0.05)
+    print(f"step {step}", flush=True)
+print("done after step 480")
+""")
+            assert "[rank 1] done after step 480" in result.stdout
+            rows = [line for line in _displays(result)[-1]["content"]["data"]["text/plain"]
+                    .splitlines() if line.lstrip().startswith("rank ")]
+            assert len(rows) == 2 and all(row.endswith("| done after step 480") for row in rows), rows
+    finally:
+        kernel.ok("%accelerate stop")

@@ -255,7 +255,7 @@ def test_panel_code_uses_the_tables_names():
     state = FormState(device="cpu", num_processes=2, mixed_precision="bf16", start_method="spawn",
                       num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
                       main_process_port=29500, fsdp=FsdpForm(strategy="FSDP"))
-    kwargs = set(re.findall(r"(\w+)=", launcher_call(state).split("args=()", 1)[1].split("#")[0]))
+    kwargs = set(re.findall(r"(\w+)=", launcher_call(state).split("notebook_launcher(train, ", 1)[1].split("#")[0]))
     assert kwargs and kwargs <= set(door_options("notebook_launcher"))
     single = FormState(device="cpu", num_processes=2, mixed_precision="bf16",
                        start_method="spawn", main_process_port=29500)

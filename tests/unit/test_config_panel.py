@@ -56,15 +56,16 @@ def test_precision_choices_follow_the_hardware():
 def test_validate_rules():
     assert validate(FormState(num_processes=2), CPU2) == []
     [note] = validate(FormState(num_processes=4), CPU2)
-    assert note.level == "note" and "4 processes on 2 CPU core(s)" in note.text
+    assert note.level == "note" and "4 processes on 2 CPU cores" in note.text
+    assert note.field == "num_processes"  # shown beside Processes
     [err] = validate(FormState(device="cuda", num_processes=3), T4X2)
-    assert err.level == "error" and "only 2 GPU(s)" in err.text
+    assert err.level == "error" and "only 2 GPUs detected" in err.text
     [err] = validate(FormState(device="cuda"), CPU2)
     assert "no NVIDIA GPU" in err.text
     [err] = validate(FormState(mixed_precision="fp16"), CPU2)
-    assert err.level == "error" and "fp16 needs a GPU" in err.text
+    assert err.level == "error" and err.text == "mixed precision fp16: needs a GPU; on CPU use bf16"
     multi = validate(FormState(num_machines=2, machine_rank=2), CPU2)
-    assert [m.level for m in multi] == ["error"] * 3
+    assert [m.level for m in multi] == ["error", "error", "needed"]  # an empty IP: still to give
     assert "machine rank must be 0..1" in multi[0].text
     ok = FormState(num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
                    main_process_port=29500)
@@ -73,7 +74,7 @@ def test_validate_rules():
 
 def test_code_equivalents():
     state = FormState(num_processes=2, mixed_precision="bf16", start_method="fork")
-    assert ("notebook_launcher(train, args=(), num_processes=2, mixed_precision='bf16', "
+    assert ("notebook_launcher(train, num_processes=2, mixed_precision='bf16', "
             "start_method='fork')") in launcher_call(state)
     assert magic_line(state) == "%%accelerate -n 2 --mixed-precision bf16 --start-method fork"
     multi = FormState(num_machines=2, main_process_ip="10.0.0.1", main_process_port=29500)
@@ -101,7 +102,7 @@ def test_panel_loads_the_current_file(cfg_path):
     assert panel.mixed_precision == "bf16" and panel.start_method.value == "spawn"
     assert f"{cfg_path} (loaded)" in panel.children[1].value
     assert "my_own_key" in panel.children[1].value  # the unused key is reported
-    assert "3 processes on 2 CPU core(s)" in panel.messages.value  # the CPU note
+    assert "3 processes on 2 CPU cores" in panel.field_notes["num_processes"].value  # beside it
 
 
 def test_panel_save_writes_the_yaml_and_shows_the_path(cfg_path):
@@ -135,7 +136,7 @@ def test_panel_errors_block_save(cfg_path):
     cfg_path.write_text("mixed_precision: fp16\n")
     panel = config_panel(hardware=CPU2)  # fp16 from the file, but no GPU here
     assert panel.mixed_precision == "fp16" and errors(panel) and panel.save_button.disabled
-    assert "fp16 needs a GPU" in panel.messages.value
+    assert "mixed precision fp16: needs a GPU" in panel.messages.value
     assert panel.save() is None and "Not saved" in panel.saved.value
     assert cfg_path.read_text() == "mixed_precision: fp16\n"
     panel.precision_buttons["bf16"].value = True
@@ -152,7 +153,7 @@ def test_panel_process_count_is_bounded_by_the_gpus(cfg_path):
     panel.num_processes.value = 40
     assert panel.num_processes.value == 32
     panel.num_processes.value = 12
-    assert "12 processes on 8 CPU core(s)" in panel.messages.value and not errors(panel)
+    assert "12 processes on 8 CPU cores" in panel.clamp_note.value and not errors(panel)
     assert not panel.precision_buttons["bf16"].disabled and panel.precision_buttons["fp16"].disabled
 
 
@@ -160,8 +161,10 @@ def test_panel_multi_node_fields_and_validation(cfg_path):
     panel = config_panel(hardware=CPU2)
     panel.num_machines.value = 2
     assert panel.multi_node.layout.display == ""
-    assert errors(panel) and panel.save_button.disabled
-    assert "main process IP" in panel.messages.value
+    # nothing typed wrong yet: no red error, the port offered, the IP asked for (Save waits)
+    assert not errors(panel) and panel.save_button.disabled
+    assert panel.main_process_port.value == 29500
+    assert "<b>To do:</b> main process IP" in panel.messages.value
     panel.main_process_ip.value = "10.1.2.3"
     panel.main_process_port.value = 29500
     panel.machine_rank.value = 1
@@ -179,7 +182,7 @@ def test_panel_copy_as_code_follows_the_form(cfg_path):
     assert panel.code.layout.display == "none"
     panel.code_button.click()
     assert panel.code.layout.display == ""
-    assert "notebook_launcher(train, args=(), num_processes=2)" in panel.code.value
+    assert "notebook_launcher(train, num_processes=2)" in panel.code.value
     assert "%%accelerate -n 2" in panel.code.value
     panel.precision_buttons["bf16"].value = True
     assert "mixed_precision=&#x27;bf16&#x27;" in panel.code.value
@@ -283,9 +286,9 @@ def test_panel_says_what_it_changed_and_what_was_saved(cfg_path):
     assert panel.num_processes.value == 8  # 4 per core, at least 8 (panel_rules)
     assert "Processes 999 changed to 8: at most 8 on cpu here (2 CPU cores)" in \
         panel.clamp_note.value
-    panel.num_processes.value = 0
-    assert panel.num_processes.value == 1 and "Processes 0 changed to 1: at least 1" in \
-        panel.clamp_note.value
+    panel.num_processes.value = 0  # refused, in words: never changed without a word
+    assert panel.num_processes.value == 0 and panel.save_button.disabled and errors(panel)
+    assert "number of processes must be at least 1, not 0" in panel.messages.value
     panel.num_processes.value = 2
     assert panel.clamp_note.value == ""  # a fresh choice clears the note
     assert "none yet" in panel.notes.value
@@ -487,14 +490,15 @@ def test_a_file_naming_a_backend_that_cannot_run_here_loads_with_a_note(cfg_path
     panel = config_panel(hardware=CPU2)
     assert panel.dynamo_backend.value == "tensorrt"
     assert ("tensorrt (not available here)", "tensorrt") in panel.dynamo_backend.options
-    assert "<b>Note:</b> torch.compile backend &#x27;tensorrt&#x27; cannot run here" in panel.messages.value
-    assert "needs a CUDA GPU" in panel.messages.value and not panel.save_button.disabled
+    beside = panel.field_notes["dynamo_backend"]
+    assert "<b>Note:</b> torch.compile backend &#x27;tensorrt&#x27; cannot run here" in beside.value
+    assert "needs a CUDA GPU" in beside.value and not panel.save_button.disabled
     panel.num_processes.value = 1  # a refresh keeps the value and its mark
     assert panel.dynamo_backend.value == "tensorrt"
     data = yaml.safe_load(panel.save().read_text())
     assert data["dynamo_config"] == {"dynamo_backend": "TENSORRT"}  # kept: it may be for another machine
     panel.dynamo_backend.value = "inductor"
-    assert "cannot run here" not in panel.messages.value
+    assert "cannot run here" not in beside.value
     assert ("tensorrt (not available here)", "tensorrt") not in panel.dynamo_backend.options
 
 
@@ -553,7 +557,7 @@ def test_show_as_code_is_a_monospace_code_block(cfg_path):
     pre_style = code.split("<pre style='")[1].split("'")[0]
     assert "font-family:" in pre_style and "monospace" in pre_style and "white-space:pre" in pre_style
     inner = code.split("<code")[1].split(">", 1)[1].split("</code>")[0]
-    assert "notebook_launcher(train, args=(), num_processes=2)" in inner
+    assert "notebook_launcher(train, num_processes=2)" in inner
     assert "<" not in inner.replace("&lt;", "")  # the code is escaped text, no markup
 
 
@@ -575,3 +579,79 @@ def test_saving_auto_with_several_processes_names_the_device(cfg_path):
     gpu.save()
     data = yaml.safe_load(cfg_path.read_text())
     assert (data["distributed_type"], data["use_cpu"]) == ("MULTI_GPU", False)
+
+
+def _code_boxes(panel) -> list[str]:
+    import html
+
+    panel.code_button.click()
+    return [html.unescape(part.split(">", 1)[1].split("</code>")[0])
+            for part in panel.code.value.split("<code")[1:]]
+
+
+@pytest.mark.parametrize("strategy", ["DDP", "FSDP", "DEEPSPEED"])
+def test_show_as_code_gives_two_boxes_each_a_valid_cell_alone(cfg_path, strategy):
+    """Copying one box gives a cell that runs: the Python call (no ``args=()`` noise), and the
+    %%accelerate line (a cell magic must be a cell's first line: it cannot share a box)."""
+    import ast
+
+    from IPython.core.magic_arguments import parse_argstring
+
+    from magics.accelerate_magic import AccelerateMagics
+
+    panel = config_panel(hardware=CPU2)
+    panel.strategy.strategy.value = strategy
+    panel.precision_buttons["bf16"].value = True
+    python, magic = _code_boxes(panel)
+    ast.parse(python)  # valid Python as it is
+    assert "args=()" not in python and "%%" not in python
+    assert magic.startswith("%%accelerate ") and "notebook_launcher" not in magic
+    first, *rest = magic.splitlines()
+    assert all(line.startswith("#") for line in rest)  # a body of comments only: still a cell
+    parse_argstring(AccelerateMagics.accelerate, first.removeprefix("%%accelerate "))  # flags parse
+
+
+def test_notes_sit_beside_their_field_and_the_tests_verdict_above_its_log(cfg_path):
+    import ipywidgets as widgets
+
+    panel = config_panel(hardware=CPU2)
+    panel.num_processes.value = 6  # oversubscribed: a note
+    row = next(w for w in panel.children if isinstance(w, widgets.HBox)
+               and panel.num_processes in w.children)
+    assert row.children == (panel.num_processes, panel.field_notes["num_processes"])
+    assert "6 processes on 2 CPU cores" in row.children[1].value
+    assert "6 processes" not in panel.messages.value  # not at the bottom, above the buttons
+    order = list(panel.children)
+    assert order.index(panel.code) < order.index(panel.status) == order.index(panel.test_output) - 1
+
+
+def test_words_without_repeats_brackets_or_markup_characters(cfg_path):
+    panel = config_panel(hardware=CPU2)
+    panel.precision_buttons["fp16"].value = True  # not on a CPU
+    assert "fp16: fp16" not in panel.messages.value and "fp16: needs a GPU" in panel.messages.value
+    assert "fp16: needs a GPU" in panel.precision_note.value
+    assert "(s)" not in " ".join(m.text for m in validate(FormState(num_processes=5), CPU2))
+    assert "1 CPU core," in Hardware(cpu_count=1, gpu_names=("Tesla T4",)).summary() + ","
+    panel.precision_buttons["no"].value = True
+    panel.num_processes.value = 2
+    panel.save()
+    assert "`" not in panel.saved.value and "<code>accelerate launch</code>" in panel.saved.value
+
+
+def test_every_field_is_wide_enough_and_checkboxes_sit_in_the_control_column(cfg_path):
+    """No choice or placeholder is clipped: every field has the panel's width (a dropdown left
+    at ipywidgets' default keeps 150 px for TRANSFORMER_BASED_WRAP); a checkbox's box is
+    indented by the label column, so it lines up with the fields' controls."""
+    import ipywidgets as widgets
+
+    from magics.panel.controls import FIELD_WIDTH, LABEL_WIDTH
+
+    panel = config_panel(hardware=CPU2)
+    fields = [panel.strategy.wrap, panel.strategy.state_dict_type, panel.strategy.classes,
+              panel.strategy.min_num_params, panel.deepspeed.clipping, panel.deepspeed.zero_stage,
+              panel.deepspeed.offload_optimizer, panel.deepspeed.offload_param, panel.device]
+    assert all(w.layout.width == FIELD_WIDTH for w in fields), [w.description for w in fields
+                                                                if w.layout.width != FIELD_WIDTH]
+    boxes = [panel.strategy.reshard, panel.strategy.offload, panel.deepspeed.save16]
+    assert all(isinstance(b, widgets.Checkbox) and b.indent
+               and b.style.description_width == LABEL_WIDTH for b in boxes)

@@ -40,6 +40,25 @@ def test_stacks_grouped_by_place_innermost_first():
     assert "rank 5: no answer" in text and "serve.py" not in text
 
 
+def test_stacks_and_a_timeouts_traceback_leave_out_the_line_that_runs_a_cell():
+    """A %%accelerate cell's body runs from the cell's first line (``exec`` in a ``<module>``
+    of the same file): stacks start at the user's own line, as a failure's traceback does."""
+    from notebook_accel.launch.tracebacks import main_thread_stack
+
+    cell = "/tmp/ipykernel_1/3.py"
+    runs_it = ((WORKER, 70, "serve"), (OURS[1] + "cell/runner.py", 140, "_in_worker_scope"),
+               (cell, 1, "<module>"), (cell, 6, "<module>"), ("/nb/train.py", 9, "step"),
+               (TORCH, 3252, "all_reduce"))
+    assert users_part(runs_it) == runs_it[3:]
+    assert headline(users_part(runs_it)) == "all_reduce <- step <- <module>"
+    assert f'File "{cell}", line 1,' not in stacks_text({0: runs_it})
+    dump = ("Current thread 0x00007f01 (most recent call first):\n"
+            + "".join(f'  File "{f}", line {n} in {name}\n' for f, n, name in reversed(runs_it[2:])))
+    traceback = main_thread_stack(dump)
+    assert f'File "{cell}", line 6, in <module>' in traceback
+    assert f'File "{cell}", line 1, in <module>' not in traceback
+
+
 class _Handle:
     def __init__(self):
         self.sent = []
