@@ -15,7 +15,6 @@ before the cut existed.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -128,7 +127,7 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
             at = ", ".join(f"rank {w.rank} at {n:,}" for w, n in zip(asked, totals, strict=True))
             print(f"[notebook_accel] stopping after the current step: every rank runs on to "
                   f"collective {total:,} ({at}); press stop again to stop now",
-                  file=sys.stderr, flush=True)
+                  flush=True)  # information: stdout (stderr is for warnings and errors)
             said = True
         running = [w for w in asked if not w.finished]
         if time.monotonic() - started >= stop_wait:

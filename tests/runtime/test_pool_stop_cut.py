@@ -86,7 +86,7 @@ def test_a_rank_sleeping_in_python_before_a_collective_is_waited_for(pool, capfd
         pool.run(CELLS["late_sleeper"], 1.0)
     timer.join()
     assert time.monotonic() - start < 1.5 + 2 * 1.0 + 0.5  # its sleep, one more round, a margin
-    assert "stopping after the current step: every rank runs on to collective" in capfd.readouterr().err
+    assert "stopping after the current step: every rank runs on to collective" in capfd.readouterr().out
     assert pool.run(CELLS["pid"]) == pids
     assert pool.run(CELLS["reduce_rank"]) == [3.0, 3.0]
 
