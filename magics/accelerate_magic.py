@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import parse_argstring
 from magics import commands
 from magics import pool as notebook_pool
 from magics.cell import crossings, pulling
-from magics.cell.arguments import COMMANDS, flags_given, launch_options, magic_flags
+from magics.cell.arguments import COMMANDS, flags_given, launch_options, magic_flags, unused_flags
 from magics.cell.flag_check import check_words
 from magics.cell.ledger import LEDGER
 from magics.cell.names import analyse_cell
@@ -81,7 +81,8 @@ class AccelerateMagics(Magics):
             %accelerate start    start the notebook's warm pool (-n N, launch flags):
                                  later cells run on its workers, whose state stays
             %accelerate status   its ranks, pids, memory, the names living on them
-            %accelerate restart  fresh workers for the pool; %accelerate stop ends it
+            %accelerate restart  fresh workers for the pool (with launch flags: those
+                                 options changed); %accelerate stop ends it
             %accelerate debug    pdb on the rank that failed the pool's last run
             %accelerate stacks   every rank's stack now, ranks at one place grouped
 
@@ -93,8 +94,9 @@ class AccelerateMagics(Magics):
         """
         check_words(self.accelerate.parser, line, cell is not None, COMMANDS)
         args = parse_argstring(self.accelerate, line)
-        if args.stop_wait is not None and args.command != "start":
-            raise UsageError("--stop-wait sets the notebook's pool: use it with %accelerate start")
+        if args.stop_wait is not None and args.command not in ("start", "restart"):
+            raise UsageError("--stop-wait sets the notebook's pool: use it with %accelerate start "
+                             "(or restart)")
         if cell is not None and args.command:
             raise UsageError(f"'{args.command}' is a line magic: use %accelerate {args.command} "
                              "(one % sign) in a cell of its own")
@@ -106,6 +108,11 @@ class AccelerateMagics(Magics):
             raise UsageError("%accelerate needs a command: env, test or config; "
                              "use %%accelerate at the top of a cell to run the cell on the "
                              "workers (%%accelerate? for help)")
+        unused = unused_flags(args)
+        if unused:
+            raise UsageError(f"%accelerate {args.command} does not use {', '.join(unused)}; "
+                             "launch flags go with %accelerate start, restart or test, or on a "
+                             "%%accelerate cell")
         runner = {"env": commands.env, "test": commands.test, "config": commands.config,
                   "start": notebook_pool.start, "status": notebook_pool.status,
                   "restart": notebook_pool.restart, "stop": notebook_pool.stop,

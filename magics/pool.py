@@ -12,12 +12,13 @@ import time
 from IPython import get_ipython
 from IPython.core.error import UsageError
 
-from magics.cell.arguments import launch_options
+from magics.cell.arguments import flags_given, launch_options
 from magics.cell.crossings import holds_state, listed
 from magics.cell.ledger import LEDGER
-from notebook_accel.launch import WorkerPool, format_bytes, ranks_text
+from notebook_accel.launch import LaunchRequest, WorkerPool, format_bytes, ranks_text
 
 _pool: WorkerPool | None = None
+_request: LaunchRequest | None = None  # the options it was started with (restart changes some)
 
 
 def current() -> WorkerPool | None:
@@ -27,19 +28,31 @@ def current() -> WorkerPool | None:
 
 def start(args: argparse.Namespace) -> None:
     """``%accelerate start -n 2 ...``: start the notebook's pool with the launch flags."""
-    global _pool
     if current() is not None:
-        raise UsageError("a pool is already up; %accelerate restart gives it fresh workers, "
-                         "%accelerate stop ends it (then start one with other flags)")
+        raise UsageError("a pool is already up; %accelerate restart gives it fresh workers "
+                         "(%accelerate restart -n 4 ...: with those launch flags changed), "
+                         "%accelerate stop ends it")
+    _open(launch_options(args), "pool up")
+
+
+def _open(request: LaunchRequest, what: str) -> None:
+    """Start the notebook's pool for ``request`` and say so, beginning with ``what``.
+
+    Raises:
+        UsageError: a bad option or config value (no traceback needed), before any worker
+            starts.
+    """
+    global _pool, _request
     started = time.perf_counter()
     try:
-        _pool = WorkerPool.from_request(launch_options(args))  # errors name the flags
-    except ValueError as error:  # a bad option or config value: no traceback needed
+        _pool = WorkerPool.from_request(request)  # errors name the flags
+    except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
+    _request = request
     plan = _pool.plan
     where = (f"{plan.num_nodes} nodes of the Ray cluster {plan.cluster}" if plan.cluster
              else plan.start.method)
-    print(f"[notebook_accel] pool up: {plan.world_size} ranks on {plan.device_type} "
+    print(f"[notebook_accel] {what}: {plan.world_size} ranks on {plan.device_type} "
           f"({where}), process group ready, in {time.perf_counter() - started:.2f} s; "
           "%%accelerate cells now run on it (--fresh: on fresh workers)")
 
@@ -132,12 +145,29 @@ def stacks(args: argparse.Namespace) -> None:
 
 
 def restart(args: argparse.Namespace) -> None:
-    """``%accelerate restart``: fresh workers in the pool (their names are dropped)."""
+    """``%accelerate restart``: fresh workers in the pool (their names are dropped); with
+    launch flags, the pool is started again with those options changed (the others as it was
+    started), as ``%accelerate stop`` then ``start`` would."""
+    global _pool
     pool = _require()
     lost = pool.lost
-    pool.restart()
-    print(f"[notebook_accel] pool restarted: {pool.plan.num_processes} fresh ranks"
-          + (f"; names dropped: {', '.join(lost)}" if lost else ""))
+    dropped = f"names dropped: {', '.join(lost)}" if lost else ""
+    changed = flags_given(args)
+    if not changed:
+        pool.restart()
+        print(f"[notebook_accel] pool restarted: {pool.plan.num_processes} fresh ranks"
+              + (f"; {dropped}" if dropped else ""))
+        return
+    request = _request.updated(launch_options(args))  # each flag checked while the pool is up
+    pool.close()
+    _pool = None
+    try:
+        _open(request, f"pool restarted with new {', '.join(changed)}")
+    except UsageError as error:
+        raise UsageError(f"{error}; the pool was stopped to restart it, so none is up now: "
+                         "%accelerate start starts one") from None
+    if dropped:
+        print(f"[notebook_accel] {dropped}")
 
 
 def stop(args: argparse.Namespace) -> None:

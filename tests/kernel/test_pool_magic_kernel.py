@@ -114,3 +114,27 @@ def test_restart_and_stop(k):
     assert k.run("%%accelerate\nsteps += 1").error is None  # the notebook's steps shipped again
     assert "pool stopped" in k.ok("%accelerate stop").stdout
     assert not wait_no_workers(timeout=5)
+
+
+def test_restart_with_launch_flags_applies_them_and_other_commands_refuse_flags_by_name(k):
+    k.ok("%accelerate start -n 2 --stop-wait 3")
+    k.ok("%%accelerate\nsteps = 1")
+    out = k.ok("%accelerate restart -n 3 --hang-after 7").stdout
+    assert "pool restarted with new --num-processes, --hang-after: 3 ranks on cpu" in out, out
+    assert "names dropped: steps" in out
+    plan = "__import__('magics.pool').pool.current().plan"
+    assert k.value(f"({plan}.world_size, {plan}.hang_after, {plan}.stop_wait)") == (3, 7.0, 3.0)
+    ranks = k.ok("%%accelerate\nimport torch.distributed as dist\nprint('world', dist.get_world_size())")
+    assert ranks.stdout.count("world 3") == 3, ranks.stdout
+    bad = k.run("%accelerate restart --mixed-precision fp17")  # refused while the pool is up
+    assert "UsageError" in bad.stderr and "fp17" in bad.stderr
+    assert k.value(f"{plan}.world_size") == 3
+    for line, flag in (("status -n 2", "--num-processes"), ("stacks --hang-after 1", "--hang-after"),
+                       ("stop --fresh", "--fresh"), ("env -n 2", "--num-processes")):
+        refused = k.run(f"%accelerate {line}")
+        assert f"UsageError: %accelerate {line.split()[0]} does not use {flag}" in refused.stderr, \
+            refused.stderr
+    gone = k.run("%accelerate restart --device cuda")  # refused only by the plan: said so
+    assert "the pool was stopped to restart it, so none is up now" in gone.stderr, gone.stderr
+    assert "no pool is up" in k.ok("%accelerate status").stdout
+    assert not wait_no_workers(timeout=5)
