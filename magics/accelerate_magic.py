@@ -143,25 +143,28 @@ class AccelerateMagics(Magics):
         crossing = crossings.choose(names.reads, user_ns, LEDGER, on_workers,
                                     pool.copies_on(ranks) if pool is not None else (), args.push)
         shipment = collect_names(crossing.send, user_ns, self.shell.user_ns_hidden, LEDGER)
-        pull = names.assigns if args.pull is None else args.pull
+        pull, skipped = pulling.default_pull(names.assigns) if args.pull is None else (args.pull, {})
         if ranks is not None and args.pull is None:
-            pull = ()  # names come back from rank 0; from other ranks only when asked (--pull)
+            pull, skipped = (), {}  # names come back from rank 0; from other ranks only when asked
         if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):
             pull = (*pull, CELL_VALUE)
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
                        pooled=pool is not None, replace=tuple(crossing.replace),
-                       pack_rank=None if ranks is None else ranks[0])
+                       pack_rank=None if ranks is None else ranks[0], asked=args.pull is not None)
         number = cell_number(self.shell)
         LEDGER.record_sent(shipment.values, number, on_pool=pool is not None)
         crossings.report_kept(crossing)
         result = self._run(job, pool, args, ranks)
         values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)
+        if result is not None:
+            skipped.update(result.skipped)
         value = values.pop(CELL_VALUE, None)
         if CELL_VALUE in failed:
             failed["the cell's value"] = failed.pop(CELL_VALUE)
         line = crossings.summary(shipment.values, values, crossing, pool is not None, LEDGER)
         self.shell.push(values)
         LEDGER.record_pulled(values, number, on_pool=pool is not None)
+        LEDGER.record_skipped(skipped, number)  # said by %accelerate status, not here
         if line:
             print(line, flush=True)
         pulling.report(failed)

@@ -87,6 +87,10 @@ def status(args: argparse.Namespace) -> None:
     if snapshots:
         print("in the notebook, copies of rank 0's names (snapshots, not live): " + listed(
             [f"{name} (cell [{entry.cell}])" for name, entry in snapshots.items()]))
+    if LEDGER.skipped:
+        print("left on rank 0, not brought back: " + listed(
+            [f"{name} ({what}, cell [{cell}])" for name, (cell, what) in LEDGER.skipped.items()])
+            + "; %%accelerate --pull NAME asks for one")
 
 
 def _workers_names(pool: WorkerPool, gone: list[int]) -> str:

@@ -12,9 +12,18 @@ from magics.cell.runner import PulledNames
 _REASON_CHARS = 70
 
 
+def default_pull(assigns: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The names a cell brings back when ``--pull`` does not say (those it assigns), and
+    those it leaves on rank 0 quietly: underscore names (``for _ in ...``: IPython's own ``_``
+    stays the notebook's; ``_private``), with what they are."""
+    return (tuple(name for name in assigns if not name.startswith("_")),
+            {name: "an underscore name" for name in assigns if name.startswith("_")})
+
+
 def unpack(result: PulledNames | None, requested: Sequence[str],
            explicit: bool) -> tuple[dict[str, Any], dict[str, str]]:
-    """The names rank 0 sent back, and name -> why for those it could not.
+    """The names rank 0 sent back, and name -> why for those it could not (the names it
+    left behind by rule are ``result.skipped``, not failures).
 
     Args:
         result: the worker's return value (None when nothing was pulled).

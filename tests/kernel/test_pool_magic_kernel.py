@@ -138,3 +138,26 @@ def test_restart_with_launch_flags_applies_them_and_other_commands_refuse_flags_
     assert "the pool was stopped to restart it, so none is up now" in gone.stderr, gone.stderr
     assert "no pool is up" in k.ok("%accelerate status").stdout
     assert not wait_no_workers(timeout=5)
+
+
+def test_underscore_names_and_iterators_stay_on_rank_0_without_a_word(k):
+    k.ok("_ = 'the notebook s own'")  # as IPython's last value would be
+    result = k.ok("""%%accelerate -n 2
+for _ in range(3):
+    pass
+_private = 1
+it = iter(range(3))
+numbers = (i for i in range(3))
+kept = 5
+""")
+    assert "not brought back" not in result.stdout + result.stderr, result.stderr
+    assert "back from rank 0: kept" in result.stdout
+    assert k.value("(_, 'it' in dir(), 'numbers' in dir(), '_private' in dir(), kept)") == (
+        "the notebook s own", False, False, False, 5)
+    status = k.ok("%accelerate status").stdout
+    assert ("left on rank 0, not brought back: _ (an underscore name, cell [") in status, status
+    for said in ("_private (an underscore name", "it (an iterator", "numbers (a generator"):
+        assert said in status, status
+    asked = k.run("%%accelerate -n 2 --pull numbers\nnumbers = (i for i in range(3))")
+    assert "not brought back from rank 0: numbers (TypeError: cannot pickle 'generator'" in \
+        asked.stderr, asked.stderr  # named with --pull: tried, and what failed is said
