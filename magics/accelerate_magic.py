@@ -24,11 +24,11 @@ from magics.cell import crossings, pulling
 from magics.cell.arguments import COMMANDS, flags_given, launch_options, magic_flags, unused_flags
 from magics.cell.flag_check import check_words
 from magics.cell.ledger import LEDGER
-from magics.cell.names import analyse_cell
+from magics.cell.names import analyse_cell, imported_names
 from magics.cell.runner import CELL_VALUE, cell_job
 from magics.cell.shipping import check_defined, collect_names
 from magics.cell.source import cell_number, make_cell_code
-from notebook_accel.launch import deferred_interrupts
+from notebook_accel.launch import LaunchInterrupted, deferred_interrupts
 
 
 @magics_class
@@ -154,7 +154,13 @@ class AccelerateMagics(Magics):
         number = cell_number(self.shell)
         LEDGER.record_sent(shipment.values, number, on_pool=pool is not None)
         crossings.report_kept(crossing)
-        result = self._run(job, pool, args, ranks)
+        try:
+            result = self._run(job, pool, args, ranks)
+        except LaunchInterrupted as stop:  # nothing comes back: said in the stop's line
+            state = [name for name in pull if name not in imported_names(tree)]
+            on_workers = None if pool is None else [  # this cell's names the workers hold
+                name for name in pool.names_on(ranks) if name in pool.lost]
+            raise LaunchInterrupted(pulling.stopped_text(stop, state, user_ns, on_workers)) from None
         values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)
         if result is not None:
             skipped.update(result.skipped)

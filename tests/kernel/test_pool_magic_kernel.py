@@ -161,3 +161,31 @@ kept = 5
     asked = k.run("%%accelerate -n 2 --pull numbers\nnumbers = (i for i in range(3))")
     assert "not brought back from rank 0: numbers (TypeError: cannot pickle 'generator'" in \
         asked.stderr, asked.stderr  # named with --pull: tried, and what failed is said
+
+
+def test_a_stopped_cell_says_which_names_it_did_not_bring_back(k):
+    k.ok("%accelerate start -n 2")
+    k.ok("%%accelerate\nstep = 200")
+    msg_id = k.execute("""%%accelerate
+import time
+for step in range(200, 100000):
+    if step == 280:
+        print("at 280", flush=True)
+    time.sleep(0.01)
+""")
+
+    def on_output(result):
+        if result.stdout.count("at 280") == 2 and not on_output.pressed:
+            on_output.pressed = True
+            k.manager.interrupt_kernel()
+
+    on_output.pressed = False
+    result = k.collect(msg_id, timeout=60, on_output=on_output)
+    assert result.error is not None, result
+    assert result.error["traceback"] == [
+        "KeyboardInterrupt: interrupted the run on 2 ranks at the same point; the pool keeps its "
+        "state; not brought back to the notebook: step (the notebook's step is older than the "
+        "workers')"], result.error
+    assert k.value("step") == 200  # the notebook's own, as said
+    k.ok("%accelerate stop")
+    assert not wait_no_workers(timeout=5)
