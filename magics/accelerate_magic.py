@@ -28,7 +28,7 @@ from magics.cell.names import analyse_cell, imported_names
 from magics.cell.runner import CELL_VALUE, cell_job
 from magics.cell.shipping import check_defined, collect_names
 from magics.cell.source import cell_number, make_cell_code
-from notebook_accel.launch import LaunchInterrupted, deferred_interrupts
+from notebook_accel.launch import LaunchInterrupted, WorkerError, cell_numbers, deferred_interrupts
 
 
 @magics_class
@@ -150,12 +150,17 @@ class AccelerateMagics(Magics):
             pull = (*pull, CELL_VALUE)
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
                        pooled=pool is not None, replace=tuple(crossing.replace),
-                       pack_rank=None if ranks is None else ranks[0], asked=args.pull is not None)
+                       pack_rank=None if ranks is None else ranks[0], asked=args.pull is not None,
+                       cells=dict(cell_numbers(self.shell)))
         number = cell_number(self.shell)
         LEDGER.record_sent(shipment.values, number, on_pool=pool is not None)
         crossings.report_kept(crossing)
         try:
             result = self._run(job, pool, args, ranks)
+        except WorkerError as error:
+            if pool is not None:
+                notebook_pool.failed(error, number)
+            raise
         except LaunchInterrupted as stop:  # nothing comes back: said in the stop's line
             state = [name for name in pull if name not in imported_names(tree)]
             on_workers = None if pool is None else [  # this cell's names the workers hold

@@ -15,10 +15,11 @@ from IPython.core.error import UsageError
 from magics.cell.arguments import flags_given, launch_options
 from magics.cell.crossings import holds_state, listed
 from magics.cell.ledger import LEDGER
-from notebook_accel.launch import LaunchRequest, WorkerPool, format_bytes, ranks_text
+from notebook_accel.launch import LaunchRequest, WorkerError, WorkerPool, format_bytes, ranks_text
 
 _pool: WorkerPool | None = None
 _request: LaunchRequest | None = None  # the options it was started with (restart changes some)
+_failure: tuple[int, int | None, int] | None = None  # the latest failed cell's (rank, pid, cell)
 
 
 def current() -> WorkerPool | None:
@@ -126,6 +127,27 @@ def _on_some_ranks(pool: WorkerPool) -> dict[str, list[int]]:
     return some
 
 
+def failed(error: WorkerError, cell: int) -> None:
+    """A cell on the pool failed with ``error``: remember it, and add the next step to its
+    message while its rank still holds the failure's frames (``%accelerate debug``)."""
+    global _failure
+    _failure = (error.rank, error.failure.pid, cell)
+    if _failure_kept():
+        note = (f"%accelerate debug opens pdb on rank {error.rank}, at the frame that raised "
+                "(p NAME, up, l, q)")
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]  # add_note, on Python 3.10 too
+
+
+def _failure_kept() -> bool:
+    """The rank of the pool's latest failure is the same process: its frames are there."""
+    pool = current()
+    if _failure is None or pool is None:
+        return False
+    rank, pid, _ = _failure
+    return pid is not None and any(info.rank == rank and info.pid == pid and info.alive
+                                   for info in pool.status())
+
+
 def debug(args: argparse.Namespace) -> None:
     """``%accelerate debug``: pdb on the root-cause rank of the pool's last failed run, at the
     frame that raised, in the cell's input box."""
@@ -135,7 +157,13 @@ def debug(args: argparse.Namespace) -> None:
     except RuntimeError as error:
         if type(error) is not RuntimeError:
             raise
-        raise UsageError(str(error)) from None
+        if _failure is None:
+            raise UsageError("nothing to debug: no cell on the pool has failed (%accelerate "
+                             "debug opens pdb where a failed cell raised)") from None
+        rank, _, cell = _failure
+        raise UsageError(f"rank {rank}'s failure in cell [{cell}] cannot be debugged any more: "
+                         "the pool's workers were replaced since, and the failure's frames "
+                         "with them") from None
 
 
 def stacks(args: argparse.Namespace) -> None:
