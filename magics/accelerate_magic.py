@@ -21,14 +21,14 @@ from IPython.core.magic_arguments import parse_argstring
 from magics import commands
 from magics import pool as notebook_pool
 from magics.cell import crossings, pulling
-from magics.cell.arguments import COMMANDS, flags_given, launch_options, magic_flags
+from magics.cell.arguments import COMMANDS, flags_given, launch_options, magic_flags, unused_flags
 from magics.cell.flag_check import check_words
 from magics.cell.ledger import LEDGER
-from magics.cell.names import analyse_cell
+from magics.cell.names import analyse_cell, imported_names
 from magics.cell.runner import CELL_VALUE, cell_job
 from magics.cell.shipping import check_defined, collect_names
 from magics.cell.source import cell_number, make_cell_code
-from notebook_accel.launch import deferred_interrupts
+from notebook_accel.launch import LaunchInterrupted, WorkerError, cell_numbers, deferred_interrupts
 
 
 @magics_class
@@ -81,7 +81,8 @@ class AccelerateMagics(Magics):
             %accelerate start    start the notebook's warm pool (-n N, launch flags):
                                  later cells run on its workers, whose state stays
             %accelerate status   its ranks, pids, memory, the names living on them
-            %accelerate restart  fresh workers for the pool; %accelerate stop ends it
+            %accelerate restart  fresh workers for the pool (with launch flags: those
+                                 options changed); %accelerate stop ends it
             %accelerate debug    pdb on the rank that failed the pool's last run
             %accelerate stacks   every rank's stack now, ranks at one place grouped
 
@@ -93,8 +94,9 @@ class AccelerateMagics(Magics):
         """
         check_words(self.accelerate.parser, line, cell is not None, COMMANDS)
         args = parse_argstring(self.accelerate, line)
-        if args.stop_wait is not None and args.command != "start":
-            raise UsageError("--stop-wait sets the notebook's pool: use it with %accelerate start")
+        if args.stop_wait is not None and args.command not in ("start", "restart"):
+            raise UsageError("--stop-wait sets the notebook's pool: use it with %accelerate start "
+                             "(or restart)")
         if cell is not None and args.command:
             raise UsageError(f"'{args.command}' is a line magic: use %accelerate {args.command} "
                              "(one % sign) in a cell of its own")
@@ -106,6 +108,11 @@ class AccelerateMagics(Magics):
             raise UsageError("%accelerate needs a command: env, test or config; "
                              "use %%accelerate at the top of a cell to run the cell on the "
                              "workers (%%accelerate? for help)")
+        unused = unused_flags(args)
+        if unused:
+            raise UsageError(f"%accelerate {args.command} does not use {', '.join(unused)}; "
+                             "launch flags go with %accelerate start, restart or test, or on a "
+                             "%%accelerate cell")
         runner = {"env": commands.env, "test": commands.test, "config": commands.config,
                   "start": notebook_pool.start, "status": notebook_pool.status,
                   "restart": notebook_pool.restart, "stop": notebook_pool.stop,
@@ -136,25 +143,39 @@ class AccelerateMagics(Magics):
         crossing = crossings.choose(names.reads, user_ns, LEDGER, on_workers,
                                     pool.copies_on(ranks) if pool is not None else (), args.push)
         shipment = collect_names(crossing.send, user_ns, self.shell.user_ns_hidden, LEDGER)
-        pull = names.assigns if args.pull is None else args.pull
+        pull, skipped = pulling.default_pull(names.assigns) if args.pull is None else (args.pull, {})
         if ranks is not None and args.pull is None:
-            pull = ()  # names come back from rank 0; from other ranks only when asked (--pull)
+            pull, skipped = (), {}  # names come back from rank 0; from other ranks only when asked
         if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):
             pull = (*pull, CELL_VALUE)
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
                        pooled=pool is not None, replace=tuple(crossing.replace),
-                       pack_rank=None if ranks is None else ranks[0])
+                       pack_rank=None if ranks is None else ranks[0], asked=args.pull is not None,
+                       cells=dict(cell_numbers(self.shell)))
         number = cell_number(self.shell)
         LEDGER.record_sent(shipment.values, number, on_pool=pool is not None)
         crossings.report_kept(crossing)
-        result = self._run(job, pool, args, ranks)
+        try:
+            result = self._run(job, pool, args, ranks)
+        except WorkerError as error:
+            if pool is not None:
+                notebook_pool.failed(error, number)
+            raise
+        except LaunchInterrupted as stop:  # nothing comes back: said in the stop's line
+            state = [name for name in pull if name not in imported_names(tree)]
+            on_workers = None if pool is None else [  # this cell's names the workers hold
+                name for name in pool.names_on(ranks) if name in pool.lost]
+            raise LaunchInterrupted(pulling.stopped_text(stop, state, user_ns, on_workers)) from None
         values, failed = pulling.unpack(result, pull, explicit=args.pull is not None)
+        if result is not None:
+            skipped.update(result.skipped)
         value = values.pop(CELL_VALUE, None)
         if CELL_VALUE in failed:
             failed["the cell's value"] = failed.pop(CELL_VALUE)
         line = crossings.summary(shipment.values, values, crossing, pool is not None, LEDGER)
         self.shell.push(values)
         LEDGER.record_pulled(values, number, on_pool=pool is not None)
+        LEDGER.record_skipped(skipped, number)  # said by %accelerate status, not here
         if line:
             print(line, flush=True)
         pulling.report(failed)

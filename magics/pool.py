@@ -12,12 +12,14 @@ import time
 from IPython import get_ipython
 from IPython.core.error import UsageError
 
-from magics.cell.arguments import launch_options
+from magics.cell.arguments import flags_given, launch_options
 from magics.cell.crossings import holds_state, listed
 from magics.cell.ledger import LEDGER
-from notebook_accel.launch import WorkerPool, format_bytes, ranks_text
+from notebook_accel.launch import LaunchRequest, WorkerError, WorkerPool, format_bytes, ranks_text
 
 _pool: WorkerPool | None = None
+_request: LaunchRequest | None = None  # the options it was started with (restart changes some)
+_failure: tuple[int, int | None, int] | None = None  # the latest failed cell's (rank, pid, cell)
 
 
 def current() -> WorkerPool | None:
@@ -27,19 +29,31 @@ def current() -> WorkerPool | None:
 
 def start(args: argparse.Namespace) -> None:
     """``%accelerate start -n 2 ...``: start the notebook's pool with the launch flags."""
-    global _pool
     if current() is not None:
-        raise UsageError("a pool is already up; %accelerate restart gives it fresh workers, "
-                         "%accelerate stop ends it (then start one with other flags)")
+        raise UsageError("a pool is already up; %accelerate restart gives it fresh workers "
+                         "(%accelerate restart -n 4 ...: with those launch flags changed), "
+                         "%accelerate stop ends it")
+    _open(launch_options(args), "pool up")
+
+
+def _open(request: LaunchRequest, what: str) -> None:
+    """Start the notebook's pool for ``request`` and say so, beginning with ``what``.
+
+    Raises:
+        UsageError: a bad option or config value (no traceback needed), before any worker
+            starts.
+    """
+    global _pool, _request
     started = time.perf_counter()
     try:
-        _pool = WorkerPool.from_request(launch_options(args))  # errors name the flags
-    except ValueError as error:  # a bad option or config value: no traceback needed
+        _pool = WorkerPool.from_request(request)  # errors name the flags
+    except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
+    _request = request
     plan = _pool.plan
     where = (f"{plan.num_nodes} nodes of the Ray cluster {plan.cluster}" if plan.cluster
              else plan.start.method)
-    print(f"[notebook_accel] pool up: {plan.world_size} ranks on {plan.device_type} "
+    print(f"[notebook_accel] {what}: {plan.world_size} ranks on {plan.device_type} "
           f"({where}), process group ready, in {time.perf_counter() - started:.2f} s; "
           "%%accelerate cells now run on it (--fresh: on fresh workers)")
 
@@ -74,6 +88,10 @@ def status(args: argparse.Namespace) -> None:
     if snapshots:
         print("in the notebook, copies of rank 0's names (snapshots, not live): " + listed(
             [f"{name} (cell [{entry.cell}])" for name, entry in snapshots.items()]))
+    if LEDGER.skipped:
+        print("left on rank 0, not brought back: " + listed(
+            [f"{name} ({what}, cell [{cell}])" for name, (cell, what) in LEDGER.skipped.items()])
+            + "; %%accelerate --pull NAME asks for one")
 
 
 def _workers_names(pool: WorkerPool, gone: list[int]) -> str:
@@ -109,6 +127,27 @@ def _on_some_ranks(pool: WorkerPool) -> dict[str, list[int]]:
     return some
 
 
+def failed(error: WorkerError, cell: int) -> None:
+    """A cell on the pool failed with ``error``: remember it, and add the next step to its
+    message while its rank still holds the failure's frames (``%accelerate debug``)."""
+    global _failure
+    _failure = (error.rank, error.failure.pid, cell)
+    if _failure_kept():
+        note = (f"%accelerate debug opens pdb on rank {error.rank}, at the frame that raised "
+                "(p NAME, up, l, q)")
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]  # add_note, on Python 3.10 too
+
+
+def _failure_kept() -> bool:
+    """The rank of the pool's latest failure is the same process: its frames are there."""
+    pool = current()
+    if _failure is None or pool is None:
+        return False
+    rank, pid, _ = _failure
+    return pid is not None and any(info.rank == rank and info.pid == pid and info.alive
+                                   for info in pool.status())
+
+
 def debug(args: argparse.Namespace) -> None:
     """``%accelerate debug``: pdb on the root-cause rank of the pool's last failed run, at the
     frame that raised, in the cell's input box."""
@@ -118,7 +157,13 @@ def debug(args: argparse.Namespace) -> None:
     except RuntimeError as error:
         if type(error) is not RuntimeError:
             raise
-        raise UsageError(str(error)) from None
+        if _failure is None:
+            raise UsageError("nothing to debug: no cell on the pool has failed (%accelerate "
+                             "debug opens pdb where a failed cell raised)") from None
+        rank, _, cell = _failure
+        raise UsageError(f"rank {rank}'s failure in cell [{cell}] cannot be debugged any more: "
+                         "the pool's workers were replaced since, and the failure's frames "
+                         "with them") from None
 
 
 def stacks(args: argparse.Namespace) -> None:
@@ -132,12 +177,29 @@ def stacks(args: argparse.Namespace) -> None:
 
 
 def restart(args: argparse.Namespace) -> None:
-    """``%accelerate restart``: fresh workers in the pool (their names are dropped)."""
+    """``%accelerate restart``: fresh workers in the pool (their names are dropped); with
+    launch flags, the pool is started again with those options changed (the others as it was
+    started), as ``%accelerate stop`` then ``start`` would."""
+    global _pool
     pool = _require()
     lost = pool.lost
-    pool.restart()
-    print(f"[notebook_accel] pool restarted: {pool.plan.num_processes} fresh ranks"
-          + (f"; names dropped: {', '.join(lost)}" if lost else ""))
+    dropped = f"names dropped: {', '.join(lost)}" if lost else ""
+    changed = flags_given(args)
+    if not changed:
+        pool.restart()
+        print(f"[notebook_accel] pool restarted: {pool.plan.num_processes} fresh ranks"
+              + (f"; {dropped}" if dropped else ""))
+        return
+    request = _request.updated(launch_options(args))  # each flag checked while the pool is up
+    pool.close()
+    _pool = None
+    try:
+        _open(request, f"pool restarted with new {', '.join(changed)}")
+    except UsageError as error:
+        raise UsageError(f"{error}; the pool was stopped to restart it, so none is up now: "
+                         "%accelerate start starts one") from None
+    if dropped:
+        print(f"[notebook_accel] {dropped}")
 
 
 def stop(args: argparse.Namespace) -> None:

@@ -100,6 +100,22 @@ def flags_given(args: argparse.Namespace) -> list[str]:
     return [option.magic_flag for option in _flagged() if getattr(args, _dest(option)) is not None]
 
 
+_CELL_ONLY = {"fresh": ("--fresh", False), "ranks": ("--ranks", None), "push": ("--push", ()),
+              "pull": ("--pull/--no-pull", None)}  # dest -> (flag, its value when not given)
+# the launch flags each line command reads (None: all of them)
+_READS: dict[str, tuple[str, ...] | None] = {"test": None, "start": None, "restart": None,
+                                             "env": ("--config",), "config": ("--config",)}
+
+
+def unused_flags(args: argparse.Namespace) -> list[str]:
+    """The flags on a line command's line that it does not read (``%accelerate status -n 2``),
+    as written in ``--help``: refused by name rather than ignored."""
+    reads = _READS.get(args.command, ())
+    unused = [flag for flag in flags_given(args) if reads is not None and flag not in reads]
+    return unused + [flag for dest, (flag, unset) in _CELL_ONLY.items()
+                     if getattr(args, dest) != unset]
+
+
 def launch_options(args: argparse.Namespace) -> LaunchRequest:
     """The launch options the flags set, each checked (``notebook_launcher(fn, **request)``,
     ``WorkerPool(**request)``).

@@ -120,7 +120,7 @@ def summary(sent: Mapping[str, Any], pulled: Mapping[str, Any], crossing: Crossi
         if on_pool:
             note.append("copies: the live objects stay on the workers")
         if bound:
-            note.append(f"{listed(bound)}: rank 0's own, never sent back")
+            note.append(f"{listed(bound)}: rank 0's, to look at here; never sent to the workers")
         parts.append("back from rank 0: " + listed(back) + (f" ({'; '.join(note)})" if note else ""))
     return "[notebook_accel] " + " · ".join(parts) if parts else None
 

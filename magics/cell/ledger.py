@@ -50,6 +50,7 @@ class NameLedger:
 
     sent: dict[str, Entry] = field(default_factory=dict)
     pulled: dict[str, Entry] = field(default_factory=dict)
+    skipped: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (cell, what it is)
 
     def record_sent(self, values: dict[str, Any], cell: int, on_pool: bool) -> None:
         for name, value in values.items():
@@ -59,6 +60,13 @@ class NameLedger:
         for name, value in values.items():
             self.pulled[name] = Entry.of(value, cell, on_pool)
             self.sent.pop(name, None)  # the notebook's value is now rank 0's
+            self.skipped.pop(name, None)
+
+    def record_skipped(self, skipped: dict[str, str], cell: int) -> None:
+        """Names a cell left on rank 0 by rule, quietly (name -> what it is), for
+        ``%accelerate status`` to say once."""
+        for name, what in skipped.items():
+            self.skipped[name] = (cell, what)
 
     def snapshot(self, name: str, value: Any) -> Entry | None:
         """The entry saying ``value`` is the snapshot a cell brought back from rank 0."""

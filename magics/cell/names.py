@@ -32,6 +32,13 @@ class CellNames:
     assigns: tuple[str, ...]
 
 
+def imported_names(tree: ast.Module) -> set[str]:
+    """The names the cell's imports bind (modules, and what comes from them: code, no state)."""
+    return {alias.asname or (alias.name.split(".")[0] if isinstance(node, ast.Import) else alias.name)
+            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names if alias.name != "*"}
+
+
 def analyse_cell(source: str | ast.Module) -> CellNames:
     """Find the names a cell reads from its namespace and the names it assigns.
 

@@ -13,11 +13,11 @@ import linecache
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch import dumps_result, join_process_group, worker_scope
+from notebook_accel.launch import dumps_result, join_process_group, name_cells, worker_scope
 
 CELL_VALUE = "_accelerate_cell_value_"  # the value of a cell's last expression, on rank 0
 
@@ -65,15 +65,19 @@ class PulledNames:
         blob: the names that could be serialised, as one pickle of a dict, so
             objects shared between them (a model and its optimizer) stay shared.
         failed: name -> why it could not come back.
+        skipped: name -> what it is, for the names left on rank 0 by rule, without a word in
+            the cell (an iterator or generator: a position in a loop, no use as a copy).
     """
 
     blob: bytes
     failed: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
              pull: tuple[str, ...], pooled: bool = False, replace: tuple[str, ...] = (),
-             pack_rank: int | None = None) -> Callable[[], PulledNames | None]:
+             pack_rank: int | None = None, asked: bool = False,
+             cells: dict[str, int] | None = None) -> Callable[[], PulledNames | None]:
     """The callable the launcher runs on every worker: run the cell, then pack the names.
 
     The cell runs in a fresh namespace holding the shipped names (modules travel as
@@ -92,6 +96,10 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
         replace: on a pool, the shipped names that replace the workers' own.
         pack_rank: the rank that sends the names back (a cell on some ranks of a pool);
             None: the node's first worker.
+        asked: ``pull`` was named by the user (``--pull``): each name is tried, even an
+            iterator (else iterators and generators stay behind quietly: :func:`left_behind`).
+        cells: the notebook's cells (file name -> ``In [N]``), for a debugger on the worker
+            to name them as tracebacks do (``Cell In[5], line 4``).
     Returns:
         A picklable callable returning :class:`PulledNames` on the node's first
         worker (None elsewhere, or when ``pull`` is empty).
@@ -101,10 +109,12 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     namespace.update(values)
     outer = {"_cell": cell.compile(), "_namespace": namespace, "__tracebackhide__": True,
              "_pull": tuple(pull),
-             "_pack": functools.partial(_pack_on_first_worker, rank=pack_rank), "_show": _show_figures,
+             "_pack": functools.partial(_pack_on_first_worker, rank=pack_rank, asked=asked),
+             "_show": _show_figures, "_name": functools.partial(name_cells, dict(cells or {})),
              "_join": _nothing if pooled else join_process_group}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
-    line_one = compile("(_join(), exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[3]",
+    line_one = compile("(_name(), _join(), exec(_cell, _namespace), _show(), "
+                       "_pack(_namespace, _pull))[4]",
                        cell.filename, "eval")
     if pooled:
         return functools.partial(_in_worker_scope, line_one, outer, tuple(replace))
@@ -140,12 +150,28 @@ def _show_figures() -> None:
 
 
 def _pack_on_first_worker(namespace: dict[str, Any], pull: tuple[str, ...],
-                          rank: int | None = None) -> PulledNames | None:
+                          rank: int | None = None, asked: bool = False) -> PulledNames | None:
     packs = (os.environ.get("LOCAL_RANK", "0") == "0" if rank is None
              else os.environ.get("RANK") == str(rank))
     if not pull or not packs:
         return None
-    return pack_names({name: namespace[name] for name in pull if name in namespace})
+    names = {name: namespace[name] for name in pull if name in namespace}
+    skipped = {} if asked else {name: kind for name, value in names.items()
+                                if name != CELL_VALUE and (kind := left_behind(value))}
+    packed = pack_names({name: value for name, value in names.items() if name not in skipped})
+    packed.skipped = skipped
+    return packed
+
+
+def left_behind(value: Any) -> str | None:
+    """What ``value`` is when it stays on rank 0 unless asked for (``"a generator"``, ``"an
+    iterator"``: a DataLoader's iterator, ``zip(...)``; a copy of a loop's position is no use
+    to the notebook, and most cannot be pickled), else None."""
+    if isinstance(value, types.GeneratorType):
+        return "a generator"
+    if isinstance(value, Iterator):
+        return "an iterator"
+    return None
 
 
 def pack_names(names: dict[str, Any]) -> PulledNames:

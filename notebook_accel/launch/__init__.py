@@ -50,6 +50,8 @@ _EXPORTS = {
     "launch_in_force": "notebook_accel.launch.in_force",
     "fork_unsafe_reason": "notebook_accel.launch.start_method",
     "deferred_interrupts": "notebook_accel.launch.interrupts",
+    "LaunchInterrupted": "notebook_accel.launch.interrupts",
+    "name_cells": "notebook_accel.launch.worker.debugger",
     "worker_scope": "notebook_accel.launch.worker.namespace",
     "start_local_cluster": "notebook_accel.launch.cluster.local_cluster",
 }

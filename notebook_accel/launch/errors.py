@@ -96,7 +96,8 @@ class WorkerError(RuntimeError):
         if self.other_failures:
             lines += ["", "Other ranks:",
                       *(f"  {line}" for line in other_ranks_lines(self.other_failures))]
-        return lines
+        notes = getattr(self, "__notes__", ())  # what a front end adds (add_note): its next step
+        return lines + (["", *notes] if notes else [])
 
 
 def _rebuild(message, rank, exitcode, remote_traceback, other_failures, failure=None):

@@ -230,7 +230,7 @@ def option_source(option: str, request: LaunchRequest,
 
 
 def announce_start(count: int, method: str, output: str) -> None:
-    """Say ``starting 2 workers (fork)...`` (on stderr, as the text view) when the start will take
+    """Say ``starting 2 workers (fork)...`` (on stdout, as the text view) when the start will take
     seconds that would otherwise pass in silence; a quick start, or ``output="none"``, says nothing.
 
     Slow starts: spawn (every worker imports torch); a forkserver not started yet (it imports

@@ -281,8 +281,8 @@ class WorkerPool:
         rank = self._failed_rank if rank is None else rank
         if rank is None:
             raise hide_our_frames(RuntimeError(
-                "no failed run to debug: the pool's latest run did not fail, or its workers "
-                "were replaced since (their state, the failure's frames included, is gone)"))
+                "no failed run to debug: no run on the pool's current workers has failed (a "
+                "failure's frames go with the workers that held them)"))
         self.run_on(rank, post_mortem)
 
     def stacks(self, timeout: float = 1.0) -> str:

@@ -101,6 +101,12 @@ class LaunchRequest(Mapping[str, Any]):
         kept = {k: v for k, v in {**self._values, **values}.items() if v is not None}
         return LaunchRequest(kept, {k: v for k, v in self._sources.items() if k not in values})
 
+    def updated(self, other: LaunchRequest) -> LaunchRequest:
+        """A copy with ``other``'s options over these, each keeping where it came from (a pool
+        started with ``-n 2`` and restarted with ``--hang-after 5``: both, as flags)."""
+        sources = {k: v for k, v in self._sources.items() if k not in other._values}
+        return LaunchRequest({**self._values, **other._values}, {**sources, **other._sources})
+
     @classmethod
     def from_keywords(cls, door: str, options: Mapping[str, Any]) -> LaunchRequest:
         """``door``'s keyword arguments, checked (a None is "not given", except where it is a

@@ -15,7 +15,6 @@ before the cut existed.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -126,7 +125,7 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
         if not said and time.monotonic() - started >= SAY_AFTER:
             print("[notebook_accel] stopping after the current step (every rank runs on to the "
                   "same point of your code); press stop again to stop now",
-                  file=sys.stderr, flush=True)
+                  flush=True)  # information: stdout (stderr is for warnings and errors)
             said = True
         running = [w for w in asked if not w.finished]
         if time.monotonic() - started >= stop_wait:

@@ -539,9 +539,9 @@ class Supervisor:
             where = "" if self.stopped_at_once else " at the same point"
             return (f"interrupted the run on {len(self.workers)} ranks{where}{at_once}; "
                     "the pool keeps its state")
-        return (f"interrupted the run{at_once}; {ranks_text(killed)} did not stop within "
-                f"{INTERRUPT_GRACE:g} s (blocked in C++ code, e.g. a collective), so we ended "
-                f"{'it' if len(killed) == 1 else 'them'}")
+        # why they had to be ended, the pool says once, as it replaces its workers
+        return (f"interrupted the run{at_once}; {ranks_text(killed)} had to be ended, so the "
+                "pool's workers were replaced (said above)")
 
     def _stop(self) -> None:
         """Stop every worker still running (marked stopped), relaying their output meanwhile."""

@@ -139,7 +139,7 @@ def test_the_stop_button_inside_a_collective_then_the_cells_after_it(tmp_path):
             build_count, out = _run(page, "build")
             line = next((line for line in out.splitlines() if "back from rank 0" in line), out)
             assert "back from rank 0: accelerator, model, opt, loader" in line, line
-            assert "rank 0's own, never sent back" in line, line
+            assert "rank 0's, to look at here; never sent to the workers" in line, line
 
             # 3. rank 0 waits in an all_reduce rank 1 never joins: press stop
             cell, before = _start(page, "stuck")

@@ -85,7 +85,7 @@ def test_step_1_a_training_cell_says_what_came_back_from_rank_0(k):
     line = next(line for line in out.splitlines() if "back from rank 0" in line)
     assert "accelerator, model, opt, loader" in line, line
     assert "copies: the live objects stay on the workers" in line
-    assert "accelerator, opt, loader: rank 0's own, never sent back" in line
+    assert "accelerator, opt, loader: rank 0's, to look at here; never sent to the workers" in line
     assert "torch" not in line.split("back from rank 0: ")[1].split(" (")[0]  # modules unnamed
     first = k.ok(TRAIN).stdout
     assert "[rank 0] rank 0 main: True" in first and "[rank 1] rank 1 main: False" in first
@@ -98,8 +98,8 @@ def test_step_2_the_stop_button_inside_a_collective_replaces_the_workers_and_say
     # rank is stopped at once, and rank 0, inside the all_reduce, is ended
     assert result.error["evalue"] == (
         "interrupted the run (ranks 0, 1 did not reach the common stopping point within 5 s (stop_wait), so "
-        "every rank was stopped at once); rank 0 did not stop within 1.5 s (blocked in C++ "
-        "code, e.g. a collective), so we ended it")
+        "every rank was stopped at once); rank 0 had to be ended, so the pool's workers were "
+        "replaced (said above)")
     said = result.stderr
     # what we did comes first, in our words; no SIGKILL reported as if it came from outside
     assert ("the pool's workers were replaced (rank 0 did not stop within 1.5 s of the "

@@ -44,6 +44,8 @@ def reduce_is_right(k):
 
 def test_a_post_mortem_on_the_failing_rank(k):
     pids = [p.pid for p in worker_processes()]
+    nothing = k.run("%accelerate debug")
+    assert "UsageError: nothing to debug: no cell on the pool has failed" in nothing.stderr
     failed = k.run("""%%accelerate
 import torch, torch.distributed as dist
 def inner(a):
@@ -56,11 +58,17 @@ def outer():
 outer()
 """)
     assert "rank 1 failed: ValueError: boom on rank 1" in failed.error["evalue"]
+    assert failed.error["traceback"][-1] == (  # the next step, said where the failure is
+        "%accelerate debug opens pdb on rank 1, at the frame that raised (p NAME, up, l, q)")
     typing = answers("p local_value", "up", "p caller_value", "q")
     result = k.collect(k.execute("%accelerate debug"), timeout=30, on_input=typing)
     assert result.error is None, result.traceback
     assert [prompt for prompt, _ in typing.prompts] == ["(Pdb rank 1) "] * 4
     assert "[rank 1] 1010" in result.stdout and "[rank 1] 101\n" in result.stdout
+    # where pdb stands reads as in a traceback, not as the kernel's temporary file
+    assert "[rank 1] > Cell In[" in result.stdout and ", line 5, in inner()" in result.stdout
+    assert ", line 9, in outer()" in result.stdout, result.stdout  # after `up`
+    assert "ipykernel_" not in result.stdout, result.stdout
     assert "[rank 0]" not in result.stdout  # rank 0 was not disturbed
     both = k.ok("%%accelerate\nprint('alive', callable(outer))")
     assert "[rank 0] alive True" in both.stdout and "[rank 1] alive True" in both.stdout
@@ -167,6 +175,11 @@ def test_a_cell_on_rank_one_only(k):
     assert "entered a collective of the whole process group (all_reduce" in lone.error["evalue"]
     assert "rank 0 never joins" in lone.error["evalue"]
     assert "the pool's workers were replaced" in lone.stderr  # its group is never reused
+    assert "%accelerate debug" not in lone.traceback  # its frames went with the workers
+    gone = k.run("%accelerate debug")
+    assert ("UsageError: rank 1's failure in cell [" in gone.stderr
+            and "cannot be debugged any more: the pool's workers were replaced since"
+            in gone.stderr), gone.stderr
     reduce_is_right(k)
 
 

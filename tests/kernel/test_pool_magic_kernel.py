@@ -114,3 +114,78 @@ def test_restart_and_stop(k):
     assert k.run("%%accelerate\nsteps += 1").error is None  # the notebook's steps shipped again
     assert "pool stopped" in k.ok("%accelerate stop").stdout
     assert not wait_no_workers(timeout=5)
+
+
+def test_restart_with_launch_flags_applies_them_and_other_commands_refuse_flags_by_name(k):
+    k.ok("%accelerate start -n 2 --stop-wait 3")
+    k.ok("%%accelerate\nsteps = 1")
+    out = k.ok("%accelerate restart -n 3 --hang-after 7").stdout
+    assert "pool restarted with new --num-processes, --hang-after: 3 ranks on cpu" in out, out
+    assert "names dropped: steps" in out
+    plan = "__import__('magics.pool').pool.current().plan"
+    assert k.value(f"({plan}.world_size, {plan}.hang_after, {plan}.stop_wait)") == (3, 7.0, 3.0)
+    ranks = k.ok("%%accelerate\nimport torch.distributed as dist\nprint('world', dist.get_world_size())")
+    assert ranks.stdout.count("world 3") == 3, ranks.stdout
+    bad = k.run("%accelerate restart --mixed-precision fp17")  # refused while the pool is up
+    assert "UsageError" in bad.stderr and "fp17" in bad.stderr
+    assert k.value(f"{plan}.world_size") == 3
+    for line, flag in (("status -n 2", "--num-processes"), ("stacks --hang-after 1", "--hang-after"),
+                       ("stop --fresh", "--fresh"), ("env -n 2", "--num-processes")):
+        refused = k.run(f"%accelerate {line}")
+        assert f"UsageError: %accelerate {line.split()[0]} does not use {flag}" in refused.stderr, \
+            refused.stderr
+    gone = k.run("%accelerate restart --device cuda")  # refused only by the plan: said so
+    assert "the pool was stopped to restart it, so none is up now" in gone.stderr, gone.stderr
+    assert "no pool is up" in k.ok("%accelerate status").stdout
+    assert not wait_no_workers(timeout=5)
+
+
+def test_underscore_names_and_iterators_stay_on_rank_0_without_a_word(k):
+    k.ok("_ = 'the notebook s own'")  # as IPython's last value would be
+    result = k.ok("""%%accelerate -n 2
+for _ in range(3):
+    pass
+_private = 1
+it = iter(range(3))
+numbers = (i for i in range(3))
+kept = 5
+""")
+    assert "not brought back" not in result.stdout + result.stderr, result.stderr
+    assert "back from rank 0: kept" in result.stdout
+    assert k.value("(_, 'it' in dir(), 'numbers' in dir(), '_private' in dir(), kept)") == (
+        "the notebook s own", False, False, False, 5)
+    status = k.ok("%accelerate status").stdout
+    assert ("left on rank 0, not brought back: _ (an underscore name, cell [") in status, status
+    for said in ("_private (an underscore name", "it (an iterator", "numbers (a generator"):
+        assert said in status, status
+    asked = k.run("%%accelerate -n 2 --pull numbers\nnumbers = (i for i in range(3))")
+    assert "not brought back from rank 0: numbers (TypeError: cannot pickle 'generator'" in \
+        asked.stderr, asked.stderr  # named with --pull: tried, and what failed is said
+
+
+def test_a_stopped_cell_says_which_names_it_did_not_bring_back(k):
+    k.ok("%accelerate start -n 2")
+    k.ok("%%accelerate\nstep = 200")
+    msg_id = k.execute("""%%accelerate
+import time
+for step in range(200, 100000):
+    if step == 280:
+        print("at 280", flush=True)
+    time.sleep(0.01)
+""")
+
+    def on_output(result):
+        if result.stdout.count("at 280") == 2 and not on_output.pressed:
+            on_output.pressed = True
+            k.manager.interrupt_kernel()
+
+    on_output.pressed = False
+    result = k.collect(msg_id, timeout=60, on_output=on_output)
+    assert result.error is not None, result
+    assert result.error["traceback"] == [
+        "KeyboardInterrupt: interrupted the run on 2 ranks at the same point; the pool keeps its "
+        "state; not brought back to the notebook: step (the notebook's step is older than the "
+        "workers')"], result.error
+    assert k.value("step") == 200  # the notebook's own, as said
+    k.ok("%accelerate stop")
+    assert not wait_no_workers(timeout=5)

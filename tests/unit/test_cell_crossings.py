@@ -99,5 +99,5 @@ def test_the_summary_names_what_crossed_and_marks_snapshots_and_rank_bound_ones(
                              crossings.Crossing(), on_pool=True, ledger=ledger)
     assert line == ("[notebook_accel] sent from the notebook: model (rank 0's copy from cell [3]), "
                     "lr · back from rank 0: accelerator, steps (copies: the live objects stay on "
-                    "the workers; accelerator: rank 0's own, never sent back)")
+                    "the workers; accelerator: rank 0's, to look at here; never sent to the workers)")
     assert crossings.summary({}, {}, crossings.Crossing(), on_pool=False, ledger=ledger) is None

@@ -2,7 +2,8 @@
 
 A status line when ranks change state and every ~10 s while the job runs, and one
 summary line at the end; a job shorter than a second prints nothing. Lines go to
-stderr (prefixed ``[notebook_accel] ``), so the program's own stdout stays clean.
+stdout (prefixed ``[notebook_accel] ``): they are information, and stderr is for warnings and
+errors (a notebook paints stderr as one).
 A start that takes seconds (torch still to import) is said first, in a kernel too
 (:func:`starting_text`). The small formatters here are shared with the notebook's live view.
 """
@@ -69,8 +70,8 @@ def starting_text(count: int, method: str) -> str:
 
 
 def say(line: str, stream: TextIO | None = None) -> None:
-    """Write one line of the text view: prefixed, to ``stream`` (default: ``sys.stderr`` now)."""
-    stream = stream or sys.stderr
+    """Write one line of the text view: prefixed, to ``stream`` (default: ``sys.stdout`` now)."""
+    stream = stream or sys.stdout
     stream.write(PREFIX + line + "\n")
     stream.flush()
 
@@ -177,13 +178,13 @@ class TextView:
 
     Args:
         record: the launch to describe (the supervisor keeps it up to date).
-        stream: where lines go (default: ``sys.stderr`` at the time of writing).
+        stream: where lines go (default: ``sys.stdout`` at the time of writing).
         quiet_for: seconds before anything is printed (trivial jobs print nothing).
         every: seconds between status lines while nothing changes.
         clock: the monotonic clock (tests pass their own).
     """
 
-    holds_output = False  # its lines go to stderr, interleaved with the output
+    holds_output = False  # its lines go to stdout, interleaved with the output
 
     def __init__(
         self,

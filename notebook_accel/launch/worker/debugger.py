@@ -6,7 +6,9 @@ is asked of the kernel (:class:`~notebook_accel.wire.InputAsk`, after the output
 is flushed into the stdout pipe), which shows the prompt with ``input()`` (Jupyter's stdin
 channel in a kernel, the terminal elsewhere) and sends the line back on the commands
 channel (:class:`~notebook_accel.wire.InputLine`), where the worker's reader thread hands
-it to :func:`feed`. The prompt names the rank: ``(Pdb rank 1)``.
+it to :func:`feed`. The prompt names the rank: ``(Pdb rank 1)``. Where it stands reads as in
+a traceback: ``> Cell In[5], line 4, in inner()``, for the notebook cells the kernel named
+(:func:`name_cells`), not the kernel's temporary file.
 
 The stop button while a prompt waits raises KeyboardInterrupt out of pdb (pdb itself
 would only cancel the command), so the run ends as any interrupted run.
@@ -18,13 +20,14 @@ import os
 import pdb
 import queue
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
 from notebook_accel.wire import DebugEnd, InputAsk, InputLine
 
 _lines: queue.Queue[str | None] = queue.Queue()
+_cells: dict[str, int] = {}  # a notebook cell's file name -> its number (In [N])
 _send: Callable[[Any], None] | None = None  # sends a message on the control channel
 
 
@@ -35,6 +38,12 @@ def install(send: Callable[[Any], None]) -> None:
     _send = send
     if not os.environ.get("PYTHONBREAKPOINT"):
         sys.breakpointhook = _breakpoint
+
+
+def name_cells(numbers: Mapping[str, int]) -> None:
+    """The kernel's notebook cells (file name -> ``In [N]``), for the debugger to say
+    ``Cell In[N], line L`` where it stands, as tracebacks do."""
+    _cells.update(numbers)
 
 
 def feed(message: InputLine) -> None:
@@ -71,6 +80,17 @@ class RankPdb(_Pdb):
         super().__init__(stdin=_Lines(f"(Pdb rank {rank}) "), stdout=sys.stdout)
         self.prompt = ""  # the kernel shows the prompt (_Lines.prompt) in the input box
         self.use_rawinput = False
+
+    def format_stack_entry(self, frame_lineno: tuple[FrameType, int], lprefix: str = ": ") -> str:
+        """pdb's ``file(line)function()``, with a notebook cell's ``Cell In[N], line L, in``
+        for its file and line."""
+        text = super().format_stack_entry(frame_lineno, lprefix)
+        frame, line = frame_lineno
+        number = _cells.get(frame.f_code.co_filename)
+        if number is None:
+            return text
+        place = f"{self.canonic(frame.f_code.co_filename)}({line!r})"
+        return text.replace(place, f"Cell In[{number}], line {line}, in ", 1)
 
     def _cmdloop(self) -> None:
         self.allow_kbdint = True
