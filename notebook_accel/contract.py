@@ -140,6 +140,8 @@ class LaunchOption:
             return f"{word} >= {self.low}"
         if self.positive:
             return "a positive number of seconds"
+        if self.kind is bool:
+            return "true or false"
         if self.valid_text:
             return self.valid_text
         return "a non-empty string" if self.kind is str else f"a {self.kind.__name__}"
@@ -180,7 +182,7 @@ class LaunchOption:
         if self.digits and isinstance(value, str) and value.strip().isdigit():
             value = int(value)
         if self.kind is bool:
-            return bool(value)
+            return _truth(value, name)
         if self.choices:
             if isinstance(value, str) and value.lower() in self.choices:
                 return value.lower()
@@ -308,6 +310,17 @@ _OPTIONS = (
          magic_flag="--heal", switch=True),
 )
 OPTIONS: dict[str, LaunchOption] = {option.name: option for option in _OPTIONS}
+_TRUTH = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}
+
+
+def _truth(value: Any, name: str) -> bool:
+    """A switch's value: a bool, 0 or 1, or its words in an environment variable (``"false"``)."""
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUTH:
+        return _TRUTH[value.strip().lower()]
+    raise _BadValue(must_be(name, value, "true or false"))
 # Views of the table as it was imported (the kernel's code reads OPTIONS itself, so that a row
 # added at run time, as tests do, is seen everywhere).
 ENV_OPTIONS = {o.name: o.env for o in _OPTIONS if o.env}  # option -> NOTEBOOK_ACCEL_* variable

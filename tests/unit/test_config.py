@@ -284,7 +284,8 @@ def test_precedence_explicit_over_env_over_file(monkeypatch):
     opts = resolve_launch_options({}, cfg)
     assert opts == {"num_processes": 4, "mixed_precision": "fp16", "start_method": "spawn",
                     "use_port": 29999, "master_addr": "10.1.1.1", "num_nodes": 2, "node_rank": 1,
-                    "device": "cuda", "gpu_ids": "0,1", "cluster": None, "dynamo_backend": None}
+                    "device": "cuda", "gpu_ids": "0,1", "cluster": None, "dynamo_backend": None,
+                    "heal": None}
     monkeypatch.setenv("NOTEBOOK_ACCEL_NUM_PROCESSES", "3")
     monkeypatch.setenv("NOTEBOOK_ACCEL_MIXED_PRECISION", "BF16")
     monkeypatch.setenv("NOTEBOOK_ACCEL_START_METHOD", "fork")
@@ -299,7 +300,19 @@ def test_precedence_explicit_over_env_over_file(monkeypatch):
 
 def test_unset_stays_none_without_a_file():
     opts = resolve_launch_options({"num_nodes": None}, None)
-    assert set(opts.values()) == {None} and len(opts) == 11
+    assert set(opts.values()) == {None} and len(opts) == 12
+
+
+def test_heal_from_the_file_and_the_environment(tmp_path, monkeypatch):
+    """The pool's heal rule is a contract row: the config file's own key, the environment."""
+    path = tmp_path / "c.yaml"
+    path.write_text("heal: false\n")
+    assert resolve_launch_options({}, load_config(path))["heal"] is False
+    monkeypatch.setenv("NOTEBOOK_ACCEL_HEAL", "true")
+    assert resolve_launch_options({}, load_config(path))["heal"] is True
+    path.write_text("heal: sometimes\n")
+    with pytest.raises(ValueError, match="heal"):
+        load_config(path)
 
 
 def test_precedence_errors(monkeypatch):
@@ -331,3 +344,14 @@ def test_saved_file_is_readable_by_the_peer(tmp_path):
     peer = config_args.load_config_from_file(str(path))
     assert (peer.num_processes, peer.mixed_precision, peer.use_cpu) == (2, "bf16", True)
     assert peer.distributed_type == "MULTI_GPU"  # its MULTI_CPU would start one process
+
+
+def test_a_switch_takes_true_or_false_only():
+    """A bool option never reads a word it does not know as true (``return_all="sometimes"``)."""
+    from notebook_accel.contract import OPTIONS
+
+    assert OPTIONS["heal"].check("False", "environment variable NOTEBOOK_ACCEL_HEAL") is False
+    assert OPTIONS["return_all"].check(True) is True
+    assert OPTIONS["return_all"].check("no") is False
+    with pytest.raises(ValueError, match="return_all='sometimes'.*true or false"):
+        OPTIONS["return_all"].check("sometimes")
