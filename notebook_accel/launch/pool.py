@@ -35,7 +35,7 @@ from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.stack_groups import stacks_text
 from notebook_accel.launch.supervisor import INTERRUPT_GRACE
 from notebook_accel.launch.tracebacks import hide_our_frames
-from notebook_accel.launch.views.text import ranks_text
+from notebook_accel.launch.views.text import ranks_text, say
 from notebook_accel.launch.worker.debugger import post_mortem
 from notebook_accel.launch.worker.serve import join_process_group
 from notebook_accel.launch.worker_stacks import ask_stacks
@@ -436,9 +436,10 @@ class WorkerPool:
 def _say(recovery: str | None) -> None:
     """What a recovery did, in the cell: a heal as information, a replacement (state lost) as
     a warning."""
-    if recovery:
-        lost = recovery.startswith(_REPLACED)
-        print(f"[notebook_accel] {recovery}", file=sys.stderr if lost else sys.stdout, flush=True)
+    if recovery and recovery.startswith(_REPLACED):
+        print(f"[notebook_accel] {recovery}", file=sys.stderr, flush=True)
+    elif recovery:
+        say(recovery)
 
 
 def _lost(reports: tuple[RunDone, ...]) -> tuple[str, ...]:

@@ -53,7 +53,8 @@ def heal_in_place(workers: PoolWorkers, plan: LaunchPlan, dead: tuple[int, ...],
     """
     started = time.monotonic()
     port = workers.replace(dead)
-    quiet = dataclasses.replace(plan, output="none", hang_after=None, timeout=HEAL_TIMEOUT)
+    quiet = dataclasses.replace(plan, output="none", hang_after=None, timeout=HEAL_TIMEOUT,
+                                return_all=False)
     report: HealReport = launch_once(PoolBackend(workers), quiet,
                                      serialise_payload(heal, (port, dead), {}), remembered=False)
     return describe(report, dead, dead_names, time.monotonic() - started, same_cut)
@@ -64,12 +65,16 @@ def describe(report: HealReport, dead: tuple[int, ...], dead_names: tuple[str, .
     """The heal in a few lines: who was replaced, then what was restored, rebuilt and lost."""
     who = ranks_text(dead)
     were = "was" if len(dead) == 1 else "were"
-    cut = ("the other ranks had stopped together, at the same collective" if same_cut else
-           "the other ranks had stopped at different points; only what they held alike was copied")
-    lines = [f"The pool healed: {who} {were} replaced in {seconds:.1f} s ({cut})."]
+    cut = ("" if report.survivors == 1 else
+           " (the other ranks had stopped together, at the same collective)" if same_cut else
+           " (the other ranks had stopped at different points; only what they held alike was copied)")
+    lines = [f"The pool healed: {who} {were} replaced in {seconds:.1f} s{cut}."]
     restored = list(report.restored) + (["random states"] if report.random_states else [])
+    alone = (f" (the only rank left, so each name counts as the same on every rank: one that "
+             f"held each rank's own part now holds rank {report.source}'s)"
+             if report.survivors == 1 else "")
     if restored:
-        lines.append(f"  restored from rank {report.source}: {_listed(restored)}")
+        lines.append(f"  restored from rank {report.source}{alone}: {_listed(restored)}")
     if report.rebuilt:
         lines.append(f"  rebuilt for the new group: {_listed(report.rebuilt)}")
     copied = set(report.restored) | set(report.rebuilt)
@@ -81,7 +86,8 @@ def describe(report: HealReport, dead: tuple[int, ...], dead_names: tuple[str, .
         why = [f"{name} ({reason})" for name, reason in report.uncopyable.items()]
         lines.append(f"  not copied to {who} (cannot be copied): {_listed(why)}")
     if not report.random_states:
-        lines.append(f"  {who} starts from fresh random states (the other ranks' differed)")
+        why = "rank {report.source}'s alone cannot say" if report.survivors == 1 else "the other ranks' differed"
+        lines.append(f"  {who} starts from fresh random states ({why.format(report=report)})")
     lines.append("Run the cell again to go on.")
     return "\n".join(lines)
 

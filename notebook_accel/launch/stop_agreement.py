@@ -21,7 +21,7 @@ from typing import Any
 
 from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.interrupts import take_interrupt
-from notebook_accel.launch.views.text import ranks_text
+from notebook_accel.launch.views.text import ranks_text, say
 from notebook_accel.wire import StopAsk, StopAt, StopCount
 
 ASK_WAIT = 1.0  # seconds every rank has to answer (its reader thread answers in milliseconds)
@@ -123,9 +123,8 @@ def agree_and_stop(workers: Sequence[Any], poll: Callable[[float], None],
         if why != "timeout":
             return why
         if not said and time.monotonic() - started >= SAY_AFTER:
-            print("[notebook_accel] stopping after the current step (every rank runs on to the "
-                  "same point of your code); press stop again to stop now",
-                  flush=True)  # information: stdout (stderr is for warnings and errors)
+            say("stopping after the current step (every rank runs on to the same point of "
+                "your code); press stop again to stop now")
             said = True
         running = [w for w in asked if not w.finished]
         if time.monotonic() - started >= stop_wait:

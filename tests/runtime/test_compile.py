@@ -32,7 +32,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> dict:
     import sys
 
     lines = io.StringIO()
-    capture.setattr(sys, "stdout", _Tee(sys.stdout, lines))  # the text view writes to sys.stdout
+    capture.setattr(sys, "stderr", _Tee(sys.stderr, lines))  # a script's text view writes to sys.stderr
     try:
         results = notebook_launcher(compile_checks.run, args=(str(out),), config_file=config, return_all=True)
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import time
+    import sys, time
     from notebook_accel import notebook_launcher
 
     def train():
@@ -25,9 +25,9 @@ SCRIPT = textwrap.dedent("""
         return 1
 
     notebook_launcher(train, num_processes=2)
-    print("=== trivial", flush=True)
+    print("=== trivial", file=sys.stderr, flush=True)
     notebook_launcher(lambda: 2, num_processes=2)
-    print("=== end", flush=True)
+    print("=== end", file=sys.stderr, flush=True)
 """)
 
 
@@ -40,10 +40,10 @@ def test_a_script_gets_status_lines_and_a_summary_and_nothing_for_a_trivial_job(
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    first, _, rest = done.stdout.partition("=== trivial")
+    first, _, rest = done.stderr.partition("=== trivial")
     trivial, _, _ = rest.partition("=== end")
     lines = [line for line in first.splitlines() if line.startswith("[notebook_accel] ")]
-    assert lines, done.stdout
+    assert lines, done.stderr
     assert lines[0] == "[notebook_accel] starting 2 workers (fork)..."  # cold: said first
     assert any(": 2 running" in line and "loss 0.5 @ step" in line for line in lines), lines
     assert any("1 running, 1 finished" in line for line in lines), lines
@@ -51,4 +51,4 @@ def test_a_script_gets_status_lines_and_a_summary_and_nothing_for_a_trivial_job(
     assert "| fresh workers (fork) |" in lines[-1]
     assert "<" not in first  # plain text, no HTML
     assert "[notebook_accel]" not in trivial
-    assert "[notebook_accel]" not in done.stderr  # information: stdout; stderr is for warnings
+    assert "finished in" not in done.stdout  # status lines stay off stdout

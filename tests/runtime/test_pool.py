@@ -155,9 +155,10 @@ def test_bad_options_are_refused_before_anything_starts(options, error, match):
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
-def test_a_pool_whose_workers_died_while_idle_is_replaced_at_the_next_run(capfd):
-    """One rule for workers that died, idle or mid-run: replaced, and what was lost said."""
-    with WorkerPool(num_processes=2) as pool:
+def test_a_pool_without_heal_whose_workers_died_while_idle_is_replaced_at_the_next_run(capfd):
+    """heal=False keeps the one rule for workers that died, idle or mid-run: every worker
+    replaced, and what was lost said (a heal: tests/runtime/test_pool_heal.py)."""
+    with WorkerPool(num_processes=2, heal=False) as pool:
         pool.run(CELLS["load"], 2)
         victim = pool.status()[1].pid
         os.kill(victim, signal.SIGKILL)

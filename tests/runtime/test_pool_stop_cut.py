@@ -87,7 +87,7 @@ def test_a_rank_sleeping_in_python_before_a_collective_is_waited_for(pool, capfd
         pool.run(CELLS["late_sleeper"], 1.0)
     timer.join()
     assert time.monotonic() - start < 1.5 + 2 * 1.0 + 0.5  # its sleep, one more round, a margin
-    said = capfd.readouterr().out
+    said = capfd.readouterr().err  # a script's information: stderr (a kernel's: stdout)
     assert "stopping after the current step (every rank runs on to the same point of your code)" in said
     assert not re.search(r"collective \d", said)  # no internal counters
     assert pool.run(CELLS["pid"]) == pids

@@ -399,20 +399,20 @@ def test_a_launch_says_it_starts_workers_only_when_the_start_takes_seconds(monke
     said = "[notebook_accel] starting 2 workers (fork)...\n"
     monkeypatch.delitem(sys.modules, "notebook_accel.launch.warm", raising=False)
     announce_start(2, "fork", "all")  # torch and the workers' modules still to import
-    assert capsys.readouterr() == (said, "")  # information: stdout, never stderr
+    assert capsys.readouterr() == ("", said)  # a script's stdout is its own (a kernel's: test_cold_start_kernel)
     announce_start(2, "fork", "none")  # the launch shows nothing
     monkeypatch.setitem(sys.modules, "notebook_accel.launch.warm", sys)
     announce_start(2, "fork", "main")  # forked workers start warm: a moment
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().err == ""
     announce_start(1, "spawn", "all")  # every spawned worker imports torch
-    assert capsys.readouterr().out == "[notebook_accel] starting 1 worker (spawn)...\n"
+    assert capsys.readouterr().err == "[notebook_accel] starting 1 worker (spawn)...\n"
     from multiprocessing import forkserver
 
     monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", None)
     announce_start(2, "forkserver", "all")  # the forkserver imports torch before it forks
     monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", 12345)
     announce_start(2, "forkserver", "all")  # it runs, warm
-    assert capsys.readouterr().out == "[notebook_accel] starting 2 workers (forkserver)...\n"
+    assert capsys.readouterr().err == "[notebook_accel] starting 2 workers (forkserver)...\n"
 
 
 class _FailedRank(WorkerHandle):

@@ -70,8 +70,12 @@ def starting_text(count: int, method: str) -> str:
 
 
 def say(line: str, stream: TextIO | None = None) -> None:
-    """Write one line of the text view: prefixed, to ``stream`` (default: ``sys.stdout`` now)."""
-    stream = stream or sys.stdout
+    """Write one line of the text view: prefixed, to ``stream``. Default: ``sys.stdout`` in a
+    kernel (information, not a warning JupyterLab paints red), ``sys.stderr`` in a script
+    (whose stdout is its own output, as pip's and tqdm's progress keep out of it)."""
+    from notebook_accel.launch.views import in_kernel
+
+    stream = stream or (sys.stdout if in_kernel() else sys.stderr)
     stream.write(PREFIX + line + "\n")
     stream.flush()
 

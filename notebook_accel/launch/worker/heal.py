@@ -34,7 +34,8 @@ class HealReport:
 
     Attributes:
         source: the surviving rank the new ranks copied from.
-        restored: names copied from it (plain values, tensors, modules' weights...).
+        restored: names holding state copied from it (plain values, tensors, models...; modules
+            and imported code are copied too, unnamed).
         rebuilt: names holding rank-bound objects (an Accelerator, a prepared model, optimizer
             or loader) copied and built anew for the new group.
         differing: names the survivors hold with different values (each rank its own): the new
@@ -42,9 +43,11 @@ class HealReport:
         uncopyable: name -> why it cannot be copied (a generator, an FSDP shard...).
         random_states: the survivors' random states were alike and were copied.
         wrappers: DDP wrappers built anew on each rank.
+        survivors: how many ranks lived (with one, every name it holds counts as alike).
     """
 
     source: int
+    survivors: int
     restored: tuple[str, ...]
     rebuilt: tuple[str, ...]
     differing: tuple[str, ...]
@@ -65,7 +68,7 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
     new = rank in fresh
     mine = {} if new else _fingerprints(place)
     every: list[Any] = [None] * world
-    dist.all_gather_object(every, (rank, mine, namespace.copies()))
+    dist.all_gather_object(every, (rank, mine, namespace.copies(), namespace.imported()))
     survivors = [r for r in range(world) if r not in fresh]
     source = survivors[0]
     alike, differing, uncopyable = _compare([every[r][1] for r in survivors])
@@ -73,7 +76,9 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
     if mixed:  # every rank sees the same and refuses alike
         raise HealRefused(f"the surviving ranks hold different {', '.join(mixed)} (they stopped "
                           "at different steps): no copy of them can be trusted")
-    random_alike = _RANDOM in alike
+    # one survivor tells nothing about whether its generators match the others' (Python's own
+    # are seeded anew in every forked process): a new rank then starts from fresh ones
+    random_alike = _RANDOM in alike and len(survivors) > 1
     names = [name for name in alike if name != _RANDOM]
     # the copy goes over a group of its own, so that the default group's collective count
     # stays the same on every rank (the pool compares them after each run)
@@ -99,7 +104,8 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
                            "their copies do not match")
     built = replicas.rebuild_ddps(wrappers, place)
     rebuilt = tuple(n for n in names if every[source][1][n][1])
-    return HealReport(source=source, restored=tuple(n for n in names if n not in rebuilt),
+    code = set(every[source][3])  # modules and imported code: copied, not worth a word
+    return HealReport(source=source, survivors=len(survivors), restored=tuple(n for n in names if n not in rebuilt and n not in code),
                       rebuilt=rebuilt, differing=differing, uncopyable=uncopyable,
                       random_states=random_alike, wrappers=built)
 
