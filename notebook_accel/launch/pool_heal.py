@@ -81,7 +81,7 @@ def describe(report: HealReport, dead: tuple[int, ...], dead_names: tuple[str, .
     own = [n for n in dict.fromkeys([*report.differing, *(n for n in dead_names if n not in copied
                                                             and n not in report.uncopyable)])]
     if own:
-        lines.append(f"  lost (each rank held its own value; {who}'s {were} gone): {_listed(own)}")
+        lines.append(f"  lost with {who} (each rank held its own value): {_listed(own)}")
     if report.uncopyable:
         why = [f"{name} ({reason})" for name, reason in report.uncopyable.items()]
         lines.append(f"  not copied to {who} (cannot be copied): {_listed(why)}")

@@ -1,0 +1,109 @@
+"""A rank's death costs only that rank: a notebook's warm pool heals in place (a real kernel).
+
+A 3-rank DDP pool trains in a ``%%accelerate`` cell; rank 1 is SIGKILLed at a random moment of
+it. The cell names rank 1 and what was restored, rebuilt and lost; the same cell, run again
+unchanged, finishes; the final weights equal an uninterrupted run's exactly, on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import time
+
+import pytest
+
+from tests.kernel_harness import Kernel
+
+pytestmark = pytest.mark.slow
+SHARED_WORKERS = True  # the kernel's pool outlives each test: conftest checks for leaks per module
+
+SETUP = """%%accelerate
+import os, time, torch
+from notebook_accel import Accelerator
+acc = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # momentum: optimizer state
+sched = torch.optim.lr_scheduler.StepLR(opt, 10, 0.5)
+model, opt, sched = acc.prepare(model, opt, sched)
+step, history = 0, []
+mine = [acc.process_index]  # each rank its own: what only the dead rank held is lost
+"""
+
+TRAIN = """%%accelerate
+for step in range(step, 120):
+    g = torch.Generator().manual_seed(step * 10 + acc.process_index)
+    x = torch.randn(8, 16, generator=g)
+    opt.zero_grad()
+    loss = model(x).pow(2).mean()
+    acc.backward(loss)
+    opt.step()
+    sched.step()
+    history.append(step)
+    time.sleep(0.01)
+step = 120
+"""
+
+LOOK = """%%accelerate
+import torch.distributed as dist
+ones = torch.ones(1)
+dist.all_reduce(ones)
+flat = torch.cat([p.detach().flatten() for p in acc.unwrap_model(model).parameters()])
+every = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+dist.all_gather(every, flat)
+looked = (ones.item(), all(torch.equal(every[0], other) for other in every), step, len(history))
+final = flat
+"""
+
+
+@pytest.fixture(scope="module")
+def k():
+    kernel = Kernel()
+    kernel.ok("%load_ext notebook_accel")
+    yield kernel
+    kernel.shutdown()
+
+
+def _pid_of(k: Kernel, rank: int) -> int:
+    return int(re.search(rf"rank {rank}: pid (\d+)", k.ok("%accelerate status").stdout).group(1))
+
+
+def test_uninterrupted_reference(k):
+    k.ok("%accelerate start -n 3")
+    k.ok(SETUP)
+    k.ok(TRAIN)
+    k.ok(LOOK)
+    assert k.value("looked") == (3.0, True, 120, 120)
+    k.ok("reference = final.clone()")
+    k.ok("%accelerate stop")
+
+
+def test_a_killed_rank_is_replaced_alone_and_the_same_cell_goes_on_bit_for_bit(k):
+    k.ok("%accelerate start -n 3")
+    k.ok(SETUP)
+    pids = [_pid_of(k, rank) for rank in range(3)]
+    delay = random.Random(os.getpid()).uniform(0.4, 1.2)  # a random step of the 120
+    msg = k.execute(TRAIN)
+    time.sleep(delay)
+    os.kill(pids[1], signal.SIGKILL)
+    failed = k.collect(msg)
+    assert failed.error is not None, failed
+    said = failed.error["evalue"]
+    assert said.startswith("rank 1 was killed by SIGKILL\nThe pool healed: rank 1 was replaced in "), said
+    assert "  restored from rank 0: history, step\n" in said, said
+    assert "  rebuilt for the new group: acc, model, opt, sched\n" in said, said
+    lost = next(line for line in said.splitlines() if line.startswith("  lost with rank 1 (each rank "
+                                                                     "held its own value): "))
+    assert set(lost.split(": ")[1].split(", ")) == {"mine", "g", "x", "loss"}, said  # per-rank data
+    assert "Run the cell again to go on." in said
+    assert "Run the cell again to go on." in "\n".join(failed.error["traceback"])  # as shown
+    assert [_pid_of(k, rank) for rank in range(3)][::2] == pids[::2]  # the others kept theirs
+    assert _pid_of(k, 1) != pids[1]
+    k.ok(TRAIN)  # the same cell, unchanged: goes on from where every rank stopped
+    k.ok(LOOK)
+    assert k.value("looked") == (3.0, True, 120, 120)  # all_reduce of ones, replicas equal
+    assert k.value("float((final - reference).abs().max())") == 0.0
+    k.ok("%accelerate stop")
