@@ -411,7 +411,8 @@ class WorkerPool:
                 return self._replace(f"{reason}; the heal failed: {headline}",
                                      _lost(known) if known else self.lost)
             except KeyboardInterrupt:
-                self._replace(f"{reason}; the heal was interrupted", _lost(known) if known else self.lost)
+                _say(self._replace(f"{reason}; the heal was interrupted",
+                                   _lost(known) if known else self.lost))
                 raise
             self._healed = dead
             self._reports = tuple(h.last_report for h in workers.handles)

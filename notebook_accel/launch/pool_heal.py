@@ -53,8 +53,10 @@ def heal_in_place(workers: PoolWorkers, plan: LaunchPlan, dead: tuple[int, ...],
     """
     started = time.monotonic()
     port = workers.replace(dead)
+    # the heal's own run: silent, never remembered as the user's, stopped at once when the
+    # stop button is pressed (it has no cut of the user's to wait for)
     quiet = dataclasses.replace(plan, output="none", hang_after=None, timeout=HEAL_TIMEOUT,
-                                return_all=False)
+                                return_all=False, stop_wait=0.1)
     report: HealReport = launch_once(PoolBackend(workers), quiet,
                                      serialise_payload(heal, (port, dead), {}), remembered=False)
     return describe(report, dead, dead_names, time.monotonic() - started, same_cut)

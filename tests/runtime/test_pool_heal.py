@@ -1,0 +1,223 @@
+"""The warm pool's heal in place, case by case (real worker processes, real gloo collectives):
+which rank dies, how many, when (mid-run, idle, during the heal, again), and what is said."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from notebook_accel import WorkerError, WorkerPool
+from tests.runtime.test_pool import notebook
+
+pytestmark = pytest.mark.slow
+
+CELLS = notebook("""
+    import os, time
+
+    def setup():
+        global acc, model, opt, step, mine
+        import torch
+        from notebook_accel import Accelerator
+        acc = Accelerator()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = acc.prepare(model, opt)
+        step = 0
+        mine = acc.process_index
+
+    def train(until, pause=0.01):
+        global step
+        import torch
+        while step < until:
+            x = torch.randn(2, 4, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            acc.backward(model(x).pow(2).mean())
+            opt.step()
+            step += 1
+            time.sleep(pause)
+        return step
+
+    def look():
+        import torch
+        import torch.distributed as dist
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+        every = [torch.zeros_like(weights) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, weights)
+        return os.getpid(), t.item(), step, all(torch.equal(every[0], w) for w in every)
+
+    def die_on(ranks):
+        import torch.distributed as dist
+        if dist.get_rank() in ranks:
+            os._exit(3)
+        time.sleep(30)
+
+    def leave_a_trap():
+        global trap
+        class Trap:  # copying it to a new rank kills that rank: a death during the heal
+            def __reduce__(self):
+                return (os._exit, (4,))
+        trap = Trap()
+
+    def leave_a_slow_copy():
+        global slow
+        class Slow:  # copying it to a new rank takes 4 s
+            def __reduce__(self):
+                return (time.sleep, (4,))
+        slow = Slow()
+
+    def leave_a_generator():
+        global numbers
+        numbers = (n for n in range(3))
+
+    def read_mine():
+        return globals().get("mine")
+
+    def diverge():
+        import torch
+        with torch.no_grad():
+            model.module.weight.add_(float(acc.process_index))  # each rank its own model
+""")
+
+
+def _pool(**options) -> WorkerPool:
+    pool = WorkerPool(num_processes=3, output="none", **options)
+    pool.run(CELLS["setup"])
+    return pool
+
+
+def _kill(pool: WorkerPool, ranks: list[int], after: float) -> threading.Timer:
+    pids = [pool.status()[rank].pid for rank in ranks]
+    timer = threading.Timer(after, lambda: [os.kill(pid, signal.SIGKILL) for pid in pids])
+    timer.start()
+    return timer
+
+
+def _trains_on(pool: WorkerPool, pids_kept: dict[int, int]) -> None:
+    """The healed pool trains on: same processes where kept, one group, replicas equal."""
+    pool.run(CELLS["train"], 40, 0.0)
+    _, reduced, step, equal = pool.run(CELLS["look"])
+    assert (reduced, step, equal) == (3.0, 40, True)
+    for rank, pid_before in pids_kept.items():
+        assert pool.status()[rank].pid == pid_before
+
+
+def test_rank_0_dying_is_healed_from_rank_1():
+    with _pool() as pool:
+        kept = {rank: pool.status()[rank].pid for rank in (1, 2)}
+        timer = _kill(pool, [0], 0.3)
+        with pytest.raises(WorkerError, match="rank 0 was killed by SIGKILL") as info:
+            pool.run(CELLS["train"], 10**6)
+        timer.join()
+        said = info.value.recovery
+        assert said.startswith("The pool healed: rank 0 was replaced in ") and "restored from rank 1: step" in said
+        assert "rebuilt for the new group: acc, model, opt" in said
+        _trains_on(pool, kept)
+        assert pool.run_on(0, CELLS["read_mine"]) is None  # rank 0's own value went with it
+
+
+def test_two_ranks_dying_at_once_are_healed_from_the_last():
+    with _pool() as pool:
+        kept = {0: pool.status()[0].pid}
+        with pytest.raises(WorkerError) as info:
+            pool.run(CELLS["die_on"], (1, 2))
+        said = info.value.recovery
+        assert said.startswith("The pool healed: ranks 1, 2 were replaced in "), said
+        assert "restored from rank 0 (the only rank left" in said
+        _trains_on(pool, kept)
+
+
+def test_every_rank_dying_replaces_every_rank_and_says_what_was_lost():
+    with _pool() as pool:
+        with pytest.raises(WorkerError) as info:
+            pool.run(CELLS["die_on"], (0, 1, 2))
+        said = info.value.recovery
+        assert said.startswith("the pool's workers were replaced (rank 0 exited with code 3, rank 1 "
+                               "exited with code 3, rank 2 exited with code 3; "), said
+        assert "their state was lost: acc, mine, model, opt, step" in said, said
+        assert pool.names == ()
+
+
+def test_a_rank_dying_during_the_heal_replaces_every_rank_and_says_so():
+    with _pool() as pool:
+        pool.run(CELLS["leave_a_trap"])
+        with pytest.raises(WorkerError) as info:
+            pool.run(CELLS["die_on"], (1,))
+        said = info.value.recovery
+        assert said.startswith("the pool's workers were replaced (rank 1 exited with code 3; the heal "
+                               "failed: rank 1 exited with code 4"), said
+        pool.run(CELLS["setup"])
+        _trains_on(pool, {})
+
+
+def test_the_same_rank_dying_again_right_after_its_heal_is_said_as_such():
+    with _pool() as pool:
+        for attempt in range(2):
+            with pytest.raises(WorkerError) as info:
+                pool.run(CELLS["die_on"], (2,))
+            said = info.value.recovery
+            assert said.startswith("The pool healed: rank 2 was replaced"), said
+            assert ("rank 2 died again in the run right after a heal" in said) == (attempt == 1)
+        _trains_on(pool, {0: pool.status()[0].pid})
+
+
+def test_a_rank_dying_while_idle_is_healed_at_the_next_run(capfd):
+    with _pool() as pool:
+        pool.run(CELLS["train"], 5)
+        kept = {rank: pool.status()[rank].pid for rank in (0, 2)}
+        os.kill(pool.status()[1].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while pool.status()[1].alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+        capfd.readouterr()
+        assert pool.run(CELLS["look"])[1:] == (3.0, 5, True)
+        said = capfd.readouterr().err  # a script's information: stderr
+        assert "rank 1 was killed by SIGKILL while idle. The pool healed: rank 1 was replaced" in said
+        assert "the pool's workers were replaced" not in said
+        _trains_on(pool, kept)
+
+
+def test_the_stop_button_during_a_heal_replaces_every_rank_and_stops():
+    with _pool() as pool:
+        pool.run(CELLS["leave_a_slow_copy"])
+        timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))  # the heal's copy takes 4 s
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(CELLS["die_on"], (1,))
+        timer.join()
+        assert time.monotonic() - start < 1.5 + 4.0  # stopped, not waited out
+        assert pool.names == ()  # replaced: a group half healed is never reused
+        pool.run(CELLS["setup"])
+        _trains_on(pool, {})
+
+
+def test_what_cannot_be_copied_or_differs_is_named_and_the_rest_restored():
+    with _pool() as pool:
+        pool.run(CELLS["leave_a_generator"])
+        with pytest.raises(WorkerError) as info:
+            pool.run(CELLS["die_on"], (1,))
+        said = info.value.recovery
+        assert "  lost with rank 1 (each rank held its own value): mine\n" in said, said
+        assert "  not copied to rank 1 (cannot be copied): numbers (TypeError: cannot pickle " in said
+        names = set(pool.names_on(1))
+        assert {"acc", "model", "opt", "step"} <= names and not names & {"mine", "numbers"}
+
+
+def test_prepared_objects_that_differ_between_survivors_refuse_the_heal():
+    """Survivors whose models differ stopped at different steps: no copy can be trusted, so
+    every rank is replaced (never a mixed state)."""
+    with _pool() as pool:
+        pool.run(CELLS["diverge"])
+        with pytest.raises(WorkerError) as info:
+            pool.run(CELLS["die_on"], (1,))
+        said = info.value.recovery
+        assert said.startswith("the pool's workers were replaced (rank 1 exited with code 3; the heal "
+                               "failed: "), said
+        assert "the surviving ranks hold different acc, model, opt" in said, said
