@@ -68,6 +68,8 @@ class ChaosResult:
     presses: int = 0
     stop_seconds: list[float] = field(default_factory=list)
     replaced: int = 0
+    kills: int = 0  # events that SIGKILLed a rank instead of pressing stop
+    healed: int = 0  # kills after which the pool healed in place
     problems: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)  # presses stopped at once, workers replaced
     steps: int = 0
@@ -85,14 +87,30 @@ def _press_after(seconds: float, pressed: list[float]) -> threading.Timer:
 
 
 def run_chaos(presses: int, options: dict, seed: int = 0, delays: tuple[float, float] = (0.02, 0.4),
-              on_stderr=None) -> ChaosResult:
-    """Press stop ``presses`` times at random moments of ``train``; check after each."""
+              on_stderr=None, kills: float = 0.0) -> ChaosResult:
+    """Press stop ``presses`` times at random moments of ``train``; check after each. With
+    ``kills``, that share of the events SIGKILLs a random rank instead (the pool must heal:
+    the other rank the same process, the killed one new, the state kept)."""
     cells, rng, result = notebook(), random.Random(seed), ChaosResult()
     with WorkerPool(num_processes=2, return_all=True, **options) as pool:
         pool.run(cells["setup"], 0)
         first = pool.run(cells["look"])
         pids, ids = [r[0] for r in first], [r[1] for r in first]
         for press in range(presses):
+            victim = rng.randrange(2) if rng.random() < kills else None
+            if victim is not None:
+                said = _kill_during(pool, cells, pids[victim], rng.uniform(*delays), result, press)
+                looks = pool.run(cells["look"])
+                if "The pool healed" not in said:
+                    result.problems.append(f"kill {press}: not healed: {said}")
+                elif [r[0] == p for r, p in zip(looks, pids, strict=True)] != [r != victim for r in range(2)]:
+                    result.problems.append(f"kill {press}: pids {pids} -> {[r[0] for r in looks]}")
+                else:
+                    result.healed += 1
+                pids = [r[0] for r in looks]
+                ids = [r[1] for r in looks]  # the new rank's objects are its own
+                _check(result, f"kill {press}", looks)
+                continue
             pressed: list[float] = []
             timer = _press_after(rng.uniform(*delays), pressed)
             said = ""
@@ -118,12 +136,7 @@ def run_chaos(presses: int, options: dict, seed: int = 0, delays: tuple[float, f
                 continue
             if "keeps its state" not in said:
                 result.problems.append(f"press {press}: kept, but said {said!r}")
-            if looks[0][2] != looks[1][2]:
-                result.problems.append(f"press {press}: steps differ {looks[0][2]} vs {looks[1][2]}")
-            if [r[3] for r in looks] != [3.0, 3.0]:
-                result.problems.append(f"press {press}: all_reduce gave {[r[3] for r in looks]}")
-            if looks[0][4] != looks[1][4]:
-                result.problems.append(f"press {press}: the replicas differ")
+            _check(result, f"press {press}", looks)
         if result.replaced or result.problems:  # the comparison needs one unbroken series;
             return result  # ranks out of step would also hang a further run
         result.steps = pool.run(cells["look"])[0][2]
@@ -139,10 +152,37 @@ def run_chaos(presses: int, options: dict, seed: int = 0, delays: tuple[float, f
     return result
 
 
+def _kill_during(pool: WorkerPool, cells: dict, pid: int, after: float, result: ChaosResult,
+                 event: int) -> str:
+    """SIGKILL ``pid`` ``after`` seconds into a training run; what the pool said it did."""
+    timer = threading.Timer(after, os.kill, (pid, signal.SIGKILL))
+    timer.start()
+    said = ""
+    try:
+        pool.run(cells["train"], 10**9)
+        result.problems.append(f"kill {event}: the run was not stopped")
+    except WorkerError as error:
+        said = error.recovery
+    timer.join()
+    result.kills += 1
+    return said
+
+
+def _check(result: ChaosResult, event: str, looks: list) -> None:
+    """After an event: the same step on both ranks, one group, equal replicas."""
+    if looks[0][2] != looks[1][2]:
+        result.problems.append(f"{event}: steps differ {looks[0][2]} vs {looks[1][2]}")
+    if [r[3] for r in looks] != [3.0, 3.0]:
+        result.problems.append(f"{event}: all_reduce gave {[r[3] for r in looks]}")
+    if looks[0][4] != looks[1][4]:
+        result.problems.append(f"{event}: the replicas differ")
+
+
 def summary(result: ChaosResult) -> str:
     stops = sorted(result.stop_seconds) or [float("nan")]
     diff = "n/a" if result.final_diff is None else f"{result.final_diff:.2e}"
     return (f"{result.presses} presses, {result.steps} steps: stop after the press median "
             f"{statistics.median(stops):.3f} s, max {stops[-1]:.3f} s; workers replaced "
-            f"{result.replaced}; final weights vs an uninterrupted run: max diff "
+            f"{result.replaced}; ranks killed {result.kills}, healed {result.healed}; final "
+            f"weights vs an uninterrupted run: max diff "
             f"{diff}")
