@@ -28,6 +28,7 @@ from magics.cell.names import analyse_cell, imported_names
 from magics.cell.runner import CELL_VALUE, cell_job
 from magics.cell.shipping import check_defined, collect_names
 from magics.cell.source import cell_number, make_cell_code
+from notebook_accel.contract import OPTIONS
 from notebook_accel.launch import LaunchInterrupted, WorkerError, cell_numbers, deferred_interrupts
 
 
@@ -94,9 +95,12 @@ class AccelerateMagics(Magics):
         """
         check_words(self.accelerate.parser, line, cell is not None, COMMANDS)
         args = parse_argstring(self.accelerate, line)
-        if args.stop_wait is not None and args.command not in ("start", "restart"):
-            raise UsageError("--stop-wait sets the notebook's pool: use it with %accelerate start "
-                             "(or restart)")
+        pool_flags = [f"--no-{o.magic_flag[2:]}" if o.switch and getattr(args, o.name) is False
+                      else o.magic_flag for o in OPTIONS.values()
+                      if o.pool_only and o.magic_flag and getattr(args, o.name, None) is not None]
+        if pool_flags and args.command not in ("start", "restart"):
+            raise UsageError(f"{', '.join(pool_flags)} set{'s' if len(pool_flags) == 1 else ''} "
+                             "the notebook's pool: use with %accelerate start (or restart)")
         if cell is not None and args.command:
             raise UsageError(f"'{args.command}' is a line magic: use %accelerate {args.command} "
                              "(one % sign) in a cell of its own")

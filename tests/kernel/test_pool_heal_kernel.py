@@ -107,3 +107,18 @@ def test_a_killed_rank_is_replaced_alone_and_the_same_cell_goes_on_bit_for_bit(k
     assert k.value("looked") == (3.0, True, 120, 120)  # all_reduce of ones, replicas equal
     assert k.value("float((final - reference).abs().max())") == 0.0
     k.ok("%accelerate stop")
+
+
+def test_no_heal_keeps_the_replace_all_rule_and_is_a_pool_flag(k):
+    assert "--no-heal sets the notebook's pool" in k.run("%%accelerate --no-heal\nx = 1").stderr
+    k.ok("%accelerate start -n 2 --no-heal")
+    k.ok("%%accelerate\nkept = 1")
+    pid = _pid_of(k, 1)
+    msg = k.execute("%%accelerate\nimport time\ntime.sleep(30)")
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)
+    failed = k.collect(msg)
+    said = failed.error["evalue"]
+    assert ("rank 1 was killed by SIGKILL\nthe pool's workers were replaced (rank 1 was killed by "
+            "SIGKILL; ") in said and "their state was lost: kept" in said, said
+    k.ok("%accelerate stop")
