@@ -28,7 +28,7 @@ from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
-from notebook_accel.launch.pool_heal import can_heal, heal_in_place
+from notebook_accel.launch.pool_heal import Healed, can_heal, heal_in_place
 from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.shared_tensors import SharedTensors
@@ -130,6 +130,7 @@ class WorkerPool:
             self._finalizer = weakref.finalize(self, self._current.close)
             self._reports: tuple[RunDone, ...] = ()  # each rank's latest report
             self._healed: tuple[int, ...] = ()  # the ranks the last run's heal replaced
+            self.last_heal: Healed | None = None  # the latest heal in place (what it did, its times)
             self._failed_rank: int | None = None  # the root cause of the latest failed run
             self._start()
 
@@ -402,7 +403,7 @@ class WorkerPool:
             alive = [r for rank, r in enumerate(reports) if rank not in dead and r is not None]
             again = sorted(set(dead) & set(self._healed))
             try:
-                text = heal_in_place(workers, self.plan, dead,
+                self.last_heal = heal_in_place(workers, self.plan, dead,
                                      _lost(tuple(r for i, r in enumerate(reports)
                                                  if i in dead and r is not None)),
                                      len({r.collectives for r in alive}) <= 1)
@@ -414,6 +415,7 @@ class WorkerPool:
                 _say(self._replace(f"{reason}; the heal was interrupted",
                                    _lost(known) if known else self.lost))
                 raise
+            text = self.last_heal.text
             self._healed = dead
             self._reports = tuple(h.last_report for h in workers.handles)
             if again:

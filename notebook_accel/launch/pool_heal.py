@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers
 from notebook_accel.launch.launcher import launch_once
@@ -37,15 +38,25 @@ def can_heal(plan: LaunchPlan, workers: PoolWorkers, dead: list[int]) -> str | N
     return None
 
 
+@dataclass(frozen=True)
+class Healed:
+    """One heal: what it says, rank 0's report, and how long its parts took (seconds)."""
+
+    text: str
+    report: HealReport
+    start: float  # the new ranks' processes started
+    total: float
+
+
 def heal_in_place(workers: PoolWorkers, plan: LaunchPlan, dead: tuple[int, ...],
-                  dead_names: tuple[str, ...], same_cut: bool) -> str:
+                  dead_names: tuple[str, ...], same_cut: bool) -> Healed:
     """Replace the ``dead`` ranks alone and copy them what the survivors hold alike.
 
     Args:
         dead_names: the names that held state on the dead ranks (their last reports).
         same_cut: the survivors ended their run at the same collective.
     Returns:
-        What was done, in a few lines for the user.
+        What was done (``text``: a few lines for the user).
     Raises:
         WorkerError: the heal failed on a rank (a rank died meanwhile, the survivors' prepared
             objects differ...): the caller replaces every rank.
@@ -53,13 +64,15 @@ def heal_in_place(workers: PoolWorkers, plan: LaunchPlan, dead: tuple[int, ...],
     """
     started = time.monotonic()
     port = workers.replace(dead)
+    start = time.monotonic() - started
     # the heal's own run: silent, never remembered as the user's, stopped at once when the
     # stop button is pressed (it has no cut of the user's to wait for)
     quiet = dataclasses.replace(plan, output="none", hang_after=None, timeout=HEAL_TIMEOUT,
                                 return_all=False, stop_wait=0.1)
     report: HealReport = launch_once(PoolBackend(workers), quiet,
                                      serialise_payload(heal, (port, dead), {}), remembered=False)
-    return describe(report, dead, dead_names, time.monotonic() - started, same_cut)
+    total = time.monotonic() - started
+    return Healed(describe(report, dead, dead_names, total, same_cut), report, start, total)
 
 
 def describe(report: HealReport, dead: tuple[int, ...], dead_names: tuple[str, ...],

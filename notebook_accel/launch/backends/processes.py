@@ -150,10 +150,6 @@ class ProcessBackend(Backend):
     name = "processes"
 
     def start(self, plan: LaunchPlan, payload: Payload) -> ProcessGroup:
-        if plan.start.method == "fork":
-            # Forked workers inherit what the kernel imported: pay torch's lazy imports
-            # (torch._dynamo on the first optimizer, ~2 s) once here, not in every launch.
-            importlib.import_module("notebook_accel.launch.warm")
         rendezvous = Rendezvous(plan.master_addr, plan.port or 0) if plan.hosts_rendezvous else None
         try:
             if rendezvous is not None and plan.num_nodes > 1:
@@ -188,6 +184,11 @@ def start_workers(
     Worker-side pipe ends are closed in the kernel only after every worker has
     started, so a forked worker never closes an fd number that got reused.
     """
+    if plan.start.method == "fork":
+        # Forked workers inherit what the kernel imported: pay torch's lazy imports
+        # (torch._dynamo, which the first optimizer or DDP model imports: ~2 s) once here, not
+        # in every launch, nor in a pool's first cell or the rank a heal starts.
+        importlib.import_module("notebook_accel.launch.warm")
     context = get_context(plan.start.method)
     ensure_fd_room(plan.num_processes)
     chosen = tuple(range(plan.num_processes)) if local_ranks is None else local_ranks

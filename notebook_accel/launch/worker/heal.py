@@ -12,7 +12,8 @@ group, in one order, and :class:`HealReport` says what was copied, rebuilt and l
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +45,8 @@ class HealReport:
         random_states: the survivors' random states were alike and were copied.
         wrappers: DDP wrappers built anew on each rank.
         survivors: how many ranks lived (with one, every name it holds counts as alike).
+        seconds: the heal's phases on this rank (``meet``, ``fingerprints``, ``copy``,
+            ``rebuild``), for ``benchmarks/heal.py``.
     """
 
     source: int
@@ -54,6 +57,7 @@ class HealReport:
     uncopyable: dict[str, str]
     random_states: bool
     wrappers: int
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
@@ -63,10 +67,13 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
     rank, world = int(os.environ[contract.RANK]), int(os.environ[contract.WORLD_SIZE])
     from notebook_accel.runtime.state import rejoin_process_group
 
+    clock = _Phases()
     rejoin_process_group(rank, world)
+    clock.end("meet")
     place = replicas.own_place()
     new = rank in fresh
     mine = {} if new else _fingerprints(place)
+    clock.end("fingerprints")
     every: list[Any] = [None] * world
     dist.all_gather_object(every, (rank, mine, namespace.copies(), namespace.imported()))
     survivors = [r for r in range(world) if r not in fresh]
@@ -97,17 +104,31 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
         if rank == source:
             _send(meta, buffer, source, copying)
     dist.destroy_process_group(copying)
+    clock.end("copy")
     counts: list[Any] = [None] * world
     dist.all_gather_object(counts, len(wrappers))
     if len(set(counts)) > 1:
         raise RuntimeError(f"the ranks hold different numbers of DDP models to rebuild ({counts}): "
                            "their copies do not match")
     built = replicas.rebuild_ddps(wrappers, place)
+    clock.end("rebuild")
     rebuilt = tuple(n for n in names if every[source][1][n][1])
     code = set(every[source][3])  # modules and imported code: copied, not worth a word
     return HealReport(source=source, survivors=len(survivors), restored=tuple(n for n in names if n not in rebuilt and n not in code),
                       rebuilt=rebuilt, differing=differing, uncopyable=uncopyable,
-                      random_states=random_alike, wrappers=built)
+                      random_states=random_alike, wrappers=built, seconds=clock.seconds)
+
+
+class _Phases:
+    """Seconds per phase, each from the end of the last."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def end(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase], self._last = now - self._last, now
 
 
 def _fingerprints(place: replicas.Place) -> dict[str, tuple[str | None, Any]]:
