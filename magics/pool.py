@@ -95,6 +95,13 @@ def status(args: argparse.Namespace) -> None:
 
 
 def _workers_names(pool: WorkerPool, gone: list[int]) -> str:
+    if gone and pool.heals:
+        alive = [info.rank for info in pool.status() if info.alive]
+        kept = pool.names_on(alive)
+        verb = "is" if len(gone) == 1 else "are"
+        return (f"names on the workers: {', '.join(kept) or '(none)'} on the living ranks; "
+                f"{ranks_text(gone)} {verb} gone: the next cell starts {ranks_text(gone)} again "
+                "alone and copies it what the others hold alike (what only it held is lost)")
     if gone:
         lost = pool.lost
         verb = "is" if len(gone) == 1 else "are"

@@ -177,7 +177,8 @@ class WorkerPool:
     def names(self) -> tuple[str, ...]:
         """The names living on every rank (a name that a run on some ranks assigned, or that
         only some ranks assigned, is not one: :meth:`names_on`); none while a worker is gone
-        (its state is lost: :meth:`revive` replaces the workers)."""
+        (:meth:`revive` heals or replaces the workers; ``names_on`` the living ranks still
+        answers)."""
         return self.names_on()
 
     def names_on(self, ranks: int | str | Iterable[int] | None = None) -> tuple[str, ...]:
@@ -196,13 +197,26 @@ class WorkerPool:
 
     def _on_all(self, ranks: int | str | Iterable[int] | None, field: str) -> tuple[str, ...]:
         """The names in ``field`` (``names``, ``copies``) of the chosen ranks' reports, all."""
-        if self._gone() or not self._reports:
+        workers = self._current.workers
+        if workers is None or not self._reports:
             return ()
         chosen = range(len(self._reports)) if ranks is None else parse_ranks(
             ranks, self.plan.world_size)
+        if {h.rank for h in workers.dead()} & set(chosen):  # a gone rank holds nothing
+            return ()
         first, *rest = (getattr(self._reports[rank], field) for rank in chosen)
         others = [set(names) for names in rest]
         return tuple(name for name in first if all(name in names for names in others))
+
+    @property
+    def heals(self) -> bool:
+        """Whether ranks that died now would be healed in place (some live, ``heal=True``, a
+        local pool or a cluster's), not every worker replaced."""
+        workers = self._current.workers
+        if workers is None:
+            return False
+        dead = [h.rank for h in workers.dead()]
+        return can_heal(self.plan, workers, dead) is None
 
     @property
     def lost(self) -> tuple[str, ...]:
@@ -391,11 +405,12 @@ class WorkerPool:
         # a rank without a report of this run keeps its last one (what it held before)
         merged = tuple(r if r is not None else (self._reports[i] if i < len(self._reports) else None)
                        for i, r in enumerate(reports))
-        return self._recover(workers, reason, merged)
+        return self._recover(workers, reason, merged, cause_said=ended == "failed")
 
     def _recover(self, workers: PoolWorkers, reason: str,
-                 reports: tuple[RunDone | None, ...]) -> str:
-        """Heal the dead ranks in place when the pool can, else replace every worker."""
+                 reports: tuple[RunDone | None, ...], cause_said: bool = False) -> str:
+        """Heal the dead ranks in place when the pool can, else replace every worker; returns
+        what was done, starting with why (unless ``cause_said``: the run's error says it)."""
         dead = tuple(h.rank for h in workers.dead())
         known = tuple(r for r in reports if r is not None)
         why_not = can_heal(self.plan, workers, list(dead)) if dead else "no rank died"
@@ -422,7 +437,7 @@ class WorkerPool:
                 text += (f"\n{ranks_text(again)} died again in the run right after a heal: if "
                          "this cell makes it run out of memory (or crash) every time, change the "
                          "cell before running it again")
-            return f"{reason}. {text}" if "while idle" in reason else text
+            return text if cause_said else f"{reason}. {text}"
         return self._replace(reason, _lost(known) if known else self.lost)
 
     def _replace(self, reason: str, lost: tuple[str, ...]) -> str:

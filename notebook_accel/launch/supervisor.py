@@ -539,9 +539,11 @@ class Supervisor:
             where = "" if self.stopped_at_once else " at the same point"
             return (f"interrupted the run on {len(self.workers)} ranks{where}{at_once}; "
                     "the pool keeps its state")
-        # why they had to be ended, the pool says once, as it replaces its workers
-        return (f"interrupted the run{at_once}; {ranks_text(killed)} had to be ended, so the "
-                "pool's workers were replaced (said above)")
+        # why they had to be ended, and what it did then (healed, or replaced every rank), the
+        # pool says once, above
+        were = "was" if len(killed) == 1 else "were"
+        return (f"interrupted the run{at_once}; {ranks_text(killed)} {were} ended; what the "
+                "pool did then is said above")
 
     def _stop(self) -> None:
         """Stop every worker still running (marked stopped), relaying their output meanwhile."""

@@ -79,7 +79,9 @@ CELLS = {}
 
 
 def test_step_1_a_training_cell_says_what_came_back_from_rank_0(k):
-    k.ok("%accelerate start -n 2")
+    # --no-heal: these steps follow a pool whose workers were all replaced (with the heal, the
+    # rank the stop ended is healed instead: tests/runtime/test_pool_heal.py)
+    k.ok("%accelerate start -n 2 --no-heal")
     CELLS["build"] = k.value("get_ipython().execution_count")  # the next cell's number
     out = k.ok(TRAIN_SETUP).stdout
     line = next(line for line in out.splitlines() if "back from rank 0" in line)
@@ -98,8 +100,7 @@ def test_step_2_the_stop_button_inside_a_collective_replaces_the_workers_and_say
     # rank is stopped at once, and rank 0, inside the all_reduce, is ended
     assert result.error["evalue"] == (
         "interrupted the run (ranks 0, 1 did not reach the common stopping point within 5 s (stop_wait), so "
-        "every rank was stopped at once); rank 0 had to be ended, so the pool's workers were "
-        "replaced (said above)")
+        "every rank was stopped at once); rank 0 was ended; what the pool did then is said above")
     said = result.stderr
     # what we did comes first, in our words; no SIGKILL reported as if it came from outside
     assert ("the pool's workers were replaced (rank 0 did not stop within 1.5 s of the "
@@ -216,6 +217,8 @@ def test_pool_and_fresh_cells_see_the_same_world(k):
 
 
 def test_a_worker_killed_while_idle_follows_the_same_rule_as_mid_run(k):
+    """Without the heal (this module's pool: --no-heal), a worker gone while idle costs every
+    rank's state, as one gone mid-run (the heal: tests/kernel/test_pool_heal_kernel.py)."""
     k.ok("%%accelerate --no-pull\nkept = 1")
     status = k.ok("%accelerate status").stdout
     pid = int(status.split("rank 1: pid ")[1].split(",")[0])

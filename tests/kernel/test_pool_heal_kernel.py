@@ -122,3 +122,23 @@ def test_no_heal_keeps_the_replace_all_rule_and_is_a_pool_flag(k):
     assert ("rank 1 was killed by SIGKILL\nthe pool's workers were replaced (rank 1 was killed by "
             "SIGKILL; ") in said and "their state was lost: kept" in said, said
     k.ok("%accelerate stop")
+
+
+def test_a_rank_gone_while_idle_is_said_in_status_and_healed_by_the_next_cell(k):
+    k.ok("%accelerate start -n 2")
+    k.ok("%%accelerate --no-pull\nkept = 7")
+    pid = _pid_of(k, 1)
+    os.kill(pid, signal.SIGKILL)
+    status = k.ok("%accelerate status").stdout
+    deadline = time.monotonic() + 10
+    while "gone" not in status and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = k.ok("%accelerate status").stdout
+    assert ("names on the workers: kept on the living ranks; rank 1 is gone: the next cell starts "
+            "rank 1 again alone and copies it what the others hold alike") in status, status
+    result = k.ok("%%accelerate\nseen = kept")
+    # information, on the cell's stdout (JupyterLab paints stderr as an error)
+    assert "rank 1 was killed by SIGKILL while idle. The pool healed: rank 1 was replaced" in result.stdout
+    assert "restored from rank 0 (the only rank left" in result.stdout and not result.stderr
+    assert k.value("seen") == 7 and _pid_of(k, 1) != pid
+    k.ok("%accelerate stop")

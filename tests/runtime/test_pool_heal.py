@@ -76,6 +76,13 @@ CELLS = notebook("""
         global numbers
         numbers = (n for n in range(3))
 
+    def wait_in_a_collective():
+        import torch
+        import torch.distributed as dist
+        if dist.get_rank() == 1:
+            time.sleep(30)
+        dist.all_reduce(torch.ones(1))
+
     def read_mine():
         return globals().get("mine")
 
@@ -221,3 +228,21 @@ def test_prepared_objects_that_differ_between_survivors_refuse_the_heal():
         assert said.startswith("the pool's workers were replaced (rank 1 exited with code 3; the heal "
                                "failed: "), said
         assert "the surviving ranks hold different acc, model, opt" in said, said
+
+
+def test_a_rank_the_stop_button_had_to_end_is_healed(capfd):
+    """The stop button, rank 0 inside an all_reduce its peer never joins: no common point, so
+    every rank is stopped at once and rank 0 (blocked in C++) is ended: then healed, not every
+    worker replaced."""
+    with WorkerPool(num_processes=2, output="none", stop_wait=0.5) as pool:
+        pool.run(CELLS["setup"])
+        kept = pool.status()[1].pid
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt, match="rank 0 was ended; what the pool did then is said above"):
+            pool.run(CELLS["wait_in_a_collective"])
+        timer.join()
+        said = capfd.readouterr().err
+        assert "rank 0 did not stop within 1.5 s of the interrupt" in said
+        assert "The pool healed: rank 0 was replaced" in said and "were replaced (" not in said
+        assert pool.status()[1].pid == kept and pool.run(CELLS["look"])[1:] == (2.0, 0, True)
