@@ -48,6 +48,11 @@ SOURCE = textwrap.dedent("""
         import torch.distributed as dist
         t = torch.ones(1)
         dist.all_reduce(t)
+        mine = torch.stack([p.detach().double().sum() for p in model.parameters()]
+                           + [s["momentum_buffer"].double().sum() for s in opt.state.values()])
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        assert all(torch.equal(every[0], other) for other in every), "the replicas differ"
         return t.item()
 """)
 
@@ -101,8 +106,8 @@ def measure(megabytes: int, ranks: int, cells: dict) -> dict:
                 start = time.perf_counter()
                 pool.revive()
                 recovered = time.perf_counter() - start
-            assert pool.run(cells["ready"]) == float(ranks)
             if heal:
+                assert pool.run(cells["ready"]) == float(ranks)  # one group, equal replicas
                 assert set(pool.names) >= {"acc", "model", "opt", "step"}, pool.names
                 healed = pool.last_heal
                 figures.update(heal=recovered, heal_rss=rss.grew_mb, phases={
@@ -110,6 +115,7 @@ def measure(megabytes: int, ranks: int, cells: dict) -> dict:
             else:
                 start = time.perf_counter()
                 pool.run(cells["setup"], megabytes)  # what a user runs again to get back
+                assert pool.run(cells["ready"]) == float(ranks)
                 figures.update(replace=recovered, replace_rss=rss.grew_mb,
                                replace_setup=recovered + time.perf_counter() - start)
     return figures

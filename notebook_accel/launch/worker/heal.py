@@ -68,15 +68,16 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
     from notebook_accel.runtime.state import rejoin_process_group
 
     clock = _Phases()
+    replicas.new_heal()
     rejoin_process_group(rank, world)
     clock.end("meet")
     place = replicas.own_place()
     new = rank in fresh
-    mine = {} if new else _fingerprints(place)
+    survivors = [r for r in range(world) if r not in fresh]
+    mine = {} if new else _fingerprints(place, compare=len(survivors) > 1)
     clock.end("fingerprints")
     every: list[Any] = [None] * world
     dist.all_gather_object(every, (rank, mine, namespace.copies(), namespace.imported()))
-    survivors = [r for r in range(world) if r not in fresh]
     source = survivors[0]
     alike, differing, uncopyable = _compare([every[r][1] for r in survivors])
     mixed = [name for name in differing if every[source][1][name][1]]
@@ -100,9 +101,10 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
         chosen = {name: namespace.NAMESPACE[name] for name in names}
         if random_alike:
             chosen[_RANDOM] = _random_states()
-        meta, buffer, wrappers = replicas.pack(chosen, place)
+        packed = replicas.pack(chosen, place)
+        wrappers = packed.ddps
         if rank == source:
-            _send(meta, buffer, source, copying)
+            _send(packed, source, copying)
     dist.destroy_process_group(copying)
     clock.end("copy")
     counts: list[Any] = [None] * world
@@ -131,9 +133,10 @@ class _Phases:
         self.seconds[phase], self._last = now - self._last, now
 
 
-def _fingerprints(place: replicas.Place) -> dict[str, tuple[str | None, Any]]:
-    """name -> (digest, holds a rank-bound object), or (None, why it cannot be copied)."""
-    tensors = replicas.hash_table()
+def _fingerprints(place: replicas.Place, compare: bool) -> dict[str, tuple[str | None, Any]]:
+    """name -> (digest, holds a rank-bound object), or (None, why it cannot be copied)
+    (``compare=False``: a lone survivor's, its tensors not hashed)."""
+    tensors = replicas.hash_table(compare)
     found: dict[str, tuple[str | None, Any]] = {}
     for name in namespace.names():
         try:
@@ -189,25 +192,44 @@ def _wire_device() -> torch.device:
     return PartialState().device_kind.collective_device()
 
 
-def _send(meta: bytes, buffer: torch.Tensor, source: int, group: Any) -> None:
-    device = _wire_device()
-    sizes = torch.tensor([len(meta), buffer.numel()], dtype=torch.int64, device=device)
+def _send(packed: replicas.Packed, source: int, group: Any) -> None:
+    """The source's side of the copy: sizes, the pickle, the small tensors' buffer, then each big
+    tensor as it is (no copy on the CPU), in the order the new ranks receive them."""
+    wire = _wire_device()
+    sizes = torch.tensor([len(packed.meta), packed.small.numel()], dtype=torch.int64, device=wire)
     dist.broadcast(sizes, source, group=group)
-    dist.broadcast(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(device), source, group=group)
-    if buffer.numel():
-        dist.broadcast(buffer.to(device), source, group=group)
+    dist.broadcast(torch.frombuffer(bytearray(packed.meta), dtype=torch.uint8).to(wire), source,
+                   group=group)
+    if packed.small.numel():
+        dist.broadcast(packed.small.to(wire), source, group=group)
+    for tensor in packed.big:
+        dist.broadcast(_bytes_of(tensor).to(wire), source, group=group)
 
 
 def _receive(source: int, place: replicas.Place, group: Any) -> tuple[dict[str, Any], list[Any]]:
-    device = _wire_device()
-    sizes = torch.empty(2, dtype=torch.int64, device=device)
+    """A new rank's side of the copy: the values, with every big tensor received straight into
+    the storage it keeps; and the DDP wrappers still to build."""
+    wire = _wire_device()
+    sizes = torch.empty(2, dtype=torch.int64, device=wire)
     dist.broadcast(sizes, source, group=group)
-    meta = torch.empty(int(sizes[0]), dtype=torch.uint8, device=device)
+    meta = torch.empty(int(sizes[0]), dtype=torch.uint8, device=wire)
     dist.broadcast(meta, source, group=group)
-    buffer = torch.empty(int(sizes[1]), dtype=torch.uint8, device=device)
-    if buffer.numel():
-        dist.broadcast(buffer, source, group=group)
-    return replicas.unpack(meta.cpu().numpy().tobytes(), buffer.cpu(), place)
+    small = torch.empty(int(sizes[1]), dtype=torch.uint8, device=wire)
+    if small.numel():
+        dist.broadcast(small, source, group=group)
+    values, wrappers, big = replicas.unpack(meta.cpu().numpy().tobytes(), small.cpu(), place)
+    for tensor in big:
+        target = _bytes_of(tensor)
+        landing = target if target.device == wire else torch.empty_like(target, device=wire)
+        dist.broadcast(landing, source, group=group)
+        if landing is not target:
+            target.copy_(landing)
+    return values, wrappers
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's storage as bytes (a view: filling it fills the tensor)."""
+    return tensor.detach().reshape(-1).view(torch.uint8)
 
 
 def _adopt_states(values: Any) -> None:

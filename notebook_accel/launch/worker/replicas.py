@@ -20,6 +20,7 @@ import hashlib
 import io
 import pickle
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,14 +60,20 @@ def own_place() -> Place:
     return Place(state.process_index, state.local_process_index, state.device)
 
 
+_BIG = 1 << 20  # bytes: a tensor this big travels on its own, straight into its new storage
+
+
 @dataclass
 class _Tensors:
-    """The tensors a pickle met: hashed (a fingerprint) or laid out in one buffer (a pack)."""
+    """The tensors a pickle met, by ``mode``: ``hash`` (a fingerprint: each one's bytes hashed),
+    ``walk`` (a fingerprint that compares nothing: a lone survivor's), or ``pack`` (a copy:
+    small ones laid out in one buffer, big ones kept to be sent one by one, never copied)."""
 
-    pack: bool
+    mode: str
     ids: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # id(tensor) -> its persistent id
-    parts: list[torch.Tensor] = field(default_factory=list)
+    small: list[torch.Tensor] = field(default_factory=list)
     size: int = 0
+    big: list[torch.Tensor] = field(default_factory=list)
     keep: list[torch.Tensor] = field(default_factory=list)  # the ids above stay valid meanwhile
 
     def add(self, tensor: torch.Tensor, place: Place) -> tuple[Any, ...]:
@@ -74,13 +81,19 @@ class _Tensors:
         if known is not None:
             return known
         data = tensor.detach()
-        raw = data.cpu().contiguous().reshape(-1).view(torch.uint8)
-        if self.pack:
-            where: Any = (self.size, raw.numel())
-            self.parts.append(raw)
-            self.size += raw.numel()
-        else:
+        if self.mode == "walk":
+            where: Any = len(self.ids)
+        elif self.mode == "hash":
+            raw = data.cpu().contiguous().reshape(-1).view(torch.uint8)
             where = hashlib.blake2b(raw.numpy().data).hexdigest()
+        elif data.numel() * data.element_size() >= _BIG:
+            where = ("big", len(self.big))
+            self.big.append(data.contiguous())
+        else:
+            raw = data.cpu().contiguous().reshape(-1).view(torch.uint8)
+            where = ("small", self.size, raw.numel())
+            self.small.append(raw)
+            self.size += raw.numel()
         on_device = data.device == place.device and data.device.type != "cpu"
         pid = ("tensor", where, isinstance(tensor, torch.nn.Parameter), str(data.dtype),
                tuple(data.shape), tensor.requires_grad, on_device)
@@ -88,9 +101,16 @@ class _Tensors:
         self.keep.append(tensor)
         return pid
 
-    def buffer(self) -> torch.Tensor:
-        """Every packed tensor's bytes, one after the other."""
-        return torch.cat(self.parts) if self.parts else torch.empty(0, dtype=torch.uint8)
+
+@dataclass
+class Packed:
+    """Values ready to send: their pickle, the small tensors' bytes in one buffer, the big
+    tensors themselves (in the order :func:`unpack` asks for them), and the DDP wrappers met."""
+
+    meta: bytes
+    small: torch.Tensor
+    big: list[torch.Tensor]
+    ddps: list[Any]
 
 
 def _plain(tensor: torch.Tensor) -> bool:
@@ -164,7 +184,22 @@ def _ddp_settings(model: DistributedDataParallel) -> dict[str, Any]:
     return settings
 
 
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # one heal's, per wrapper
+
+
+def new_heal() -> None:
+    """Forget what the last heal learnt about the wrappers (their layouts are rebuilt)."""
+    _LAYOUTS.clear()
+
+
 def _bucket_layout(model: DistributedDataParallel) -> list[list[int]]:
+    """:func:`_read_layout`, once per wrapper and heal (reading it can allocate its buckets)."""
+    if model not in _LAYOUTS:
+        _LAYOUTS[model] = _read_layout(model)
+    return _LAYOUTS[model]
+
+
+def _read_layout(model: DistributedDataParallel) -> list[list[int]]:
     """Which parameters each of the wrapper's gradient buckets holds now (by their place in
     the reducer's list): after DDP's first iteration they follow the order gradients became
     ready, and a wrapper built anew must reduce with the same layout, or its sums round
@@ -259,45 +294,53 @@ def fingerprint(value: Any, place: Place, tensors: _Tensors) -> tuple[str, bool]
     return hashlib.blake2b(sink.getvalue()).hexdigest(), pickler.rank_bound
 
 
-def hash_table() -> _Tensors:
-    """The tensor hashes one heal's fingerprints share."""
-    return _Tensors(pack=False)
+def hash_table(compare: bool = True) -> _Tensors:
+    """The tensor hashes one heal's fingerprints share (``compare=False``: a lone survivor's,
+    which has nothing to compare with, hashes nothing)."""
+    return _Tensors(mode="hash" if compare else "walk")
 
 
-def pack(values: dict[str, Any], place: Place) -> tuple[bytes, torch.Tensor, list[Any]]:
-    """``values`` as a pickle and one buffer of their tensors' bytes, and the DDP wrappers they
-    hold in the order they were met (every survivor packs to learn that order, as
-    :func:`rebuild_ddps` needs it)."""
-    tensors, ddps, sink = _Tensors(pack=True), [], io.BytesIO()
+def pack(values: dict[str, Any], place: Place) -> Packed:
+    """``values`` ready to send to a new rank, and the DDP wrappers they hold in the order they
+    were met (every survivor packs to learn that order, as :func:`rebuild_ddps` needs it)."""
+    tensors, ddps, sink = _Tensors(mode="pack"), [], io.BytesIO()
     _Pickler(sink, tensors, place, ddps).dump(values)
-    return sink.getvalue(), tensors.buffer(), ddps
+    small = torch.cat(tensors.small) if tensors.small else torch.empty(0, dtype=torch.uint8)
+    return Packed(sink.getvalue(), small, tensors.big, ddps)
 
 
-def unpack(meta: bytes, buffer: torch.Tensor, place: Place) -> tuple[dict[str, Any], list[Any]]:
-    """What :func:`pack` made, for this rank (``place``); returns the values and the DDP wrappers
-    still to build (:func:`rebuild_ddps`), in the order the packing rank met them."""
-    loaded: dict[tuple[int, int], torch.Tensor] = {}
+def unpack(meta: bytes, small: torch.Tensor, place: Place) -> tuple[dict[str, Any], list[Any],
+                                                                     list[torch.Tensor]]:
+    """What :func:`pack` made, for this rank (``place``): the values, the DDP wrappers still to
+    build (:func:`rebuild_ddps`) in the order the packing rank met them, and the big tensors,
+    allocated where they belong, whose bytes are still to be received into them (in order)."""
+    loaded: dict[Any, torch.Tensor] = {}
+    big: dict[int, torch.Tensor] = {}
 
     class Unpickler(pickle.Unpickler):
         def persistent_load(self, pid: Any) -> Any:
             if pid == ("own device",):
                 return place.device
-            _, (offset, size), is_param, dtype, shape, requires_grad, on_device = pid
-            tensor = loaded.get((offset, size))
+            _, where, is_param, dtype, shape, requires_grad, on_device = pid
+            tensor = loaded.get(where)
             if tensor is None:
-                data = buffer[offset:offset + size].clone().view(getattr(torch, dtype[6:])).reshape(shape)
-                if on_device:
-                    data = data.to(place.device)
+                kind = getattr(torch, dtype[6:])
+                device = place.device if on_device else torch.device("cpu")
+                if where[0] == "big":
+                    data = big[where[1]] = torch.empty(shape, dtype=kind, device=device)
+                else:
+                    offset, size = where[1:]
+                    data = small[offset:offset + size].clone().view(kind).reshape(shape).to(device)
                 tensor = (torch.nn.Parameter(data, requires_grad=requires_grad) if is_param
                           else data.requires_grad_(requires_grad))
-                loaded[(offset, size)] = tensor
+                loaded[where] = tensor
             return tensor
 
     _PLACE.append(place)
     _PENDING.clear()
     try:
         values = Unpickler(io.BytesIO(meta)).load()
-        return values, list(_PENDING)
+        return values, list(_PENDING), [big[index] for index in sorted(big)]
     finally:
         _PLACE.pop()
         _PENDING.clear()
