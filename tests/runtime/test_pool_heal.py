@@ -83,6 +83,13 @@ CELLS = notebook("""
             time.sleep(30)
         dist.all_reduce(torch.ones(1))
 
+    def leave_a_plain_value():
+        global plain
+        plain = 42
+
+    def read_plain():
+        return plain
+
     def read_mine():
         return globals().get("mine")
 
@@ -246,3 +253,19 @@ def test_a_rank_the_stop_button_had_to_end_is_healed(capfd):
         assert "rank 0 did not stop within 1.5 s of the interrupt" in said
         assert "The pool healed: rank 0 was replaced" in said and "were replaced (" not in said
         assert pool.status()[1].pid == kept and pool.run(CELLS["look"])[1:] == (2.0, 0, True)
+
+
+def test_sharded_state_is_named_as_lost_and_why():
+    """FSDP2: each rank holds its own shard; with no snapshot to restore it from, the heal names
+    the prepared objects as not copied, says why, and keeps the rest."""
+    with WorkerPool(num_processes=2, output="none", fsdp=True) as pool:
+        pool.run(CELLS["setup"])
+        pool.run(CELLS["leave_a_plain_value"])
+        with pytest.raises(WorkerError) as info:
+            pool.run(CELLS["die_on"], (1,))
+        said = info.value.recovery
+        assert said.startswith("The pool healed: rank 1 was replaced"), said
+        assert "restored from rank 0 (the only rank left" in said and "plain" in said
+        assert ("model (NotCarried: an FSDP-sharded model: each rank held its own part of it, and "
+                "no snapshot holds them; prepare it again on every rank)") in said, said
+        assert pool.run(CELLS["read_plain"]) == 42

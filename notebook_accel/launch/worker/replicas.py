@@ -154,7 +154,8 @@ class _Pickler(cloudpickle.Pickler):
             return _default_group, ()
         kind = rank_bound_kind(obj, self._types)
         if kind in SHARDED:
-            raise NotCarried(f"{kind}: each rank holds its own part of it")
+            raise NotCarried(f"{kind}: each rank held its own part of it, and no snapshot "
+                             "holds them; prepare it again on every rank")
         for cls, fields in self._places:
             if isinstance(obj, cls):
                 state = {k: v for k, v in vars(obj).items() if k not in fields}
