@@ -33,7 +33,7 @@ from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.stack_groups import stacks_text
-from notebook_accel.launch.supervisor import INTERRUPT_GRACE
+from notebook_accel.launch.supervisor import ENDED_BY_US, INTERRUPT_GRACE
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views.text import ranks_text, say
 from notebook_accel.launch.worker.debugger import post_mortem
@@ -338,7 +338,8 @@ class WorkerPool:
                     return value
                 except WorkerError as error:
                     self._failed_rank = error.rank
-                    error.recovery = self._after_run(workers, "failed")
+                    ours = {f.rank for f in error.other_failures if f.headline.startswith(ENDED_BY_US)}
+                    error.recovery = self._after_run(workers, "failed", ours, error.rank)
                     ended = "said"
                     raise
                 except KeyboardInterrupt:
@@ -393,10 +394,12 @@ class WorkerPool:
                                   "the pool is closed")
         return workers
 
-    def _after_run(self, workers: PoolWorkers, ended: str) -> str | None:
+    def _after_run(self, workers: PoolWorkers, ended: str, ours: set[int] = frozenset(),
+                   root: int | None = None) -> str | None:
         """Keep the workers when every rank is idle with a group it can trust; else heal or
-        replace them. Returns what was done, in words (None: the workers were kept)."""
-        reason = _distrust(workers, ended)
+        replace them. Returns what was done, in words (None: the workers were kept); why, too,
+        unless the failed run's error says it (only its root-cause rank died: ``root``)."""
+        reason = _distrust(workers, ended, ours)
         reports = tuple(h.last_report for h in workers.handles)
         if reason is None:
             self._reports = reports  # (ranks a run on some ranks left idle: their last ones)
@@ -405,7 +408,8 @@ class WorkerPool:
         # a rank without a report of this run keeps its last one (what it held before)
         merged = tuple(r if r is not None else (self._reports[i] if i < len(self._reports) else None)
                        for i, r in enumerate(reports))
-        return self._recover(workers, reason, merged, cause_said=ended == "failed")
+        said = ended == "failed" and {h.rank for h in workers.dead()} == {root}
+        return self._recover(workers, reason, merged, cause_said=said)
 
     def _recover(self, workers: PoolWorkers, reason: str,
                  reports: tuple[RunDone | None, ...], cause_said: bool = False) -> str:
@@ -469,16 +473,19 @@ def _lost(reports: tuple[RunDone, ...]) -> tuple[str, ...]:
     return tuple(lost)
 
 
-def _distrust(workers: PoolWorkers, ended: str) -> str | None:
+def _distrust(workers: PoolWorkers, ended: str, ours: set[int] = frozenset()) -> str | None:
     """Why the workers' process group cannot be trusted after a run that ``ended``
-    (``finished``, ``failed``, ``interrupted``); None: it can."""
+    (``finished``, ``failed``, ``interrupted``); None: it can. ``ours``: the ranks the stop
+    that followed a failure had to end (said as such, not as an outside kill)."""
     dead = workers.dead()
     if dead and ended == "interrupted":  # the supervisor killed the ranks stuck in C++ code
         return (f"{ranks_text(h.rank for h in dead)} did not stop within {INTERRUPT_GRACE:g} s of "
                 f"the interrupt (blocked in C++ code, e.g. a collective), so we ended "
                 f"{'it' if len(dead) == 1 else 'them'}")
     if dead:
-        return ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
+        return ", ".join(f"rank {h.rank} was ended by us (blocked in C++ code after the failure, "
+                         f"e.g. in a collective, it did not stop within {INTERRUPT_GRACE:g} s)"
+                         if h.rank in ours else f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
     reports = [h.last_report for h in workers.handles]
     if any(r is None for r in reports):
         return "a rank did not end its run"

@@ -698,7 +698,7 @@ class Supervisor:
                 return worker.error
             return dataclasses.replace(worker.error, exitcode=worker.exitcode)
         if headline and worker.handle.persistent and worker.exited:
-            headline = (f"stopped: killed, as it did not answer the interrupt within "
+            headline = (f"{ENDED_BY_US}, as it did not answer the interrupt within "
                         f"{INTERRUPT_GRACE:g} s (blocked in C++ code, e.g. a collective)")
         return FailureRecord(
             rank=worker.rank, pid=worker.pid, exitcode=worker.exitcode, exc_type=None,
@@ -706,6 +706,9 @@ class Supervisor:
             traceback="" if headline else self.relay.tail(worker.rank),
             timestamp=worker.exit_time or time.time(),
         )
+
+
+ENDED_BY_US = "stopped: killed"  # the headline of a rank the stop had to end (not an outside kill)
 
 
 def _report(relay: OutputRelay, text: str) -> None:

@@ -112,7 +112,8 @@ def test_a_rank_raising_while_its_peer_waits_in_a_collective_does_not_hang(pool,
     assert time.monotonic() - start < 10
     assert "Connection closed" not in info.value.args[0]
     # rank 0 waited in the all_reduce, in C++: ended within the interrupt's grace, then healed
-    said = info.value.recovery  # on the error, in the cell: what the pool did
+    said = info.value.recovery  # on the error, in the cell: what the pool did, and why
+    assert said.startswith("rank 0 was ended by us (blocked in C++ code after the failure"), said
     assert "The pool healed: rank 0 was replaced" in said and "restored from rank 1 (the only rank left" in said
     assert said.splitlines()[1].endswith("s): kept")
     assert said in str(info.value)
