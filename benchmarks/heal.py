@@ -48,8 +48,8 @@ SOURCE = textwrap.dedent("""
         import torch.distributed as dist
         t = torch.ones(1)
         dist.all_reduce(t)
-        mine = torch.stack([p.detach().double().sum() for p in model.parameters()]
-                           + [s["momentum_buffer"].double().sum() for s in opt.state.values()])
+        mine = torch.stack([p.detach().sum(dtype=torch.float64) for p in model.parameters()]
+                           + [s["momentum_buffer"].sum(dtype=torch.float64) for s in opt.state.values()])
         every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)
         assert all(torch.equal(every[0], other) for other in every), "the replicas differ"
