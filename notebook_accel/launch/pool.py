@@ -417,32 +417,31 @@ class WorkerPool:
         what was done, starting with why (unless ``cause_said``: the run's error says it)."""
         dead = tuple(h.rank for h in workers.dead())
         known = tuple(r for r in reports if r is not None)
-        why_not = can_heal(self.plan, workers, list(dead)) if dead else "no rank died"
-        if why_not is None:
-            alive = [r for rank, r in enumerate(reports) if rank not in dead and r is not None]
-            again = sorted(set(dead) & set(self._healed))
-            try:
-                self.last_heal = heal_in_place(workers, self.plan, dead,
-                                     _lost(tuple(r for i, r in enumerate(reports)
-                                                 if i in dead and r is not None)),
-                                     len({r.collectives for r in alive}) <= 1)
-            except Exception as error:  # noqa: BLE001 - whatever broke the heal, the pool recovers
-                headline = str(error).splitlines()[0]
-                return self._replace(f"{reason}; the heal failed: {headline}",
-                                     _lost(known) if known else self.lost)
-            except KeyboardInterrupt:
-                _say(self._replace(f"{reason}; the heal was interrupted",
-                                   _lost(known) if known else self.lost))
-                raise
-            text = self.last_heal.text
-            self._healed = dead
-            self._reports = tuple(h.last_report for h in workers.handles)
-            if again:
-                text += (f"\n{ranks_text(again)} died again in the run right after a heal: if "
-                         "this cell makes it run out of memory (or crash) every time, change the "
-                         "cell before running it again")
-            return text if cause_said else f"{reason}. {text}"
-        return self._replace(reason, _lost(known) if known else self.lost)
+        every_name = _lost(known) if known else self.lost
+        if not dead or can_heal(self.plan, workers, list(dead)) is not None:
+            return self._replace(reason, every_name)
+        living = [r for rank, r in enumerate(reports) if rank not in dead and r is not None]
+        theirs = _lost(tuple(r for rank, r in enumerate(reports) if rank in dead and r is not None))
+        again = sorted(set(dead) & set(self._healed))
+        try:
+            self.last_heal = heal_in_place(workers, self.plan, dead, theirs,
+                                           same_cut=len({r.collectives for r in living}) <= 1)
+        except Exception as error:  # noqa: BLE001 - whatever broke the heal, the pool recovers
+            return self._replace(f"{reason}; the heal failed: {str(error).splitlines()[0]}",
+                                 every_name)
+        except KeyboardInterrupt:
+            _say(self._replace(f"{reason}; the heal was interrupted", every_name))
+            raise
+        self._healed = dead
+        self._reports = tuple(h.last_report for h in workers.handles)
+        if self._failed_rank in dead:
+            self._failed_rank = None  # its frames went with it
+        text = self.last_heal.text
+        if again:
+            text += (f"\n{ranks_text(again)} died again in the run right after a heal: if this "
+                     "cell makes it run out of memory (or crash) every time, change the cell "
+                     "before running it again")
+        return text if cause_said else f"{reason}. {text}"
 
     def _replace(self, reason: str, lost: tuple[str, ...]) -> str:
         """Replace every worker; returns what was done and lost, in words."""
