@@ -113,6 +113,13 @@ def _kill(pool: WorkerPool, ranks: list[int], after: float) -> threading.Timer:
     return timer
 
 
+def _recovery_after(pool: WorkerPool, dying: tuple[int, ...]) -> str:
+    """What the pool said it did after ``dying`` ranks exited in a run (the run's error's)."""
+    with pytest.raises(WorkerError) as info:
+        pool.run(CELLS["die_on"], dying)
+    return info.value.recovery
+
+
 def _trains_on(pool: WorkerPool, pids_kept: dict[int, int]) -> None:
     """The healed pool trains on: same processes where kept, one group, replicas equal."""
     pool.run(CELLS["train"], 40, 0.0)
@@ -139,9 +146,7 @@ def test_rank_0_dying_is_healed_from_rank_1():
 def test_two_ranks_dying_at_once_are_healed_from_the_last():
     with _pool() as pool:
         kept = {0: pool.status()[0].pid}
-        with pytest.raises(WorkerError) as info:
-            pool.run(CELLS["die_on"], (1, 2))
-        said = info.value.recovery
+        said = _recovery_after(pool, (1, 2))
         # both died on their own: said, before what the pool did (the error names one of them)
         assert said.startswith("rank 1 exited with code 3, rank 2 exited with code 3. The pool "
                                "healed: ranks 1, 2 were replaced in "), said
@@ -151,9 +156,7 @@ def test_two_ranks_dying_at_once_are_healed_from_the_last():
 
 def test_every_rank_dying_replaces_every_rank_and_says_what_was_lost():
     with _pool() as pool:
-        with pytest.raises(WorkerError) as info:
-            pool.run(CELLS["die_on"], (0, 1, 2))
-        said = info.value.recovery
+        said = _recovery_after(pool, (0, 1, 2))
         assert said.startswith("the pool's workers were replaced (rank 0 exited with code 3, rank 1 "
                                "exited with code 3, rank 2 exited with code 3; "), said
         assert "their state was lost: acc, mine, model, opt, step" in said, said
@@ -163,9 +166,7 @@ def test_every_rank_dying_replaces_every_rank_and_says_what_was_lost():
 def test_a_rank_dying_during_the_heal_replaces_every_rank_and_says_so():
     with _pool() as pool:
         pool.run(CELLS["leave_a_trap"])
-        with pytest.raises(WorkerError) as info:
-            pool.run(CELLS["die_on"], (1,))
-        said = info.value.recovery
+        said = _recovery_after(pool, (1,))
         assert said.startswith("the pool's workers were replaced (rank 1 exited with code 3; the heal "
                                "failed: rank 1 exited with code 4"), said
         pool.run(CELLS["setup"])
@@ -175,9 +176,7 @@ def test_a_rank_dying_during_the_heal_replaces_every_rank_and_says_so():
 def test_the_same_rank_dying_again_right_after_its_heal_is_said_as_such():
     with _pool() as pool:
         for attempt in range(2):
-            with pytest.raises(WorkerError) as info:
-                pool.run(CELLS["die_on"], (2,))
-            said = info.value.recovery
+            said = _recovery_after(pool, (2,))
             assert said.startswith("The pool healed: rank 2 was replaced"), said
             assert ("rank 2 died again in the run right after a heal" in said) == (attempt == 1)
         _trains_on(pool, {0: pool.status()[0].pid})
@@ -217,9 +216,7 @@ def test_the_stop_button_during_a_heal_replaces_every_rank_and_stops():
 def test_what_cannot_be_copied_or_differs_is_named_and_the_rest_restored():
     with _pool() as pool:
         pool.run(CELLS["leave_a_generator"])
-        with pytest.raises(WorkerError) as info:
-            pool.run(CELLS["die_on"], (1,))
-        said = info.value.recovery
+        said = _recovery_after(pool, (1,))
         assert "  lost with rank 1 (each rank held its own value): mine\n" in said, said
         assert "  not copied to rank 1 (cannot be copied): numbers (TypeError: cannot pickle " in said
         names = set(pool.names_on(1))
@@ -231,9 +228,7 @@ def test_prepared_objects_that_differ_between_survivors_refuse_the_heal():
     every rank is replaced (never a mixed state)."""
     with _pool() as pool:
         pool.run(CELLS["diverge"])
-        with pytest.raises(WorkerError) as info:
-            pool.run(CELLS["die_on"], (1,))
-        said = info.value.recovery
+        said = _recovery_after(pool, (1,))
         assert said.startswith("the pool's workers were replaced (rank 1 exited with code 3; the heal "
                                "failed: "), said
         assert "the surviving ranks hold different acc, model, opt" in said, said
@@ -263,9 +258,7 @@ def test_sharded_state_is_named_as_lost_and_why():
     with WorkerPool(num_processes=2, output="none", fsdp=True) as pool:
         pool.run(CELLS["setup"])
         pool.run(CELLS["leave_a_plain_value"])
-        with pytest.raises(WorkerError) as info:
-            pool.run(CELLS["die_on"], (1,))
-        said = info.value.recovery
+        said = _recovery_after(pool, (1,))
         assert said.startswith("The pool healed: rank 1 was replaced"), said
         assert "restored from rank 0 (the only rank left" in said and "plain" in said
         assert ("model (NotCarried: an FSDP-sharded model: each rank held its own part of it, and "
