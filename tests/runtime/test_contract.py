@@ -87,7 +87,8 @@ def test_vocabularies_are_the_tables():
                            "mixed_precision": "NOTEBOOK_ACCEL_MIXED_PRECISION",
                            "start_method": "NOTEBOOK_ACCEL_START_METHOD",
                            "cluster": "NOTEBOOK_ACCEL_CLUSTER",
-                           "dynamo_backend": "ACCELERATE_DYNAMO_BACKEND"}  # the peer's variable
+                           "dynamo_backend": "ACCELERATE_DYNAMO_BACKEND",  # the peer's variable
+                           "heal": "NOTEBOOK_ACCEL_HEAL"}
     keys = {o.file_key for o in OPTIONS.values() if o.file_key}
     assert keys <= set(LaunchConfig.__dataclass_fields__)
 
