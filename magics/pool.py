@@ -169,8 +169,8 @@ def debug(args: argparse.Namespace) -> None:
                              "debug opens pdb where a failed cell raised)") from None
         rank, _, cell = _failure
         raise UsageError(f"rank {rank}'s failure in cell [{cell}] cannot be debugged any more: "
-                         "the pool's workers were replaced since, and the failure's frames "
-                         "with them") from None
+                         f"rank {rank}'s worker was replaced since (alone, by a heal, or with "
+                         "every rank), and the failure's frames with it") from None
 
 
 def stacks(args: argparse.Namespace) -> None:
