@@ -1,7 +1,7 @@
 """The stop button inside a collective, then the cells after it, in a real browser (issue 36).
 
 JupyterLab + headless Chromium (see ``tests/browser_support.py``). The notebook starts a
-2-worker pool, builds a prepared model on it, then waits in an ``all_reduce`` that rank 1
+2-worker pool without the heal (``--no-heal``: every worker replaced after a rank is ended), builds a prepared model on it, then waits in an ``all_reduce`` that rank 1
 (asleep) never joins; the notebook toolbar's stop button is pressed. The cell says the
 workers were replaced and what was lost; the next cell, which reads rank 0's copy of the
 ``Accelerator``, is refused, naming the cell that brought it back by the number the
@@ -33,7 +33,7 @@ pytestmark = BROWSER_MARKS
 START = """%load_ext notebook_accel
 import magics, notebook_accel
 print("imported from", notebook_accel.__file__, magics.__file__)
-%accelerate start -n 2"""
+%accelerate start -n 2 --no-heal"""  # every worker replaced after the stop (the heal: test_pool_heal)
 BUILD = """%%accelerate
 import time, torch, torch.distributed as dist
 from notebook_accel import Accelerator
