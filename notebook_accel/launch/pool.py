@@ -8,8 +8,10 @@ views. What a run assigns stays on the workers for the next run
 
 Never a silently wrong result: a run that ends inside a collective (interrupted, or a
 broken peer), a rank killed, or ranks whose process groups disagree on how many
-collectives they issued, leave a group that could pair later collectives wrongly; the
-pool then replaces its workers before anything else runs, and says which names were lost.
+collectives they issued, leave a group that could pair later collectives wrongly; it is
+never reused. When ranks died and others live, the pool heals in place (``pool_heal.py``:
+the dead ranks alone started again, given what the living hold alike); otherwise it
+replaces every worker. Either way it says what was kept and lost.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ class WorkerPool:
     checked the same way (``launch/request.py``: :func:`~notebook_accel.launch.request.door_options`),
     and ``stop_wait``: the seconds every rank has, after the stop button, to reach the point where
     they all stop together (default 5; then they are stopped at once, as a rank stuck in
-    compute or diverging ranks would never get there). The workers start at once. Closed by :meth:`close`, at the end of a
+    compute or diverging ranks would never get there), and ``heal`` (default True: a rank that
+    dies is replaced alone and given what the living ranks hold alike; False: every worker is
+    replaced). The workers start at once. Closed by :meth:`close`, at the end of a
     ``with`` block, when garbage-collected, or when the interpreter exits; workers also end
     when the kernel dies.
 
@@ -247,14 +251,15 @@ class WorkerPool:
         in the worker's namespace: names that live there win over the notebook's copies,
         and what it assigns (``global x; x = ...``) stays there for later runs.
 
-        Workers that died since the last run (killed while idle) are replaced first, as
-        after a run that broke them, and what was lost is said (:meth:`revive`).
+        Workers that died since the last run (killed while idle) are healed (or every
+        worker replaced) first, as after a run that broke them, saying so (:meth:`revive`).
 
         Raises:
             TypeError: ``function`` is not callable, or a value cannot be pickled.
             PoolUnavailable: the pool is closed (a RuntimeError).
-            WorkerError: the run failed on a rank (root cause named); the pool stays up,
-                or its workers are replaced when its process group cannot be trusted (said).
+            WorkerError: the run failed on a rank (root cause named); the pool stays up, or
+                heals or replaces its workers when its process group cannot be trusted (what
+                it did: the error's ``recovery``).
             KeyboardInterrupt: interrupted; every rank stopped its run.
         """
         return self._run(None, function, args, kwargs)
