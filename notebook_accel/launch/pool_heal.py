@@ -15,13 +15,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers
 from notebook_accel.launch.launcher import launch_once
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rank_ranges import ranks_text
-from notebook_accel.launch.worker.heal import HealReport, heal
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.worker.heal import HealReport
 
 HEAL_TIMEOUT = 600.0  # seconds a heal may take before it is stopped and every rank replaced
 _SHOWN = 12  # names listed per line before the rest is counted
@@ -62,6 +65,8 @@ def heal_in_place(workers: PoolWorkers, plan: LaunchPlan, dead: tuple[int, ...],
             objects differ...): the caller replaces every rank.
         KeyboardInterrupt: interrupted meanwhile (the caller replaces every rank).
     """
+    from notebook_accel.launch.worker.heal import heal  # torch: never on %load_ext's path
+
     started = time.monotonic()
     port = workers.replace(dead)
     start = time.monotonic() - started
