@@ -344,7 +344,7 @@ class WorkerPool:
                 except WorkerError as error:
                     self._failed_rank = error.rank
                     ours = {f.rank for f in error.other_failures if f.headline.startswith(ENDED_BY_US)}
-                    error.recovery = self._after_run(workers, "failed", ours, error.rank)
+                    error.recovery = self._after_run(workers, "failed", ours, error.rank) or ""
                     ended = "said"
                     raise
                 except KeyboardInterrupt:
