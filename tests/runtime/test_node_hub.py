@@ -21,6 +21,7 @@ from notebook_accel.launch.launcher import launch_once, plan_launch
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.worker.node_hub import NodeHub
+from tests.cluster.checks import wait_until_seen_dead
 from tests.runtime.test_pool import notebook
 
 
@@ -319,14 +320,6 @@ def _hubs_in_this_process(monkeypatch, nodes: int) -> None:
     monkeypatch.setattr(placement, "is_placed", lambda plan: True)
     monkeypatch.setattr(placement, "placement_for", lambda plan: placed)
     monkeypatch.setattr(placement, "discard", lambda plan: None)
-
-
-def wait_until_seen_dead(pool, rank: int, within: float = 10.0) -> None:
-    """Until the kernel knows ``rank`` ended (a cluster's end comes over its node's link)."""
-    deadline = time.monotonic() + within
-    while pool.status()[rank].alive:
-        assert time.monotonic() < deadline, f"rank {rank}'s end never reached the kernel"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("victim", [2, 0])
