@@ -349,3 +349,33 @@ def test_a_dead_pool_rank_is_forked_again_by_its_hub_and_healed(monkeypatch, cap
         assert [look[2] for look in looks] == [None if r == victim else r * 10 for r in range(4)]
         assert [look[0] == pids[r] for r, look in enumerate(looks)] == [r != victim for r in range(4)]
         assert pool.status()[victim].pid == looks[victim][0]
+
+
+def test_a_pool_whose_node_is_lost_replaces_every_rank_saying_so(monkeypatch, capfd):
+    """Node 1's link ends while the pool is idle (its host gone): no hub is left to fork its
+    ranks again, so the pool does not heal but replaces every worker, saying the node was lost."""
+    from notebook_accel.launch.pool import WorkerPool
+
+    _hubs_in_this_process(monkeypatch, 2)
+    made = []
+    original = cluster.NodeLinks.__init__
+
+    def kept(self, links, ranks):
+        original(self, links, ranks)
+        made.append(links)
+
+    monkeypatch.setattr(cluster.NodeLinks, "__init__", kept)
+    with WorkerPool(num_processes=2, num_nodes=2, cluster="in-process", output="none",
+                    return_all=True) as pool:
+        pids = [info.pid for info in pool.status()]
+        made[0][1].shutdown(2)  # SHUT_RDWR: node 1's link ends
+        wait_until_seen_dead(pool, 2)
+        wait_until_seen_dead(pool, 3)
+        assert not pool.heals
+        capfd.readouterr()
+        pool.run(CELLS["remember"])
+        assert [look[3] for look in pool.run(CELLS["look"])] == [4.0] * 4
+        said = capfd.readouterr().err
+        assert ("the pool's workers were replaced (rank 2 ended without an exit status: its node "
+                "or its Ray worker was lost (its node's link ended), rank 3 ") in said, said
+        assert not {info.pid for info in pool.status()} & set(pids)

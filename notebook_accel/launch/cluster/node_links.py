@@ -213,9 +213,12 @@ class NodeLinks:
         """A port free now at ``host`` on ``node`` (its hub looks): a fresh rendezvous store's.
 
         Raises:
-            ConnectionError: the node's link was lost, or its hub did not answer in time.
+            ConnectionError: the node's link was lost, its hub did not answer in time, or it
+                could bind no port there.
         """
         (port,) = PORT_NUMBER.unpack(self._ask(node, Frame.PORT, host.encode()))
+        if not port:
+            raise ConnectionError(f"node {node}'s hub could bind no port at {host}")
         return port
 
     def fork(self, node: int, specs: Sequence[Any]) -> list[int]:

@@ -9,8 +9,8 @@ never waits for a rank's last line. The kernel sends commands for one rank (a po
 payload once per node (``RUN``); a stop, an interrupt or a stack dump goes once per node,
 listing its ranks. A pool's heal asks two questions, each answered by a frame of the same kind:
 node 0's hub for a free port (``PORT``: the fresh rendezvous store's), and the hub of a dead
-rank's node to fork it again (``FORK``). Both sides send ``BEAT`` every ``BEAT_EVERY`` seconds; a side that hears
-nothing for ``SILENCE`` seconds takes the other for lost.
+rank's node to fork it again (``FORK``). Both sides send ``BEAT`` every ``BEAT_EVERY`` seconds;
+a side that hears nothing for ``SILENCE`` seconds takes the other for lost.
 
 The connection opens with :data:`HELLO` (the launch's secret token, the node's index), as every
 connection to the kernel's :class:`~notebook_accel.launch.cluster.channel_server.ChannelServer`.

@@ -6,8 +6,9 @@ everything it wrote: when its process has exited, the loop reads its
 pipes to their ends (all of it is there by then), sends that, then ``END`` with the exit code.
 A ``SIGTERM`` from the kernel is followed by a ``SIGKILL`` ``STOP_GRACE`` seconds later on the
 hub's own clock. A pool's heal asks the hub for a free port (``PORT``) and to fork dead ranks
-again (``FORK``: the ranks join this loop as the others are in it). When the link ends, goes silent for ``SILENCE`` seconds, or cannot take a frame
-for as long, the kernel is lost: the ranks are killed (their watchdog pipe closes too).
+again (``FORK``: the new ranks join this loop as the others are in it). When the link ends, goes
+silent for ``SILENCE`` seconds, or cannot take a frame for as long, the kernel is lost: the ranks
+are killed (their watchdog pipes close too).
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ class HubPump:
                         runs[returns] = wire.encode(wire.Run(payload, returns))
                     self._command(target, runs[returns])
             elif kind is Frame.PORT:
-                self.outbox += frame(Frame.PORT, 0, PORT_NUMBER.pack(free_port(body.decode())))
+                self.outbox += frame(Frame.PORT, 0, PORT_NUMBER.pack(_free_port(body.decode())))
             elif kind is Frame.FORK:
                 self.outbox += frame(Frame.FORK, 0, pickle.dumps(self._fork_again(pickle.loads(body))))
         return True
@@ -204,8 +205,9 @@ class HubPump:
     def _fork_again(self, specs: list[WorkerSpec]) -> list[int] | str:
         """Fork pool workers for ``specs`` (ranks whose workers ended) and watch them with the
         others; returns their pids, or why they could not be forked."""
-        if self.live & {spec.rank for spec in specs}:
-            return f"ranks {sorted(self.live & {spec.rank for spec in specs})} are still running here"
+        running = sorted(self.live & {spec.rank for spec in specs})
+        if running:
+            return f"ranks {running} are still running here"
         try:
             forked, alive_w = fork_ranks(specs, None, serve=True)
         except Exception as error:  # noqa: BLE001 - said to the kernel, which replaces every rank
@@ -264,6 +266,14 @@ class HubPump:
             self._forget(rank)
         self.selector.close()
         self.link.close()
+
+
+def _free_port(host: str) -> int:
+    """A port free now at ``host`` on this node (0: none could be bound there)."""
+    try:
+        return free_port(host)
+    except OSError:
+        return 0
 
 
 def _targets(rank: int, body: bytes, live: set[int]) -> set[int]:
