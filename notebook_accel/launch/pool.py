@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.interrupts import deferred_interrupts
@@ -214,8 +215,8 @@ class WorkerPool:
 
     @property
     def heals(self) -> bool:
-        """Whether ranks that died now would be healed in place (some live, ``heal=True``, a
-        local pool or a cluster's), not every worker replaced."""
+        """Whether ranks that died now would be healed in place (some live, ``heal=True``, and
+        no node of theirs was lost), not every worker replaced."""
         workers = self._current.workers
         if workers is None:
             return False
@@ -240,7 +241,7 @@ class WorkerPool:
         workers = self._usable()
         dead = workers.dead()
         if dead:
-            reason = ", ".join(f"rank {h.rank} {_ended(h.exitcode)}" for h in dead) + " while idle"
+            reason = ", ".join(f"rank {h.rank} {_ended(h)}" for h in dead) + " while idle"
             _say(self._recover(workers, reason, self._reports))
 
     def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -372,8 +373,9 @@ class WorkerPool:
         workers = self._current.workers
         if workers is None:
             return []
-        return [RankInfo(rank=h.rank, pid=h.pid, alive=h.exitcode is None, exitcode=h.exitcode,
-                         rss=h.rss() if h.exitcode is None else None) for h in workers.handles]
+        dead = {h.rank for h in workers.dead()}  # (a cluster rank whose node was lost: no exit code)
+        return [RankInfo(rank=h.rank, pid=h.pid, alive=h.rank not in dead, exitcode=h.exitcode,
+                         rss=None if h.rank in dead else h.rss()) for h in workers.handles]
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -489,7 +491,7 @@ def _distrust(workers: PoolWorkers, ended: str, ours: set[int] = frozenset()) ->
     if dead:
         return ", ".join(f"rank {h.rank} was ended by us (blocked in C++ code after the failure, "
                          f"e.g. in a collective, it did not stop within {INTERRUPT_GRACE:g} s)"
-                         if h.rank in ours else f"rank {h.rank} {_ended(h.exitcode)}" for h in dead)
+                         if h.rank in ours else f"rank {h.rank} {_ended(h)}" for h in dead)
     reports = [h.last_report for h in workers.handles]
     if any(r is None for r in reports):
         return "a rank did not end its run"
@@ -505,8 +507,12 @@ def _distrust(workers: PoolWorkers, ended: str, ours: set[int] = frozenset()) ->
     return None
 
 
-def _ended(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
+def _ended(handle: WorkerHandle) -> str:
+    """How a dead rank ended, in words (a cluster rank whose node was lost has no exit code)."""
+    exitcode = handle.exitcode
+    if exitcode is None:  # its handle says why (a lost node)
+        return handle.describe_end() or "ended without an exit status"
+    if exitcode < 0:
         try:
             return f"was killed by {signal.Signals(-exitcode).name}"
         except ValueError:

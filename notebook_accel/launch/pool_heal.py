@@ -2,7 +2,9 @@
 
 When some ranks of a pool die (the OOM killer, a segfault, ``os._exit``) while others live,
 the pool starts new workers for the dead ranks alone (``PoolWorkers.replace``: the same rank
-numbers, device and environment, a fresh rendezvous store) and runs the heal on every rank
+numbers, device and environment, a fresh rendezvous store; on a cluster
+``ClusterPoolWorkers.replace``: each dead rank forked again by its node's hub, unless the node
+itself was lost) and runs the heal on every rank
 (``launch/worker/heal.py``). The survivors, which the supervisor stopped at one cut (the stop
 button's agreement, among the living), leave the broken group, meet the new ranks, copy them
 every name they hold alike, rank to rank, and build their rank-bound objects anew for the new
@@ -36,8 +38,10 @@ def can_heal(plan: LaunchPlan, workers: PoolWorkers, dead: list[int]) -> str | N
         return "heal=False"
     if len(dead) == len(workers.handles):
         return "every rank is gone"
-    if not hasattr(workers, "replace"):
-        return "a pool on a cluster replaces every rank"
+    lost = sorted({h.node for h in workers.handles if h.rank in dead and h.describe_end() is not None})
+    if lost:  # no hub is left there to fork its ranks again
+        nodes = ", ".join(str(node) for node in lost)
+        return f"node {nodes} was lost" if len(lost) == 1 else f"nodes {nodes} were lost"
     return None
 
 

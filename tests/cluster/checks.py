@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from notebook_accel import WorkerError
+from tests.runtime.test_pool import notebook
 
 
 def crash_on_node_b():
@@ -185,3 +186,27 @@ def check_a_pool_keeps_state_across_the_nodes(pool, label: str) -> None:
         pool.run(nothing)
         times.append(time.perf_counter() - started)
     print(f"pool cell across 2 nodes ({label}): median {statistics.median(times) * 1e3:.1f} ms")
+
+
+CELLS = notebook("""
+    import os
+
+    def remember_alike():
+        global kept
+        kept = {"lr": 0.1}
+
+    def look_alike():
+        import torch
+        import torch.distributed as dist
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        return os.getpid(), kept, total.item()
+""")  # in the notebook's own name (``__main__``): names the pool's namespace holds and a heal copies
+
+
+def wait_until_seen_dead(pool, rank: int, within: float = 10.0) -> None:
+    """Until the kernel knows ``rank`` ended (a cluster rank's end comes over its node's link)."""
+    deadline = time.monotonic() + within
+    while pool.status()[rank].alive:
+        assert time.monotonic() < deadline, f"rank {rank}'s end never reached the kernel"
+        time.sleep(0.05)

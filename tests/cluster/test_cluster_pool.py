@@ -80,3 +80,24 @@ def test_a_run_on_one_rank_while_another_node_speaks_keeps_that_news_for_later(c
         assert pool.run_on([0], _a_while_on_this_rank) == [0]
         assert pool.run(_a_while_on_this_rank) == [0, 1]
     assert "rank 1, between runs" in capfd.readouterr().out
+
+
+def test_a_dead_rank_is_forked_again_by_its_nodes_hub_and_the_pool_heals(cluster, capfd):
+    """Issue 44 on a cluster: rank 1 (node 1) SIGKILLed, then rank 0 (node 0, the store's host):
+    each time the next run heals in place, its node's hub forking the rank again; the name held
+    alike is restored on it, the other rank is the same process, all_reduce gives the world."""
+    with WorkerPool(num_processes=1, num_nodes=2, cluster=cluster.address, return_all=True) as pool:
+        pool.run(checks.CELLS["remember_alike"])
+        for victim in (1, 0):
+            pids = [info.pid for info in pool.status()]
+            os.kill(pids[victim], signal.SIGKILL)
+            checks.wait_until_seen_dead(pool, victim)
+            capfd.readouterr()
+            looks = pool.run(checks.CELLS["look_alike"])
+            said = capfd.readouterr().err  # a script's information: stderr
+            assert (f"rank {victim} was killed by SIGKILL while idle. The pool healed: rank "
+                    f"{victim} was replaced") in said, said
+            assert "restored from rank" in said and "kept" in said, said
+            assert [look[1:] for look in looks] == [({"lr": 0.1}, 2.0)] * 2
+            assert looks[1 - victim][0] == pids[1 - victim]  # the other rank: the same process
+            assert looks[victim][0] != pids[victim] and pool.status()[victim].pid == looks[victim][0]

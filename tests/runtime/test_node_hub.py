@@ -21,6 +21,8 @@ from notebook_accel.launch.launcher import launch_once, plan_launch
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launch.worker.node_hub import NodeHub
+from tests.cluster.checks import wait_until_seen_dead
+from tests.runtime.test_pool import notebook
 
 
 class _Ref:
@@ -288,3 +290,92 @@ def test_each_ranks_memory_reaches_the_view_from_its_hub():
     assert values == [64 << 20] * 4
     measured = [status.rss for status in last_launch().ranks.values()]
     assert all(rss is not None and 64 << 20 < rss < 4 << 30 for rss in measured), measured
+
+
+
+
+CELLS = notebook("""
+    import os
+
+    def remember():
+        global kept, mine
+        kept = {"lr": 0.1, "step": 7}  # alike on every rank
+        mine = int(os.environ["RANK"]) * 10  # each rank its own
+
+    def look():
+        import torch
+        import torch.distributed as dist
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        return os.getpid(), kept, globals().get("mine"), total.item()
+""")
+
+
+def _hubs_in_this_process(monkeypatch, nodes: int) -> None:
+    """A cluster pool's placement: ``nodes`` hubs in this process (Ray's calls made directly)."""
+    hub = NodeHub.__new__(NodeHub)
+    placed = placement.Placement(None, [_Actor(hub)] * nodes, ["127.0.0.1"] * nodes,
+                                 [os.getpid()] * nodes, [[] for _ in range(nodes)])
+    monkeypatch.setattr(placement, "ray_module", lambda: _Ray)
+    monkeypatch.setattr(placement, "is_placed", lambda plan: True)
+    monkeypatch.setattr(placement, "placement_for", lambda plan: placed)
+    monkeypatch.setattr(placement, "discard", lambda plan: None)
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_a_dead_pool_rank_is_forked_again_by_its_hub_and_healed(monkeypatch, capfd, victim):
+    """A pool on 2 nodes x 2 ranks (hubs in this process): a SIGKILLed rank is forked again by
+    its node's hub (a new pid, the same rank) and the pool heals in place at the next run
+    (rank 0 dead: the new rank 0 hosts the fresh store); what the ranks held alike is restored
+    on it, what each held its own is said lost, the others are the same processes and the
+    group is whole."""
+    from notebook_accel.launch.pool import WorkerPool
+
+    _hubs_in_this_process(monkeypatch, 2)
+    with WorkerPool(num_processes=2, num_nodes=2, cluster="in-process", output="none",
+                    return_all=True) as pool:
+        pool.run(CELLS["remember"])
+        pids = [info.pid for info in pool.status()]
+        os.kill(pids[victim], signal.SIGKILL)
+        wait_until_seen_dead(pool, victim)
+        looks = pool.run(CELLS["look"])
+        said = capfd.readouterr().err  # a script's information: stderr
+        assert f"rank {victim} was killed by SIGKILL while idle. The pool healed: rank {victim} " \
+               "was replaced" in said, said
+        assert "kept" in said.split("restored from rank")[1].splitlines()[0], said
+        assert f"lost with rank {victim} (each rank held its own value): mine" in said, said
+        assert [look[3] for look in looks] == [4.0] * 4
+        assert [look[1] for look in looks] == [{"lr": 0.1, "step": 7}] * 4
+        assert [look[2] for look in looks] == [None if r == victim else r * 10 for r in range(4)]
+        assert [look[0] == pids[r] for r, look in enumerate(looks)] == [r != victim for r in range(4)]
+        assert pool.status()[victim].pid == looks[victim][0]
+
+
+def test_a_pool_whose_node_is_lost_replaces_every_rank_saying_so(monkeypatch, capfd):
+    """Node 1's link ends while the pool is idle (its host gone): no hub is left to fork its
+    ranks again, so the pool does not heal but replaces every worker, saying the node was lost."""
+    from notebook_accel.launch.pool import WorkerPool
+
+    _hubs_in_this_process(monkeypatch, 2)
+    made = []
+    original = cluster.NodeLinks.__init__
+
+    def kept(self, links, ranks):
+        original(self, links, ranks)
+        made.append(links)
+
+    monkeypatch.setattr(cluster.NodeLinks, "__init__", kept)
+    with WorkerPool(num_processes=2, num_nodes=2, cluster="in-process", output="none",
+                    return_all=True) as pool:
+        pids = [info.pid for info in pool.status()]
+        made[0][1].shutdown(2)  # SHUT_RDWR: node 1's link ends
+        wait_until_seen_dead(pool, 2)
+        wait_until_seen_dead(pool, 3)
+        assert not pool.heals
+        capfd.readouterr()
+        pool.run(CELLS["remember"])
+        assert [look[3] for look in pool.run(CELLS["look"])] == [4.0] * 4
+        said = capfd.readouterr().err
+        assert ("the pool's workers were replaced (rank 2 ended without an exit status: its node "
+                "or its Ray worker was lost (its node's link ended), rank 3 ") in said, said
+        assert not {info.pid for info in pool.status()} & set(pids)

@@ -8,17 +8,19 @@ for a Ray Client address, to a relay on the head node that the kernel pumps thro
 (``launch/cluster/channel_relay.py``). The kernel takes each link apart into its ranks' channels
 (``launch/cluster/node_links.py``), so the supervisor, output relay, views and failure records
 are the same as for local processes. Rank 0's node hosts the rendezvous store, on a port that
-its hub found free there.
+its hub found free there. A warm pool's dead rank is forked again by its node's hub
+(:meth:`ClusterPoolWorkers.replace`, for a heal: ``launch/pool_heal.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from typing import Any
 
 from notebook_accel import wire
-from notebook_accel.contract import NODE_RANK
+from notebook_accel.contract import MASTER_ADDR, MASTER_PORT, NODE_RANK
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
 from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.cluster.channel_relay import RelayedChannels
@@ -43,8 +45,9 @@ class HubHandle(WorkerHandle):
     rss_told = True  # its hub sends its memory figure when it moved (looked at once a second)
 
     def __init__(self, rank: int, node: int, address: str, links: NodeLinks, pid: int,
-                 persistent: bool) -> None:
+                 persistent: bool, spec: WorkerSpec) -> None:
         self.rank, self.node, self.address = rank, node, address
+        self.spec = spec  # what its hub forked it from (a replacement is forked from the same)
         self._links, self._pid = links, pid
         self._ends = links.ends[rank]
         self.inbox = self.together = links
@@ -171,15 +174,16 @@ def _start(ray: Any, plan: LaunchPlan, payload: Payload | None, placed: placemen
               if placed.relay is None else
               RelayedChannels(ray, placed.relay, plan.num_nodes))
     pids: dict[int, list[int]] = {}
+    specs: dict[int, WorkerSpec] = {}
     links: dict[int, socket.socket] = {}
     try:
         per_node = plan.num_processes
 
         def start(node: int, port: int, payload_arg: Any) -> Any:
+            ranks = range(node * per_node, (node + 1) * per_node)
+            specs.update((rank, _spec(plan, placed, rank, port)) for rank in ranks)
             return placed.hubs[node].start.remote(
-                [_spec(plan, placed, rank, port)
-                 for rank in range(node * per_node, (node + 1) * per_node)],
-                payload_arg, server.address, server.token, node)
+                [specs[rank] for rank in ranks], payload_arg, server.address, server.token, node)
 
         # rank 0's node first: its hub finds the rendezvous port (port 0) and forks rank 0, which
         # hosts the store, so no peer asks before it listens (torch's connect backoff: 0.6 s)
@@ -201,7 +205,8 @@ def _start(ray: Any, plan: LaunchPlan, payload: Payload | None, placed: placemen
                                    for node in range(plan.num_nodes)})
     return node_links, [
         HubHandle(rank, rank // per_node, placed.addresses[rank // per_node], node_links,
-                  pids[rank // per_node][rank % per_node], persistent=payload is None)
+                  pids[rank // per_node][rank % per_node], persistent=payload is None,
+                  spec=specs[rank])
         for rank in range(plan.world_size)
     ]
 
@@ -238,7 +243,7 @@ def _collect(ray: Any, starts: dict, pids: dict[int, list[int]], wait: bool = Fa
 class ClusterPoolWorkers:
     """A warm pool's workers on a cluster: one serving worker per rank, forked by the hubs
     (the surface of :class:`~.pool.PoolWorkers`: ``handles``, ``send_runs``, ``dead``,
-    ``close``)."""
+    ``replace``, ``close``)."""
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
@@ -256,6 +261,33 @@ class ClusterPoolWorkers:
     def dead(self) -> list[HubHandle]:
         """The workers that have ended."""
         return [handle for handle in self.handles if handle.ended]
+
+    def replace(self, ranks: tuple[int, ...]) -> int:
+        """Have the hub of each dead rank of ``ranks`` fork it again, from the spec it was forked
+        from (same rank number, device and environment), around a fresh rendezvous store that
+        every rank meets at next (a heal: ``launch/pool_heal.py``); returns the store's port.
+
+        As at the launch, rank 0 hosts the store at ``MASTER_ADDR`` (its node's address), on a
+        port node 0's hub finds free there; a survivor rank 0 hosts it when it rejoins.
+
+        Raises:
+            ConnectionError: a hub's node was lost, or its hub did not answer in time.
+            RuntimeError: a hub could not fork its ranks.
+        """
+        old = {handle.rank: handle for handle in self.handles if handle.rank in ranks}
+        port = self.links.free_port(0, self.handles[0].spec.env[MASTER_ADDR])
+        by_node: dict[int, list[HubHandle]] = {}
+        for rank in sorted(ranks):
+            by_node.setdefault(old[rank].node, []).append(old[rank])
+        fresh: dict[int, HubHandle] = {}
+        for node, dead in by_node.items():
+            specs = [dataclasses.replace(h.spec, env={**h.spec.env, MASTER_PORT: str(port)})
+                     for h in dead]
+            for handle, spec, pid in zip(dead, specs, self.links.fork(node, specs), strict=True):
+                fresh[handle.rank] = HubHandle(handle.rank, node, handle.address, self.links,
+                                               pid, persistent=True, spec=spec)
+        self.handles = [fresh.get(handle.rank, handle) for handle in self.handles]
+        return port
 
     def close(self, grace: float = 2.0) -> None:
         """End every worker (they leave when their commands channel closes; killed after

@@ -13,7 +13,9 @@ why. So the kernel holds one socket per node and a few descriptors per launch, w
 number of ranks.
 
 The other way (commands, a pool run once per node, signals once per node for every rank they
-concern) is written on the link by the caller, one writer at a time.
+concern) is written on the link by the caller, one writer at a time. A pool's heal asks a hub
+a question and waits for its answer (:meth:`NodeLinks.free_port`, :meth:`NodeLinks.fork`: a
+dead rank forked again, its channels started afresh under the same rank).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import pickle
 import selectors
 import signal
 import socket
@@ -29,12 +32,15 @@ import threading
 import time
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from notebook_accel import wire
 from notebook_accel.launch.worker.hub_link import (
+    ANSWERED,
     BEAT_EVERY,
     EVERY_RANK,
     EXIT,
+    PORT_NUMBER,
     RSS,
     SIGNAL,
     SILENCE,
@@ -45,6 +51,7 @@ from notebook_accel.launch.worker.hub_link import (
     run_frame,
 )
 
+ANSWER_TIMEOUT = 30.0  # seconds a hub may take to answer a heal's question (a fork: a few ms)
 BACKLOG_LIMIT = 32 << 20  # bytes of a node's ranks held here before its link is left unread
 NAMES = {Frame.STDOUT: "stdout", Frame.STDERR: "stderr", Frame.CONTROL: "control",
          Frame.EVENTS: "events"}
@@ -105,6 +112,8 @@ class NodeLinks:
         self._broken: set[int] = set()  # links a send could not use: lost at the next look
         self._heard = dict.fromkeys(links, time.monotonic())
         self._paused: set[int] = set()
+        self._answers: dict[tuple[int, Frame], bytes] = {}  # (node, question) -> its hub's answer
+        self._answered = threading.Condition()  # an answer came, or a link was lost
         self._closing = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()
@@ -200,6 +209,61 @@ class NodeLinks:
             if targets:
                 self.send(node, *run_frame(node, payload, with_result & targets, targets))
 
+    def free_port(self, node: int, host: str) -> int:
+        """A port free now at ``host`` on ``node`` (its hub looks): a fresh rendezvous store's.
+
+        Raises:
+            ConnectionError: the node's link was lost, its hub did not answer in time, or it
+                could bind no port there.
+        """
+        (port,) = PORT_NUMBER.unpack(self._ask(node, Frame.PORT, host.encode()))
+        if not port:
+            raise ConnectionError(f"node {node}'s hub could bind no port at {host}")
+        return port
+
+    def fork(self, node: int, specs: Sequence[Any]) -> list[int]:
+        """Have ``node``'s hub fork pool workers again for ``specs`` (``WorkerSpec``s of ranks
+        whose workers ended): the ranks' channels start afresh here; returns their pids.
+
+        Raises:
+            RuntimeError: the hub could not fork them (it says why).
+            ConnectionError: the node's link was lost, or its hub did not answer in time.
+        """
+        for spec in specs:
+            self._renew(spec.rank)
+        answer = pickle.loads(self._ask(node, Frame.FORK, pickle.dumps(list(specs))))
+        if isinstance(answer, str):
+            raise RuntimeError(f"node {node}'s hub could not fork "
+                               f"{', '.join(f'rank {s.rank}' for s in specs)} again: {answer}")
+        return answer
+
+    def _renew(self, rank: int) -> None:
+        """Fresh channels for ``rank`` (its worker ended): what its last one left untaken, and
+        news of it, are dropped, as a local pool closes a dead worker's pipes."""
+        with self._lock:
+            old = self.ends[rank]
+            self._held[old.node] -= sum(len(held) for held in old.held.values())
+            self.ends[rank] = RankChannels(rank, old.node)
+            for news in (self._news, self._kept):
+                for item in [item for item in news if item[0] == rank]:
+                    del news[item]
+
+    def _ask(self, node: int, question: Frame, data: bytes) -> bytes:
+        """Send ``question`` to ``node``'s hub and wait for its answer (one at a time per node
+        and question: a pool's heal asks, and it is one)."""
+        with self._answered:
+            self._answers.pop((node, question), None)
+        if not self.send(node, frame(question, 0, data)):
+            raise ConnectionError(f"node {node}'s link to the kernel is gone")
+        with self._answered:
+            self._answered.wait_for(lambda: (node, question) in self._answers
+                                    or node not in self._open, ANSWER_TIMEOUT)
+            answer = self._answers.pop((node, question), None)
+        if answer is None:
+            why = "was lost" if node not in self._open else f"did not answer in {ANSWER_TIMEOUT:g} s"
+            raise ConnectionError(f"node {node}'s hub {why} (asked for {question.name})")
+        return answer
+
     def close(self) -> None:
         """End every link (the hubs then kill what is left of their ranks) and the thread."""
         self._closing = True
@@ -258,6 +322,11 @@ class NodeLinks:
         frames = self._parsers[node].feed(data)  # (outside the lock: the supervisor takes)
         with self._lock:
             for kind, rank, body in frames:
+                if kind in ANSWERED:
+                    with self._answered:
+                        self._answers[(node, kind)] = body
+                        self._answered.notify_all()
+                    continue
                 ends = self.ends.get(rank)
                 if ends is None or ends.ended.is_set():
                     continue
@@ -303,6 +372,8 @@ class NodeLinks:
                     ends.lost = why
                     ends.ended.set()
                     self._tell(rank, "exit")
+        with self._answered:
+            self._answered.notify_all()  # a question to its hub waits no longer
 
     def _shut(self) -> None:
         for node in list(self._open):

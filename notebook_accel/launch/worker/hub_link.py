@@ -7,8 +7,10 @@ data. A hub sends each rank's output and framed channels as they come, and the r
 never waits for a rank's last line. The kernel sends commands for one rank (a pool worker's
 ``Run``, ``StopAsk``, ``StopAt``; empty data: close its commands), signals, and a pool run's
 payload once per node (``RUN``); a stop, an interrupt or a stack dump goes once per node,
-listing its ranks. Both sides send ``BEAT`` every ``BEAT_EVERY`` seconds; a side that hears
-nothing for ``SILENCE`` seconds takes the other for lost.
+listing its ranks. A pool's heal asks two questions, each answered by a frame of the same kind:
+node 0's hub for a free port (``PORT``: the fresh rendezvous store's), and the hub of a dead
+rank's node to fork it again (``FORK``). Both sides send ``BEAT`` every ``BEAT_EVERY`` seconds;
+a side that hears nothing for ``SILENCE`` seconds takes the other for lost.
 
 The connection opens with :data:`HELLO` (the launch's secret token, the node's index), as every
 connection to the kernel's :class:`~notebook_accel.launch.cluster.channel_server.ChannelServer`.
@@ -26,6 +28,7 @@ HEADER = struct.Struct("!BII")  # kind, rank, length of the data
 EXIT = struct.Struct("!i")  # an END's data: the exit code (negative: the signal)
 RSS = struct.Struct("!Q")  # a MEMORY's data: bytes
 RUN_HEAD = struct.Struct("!I")  # a RUN's data starts with the length of its pickled rank sets
+PORT_NUMBER = struct.Struct("!H")  # a PORT's answer: the port
 SIGNAL = struct.Struct("!iBd")  # a SIGNAL's data: the signal, to its group, kill after (s; 0: no)
 EVERY_RANK = 0xFFFFFFFF  # a SIGNAL's rank for the ranks listed after its data (none: all)
 BEAT_EVERY = 1.0  # seconds between two beats of each side
@@ -49,6 +52,14 @@ class Frame(enum.IntEnum):
     # results, ranks running it), then the payload's own bytes: never copied per node)
     MEMORY = 9  # hub -> kernel: a rank's resident memory (RSS), looked at once a second, sent
     # when it moved (``memory_moved``)
+    PORT = 10  # kernel -> hub: a port free on this node at the address given (utf-8); the
+    # answer, hub -> kernel: ``PORT_NUMBER``
+    FORK = 11  # kernel -> hub: fork pool workers again (the pickled list of their ``WorkerSpec``s,
+    # the ranks of dead ones); the answer, hub -> kernel: the pickled list of their pids, or
+    # a str saying why they could not be forked
+
+
+ANSWERED = (Frame.PORT, Frame.FORK)  # the questions, whose answers come back in the same kind
 
 
 OUTPUTS = (Frame.STDOUT, Frame.STDERR, Frame.CONTROL, Frame.EVENTS)  # a rank's channels, in order

@@ -5,14 +5,17 @@ Each live rank's resident memory goes once a second (``MEMORY``). A rank's end g
 everything it wrote: when its process has exited, the loop reads its
 pipes to their ends (all of it is there by then), sends that, then ``END`` with the exit code.
 A ``SIGTERM`` from the kernel is followed by a ``SIGKILL`` ``STOP_GRACE`` seconds later on the
-hub's own clock. When the link ends, goes silent for ``SILENCE`` seconds, or cannot take a frame
-for as long, the kernel is lost: the ranks are killed (their watchdog pipe closes too).
+hub's own clock. A pool's heal asks the hub for a free port (``PORT``) and to fork dead ranks
+again (``FORK``: the new ranks join this loop as the others are in it). When the link ends, goes
+silent for ``SILENCE`` seconds, or cannot take a frame for as long, the kernel is lost: the ranks
+are killed (their watchdog pipes close too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import selectors
 import signal
 import socket
@@ -22,10 +25,12 @@ import time
 import psutil
 
 from notebook_accel import wire
+from notebook_accel.launch.ports import free_port
 from notebook_accel.launch.worker.hub_link import (
     BEAT_EVERY,
     EVERY_RANK,
     EXIT,
+    PORT_NUMBER,
     RSS,
     SIGNAL,
     SILENCE,
@@ -35,7 +40,8 @@ from notebook_accel.launch.worker.hub_link import (
     memory_moved,
     read_run,
 )
-from notebook_accel.launch.worker.rank_fork import ForkedRank
+from notebook_accel.launch.worker.main import WorkerSpec
+from notebook_accel.launch.worker.rank_fork import ForkedRank, fork_ranks
 
 _READ = 1 << 16
 FIRST_WORD = 60.0  # seconds the kernel may take to speak first (it links every node first)
@@ -45,9 +51,10 @@ class HubPump:
     """Multiplexes ``ranks`` onto ``link`` until the kernel closes it (or is lost)."""
 
     def __init__(self, link: socket.socket, ranks: list[ForkedRank], alive_w: int) -> None:
-        self.link, self.alive_w = link, alive_w
-        self.ranks = {r.rank: r for r in ranks}
-        self.live = set(self.ranks)
+        self.link = link
+        self.alive_ws = [alive_w]  # the ranks' watchdog pipes: the launch's, then each re-fork's
+        self.ranks: dict[int, ForkedRank] = {}
+        self.live: set[int] = set()
         self.outbox = bytearray()
         self.kill_at: dict[int, float] = {}
         self.parser = FrameParser()
@@ -58,10 +65,16 @@ class HubPump:
         self.processes: dict[int, psutil.Process] = {}  # the live ranks' (their memory)
         self.told: dict[int, int] = {}  # each rank's memory figure as last sent
         for r in ranks:
-            for kind, fd in r.outputs.items():
-                self.selector.register(fd, selectors.EVENT_READ, (r.rank, kind))
-            self.pidfds[r.rank] = os.pidfd_open(r.pid)
-            self.selector.register(self.pidfds[r.rank], selectors.EVENT_READ, (r.rank, Frame.END))
+            self._adopt(r)
+
+    def _adopt(self, forked: ForkedRank) -> None:
+        """Watch ``forked``'s pipes and exit from now on (in place of an ended rank of its number)."""
+        self.ranks[forked.rank] = forked
+        self.live.add(forked.rank)
+        for kind, fd in forked.outputs.items():
+            self.selector.register(fd, selectors.EVENT_READ, (forked.rank, kind))
+        self.pidfds[forked.rank] = os.pidfd_open(forked.pid)
+        self.selector.register(self.pidfds[forked.rank], selectors.EVENT_READ, (forked.rank, Frame.END))
 
     def run(self) -> None:
         """The loop (the thread's body)."""
@@ -183,7 +196,26 @@ class HubPump:
                     if returns not in runs:
                         runs[returns] = wire.encode(wire.Run(payload, returns))
                     self._command(target, runs[returns])
+            elif kind is Frame.PORT:
+                self.outbox += frame(Frame.PORT, 0, PORT_NUMBER.pack(_free_port(body.decode())))
+            elif kind is Frame.FORK:
+                self.outbox += frame(Frame.FORK, 0, pickle.dumps(self._fork_again(pickle.loads(body))))
         return True
+
+    def _fork_again(self, specs: list[WorkerSpec]) -> list[int] | str:
+        """Fork pool workers for ``specs`` (ranks whose workers ended) and watch them with the
+        others; returns their pids, or why they could not be forked."""
+        running = sorted(self.live & {spec.rank for spec in specs})
+        if running:
+            return f"ranks {running} are still running here"
+        try:
+            forked, alive_w = fork_ranks(specs, None, serve=True)
+        except Exception as error:  # noqa: BLE001 - said to the kernel, which replaces every rank
+            return f"{type(error).__name__}: {error}"
+        self.alive_ws.append(alive_w)
+        for rank in forked:
+            self._adopt(rank)
+        return [rank.pid for rank in forked]
 
     def _command(self, rank: int, data: bytes) -> None:
         forked = self.ranks.get(rank)
@@ -223,8 +255,9 @@ class HubPump:
 
     def _end(self) -> None:
         """The launch is over (or the kernel lost): nothing of it outlives the loop."""
-        with contextlib.suppress(OSError):
-            os.close(self.alive_w)  # every rank's watchdog ends it
+        for alive_w in self.alive_ws:
+            with contextlib.suppress(OSError):
+                os.close(alive_w)  # every rank's watchdog ends it
         for rank in list(self.live):
             self._signal(rank, signal.SIGKILL, True)
         for rank in list(self.live):
@@ -233,6 +266,14 @@ class HubPump:
             self._forget(rank)
         self.selector.close()
         self.link.close()
+
+
+def _free_port(host: str) -> int:
+    """A port free now at ``host`` on this node (0: none could be bound there)."""
+    try:
+        return free_port(host)
+    except OSError:
+        return 0
 
 
 def _targets(rank: int, body: bytes, live: set[int]) -> set[int]:
