@@ -109,7 +109,8 @@ class Snapshots:
         if self._pending is not None:  # a scheduler held the last snapshot back and did not step
             self._leave_out()
         self._counts[id(optimizer)] = self._counts.get(id(optimizer), self.step) + 1
-        done = min(self._counts.get(id(opt), self.step) for opt in self.accelerator._optimizers)
+        prepared = self.accelerator._optimizers or [optimizer]  # (after free_memory: the one stepping)
+        done = min(self._counts.get(id(opt), self.step) for opt in prepared)
         if done > self.step:
             self.step = done
             if self._due(done):
