@@ -52,19 +52,26 @@ class AtomicDir:
         """Wait for every process's writes, then (owners) swap ``tmp`` in; returns the directory."""
         self.state.wait_for_everyone()
         if self.claim is not None:
-            final, tmp, old = self.final, self.tmp, self.old
-            if final.exists():
-                _carry_over(final, tmp)
-            _fsync_dir(tmp)
-            if final.exists():
-                shutil.rmtree(old, ignore_errors=True)
-                os.rename(final, old)
-            os.rename(tmp, final)
-            _fsync_dir(final.parent)
-            shutil.rmtree(old, ignore_errors=True)
+            swap_in(self.tmp, self.final)
             self.claim.unlink(missing_ok=True)  # every process tried to claim it before the first write
         self.state.wait_for_everyone()
         return self.final
+
+
+def swap_in(tmp: Path, final: Path) -> None:
+    """Make the fully written (fsync'd) directory ``tmp`` the directory ``final``, atomically: the old
+    ``final`` (if any) goes aside to ``<final>.old`` until the rename is durable, its foreign files
+    carried over. One process does it, once every process's writes are done."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        _carry_over(final, tmp)
+    fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def resolve_checkpoint(input_dir: str | os.PathLike[str]) -> Path:
@@ -127,7 +134,8 @@ def _create_exclusive(path: Path) -> bool:
     return True
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make ``path``'s entries (files created or renamed in it) durable."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - not possible on every platform

@@ -25,10 +25,9 @@ def state_file(loader: Any, index: int) -> str:
     return layout.object_file("dataloader", index)
 
 
-def save(directory: Path, loaders: list[Any], write: Callable[[Any, Path], None]) -> None:
-    """Write every loader's state into ``directory`` with ``write(obj, path)``."""
-    for i, loader in enumerate(loaders):
-        write(loader.state_dict(), directory / state_file(loader, i))
+def state_files(loaders: list[Any]) -> list[tuple[str, Any]]:
+    """Every loader's state file: its name and its state."""
+    return [(state_file(loader, i), loader.state_dict()) for i, loader in enumerate(loaders)]
 
 
 def load(directory: Path, loaders: list[Any], read: Callable[[Path], Any]) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from notebook_accel.checkpoint import layout
-from notebook_accel.checkpoint.training_state import CheckpointFiles
-from notebook_accel.checkpoint.weight_files import load_safetensors, save_weights_file
+from notebook_accel.checkpoint.training_state import CheckpointFiles, StateFile, write_files
+from notebook_accel.checkpoint.weight_files import load_safetensors
 from notebook_accel.runtime.helpers import extract_model_from_parallel
 
 
@@ -39,19 +39,21 @@ class PlainCheckpointer:
 
     def save(self, files: CheckpointFiles) -> None:
         """The models' states (``files.model_states`` when save hooks left them) and the optimizers'."""
-        model_states = self.to_cpu(files.model_states if files.model_states is not None
+        write_files(files.directory, self.state_files(files.model_states, files.safe_serialization, files.owner))
+
+    def state_files(self, model_states: list[dict[str, Any]] | None, safe_serialization: bool,
+                    owner: bool) -> list[StateFile]:
+        """The models' and optimizers' files with their states on the CPU (none where not ``owner``; every
+        process calls it: the copy to the CPU is a collective on XLA). ``model_states``: what save hooks left."""
+        model_states = self.to_cpu(model_states if model_states is not None
                                    else [_unwrap(m).state_dict() for m in self.models])
         optimizer_states = self.to_cpu([o.state_dict() for o in self.optimizers])
-        if not files.owner:
-            return
-        directory = files.directory
-        for i, weights in enumerate(model_states):
-            if files.safe_serialization:
-                save_weights_file(weights, directory / layout.model_file(i, True))
-            else:
-                files.write(weights, directory / layout.model_file(i, False))
-        for i, optimizer_state in enumerate(optimizer_states):
-            files.write(optimizer_state, directory / layout.object_file("optimizer", i))
+        if not owner:
+            return []
+        return ([StateFile(layout.model_file(i, safe_serialization), weights, safetensors=safe_serialization)
+                 for i, weights in enumerate(model_states)]
+                + [StateFile(layout.object_file("optimizer", i), optimizer_state)
+                   for i, optimizer_state in enumerate(optimizer_states)])
 
     def load(self, files: CheckpointFiles) -> None:
         """The models (safetensors or ``.bin``, ``files.strict`` or not) and the optimizers."""

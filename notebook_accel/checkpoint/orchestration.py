@@ -61,20 +61,27 @@ def checkpoint_items(accelerator: Any, models: list[Any] | None = None) -> Check
     )
 
 
+def run_save_hooks(accelerator: Any, target: Path) -> CheckpointItems:
+    """Call the save hooks (they may write into ``target``, change the weights or drop models);
+    returns the checkpoint's items with what they left."""
+    models, model_states = list(accelerator._models), None
+    if accelerator._state_hooks.save:
+        target.mkdir(parents=True, exist_ok=True)  # hooks write into it (their files are kept)
+        model_states = [accelerator.unwrap_model(m, keep_torch_compile=False).state_dict() for m in models]
+        for hook in list(accelerator._state_hooks.save.values()):
+            hook(models, model_states, target)
+    items = checkpoint_items(accelerator, models)
+    items.model_states = model_states
+    return items
+
+
 def save_accelerator_state(accelerator: Any, output_dir: str | os.PathLike[str] | None,
                            safe_serialization: bool) -> Path:
     """``Accelerator.save_state``: the save hooks, the checkpoint, then automatic naming's count and limit."""
     config = accelerator.project_configuration
     automatic = output_dir is None and config.automatic_checkpoint_naming
     target = config.resolve(output_dir, saving=True)
-    models, model_states = list(accelerator._models), None
-    if accelerator._state_hooks.save:
-        Path(target).mkdir(parents=True, exist_ok=True)  # hooks write into it (their files are kept)
-        model_states = [accelerator.unwrap_model(m, keep_torch_compile=False).state_dict() for m in models]
-        for hook in list(accelerator._state_hooks.save.values()):
-            hook(models, model_states, target)
-    items = checkpoint_items(accelerator, models)
-    items.model_states = model_states
+    items = run_save_hooks(accelerator, Path(target))
     path = training_state.save_state(target, items, accelerator.state, safe_serialization, step=accelerator.step)
     if automatic:
         config.iteration += 1

@@ -35,6 +35,7 @@ import torch
 
 from notebook_accel.checkpoint import layout, loader_states, random_states
 from notebook_accel.checkpoint.atomic_dir import AtomicDir, resolve_checkpoint
+from notebook_accel.checkpoint.weight_files import save_weights_file
 from notebook_accel.runtime.state import PartialState
 
 
@@ -101,6 +102,44 @@ class CheckpointFiles:
                              "restores sharded models whole: use strict=True (the default)")
 
 
+@dataclass
+class StateFile:
+    """One file of a checkpoint with what goes into it: ``name`` (in the checkpoint directory), ``obj``
+    (its content) and ``safetensors`` (a model's weights as safetensors, tied weights once; else
+    ``torch.save``). A synchronous save writes the live objects; a snapshot writes host copies of them."""
+
+    name: str
+    obj: Any
+    safetensors: bool = False
+
+
+def write_files(directory: Path, files: list[StateFile]) -> None:
+    """Write (and fsync) every file of ``files`` into ``directory``."""
+    for file in files:
+        if file.safetensors:
+            save_weights_file(file.obj, directory / file.name)
+        else:
+            _write(file.obj, directory / file.name)
+
+
+def state_files(items: CheckpointItems, state: PartialState, owner: bool, step: int | None) -> list[StateFile]:
+    """The files of ``items`` beside the models' and optimizers' (the checkpointer's): schedulers,
+    loaders, registered objects, scaler and counters where this process writes the shared files
+    (``owner``), and this process's random states (with ``step``), as ``save_state`` writes them."""
+    files = []
+    if owner:
+        files += [StateFile(layout.object_file("scheduler", i), obj.state_dict())
+                  for i, obj in enumerate(items.schedulers)]
+        files += [StateFile(name, obj) for name, obj in loader_states.state_files(items.dataloaders)]
+        files += [StateFile(layout.custom_file(i), obj.state_dict()) for i, obj in enumerate(items.custom)]
+        if items.scaler is not None:
+            files.append(StateFile("scaler.pt", items.scaler.state_dict()))
+        if items.accelerator is not None:
+            files.append(StateFile("accelerator.pt", items.accelerator.state_dict()))
+    files.append(StateFile(layout.rng_file(state.process_index), random_states.capture(state.device_kind, step)))
+    return files
+
+
 def _write(obj: Any, path: Path) -> None:
     with open(path, "wb") as f:
         torch.save(obj, f)
@@ -128,17 +167,7 @@ def save_state(
     tmp = directory.tmp
     items.checkpointer.save(CheckpointFiles(tmp, state.is_main_process, directory.owner,
                                             safe_serialization=safe_serialization, model_states=items.model_states))
-    if directory.owner:
-        for i, obj in enumerate(items.schedulers):
-            _write(obj.state_dict(), tmp / layout.object_file("scheduler", i))
-        loader_states.save(tmp, items.dataloaders, _write)
-        for i, obj in enumerate(items.custom):
-            _write(obj.state_dict(), tmp / layout.custom_file(i))
-        if items.scaler is not None:
-            _write(items.scaler.state_dict(), tmp / "scaler.pt")
-        if items.accelerator is not None:
-            _write(items.accelerator.state_dict(), tmp / "accelerator.pt")
-    _write(random_states.capture(state.device_kind, step), tmp / layout.rng_file(state.process_index))
+    write_files(tmp, state_files(items, state, directory.owner, step))
     return directory.commit()
 
 

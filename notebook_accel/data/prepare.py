@@ -253,3 +253,6 @@ def _dispatcher(
         process_index=process_index, num_processes=num_processes, per_process_batch=per,
         remainder=None, total_batch_size=total, **common, **kwargs, **loader_kwargs(loader),
     )
+
+
+DataLoaderShard.rest_of_epoch = staticmethod(skip_first_batches)  # a resumed loader's next pass

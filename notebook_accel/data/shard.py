@@ -7,7 +7,7 @@ and its docstring describes the sharding, shuffling and checkpointing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ class LoaderProgress:
         self.batches_yielded = 0
         self.in_epoch = False
         self.resume_step = 0  # batches already done in the epoch a checkpoint interrupted
+        self.skip_on_next_pass = False  # the next pass leaves those out by itself (after ``Accelerator.resume``)
 
     def _epoch(self) -> int | None:
         return None if self.sampler is None else int(self.sampler.epoch)
@@ -136,8 +137,24 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
             inner = self.batch_sampler
         return inner if hasattr(inner, "set_epoch") else getattr(inner, "sampler", inner)
 
+    # ``prepare.skip_first_batches``, which builds on this module and fills it in when imported
+    rest_of_epoch: Callable[[DataLoaderShard, int], DataLoaderShard]
+
+    def skip_seen_on_next_pass(self) -> None:
+        """Make the next pass over this loader leave out the batches the restored epoch had done
+        (``resume_step``), as ``skip_first_batches`` would; later passes are whole epochs again."""
+        self.progress.skip_on_next_pass = self.resume_step > 0 and not self.use_stateful_dataloader
+
     def __iter__(self) -> Iterator[Any]:
         progress = self.progress
+        if progress.skip_on_next_pass:
+            progress.skip_on_next_pass = False
+            rest = self.rest_of_epoch(self, progress.resume_step)
+            try:
+                yield from rest
+            finally:
+                self.iteration = rest.iteration
+            return
         if self.synchronize_generator and world_size() > 1:
             synchronize_rng_state("generator", self.generator)
         progress.start_epoch()

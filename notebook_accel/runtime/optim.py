@@ -32,6 +32,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         before_step: called with ``optimizer`` before each real step (on XLA: reduce the
             gradients across replicas, which replaces DDP there).
         after_step: called after each real step (on XLA: ``mark_step``).
+
+    ``step_hooks``: callables given this optimizer after each real step (``checkpoint.snapshots``
+    counts steps there); never pickled with it.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.before_step = before_step
         self.after_step = after_step
         self._is_overflow = False  # the peer's name: its tests set it to fake a skipped step
+        self.step_hooks: list[Callable[[AcceleratedOptimizer], None]] = []
 
     def __getattr__(self, name: str) -> Any:
         if name == "optimizer":  # not yet set (e.g. during unpickling)
@@ -72,10 +76,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return f"AcceleratedOptimizer({self.optimizer!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        return {**self.__dict__, "step_hooks": []}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"step_hooks": [], **state})
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
@@ -119,6 +123,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             result = self._scaled_step(closure)
         if self.after_step is not None:
             self.after_step()
+        for hook in self.step_hooks:
+            hook(self)
         return result
 
     def _scaled_step(self, closure: Callable[[], Any] | None) -> Any:
@@ -157,6 +163,8 @@ class AcceleratedScheduler:
         num_processes: steps per optimizer step when not ``split_batches``.
         split_batches: step once per optimizer step.
         step_with_optimizer: when ``False``, ``step`` always steps once, like the raw scheduler.
+
+    ``step_hooks``: callables given this scheduler after each ``step`` call; never pickled with it.
     """
 
     def __init__(
@@ -174,17 +182,29 @@ class AcceleratedScheduler:
         self.num_processes = num_processes
         self.split_batches = split_batches
         self.step_with_optimizer = step_with_optimizer
+        self.step_hooks: list[Callable[[AcceleratedScheduler], None]] = []
 
     def __getattr__(self, name: str) -> Any:
-        if name == "scheduler":
+        if name in ("scheduler", "step_hooks"):
             raise AttributeError(name)
         return getattr(self.scheduler, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "step_hooks": []}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"step_hooks": [], **state})
 
     def __repr__(self) -> str:
         return f"AcceleratedScheduler({self.scheduler!r})"
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Step as the peer does (see the module docstring)."""
+        """Step as the peer does (see the module docstring), then call the ``step_hooks``."""
+        self._step(*args, **kwargs)
+        for hook in self.step_hooks:
+            hook(self)
+
+    def _step(self, *args: Any, **kwargs: Any) -> None:
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return

@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from notebook_accel import events, wire
+from notebook_accel.checkpoint import snapshot_writer
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import Payload, dumps_result, load_payload
 from notebook_accel.launch.worker import display as worker_display
@@ -287,6 +288,7 @@ def execute(spec: WorkerSpec, payload: Payload,
 
 def _run(spec: WorkerSpec, payload: Payload, pipes: WorkerPipes) -> int:
     code, outcome = execute(spec, payload)
+    snapshot_writer.drain()  # the last snapshot is written before os._exit, not cut off
     if type(outcome) is Result:
         flush_output()
     send(pipes, outcome)

@@ -1,0 +1,105 @@
+"""Snapshots' cost on the training path: step time with ``snapshot_every`` against without, and
+against blocking saves (ours and the peer's ``save_state``) at the same interval, in the same run.
+
+One process on CPU; a model of two 2048x2048 layers trained with AdamW is ~100 MB of state
+(weights and two moments). The variants take turns, round after round, so drift in machine load
+falls on all of them. Run::
+
+    python benchmarks/snapshot.py [ROUNDS] [STEPS] [EVERY]
+
+Prints each variant's mean and longest step (ms), its mean step against no snapshots (target for
+``snapshot_every``: <= 1.05 at one snapshot every 50 steps), the host copy's time (the only part
+of a snapshot on the training path; the longest step's stall should be about that), the
+background write's time, and the blocking saves' stall.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 150
+EVERY = int(sys.argv[3]) if len(sys.argv) > 3 else 50
+WIDTH, BATCH = 2048, 32
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH))
+
+
+def run(variant: str, workdir: Path) -> tuple[list[float], dict[str, float]]:
+    """Step times (s) of one variant: "none", "snapshot_every", "save_state" (ours, blocking) or "peer"."""
+    if variant == "peer":
+        from accelerate import Accelerator as PeerAccelerator
+
+        acc = PeerAccelerator(cpu=True)
+    else:
+        from notebook_accel import Accelerator
+
+        acc = Accelerator(cpu=True)
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    net, opt = acc.prepare(net, opt)
+    if variant == "snapshot_every":
+        acc.snapshot_every(steps=EVERY, dir=workdir / "snapshots", keep=2)
+    x = torch.randn(BATCH, WIDTH)
+    times, extra = [], {}
+    for step in range(1, STEPS + 1):
+        start = time.perf_counter()
+        loss = net(x).pow(2).mean()
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        if variant in ("save_state", "peer") and step % EVERY == 0:
+            acc.save_state(str(workdir / f"{variant}_{step}"))
+        times.append(time.perf_counter() - start)
+    if variant == "snapshot_every":
+        acc.wait_for_snapshots()
+        snaps = acc._snapshots
+        extra = {"host_copy_ms": 1000 * statistics.mean(snaps.host_copy_s),
+                 "write_ms": 1000 * (snaps.writer.last_write_s or 0.0)}
+    state_mb = sum(p.numel() * p.element_size() for p in net.parameters()) * 3 / 2**20  # weights + 2 moments
+    extra["state_mb"] = state_mb
+    return times, extra
+
+
+def main() -> None:
+    variants = ("none", "snapshot_every", "save_state", "peer")
+    steps: dict[str, list[float]] = {v: [] for v in variants}
+    extras: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix="nbaccel-snapshot-bench-") as tmp:
+        run("none", Path(tmp))  # warm up: imports, allocator
+        for round_ in range(ROUNDS):
+            order = variants if round_ % 2 == 0 else variants[::-1]
+            for variant in order:
+                times, extra = run(variant, Path(tmp) / f"{variant}-{round_}")
+                steps[variant] += times[1:]  # the first step of a run warms its optimizer state up
+                extras[variant].append(extra)
+    base = statistics.mean(steps["none"])
+    state_mb = extras["none"][0]["state_mb"]
+    print(f"state: {state_mb:.0f} MB (weights + AdamW moments), {ROUNDS} rounds x {STEPS} steps, "
+          f"a snapshot or save every {EVERY} steps; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{'variant':<34}{'mean step ms':>14}{'longest ms':>12}{'vs none':>9}")
+    names = {"none": "no snapshots", "snapshot_every": "snapshot_every (ours, async)",
+             "save_state": "save_state (ours, blocking)", "peer": "save_state (peer 1.x, blocking)"}
+    for variant in variants:
+        mean = statistics.mean(steps[variant])
+        print(f"{names[variant]:<34}{1000 * mean:>14.1f}{1000 * max(steps[variant]):>12.1f}{mean / base:>9.3f}")
+    copy_ms = statistics.mean(e["host_copy_ms"] for e in extras["snapshot_every"])
+    write_ms = statistics.mean(e["write_ms"] for e in extras["snapshot_every"])
+    print(f"snapshot_every: host copy {copy_ms:.0f} ms on the training path; background write {write_ms:.0f} ms")
+    stall = {v: (max(steps[v]) - statistics.median(steps[v])) * 1000 for v in variants}
+    print(f"longest step's stall over the median step: snapshot_every {stall['snapshot_every']:.0f} ms, "
+          f"save_state {stall['save_state']:.0f} ms, peer {stall['peer']:.0f} ms "
+          f"(peer/snapshot_every: {stall['peer'] / max(stall['snapshot_every'], 1e-9):.1f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""``Accelerator.resume``: the newest complete snapshot loaded, the loaders set to skip what was seen,
+and the step to go on from, said in one line.
+
+A snapshot of another run shape (world size, strategy, prepared objects, a model's weight shapes:
+``snapshot_identity``) is refused, naming the difference. Rank 0 chooses the snapshot and every
+rank loads that one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from notebook_accel.checkpoint import orchestration, snapshot_dir
+from notebook_accel.checkpoint.snapshot_identity import differences, identity
+from notebook_accel.runtime import ops
+
+
+def resume(accelerator: Any, directory: Path) -> int:
+    """Load the newest complete snapshot in ``directory`` into ``accelerator``'s prepared objects (every
+    rank calls it, after ``prepare``); returns the optimizer steps it holds (0 when there is none).
+
+    Raises:
+        ValueError: the snapshot is of another run shape (the message names the difference).
+    """
+    directory = directory.absolute()
+    newest = snapshot_dir.newest(directory) if accelerator.is_main_process else None
+    if accelerator.num_processes > 1:
+        newest = ops.broadcast_object_list([newest])[0]
+    if newest is None:
+        accelerator.print(f"nothing to resume in {directory}: starting at step 0")
+        return 0
+    assert newest.meta is not None
+    found = differences(newest.meta, identity(accelerator))
+    if found:
+        raise ValueError(f"cannot resume from {newest.path}: " + "; ".join(found)
+                         + ". Resume with the run shape it was taken with, or snapshot into another directory")
+    orchestration.load_accelerator_state(accelerator, newest.path, weights_only=True, strict=True)
+    for loader in accelerator._dataloaders:
+        loader.skip_seen_on_next_pass()
+    step = int(newest.meta["step"])
+    accelerator.print(f"resumed from snapshot step {step:,} (saved {_ago(time.time() - newest.saved_at)} ago, "
+                      f"{directory}); {step:,} steps not redone")
+    return step
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"

@@ -1,0 +1,219 @@
+"""``Accelerator.snapshot_every``: when a snapshot falls due, the copy to host memory, and the write
+handed to the background (``snapshot_writer``) into a snapshot directory (``snapshot_dir``).
+
+A step is one optimizer step: every prepared optimizer has taken its real step (micro-steps of
+gradient accumulation are not steps; ``AcceleratedOptimizer.step_hooks`` count them). A snapshot
+is due after every ``steps``-th step, or once ``seconds`` have passed since the last one (rank 0's
+clock decides, for every rank: one small broadcast per step). It is taken at the end of that step:
+once every prepared scheduler that steps with the optimizer has stepped too (the usual
+``optimizer.step(); scheduler.step()``), or at once when there is none. A scheduler that did not step
+before the next step (one stepped per epoch) is not waited for again; the snapshot it held back is
+left out rather than taken mid-step, and that is said once.
+
+Taking it: the save hooks run, then everything ``save_state`` writes (models, optimizers, schedulers,
+loaders' positions, registered objects, scaler, counters, RNG) is copied to host memory
+(``host_copy``); that copy is all the training waits for. Every rank does it at the same step (no
+collective: the ranks count the same steps); each writes its files in the background.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from notebook_accel.checkpoint import orchestration, snapshot_dir, training_state
+from notebook_accel.checkpoint.host_copy import host_copy, nbytes
+from notebook_accel.checkpoint.snapshot_identity import identity
+from notebook_accel.checkpoint.snapshot_writer import SnapshotWriter
+from notebook_accel.checkpoint.training_state import StateFile
+from notebook_accel.runtime import ops
+
+RUN_NAME_ENV = "NOTEBOOK_ACCEL_RUN_NAME"
+RANK_WAIT_S = 600.0  # how long rank 0 waits for the other ranks' files before leaving a snapshot out
+
+
+def default_directory(project_dir: str | os.PathLike[str] | None) -> Path:
+    """Where snapshots go without ``dir=``: ``<project_dir>/snapshots``, else ``./snapshots/<run>``
+    (``<run>``: ``$NOTEBOOK_ACCEL_RUN_NAME``, else ``default``): the same place for the same cell in a
+    new kernel, so ``resume()`` finds them."""
+    if project_dir is not None:
+        return Path(project_dir).absolute() / "snapshots"
+    return Path("snapshots", os.environ.get(RUN_NAME_ENV) or "default").absolute()
+
+
+class Snapshots:
+    """An Accelerator's snapshot schedule (``Accelerator.snapshot_every``; see the module docstring).
+
+    Every rank must create it (it checks that every rank sees ``directory``).
+
+    Raises:
+        ValueError: neither ``steps`` nor ``seconds``, a bad value, a strategy whose state is sharded,
+            or a directory some rank does not see.
+    """
+
+    def __init__(self, accelerator: Any, steps: int | None, seconds: float | None, directory: Path,
+                 keep: int) -> None:
+        _check(steps, seconds, keep)
+        checkpointer = accelerator.strategy.checkpointer([], [])
+        if not hasattr(checkpointer, "state_files"):
+            raise ValueError(
+                f"snapshot_every: the {type(accelerator.strategy).__name__} strategy shards its state "
+                f"({type(checkpointer).__name__}); snapshots of sharded state are not built yet: "
+                "use accelerator.save_state(...) every so many steps instead")
+        self.accelerator = accelerator
+        self.steps, self.seconds, self.keep = steps, seconds, keep
+        self.directory = directory.absolute()
+        self.token = _shared_directory(accelerator.state, self.directory)
+        self.step = 0  # optimizer steps done
+        self.writer = SnapshotWriter(accelerator.print)
+        self.host_copy_s: list[float] = []  # what each snapshot cost the training path
+        self._counts: dict[int, int] = {}  # id(optimizer) -> its real steps
+        self._pending: int | None = None  # a due step whose snapshot waits for the schedulers
+        self._waiting: set[int] = set()
+        self._not_per_step: set[int] = set()  # schedulers seen not to step with every optimizer step
+        self._said_left_out = False
+        self._last = time.monotonic()
+        for optimizer in accelerator._optimizers:
+            self.watch_optimizer(optimizer)
+        for scheduler in accelerator._schedulers:
+            self.watch_scheduler(scheduler)
+
+    def describe(self) -> str:
+        every = " or ".join(x for x in (self.steps and f"{self.steps:,} steps",
+                                        self.seconds and f"{self.seconds:g} s") if x)
+        return f"snapshots every {every} in {self.directory}, keeping {self.keep}"
+
+    # ---- counting steps -----------------------------------------------------------------
+    def watch_optimizer(self, optimizer: Any) -> None:
+        """Count ``optimizer``'s real steps (a prepared one)."""
+        if self._optimizer_stepped not in optimizer.step_hooks:
+            optimizer.step_hooks.append(self._optimizer_stepped)
+
+    def watch_scheduler(self, scheduler: Any) -> None:
+        """Wait for ``scheduler``'s step before a due snapshot is taken (a prepared one)."""
+        if self._scheduler_stepped not in scheduler.step_hooks:
+            scheduler.step_hooks.append(self._scheduler_stepped)
+
+    def restart_at(self, step: int) -> None:
+        """Go on counting from ``step`` (``resume``)."""
+        self.step = step
+        self._counts = {id(opt): step for opt in self.accelerator._optimizers}
+        self._pending, self._last = None, time.monotonic()
+
+    def _optimizer_stepped(self, optimizer: Any) -> None:
+        if self._pending is not None:  # a scheduler held the last snapshot back and did not step
+            self._leave_out()
+        self._counts[id(optimizer)] = self._counts.get(id(optimizer), self.step) + 1
+        prepared = self.accelerator._optimizers or [optimizer]  # (after free_memory: the one stepping)
+        done = min(self._counts.get(id(opt), self.step) for opt in prepared)
+        if done > self.step:
+            self.step = done
+            if self._due(done):
+                self._pending = done
+                self._waiting = {id(s) for s in self.accelerator._schedulers
+                                 if s.step_with_optimizer and id(s) not in self._not_per_step}
+                self._take_when_ready()
+
+    def _scheduler_stepped(self, scheduler: Any) -> None:
+        self._waiting.discard(id(scheduler))
+        self._take_when_ready()
+
+    def _take_when_ready(self) -> None:
+        if self._pending is not None and not self._waiting:
+            step, self._pending = self._pending, None
+            self.take(step)
+
+    def _leave_out(self) -> None:
+        self._not_per_step |= self._waiting
+        if not self._said_left_out:
+            self._said_left_out = True
+            self.accelerator.print(
+                f"snapshot step {self._pending:,} left out: a prepared scheduler did not step after that "
+                "optimizer step, so the step never ended whole; that scheduler is no longer waited for "
+                "(this is said once)")
+        self._pending, self._waiting = None, set()
+
+    def _due(self, step: int) -> bool:
+        due = bool(self.steps and step % self.steps == 0)
+        if self.seconds is not None and not due:
+            due = time.monotonic() - self._last >= self.seconds
+            if self.accelerator.num_processes > 1:  # rank 0's clock, for every rank
+                flag = torch.tensor([int(due)], device=self.accelerator.device)
+                due = bool(ops.broadcast(flag, 0).item())
+        return due
+
+    # ---- taking one ---------------------------------------------------------------------
+    def take(self, step: int) -> None:
+        """Copy the state to host memory now and write it in the background (every rank, same step)."""
+        accelerator = self.accelerator
+        start = time.perf_counter()
+        final = self.directory / snapshot_dir.snapshot_name(step)
+        tmp = final.with_name(final.name + ".tmp")
+        items = orchestration.run_save_hooks(accelerator, tmp)
+        owner = accelerator.is_main_process
+        files = (items.checkpointer.state_files(items.model_states, True, owner)
+                 + training_state.state_files(items, accelerator.state, owner, accelerator.step))
+        files = [StateFile(f.name, host_copy(f.obj), f.safetensors) for f in files]
+        meta = {"step": step, "token": self.token, **identity(accelerator)} if owner else {}
+        self._last = time.monotonic()
+        copy_s = time.perf_counter() - start
+        self.host_copy_s.append(copy_s)
+        meta["host_copy_s"] = copy_s
+        meta["bytes"] = sum(nbytes(f.obj) for f in files)
+        self.writer.submit(step, lambda: self._write(files, tmp, final, meta))
+
+    def _write(self, files: list[StateFile], tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+        state = self.accelerator.state
+        tmp.mkdir(parents=True, exist_ok=True)
+        training_state.write_files(tmp, files)
+        snapshot_dir.mark_done(tmp, state.process_index, self.token)
+        if not state.is_main_process:
+            return
+        missing = snapshot_dir.wait_for_ranks(tmp, state.num_processes, self.token, RANK_WAIT_S)
+        if missing:
+            raise RuntimeError(f"ranks {missing} did not write their part within {RANK_WAIT_S:g} s")
+        snapshot_dir.commit(tmp, final, {**meta, "saved_at": time.time()})
+        snapshot_dir.prune(self.directory, self.keep)
+
+    def wait(self) -> None:
+        """Wait for the write in flight (``end_training``, a worker's exit)."""
+        self.writer.wait()
+
+
+def _check(steps: int | None, seconds: float | None, keep: int) -> None:
+    if steps is None and seconds is None:
+        raise ValueError("snapshot_every needs steps=N (every N optimizer steps), seconds=S, or both")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ValueError(f"snapshot_every(steps={steps!r}): must be an integer >= 1")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0):
+        raise ValueError(f"snapshot_every(seconds={seconds!r}): must be a number > 0")
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise ValueError(f"snapshot_every(keep={keep!r}): must be an integer >= 1")
+
+
+def _shared_directory(state: Any, directory: Path) -> str:
+    """Make ``directory`` ready (rank 0: created, half-written snapshots of killed runs removed) and
+    check that every rank sees it; returns this run's token (rank 0's), for the write markers."""
+    token = secrets.token_hex(8) if state.is_main_process else None
+    if state.is_main_process:
+        directory.mkdir(parents=True, exist_ok=True)
+        snapshot_dir.clear_unfinished(directory)
+        (directory / f".run-{token}").touch()
+    if state.use_distributed:
+        token = ops.broadcast_object_list([token])[0]
+    state.wait_for_everyone()
+    seen = (directory / f".run-{token}").exists()
+    if state.use_distributed:
+        seen = all(ops.gather_object([seen]))
+    state.wait_for_everyone()
+    if state.is_main_process:
+        (directory / f".run-{token}").unlink(missing_ok=True)
+    if not seen:
+        raise ValueError(f"snapshot directory {directory} is not the same directory on every rank: snapshots "
+                         "need one that every rank sees (one machine, or a shared file system)")
+    return str(token)

@@ -1,0 +1,125 @@
+"""The same cell goes on after the kernel and every worker are gone (issue 45; a real kernel).
+
+A 2-rank DDP job (CPU, gloo) trains in a notebook cell with ``snapshot_every``; at a random step
+the kernel and every worker are SIGKILLed (a Colab session ended). A new kernel runs the same
+cell: it resumes from the newest complete snapshot, redoes at most the snapshot interval, and its
+final weights equal an uninterrupted run's bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.kernel_harness import Kernel, wait_no_workers
+
+pytestmark = pytest.mark.slow
+TOTAL, EVERY = 80, 10
+
+CELL = f"""
+import time, torch
+from torch.utils.data import DataLoader, TensorDataset
+from notebook_accel import Accelerator, notebook_launcher, set_seed
+
+def train(snap_dir, out, progress, pause):
+    set_seed(0)
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 7, 0.9)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(200, 8, generator=g), torch.randn(200, 1, generator=g))
+    loader = DataLoader(data, batch_size=4, shuffle=True)  # 25 steps an epoch on 2 ranks
+    model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
+    acc.snapshot_every(steps={EVERY}, dir=snap_dir)
+    step = acc.resume()
+    while step < {TOTAL}:
+        for x, y in loader:
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            step += 1
+            if acc.is_main_process:
+                with open(progress, "w") as f:
+                    f.write(str(step))
+                print(f"step {{step}}", flush=True)
+            time.sleep(pause)
+            if step == {TOTAL}:
+                break
+    acc.wait_for_snapshots()
+    if acc.is_main_process:
+        torch.save(acc.unwrap_model(model).state_dict(), out)
+
+notebook_launcher(train, args=(SNAP, OUT, PROGRESS, PAUSE), num_processes=2)
+"""
+
+
+class _Killed(Exception):
+    pass
+
+
+def _kill_kernel_and_workers(k: Kernel) -> None:
+    """SIGKILL the kernel and every process under it (its workers, a forkserver), as a session's end does."""
+    kernel = psutil.Process(k.pid)
+    below = kernel.children(recursive=True)
+    assert len(below) >= 2, below  # the two workers at least
+    os.kill(k.pid, signal.SIGKILL)
+    for proc in below:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _settings(tmp: Path, name: str, pause: float) -> str:
+    return (f"SNAP, OUT, PROGRESS, PAUSE = {str(tmp / name)!r}, {str(tmp / (name + '.pt'))!r}, "
+            f"{str(tmp / (name + '.step'))!r}, {pause}")
+
+
+def test_a_killed_session_resumes_from_the_newest_snapshot_and_ends_bit_for_bit(tmp_path):
+    kill_at = random.Random(os.getpid()).randint(EVERY + 5, TOTAL - EVERY)
+    first = Kernel()
+    try:
+        first.ok(_settings(tmp_path, "run", 0.1))
+
+        def watch(result):
+            seen = [int(n) for n in re.findall(r"step (\d+)", result.stdout)]
+            if seen and max(seen) >= kill_at:
+                _kill_kernel_and_workers(first)
+                raise _Killed
+
+        with pytest.raises(_Killed):
+            first.collect(first.execute(CELL), timeout=180, on_output=watch)
+        assert not wait_no_workers(timeout=15)
+    finally:
+        first.shutdown()
+    done = int((tmp_path / "run.step").read_text())  # the last step rank 0 finished before the kill
+    snapshots = sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("snapshot_"))
+    assert done >= kill_at and snapshots, snapshots
+
+    second = Kernel()
+    try:
+        second.ok(_settings(tmp_path, "run", 0.0))
+        resumed = second.ok(CELL, timeout=180).stdout  # the same cell, unchanged
+        second.ok(_settings(tmp_path, "reference", 0.0))
+        reference = second.ok(CELL, timeout=180).stdout
+    finally:
+        second.shutdown()
+    said = re.search(r"resumed from snapshot step (\d+) \(saved \d+ s ago, (.+)\); (\d+) steps not redone", resumed)
+    assert said, resumed
+    step = int(said.group(1))
+    assert said.group(2) == str(tmp_path / "run") and int(said.group(3)) == step
+    assert step % EVERY == 0 and 0 <= done - step <= EVERY, (done, step)  # redoes at most the interval
+    assert f"step {step + 1}\n" in resumed and f"step {step}\n" not in resumed
+    assert "nothing to resume in" in reference and "starting at step 0" in reference
+    got = torch.load(tmp_path / "run.pt", weights_only=True)
+    want = torch.load(tmp_path / "reference.pt", weights_only=True)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

@@ -1,0 +1,90 @@
+"""A rank SIGKILLed while a snapshot is being written (issue 45): the previous snapshot stays the
+newest complete one, and the job resumed from it ends with an uninterrupted run's weights, bit for
+bit (2 ranks, gloo)."""
+
+from __future__ import annotations
+
+import pytest
+
+from notebook_accel import WorkerError, notebook_launcher
+from notebook_accel.checkpoint import snapshot_dir
+
+TOTAL, EVERY, KILLED_STEP = 20, 5, 15
+
+
+def train(directory: str, kill: tuple[str, int] | None):
+    """Train TOTAL steps (over an epoch's end) with snapshots every EVERY steps, resuming from the
+    newest; ``kill``: SIGKILL this process in the write of step KILLED_STEP's snapshot, at its
+    ``("write", rank)`` first file or at rank 0's ``("rename", 0)`` commit."""
+    import os
+    import signal
+    import threading
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from notebook_accel import Accelerator, set_seed
+    from notebook_accel.checkpoint import atomic_dir, training_state
+
+    set_seed(0)
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 4, 0.9)
+    g = torch.Generator().manual_seed(1)
+    loader = DataLoader(TensorDataset(torch.randn(96, 8, generator=g), torch.randn(96, 1, generator=g)),
+                        batch_size=4, shuffle=True)
+    model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
+    acc.snapshot_every(steps=EVERY, dir=directory, keep=2)
+    mine = threading.current_thread
+    if kill is not None and kill[1] == acc.process_index:
+        point = kill[0]
+        real_write, real_rename = training_state._write, atomic_dir.os.rename
+
+        def write(obj, path):
+            if point == "write" and mine().name == f"snapshot-{KILLED_STEP}":
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_write(obj, path)
+
+        def rename(src, dst):
+            if point == "rename" and mine().name == f"snapshot-{KILLED_STEP}":
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_rename(src, dst)
+
+        training_state._write, atomic_dir.os.rename = write, rename
+    step = start = acc.resume()
+    while step < TOTAL:
+        for x, y in loader:
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            step += 1
+            if step == TOTAL:
+                break
+    acc.wait_for_snapshots()
+    return start, [p.detach().clone() for p in acc.unwrap_model(model).parameters()]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    start, weights = notebook_launcher(train, (str(tmp_path_factory.mktemp("ref")), None), num_processes=2,
+                                       output="none")
+    assert start == 0
+    return weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", [("write", 1), ("write", 0), ("rename", 0)])
+def test_a_rank_killed_mid_write_leaves_the_previous_snapshot_and_the_resume_is_bit_exact(tmp_path, reference,
+                                                                                          kill):
+    directory = str(tmp_path / "snaps")
+    with pytest.raises(WorkerError, match="SIGKILL"):
+        notebook_launcher(train, (directory, kill), num_processes=2, output="none")
+    newest = snapshot_dir.newest(tmp_path / "snaps")
+    assert newest.step == KILLED_STEP - EVERY, kill
+    assert (tmp_path / "snaps" / f"{snapshot_dir.snapshot_name(KILLED_STEP)}.tmp").is_dir()  # left half written
+    start, weights = notebook_launcher(train, (directory, None), num_processes=2, output="none")
+    assert start == KILLED_STEP - EVERY
+    assert all(a.equal(b) for a, b in zip(weights, reference, strict=True))
+    assert [s.step for s in snapshot_dir.listing(tmp_path / "snaps")] == [TOTAL - EVERY, TOTAL]

@@ -1,0 +1,169 @@
+"""Snapshots (issue 45): the host copy, the directory's commit protocol, pruning, the background
+writer, and resume's refusals, in one process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from notebook_accel import Accelerator
+from notebook_accel.checkpoint import snapshot_dir, training_state
+from notebook_accel.checkpoint.host_copy import host_copy
+from notebook_accel.checkpoint.snapshot_writer import SnapshotWriter
+
+
+def _commit(directory, step, saved_at, token="t"):
+    tmp = directory / (snapshot_dir.snapshot_name(step) + ".tmp")
+    tmp.mkdir(parents=True)
+    (tmp / "model.safetensors").write_bytes(b"x")
+    snapshot_dir.mark_done(tmp, 0, token)
+    assert snapshot_dir.wait_for_ranks(tmp, 1, token, timeout=1) == []
+    snapshot_dir.commit(tmp, directory / snapshot_dir.snapshot_name(step), {"step": step, "saved_at": saved_at})
+
+
+def test_the_host_copy_is_training_proof_and_keeps_tied_weights_one():
+    weight = torch.ones(3, 2)
+    state = OrderedDict(a=weight, b=weight.detach(), c={"lr": [0.1]}, n=3)
+    state._metadata = {"": {"version": 1}}
+    copied = host_copy(state)
+    weight.add_(1)
+    state["c"]["lr"].append(0.2)
+    assert torch.equal(copied["a"], torch.ones(3, 2)) and copied["c"] == {"lr": [0.1]}
+    assert copied["a"] is copied["b"]  # tied: one tensor, stored once
+    assert type(copied) is OrderedDict and copied._metadata == {"": {"version": 1}}
+
+
+def test_a_snapshot_is_complete_only_once_every_rank_is_in_and_it_is_renamed(tmp_path):
+    tmp = tmp_path / "snapshot_000000010.tmp"
+    tmp.mkdir()
+    snapshot_dir.mark_done(tmp, 0, "run2")
+    (tmp / ".done-1-run1").touch()  # left by a killed run: not this run's
+    assert snapshot_dir.wait_for_ranks(tmp, 2, "run2", timeout=0.1) == [1]
+    assert snapshot_dir.newest(tmp_path) is None  # a .tmp folder is never loaded
+    snapshot_dir.mark_done(tmp, 1, "run2")
+    assert snapshot_dir.wait_for_ranks(tmp, 2, "run2", timeout=1) == []
+    snapshot_dir.commit(tmp, tmp_path / "snapshot_000000010", {"step": 10, "saved_at": time.time()})
+    newest = snapshot_dir.newest(tmp_path)
+    assert newest.step == 10 and newest.complete and not list(newest.path.glob(".done-*"))
+
+
+def test_the_newest_is_the_last_saved_and_keep_prunes_the_oldest(tmp_path):
+    _commit(tmp_path, 900, saved_at=100.0)  # an earlier run that got further
+    _commit(tmp_path, 10, saved_at=200.0)   # this run, started over
+    _commit(tmp_path, 20, saved_at=300.0)
+    assert snapshot_dir.newest(tmp_path).step == 20
+    assert [p.name for p in snapshot_dir.prune(tmp_path, keep=2)] == ["snapshot_000000900"]
+    assert [s.step for s in snapshot_dir.listing(tmp_path)] == [10, 20]
+    (tmp_path / "snapshot_000000030.tmp").mkdir()
+    (tmp_path / "snapshot_000000005.pruned").mkdir()
+    snapshot_dir.clear_unfinished(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot_000000010", "snapshot_000000020"]
+
+
+def test_the_writer_waits_for_a_write_still_going_and_says_so_once():
+    said, release = [], threading.Event()
+    writer = SnapshotWriter(said.append)
+    writer.submit(1, release.wait)
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    assert writer.submit(2, lambda: None) >= 0.1  # waited for step 1's write
+    writer.submit(3, lambda: time.sleep(0.2))
+    writer.submit(4, lambda: None)
+    writer.wait()
+    assert len(said) == 1 and said[0].startswith("snapshot step 2 waits for the write of step 1")
+
+
+def test_a_failed_write_is_said_and_training_goes_on(capsys):
+    writer = SnapshotWriter(print)
+    writer.submit(5, lambda: 1 / 0)
+    writer.wait()
+    assert writer.failed and writer.failed[0][0] == 5
+    assert "snapshot step 5 was not written (ZeroDivisionError" in capsys.readouterr().err
+
+
+def _train(accelerator, model, optimizer, steps):
+    for _ in range(steps):
+        accelerator.backward(model(torch.ones(2, 4)).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _prepared(width=4):
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(width, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+def test_keep_n_prunes_older_snapshots_as_training_goes(tmp_path):
+    accelerator, model, optimizer = _prepared()
+    accelerator.snapshot_every(steps=1, dir=tmp_path, keep=2)
+    _train(accelerator, model, optimizer, 5)
+    accelerator.wait_for_snapshots()
+    assert [s.step for s in snapshot_dir.listing(tmp_path)] == [4, 5]
+    assert (tmp_path / "snapshot_000000005" / "model.safetensors").is_file()  # save_state's layout
+    assert (tmp_path / "snapshot_000000005" / "optimizer.bin").is_file()
+
+
+def test_a_write_that_dies_midway_leaves_the_previous_snapshot_the_newest(tmp_path, monkeypatch):
+    accelerator, model, optimizer = _prepared()
+    accelerator.snapshot_every(steps=2, dir=tmp_path)
+    _train(accelerator, model, optimizer, 2)
+    accelerator.wait_for_snapshots()
+    weights = [p.detach().clone() for p in model.parameters()]
+    real = training_state.write_files
+
+    def dies_after_one_file(directory, files):
+        real(directory, files[:1])
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(training_state, "write_files", dies_after_one_file)
+    _train(accelerator, model, optimizer, 2)
+    accelerator.wait_for_snapshots()
+    assert (tmp_path / "snapshot_000000004.tmp" / "model.safetensors").is_file()  # half written
+    assert snapshot_dir.newest(tmp_path).step == 2
+    monkeypatch.undo()
+    again, model2, optimizer2 = _prepared()
+    assert again.resume(tmp_path) == 2
+    assert all(torch.equal(a, b) for a, b in zip(weights, model2.parameters(), strict=True))
+
+
+def test_resume_with_nothing_says_so_and_starts_at_0(tmp_path, capsys):
+    accelerator, _, _ = _prepared()
+    assert accelerator.resume(tmp_path / "none") == 0
+    assert f"nothing to resume in {tmp_path / 'none'}: starting at step 0" in capsys.readouterr().out
+
+
+def test_resume_refuses_another_model_shape_naming_it(tmp_path):
+    accelerator, model, optimizer = _prepared(width=4)
+    accelerator.snapshot_every(steps=1, dir=tmp_path)
+    _train(accelerator, model, optimizer, 1)
+    accelerator.wait_for_snapshots()
+    other, _, _ = _prepared(width=6)
+    with pytest.raises(ValueError, match=r"model 0's weight is \[2, 4\] in it, \[2, 6\] here"):
+        other.resume(tmp_path)
+
+
+def test_resume_refuses_another_world_size_and_strategy(tmp_path):
+    from notebook_accel.checkpoint.snapshot_identity import differences
+
+    saved = {"world_size": 2, "strategy": "FsdpStrategy", "models": [], "optimizers": 1, "schedulers": 0,
+             "dataloaders": 0, "custom_objects": 0}
+    here = {**saved, "world_size": 1, "strategy": "DdpStrategy"}
+    assert differences(saved, here) == [
+        "it was taken with 2 processes, this run has 1",
+        "it was taken with the FsdpStrategy strategy, this run uses DdpStrategy",
+    ]
+
+
+def test_snapshot_every_checks_its_arguments(tmp_path):
+    accelerator, _, _ = _prepared()
+    with pytest.raises(ValueError, match="needs steps=N"):
+        accelerator.snapshot_every(dir=tmp_path)
+    with pytest.raises(ValueError, match=r"keep=0\): must be an integer >= 1"):
+        accelerator.snapshot_every(steps=5, dir=tmp_path, keep=0)
