@@ -111,7 +111,8 @@ def describe(report: HealReport, dead: tuple[int, ...], dead_names: tuple[str, .
         lines.append(f"  not copied to {who} (cannot be copied): {_listed(why)}")
     if not report.random_states:
         why = "rank {report.source}'s alone cannot say" if report.survivors == 1 else "the other ranks' differed"
-        lines.append(f"  {who} starts from fresh random states ({why.format(report=report)})")
+        start = "starts" if len(dead) == 1 else "start"
+        lines.append(f"  {who} {start} from fresh random states ({why.format(report=report)})")
     lines.append("Run the cell again to go on.")
     return "\n".join(lines)
 

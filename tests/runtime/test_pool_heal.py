@@ -4,6 +4,7 @@ which rank dies, how many, when (mid-run, idle, during the heal, again), and wha
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -137,9 +138,14 @@ def test_rank_0_dying_is_healed_from_rank_1():
             pool.run(CELLS["train"], 10**6)
         timer.join()
         said = info.value.recovery
-        assert said.startswith("The pool healed: rank 0 was replaced in ") and "restored from rank 1: step" in said
+        # rank 1 may wait in the all_reduce for rank 0 (blocked in C++): then it is ended too and
+        # healed with rank 0, from rank 2
+        healed = re.search(r"The pool healed: (rank 0 was|ranks 0, 1 were) replaced in ", said)
+        assert healed, said
+        source = 1 if healed.group(1) == "rank 0 was" else 2
+        assert f"restored from rank {source}" in said and "step" in said, said
         assert "rebuilt for the new group: acc, model, opt" in said
-        _trains_on(pool, kept)
+        _trains_on(pool, {rank: pid for rank, pid in kept.items() if rank >= source})
         assert pool.run_on(0, CELLS["read_mine"]) is None  # rank 0's own value went with it
 
 
