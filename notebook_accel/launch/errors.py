@@ -3,12 +3,20 @@
 Its text stays short at any scale: the root cause first, then the other ranks' failures
 grouped by their headline with rank ranges (``ranks 0-511, 513-1023: stopped``), at most
 ``GROUPS_SHOWN`` groups; every rank's own record stays on the exception (``other_failures``).
+
+It is also torch elastic's ``ChildFailedError`` (what the peer's ``notebook_launcher`` raises), so
+``except ChildFailedError:`` around a launch keeps working. That class's module imports torch, which
+``from notebook_accel import WorkerError`` must not (the kernel stays torch-free until a launch):
+``WorkerError(...)`` therefore makes an instance of a subclass of both, built on the first failure
+(``_with_child_failed``); a launch has imported torch by then.
 """
 
 from __future__ import annotations
 
+import functools
 import textwrap
 import time
+from typing import Any
 
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.wire import FailureRecord
@@ -47,7 +55,14 @@ class WorkerError(RuntimeError):
         other_failures: a :class:`~notebook_accel.wire.FailureRecord` per other rank
             that failed as a consequence (or was stopped); ``str()`` of one is a short
             line, e.g. ``rank 0: stopped``. The error's own text groups them by headline.
+        failures: (as torch elastic's ``ChildFailedError``, which the error also is) global
+            rank -> ``ProcessFailure`` for the root cause and each other rank: its pid, exit
+            code (None: stopped while still running), no error file, and as ``message`` the
+            rank's traceback (else its headline); ``local_rank`` holds the global rank.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> WorkerError:
+        return super().__new__(_with_child_failed() if cls is WorkerError else cls, *args, **kwargs)
 
     def __init__(
         self,
@@ -98,6 +113,53 @@ class WorkerError(RuntimeError):
                       *(f"  {line}" for line in other_ranks_lines(self.other_failures))]
         notes = getattr(self, "__notes__", ())  # what a front end adds (add_note): its next step
         return lines + (["", *notes] if notes else [])
+
+
+@functools.cache
+def _with_child_failed() -> type[WorkerError]:
+    """``WorkerError`` that is also torch elastic's ``ChildFailedError`` (plain ``WorkerError``
+    where torch has no ``torch.distributed``); the name users see stays ``WorkerError``."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import (
+            ChildFailedError,
+            ProcessFailure,
+        )
+    except ImportError:
+        return WorkerError
+
+    class RankFailure(ProcessFailure):
+        """torch elastic's record of a failed process, made from ours: no error file, the
+        rank's traceback (else its headline) as ``message``; ``exitcode`` None where the rank
+        was stopped while still running."""
+
+        @classmethod
+        def of(cls, record: FailureRecord) -> RankFailure:
+            failure = cls(local_rank=record.rank, pid=record.pid or 0, exitcode=record.exitcode or 0,
+                          error_file="")
+            failure.pid, failure.exitcode = record.pid, record.exitcode  # as observed
+            failure.message = record.traceback.rstrip() or record.headline
+            if record.timestamp:
+                failure.timestamp = int(record.timestamp)
+            return failure
+
+        def signal_name(self) -> str:
+            return "<N/A>" if self.exitcode is None else super().signal_name()
+
+    class _ChildFailedWorkerError(WorkerError, ChildFailedError):
+        name = "notebook_accel launch"  # ChildFailedError's title: "<name> FAILED"
+
+        @property
+        def failures(self) -> dict[int, RankFailure]:
+            failures: dict[int, RankFailure] = {}
+            for record in (self.failure, *self.other_failures):  # the root cause first
+                failures.setdefault(record.rank, RankFailure.of(record))
+            return failures
+
+        def get_first_failure(self) -> tuple[int, RankFailure]:
+            return self.rank, self.failures[self.rank]  # our root cause, not the earliest stamp
+
+    _ChildFailedWorkerError.__name__ = _ChildFailedWorkerError.__qualname__ = "WorkerError"
+    return _ChildFailedWorkerError
 
 
 def _rebuild(message, rank, exitcode, remote_traceback, other_failures, failure=None):

@@ -78,7 +78,8 @@ def test_peer_script_through_our_notebook_launcher(work, script):
 def test_peer_notebook_script(work):
     result = run_all.run_script("test_notebook.py", work, "notebook")
     check(result, "test_notebook.py", ranks=1)  # the launching process reports; it starts 2 workers per check
-    assert set(result["ranks"][0]["changed"]) == {"test_monitoring", "test_fault_tolerant"}
+    assert set(result["ranks"][0]["changed"]) == {"test_fault_tolerant"}
+    assert "test_monitoring" in result["ranks"][0]["passed"]  # the peer's: except ChildFailedError
     assert "test_c10d_rdzv_backend" in result["ranks"][0]["passed"]  # the peer's own check, unchanged
 
 

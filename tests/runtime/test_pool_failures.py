@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from notebook_accel import WorkerError, WorkerPool
 from tests.runtime.test_pool import notebook
@@ -99,6 +100,7 @@ def test_a_run_raising_on_some_ranks_names_the_root_cause_and_keeps_the_pool(poo
     with pytest.raises(WorkerError, match="rank 1 failed: ValueError: rank 1 gave up") as info:
         pool.run(CELLS["raise_on"], 1)
     assert info.value.rank == 1 and f'line {_line_of("{rank_to_fail} gave up")}, in raise_on' in info.value.remote_traceback
+    assert isinstance(info.value, ChildFailedError) and "rank 1 gave up" in info.value.failures[1].message
     assert pool.run(CELLS["pid"]) == pids
     assert pool.run(CELLS["read_kept"]) == ["precious", "precious"]
     assert pool.run(CELLS["reduce_rank"]) == [3.0, 3.0]

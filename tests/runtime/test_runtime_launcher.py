@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.utils.data import DataLoader
 
 from notebook_accel import Accelerator, WorkerError, notebook_launcher
@@ -141,3 +142,17 @@ def test_a_backend_hands_back_handles_and_the_shared_path_does_the_rest(monkeypa
     assert [group.closed for group in backend.groups] == [True, True]
     stopped = backend.groups[1].handles[0]  # rank 0, still sleeping when rank 1 failed
     assert stopped.calls[0] == "terminate"
+
+
+def test_except_child_failed_error_catches_a_failed_launch_as_with_the_peer():
+    """Code written for the peer catches torch elastic's ChildFailedError around notebook_launcher."""
+    try:
+        notebook_launcher(_rank_1_fails, num_processes=2)
+    except ChildFailedError as error:
+        caught = error
+    else:
+        raise AssertionError("the launch did not fail")
+    assert isinstance(caught, WorkerError) and caught.rank == 1
+    assert "ValueError: rank 1 gives up" in str(caught)
+    assert caught.failures[1].pid is not None and "rank 1 gives up" in caught.failures[1].message
+    assert caught.get_first_failure()[0] == 1
