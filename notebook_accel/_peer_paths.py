@@ -15,11 +15,19 @@ The peer's ``accelerate.checkpointing`` has no path here: its functions have oth
 A peer module also holds names another of our modules owns (``accelerate.state.GradientState``,
 ``accelerate.accelerator.gather``...): ``PEER_NAMES`` lists them per path, and the module serving
 the path resolves them on first access (``add_peer_names``), so they stay the owner's objects.
+
+The peer's logger names, one rule: a module of ours that logs what a peer module logs gets its
+logger from ``peer_logger(__name__)``; it keeps our module's name and is heard under that peer
+module's logger name as well (``PEER_LOGGERS``: ``accelerate.utils.environment``...). A level set
+on that logger or an ``accelerate.*`` ancestor silences ours, its handlers see our records, and its
+``propagate = False`` stops them there, as for the peer's own; then the record goes on through our
+names to the root logger, once.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
@@ -196,3 +204,55 @@ def install() -> None:
     """Make the peer paths importable (once per interpreter; ``notebook_accel`` calls it)."""
     if not any(isinstance(finder, _PeerPathFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PeerPathFinder())
+
+
+# our module that logs -> the peer module that logs the same messages (its logger's name)
+PEER_LOGGERS: dict[str, str] = {
+    "notebook_accel.runtime.helpers": "accelerate.utils.environment",
+    "notebook_accel.big_model.loading": "accelerate.utils.modeling",
+    "notebook_accel.big_model.planner": "accelerate.utils.modeling",
+    "notebook_accel.checkpoint.weight_shards": "accelerate.utils.other",
+    "notebook_accel.machine.versions": "accelerate.utils.other",
+    "notebook_accel.observe.mlflow_tracker": "accelerate.tracking",
+}
+
+
+class _AlsoPeerLogger(logging.Filter):
+    """On one of our module loggers: the record passes through the peer's logger ``peer`` and its
+    ancestors (not the root, which ours reach) before it goes on through ours."""
+
+    def __init__(self, peer: str) -> None:
+        super().__init__()
+        self.peer = peer
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        chain = []
+        node: logging.Logger | None = logging.getLogger(self.peer)
+        while node is not None and node is not logging.root:
+            chain.append(node)
+            node = node.parent
+        level = next((n.level for n in chain if n.level), logging.NOTSET)
+        if record.levelno < level or any(n.disabled for n in chain):
+            return False  # silenced under the peer's name
+        for node in chain:
+            for handler in node.handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+            if not node.propagate:
+                return False
+        return True
+
+
+def peer_logger(name: str) -> logging.Logger:
+    """``logging.getLogger(name)`` for our module ``name``, heard under its peer module's logger
+    name as well (``PEER_LOGGERS``; the rule: this module's docstring).
+
+    Raises:
+        KeyError: ``name`` is not in ``PEER_LOGGERS`` (add it there, with the peer's module).
+    """
+    if name not in PEER_LOGGERS:
+        raise KeyError(f"{name!r} has no peer logger name: add it to PEER_LOGGERS in {__name__}")
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _AlsoPeerLogger) for f in logger.filters):
+        logger.addFilter(_AlsoPeerLogger(PEER_LOGGERS[name]))
+    return logger

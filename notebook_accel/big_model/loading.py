@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from notebook_accel._peer_paths import peer_logger
 from notebook_accel.big_model.checkpoint_files import checkpoint_files, open_weights
 from notebook_accel.big_model.devices import (
     DeviceKey,
@@ -33,7 +33,7 @@ from notebook_accel.big_model.safetensors_io import StoredTensor, read_tensor, w
 # consumed by dispatch_model.
 OFFLOADED = "_notebook_accel_offloaded"
 
-logger = logging.getLogger(__name__)
+logger = peer_logger(__name__)
 
 
 def _cast(dtype: torch.dtype | None, stored_dtype: torch.dtype) -> torch.dtype:

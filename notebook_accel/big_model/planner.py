@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
+from notebook_accel._peer_paths import peer_logger
 from notebook_accel.big_model.devices import DeviceKey, normalize_device
 from notebook_accel.big_model.memory import (
     as_dtype,
@@ -18,7 +18,7 @@ from notebook_accel.big_model.memory import (
 )
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-logger = logging.getLogger(__name__)
+logger = peer_logger(__name__)
 
 
 def tied_parameter_groups(model: nn.Module) -> list[list[str]]:

@@ -9,14 +9,15 @@ A tensor larger than the limit gets a shard of its own.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+from notebook_accel._peer_paths import peer_logger
+
+logger = peer_logger(__name__)
 
 def parse_size(size: int | str) -> int:
     """Bytes in ``size``: an int, or a string like ``"10GB"``, ``"500MiB"`` (``big_model``'s units).

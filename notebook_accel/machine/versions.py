@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 import operator
 import platform
 
 import torch
 from torch.torch_version import TorchVersion  # PEP 440 comparisons with plain strings
+
+from notebook_accel._peer_paths import peer_logger
+
+logger = peer_logger(__name__)
 
 OPERATIONS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
               "<=": operator.le, "<": operator.lt}
@@ -43,7 +46,7 @@ def check_os_kernel() -> None:
         return
     version = info.release.split("-")[0]
     if compare_versions(version, "<", MIN_LINUX_KERNEL):
-        logging.getLogger(__name__).warning(
+        logger.warning(
             f"Detected kernel version {version}, which is below the recommended minimum of {MIN_LINUX_KERNEL}; "
             "this can cause the process to hang. Upgrade the kernel to the minimum version or higher."
         )

@@ -4,14 +4,14 @@ as the peer's: the ``MLFLOW_*`` variables win over the arguments."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
+from notebook_accel._peer_paths import peer_logger
 from notebook_accel.flags import str_to_bool
 from notebook_accel.observe.tracking import GeneralTracker
 
-logger = logging.getLogger(__name__)
+logger = peer_logger(__name__)
 
 
 class MLflowTracker(GeneralTracker):

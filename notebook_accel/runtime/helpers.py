@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
+from notebook_accel._peer_paths import peer_logger
 from notebook_accel.runtime.compilation import has_compiled_regions, is_compiled_module
 from notebook_accel.runtime.ops import recursively_apply
 from notebook_accel.runtime.precision import convert_to_fp32, unwrap_forward
 
-logger = logging.getLogger(__name__)
+logger = peer_logger(__name__)
 
 
 @contextlib.contextmanager

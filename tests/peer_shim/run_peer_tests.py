@@ -80,9 +80,6 @@ _depart("our planner (big_model/planner.py) places modules by its own rule (a mo
         "test_modeling_utils.py::*::test_infer_auto_device_map_with_tied_weights")
 _depart("downloads a model from the Hub (no network in tests)",
         "test_modeling_utils.py::*::test_infer_auto_device_map_on_t0pp")
-_depart("logger names: ours are our modules' (notebook_accel.runtime.helpers), so assertLogs on the peer's "
-        "'accelerate.utils.environment' logger sees nothing (the warning itself is the peer's)",
-        "test_utils.py::*::test_convert_dict_to_env_variables")
 
 
 def sdist() -> Path:
