@@ -607,6 +607,15 @@ class Accelerator:
             self._snapshots.restart_at(self._resumed_at)
         return self._resumed_at
 
+    def _arrived(self) -> None:
+        """This Accelerator was copied into a new process (a warm pool's heal): set up what
+        belongs to a process: which states ``AcceleratorState()`` / ``GradientState()`` answer
+        with (``runtime.latest``), and the snapshot schedule's count of the optimizers' steps."""
+        AcceleratorState.adopt(self.state)
+        GradientState.adopt(self.gradient_state)
+        if self._snapshots is not None:
+            self._snapshots.watch_all()
+
     def wait_for_snapshots(self) -> None:
         """Wait until the snapshot being written (if any) is on disk."""
         if self._snapshots is not None:

@@ -34,6 +34,8 @@ from notebook_accel.checkpoint.training_state import StateFile
 from notebook_accel.runtime import ops
 
 RUN_NAME_ENV = "NOTEBOOK_ACCEL_RUN_NAME"
+# a schedule's parts that belong to its process: never copied with it (__getstate__)
+_OWN_TO_PROCESS = ("writer", "host_copy_s", "_counts", "_waiting", "_not_per_step", "_last")
 RANK_WAIT_S = 600.0  # how long rank 0 waits for the other ranks' files before leaving a snapshot out
 
 
@@ -78,9 +80,27 @@ class Snapshots:
         self._not_per_step: set[int] = set()  # schedulers seen not to step with every optimizer step
         self._said_left_out = False
         self._last = time.monotonic()
-        for optimizer in accelerator._optimizers:
+        self.watch_all()
+
+    # ---- copied to another process (a warm pool's heal) ------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The schedule, without what belongs to this process (its writer, the ids it counts
+        by, its clock, its timings): equal on every rank at the same step."""
+        kept = {k: v for k, v in self.__dict__.items() if k not in _OWN_TO_PROCESS}
+        return {**kept, "_pending": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.writer = SnapshotWriter(self.accelerator.print)
+        self.host_copy_s, self._counts, self._waiting, self._not_per_step = [], {}, set(), set()
+        self._last = time.monotonic()
+
+    def watch_all(self) -> None:
+        """Count the steps of the Accelerator's prepared optimizers and schedulers (the hooks are
+        each process's own: a copied schedule calls this in its new process)."""
+        for optimizer in self.accelerator._optimizers:
             self.watch_optimizer(optimizer)
-        for scheduler in accelerator._schedulers:
+        for scheduler in self.accelerator._schedulers:
             self.watch_scheduler(scheduler)
 
     def describe(self) -> str:

@@ -91,6 +91,9 @@ CELLS = notebook("""
     def read_plain():
         return plain
 
+    def snapshot_every(directory, steps):
+        acc.snapshot_every(steps=steps, dir=directory)
+
     def read_mine():
         return globals().get("mine")
 
@@ -270,3 +273,21 @@ def test_sharded_state_is_named_as_lost_and_why():
         assert ("model (NotCarried: an FSDP-sharded model: each rank held its own part of it, and "
                 "no snapshot holds them; prepare it again on every rank)") in said, said
         assert pool.run(CELLS["read_plain"]) == 42
+
+
+def test_a_heal_keeps_the_snapshot_schedule_on_every_rank(tmp_path):
+    """With snapshot_every on, the Accelerator is still copied (its schedule carries no process's
+    writer or ids) and the new rank counts steps as the others: the next snapshot is complete."""
+    from notebook_accel.checkpoint.snapshot_dir import newest
+
+    with _pool() as pool:
+        pool.run(CELLS["snapshot_every"], str(tmp_path), 5)
+        pool.run(CELLS["train"], 6, 0.0)
+        said = _recovery_after(pool, (1,))
+        assert "rebuilt for the new group: acc, model, opt" in said, said
+        pool.run(CELLS["train"], 16, 0.0)
+        deadline = time.monotonic() + 30
+        while (newest(tmp_path) is None or newest(tmp_path).step < 15) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert newest(tmp_path).step == 15  # every rank, the new one too, wrote its part
+        _trains_on(pool, {0: pool.status()[0].pid})

@@ -233,13 +233,10 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _adopt_states(values: Any) -> None:
-    """``AcceleratorState()`` / ``GradientState()`` answer with a copied Accelerator's, as on
-    the rank it came from (``runtime.latest``)."""
+    """Each copied Accelerator sets up what belongs to this process (``Accelerator._arrived``:
+    the states ``AcceleratorState()`` answers with, its snapshot schedule's hooks)."""
     from notebook_accel.accelerator import Accelerator
-    from notebook_accel.runtime.accelerator_state import AcceleratorState
-    from notebook_accel.runtime.gradient_state import GradientState
 
     for value in values:
         if isinstance(value, Accelerator):
-            AcceleratorState.adopt(value.state)
-            GradientState.adopt(value.gradient_state)
+            value._arrived()
