@@ -307,7 +307,7 @@ _OPTIONS = (
     _Opt("heal", bool, "%%accelerate start only: when a pool rank dies, replace that rank alone "
          "and copy it what the other ranks hold alike (default); --no-heal replaces every rank",
          default=True, pool_only=True, env="NOTEBOOK_ACCEL_HEAL", file_key="heal",
-         magic_flag="--heal", switch=True),
+         config_flag=True, magic_flag="--heal", switch=True),
 )
 OPTIONS: dict[str, LaunchOption] = {option.name: option for option in _OPTIONS}
 _TRUTH = {"true": True, "1": True, "yes": True, "on": True,

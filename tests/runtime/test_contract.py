@@ -159,6 +159,15 @@ def test_cli_config_refuses_fp8_naming_the_valid_choices(isolated, capsys):
     assert "mixed_precision: bf16" in isolated.read_text()
 
 
+def test_cli_config_writes_the_heal_rule_and_refuses_a_word_it_does_not_know(isolated, capsys):
+    from notebook_accel import load_config
+
+    assert cli.main(["config", "--heal", "false"]) == 0
+    assert load_config(isolated).heal is False
+    assert cli.main(["config", "--heal", "sometimes"]) == 1
+    assert "heal='sometimes'" in capsys.readouterr().err and load_config(isolated).heal is False
+
+
 def test_cli_config_refuses_a_bad_port_naming_the_flag(isolated, capsys):
     assert cli.main(["config", "--main-process-port", "70000"]) == 1
     err = capsys.readouterr().err
