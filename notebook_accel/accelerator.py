@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
-from notebook_accel import _peer_paths
+from notebook_accel import _peer_paths, contract
 from notebook_accel.checkpoint import orchestration, resume, snapshots
 from notebook_accel.checkpoint.project import ProjectConfiguration
 from notebook_accel.checkpoint.weight_files import save_weights
@@ -174,6 +174,21 @@ class Accelerator:
         self.fsdp_plugin = self.state.fsdp_plugin = plugins["fsdp"]
         self.deepspeed_plugin = self.state.deepspeed_plugin = plugins["deepspeed"]
         self.scaler = self.strategy.loss_scaler(self.scaler)
+        self._snapshots_from_launch()
+
+    def _snapshots_from_launch(self) -> None:
+        """The launch option ``snapshot_every`` (the workers get it in ``NOTEBOOK_ACCEL_SNAPSHOT_EVERY``):
+        snapshots every N steps into the default directory, as ``snapshot_every(steps=N)``."""
+        value = os.environ.get(contract.SNAPSHOT_EVERY_ENV, "").strip()
+        if not value:
+            return
+        where = f"snapshot_every={value!r} (environment variable {contract.SNAPSHOT_EVERY_ENV})"
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{where}: must be an integer >= 1 (optimizer steps between snapshots)")
+        try:
+            self.snapshot_every(steps=int(value))
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
 
     def __repr__(self) -> str:
         return f"Accelerator({self.state!r}, mixed_precision={self.mixed_precision!r})"

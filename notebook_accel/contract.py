@@ -52,6 +52,7 @@ START_METHOD_ENV = "NOTEBOOK_ACCEL_START_METHOD"
 DEVICE_ENV = "NOTEBOOK_ACCEL_DEVICE"  # the workers' device type (set by the launcher)
 LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
 CLUSTER_ENV = "NOTEBOOK_ACCEL_CLUSTER"
+SNAPSHOT_EVERY_ENV = "NOTEBOOK_ACCEL_SNAPSHOT_EVERY"  # also the workers' setting
 NODE_RANK = "NODE_RANK"  # torchrun's other name for GROUP_RANK
 TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's name for the rank's torch device
 # torch.compile settings (the peer's names): read by TorchDynamoPlugin() in the workers; the
@@ -304,6 +305,11 @@ _OPTIONS = (
          "button, to reach the point where they all stop together (default 5)",
          metavar="SECONDS", positive=True, default=5.0, pool_only=True,
          magic_flag="--stop-wait"),
+    _Opt("snapshot_every", int, "read by Accelerator() in the workers: a snapshot of the "
+         "training state every N optimizer steps, written in the background "
+         "(accelerator.snapshot_every; accelerator.resume() goes on from the newest)",
+         metavar="STEPS", low=1, env=SNAPSHOT_EVERY_ENV, to_workers=str,
+         file_key="snapshot_every", config_flag=True, magic_flag="--snapshot-every"),
     _Opt("heal", bool, "%%accelerate start only: when a pool rank dies, replace that rank alone "
          "and copy it what the other ranks hold alike (default); --no-heal replaces every rank",
          default=True, pool_only=True, env="NOTEBOOK_ACCEL_HEAL", file_key="heal",

@@ -104,6 +104,7 @@ class LaunchConfig:
     cluster: str | None = None  # our own key: a Ray cluster's address
     dynamo_backend: str | None = None  # in the file: dynamo_config's dynamo_backend (the peer's format)
     heal: bool | None = None  # our own key: a warm pool replaces a dead rank alone (default true)
+    snapshot_every: int | None = None  # our own key: Accelerator() snapshots every N steps
     extra: dict[str, Any] = field(default_factory=dict)
     source: Path | None = field(default=None, compare=False)  # the file it was read from
 
@@ -134,6 +135,7 @@ class LaunchConfig:
         self.cluster = _row("cluster", "cluster", self.cluster)
         self.dynamo_backend = _row("dynamo_backend", "dynamo_backend", self.dynamo_backend)
         self.heal = _row("heal", "heal", self.heal)
+        self.snapshot_every = _row("snapshot_every", "snapshot_every", self.snapshot_every)
         try:
             dynamo.check_section(self.extra.get(dynamo.SECTION))
         except ValueError as err:

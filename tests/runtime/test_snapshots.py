@@ -88,3 +88,35 @@ def test_a_rank_killed_mid_write_leaves_the_previous_snapshot_and_the_resume_is_
     assert start == KILLED_STEP - EVERY
     assert all(a.equal(b) for a, b in zip(weights, reference, strict=True))
     assert [s.step for s in snapshot_dir.listing(tmp_path / "snaps")] == [TOTAL - EVERY, TOTAL]
+
+
+def _train_from_the_launch_option(directory: str) -> tuple[int, int]:
+    """Seven steps with no snapshot_every call of its own: the launch option schedules them."""
+    import torch
+
+    from notebook_accel import Accelerator
+
+    acc = Accelerator(cpu=True, project_dir=directory)
+    model = torch.nn.Linear(4, 1)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(7):
+        acc.backward(model(torch.ones(2, 4)).sum())
+        opt.step()
+        opt.zero_grad()
+    acc.wait_for_snapshots()
+    return acc._snapshots.steps, acc.process_index
+
+
+def test_the_launch_option_schedules_snapshots_in_every_worker(tmp_path):
+    results = notebook_launcher(_train_from_the_launch_option, args=(str(tmp_path),),
+                                num_processes=2, snapshot_every=3, return_all=True, output="none")
+    assert results == [(3, 0), (3, 1)]
+    assert snapshot_dir.newest(tmp_path / "snapshots").step == 6
+
+
+def test_a_bad_snapshot_every_is_refused_naming_its_source(monkeypatch):
+    with pytest.raises(ValueError, match="snapshot_every=0 must be an int >= 1"):
+        notebook_launcher(_train_from_the_launch_option, args=("x",), num_processes=2, snapshot_every=0)
+    monkeypatch.setenv("NOTEBOOK_ACCEL_SNAPSHOT_EVERY", "often")
+    with pytest.raises(ValueError, match="environment variable NOTEBOOK_ACCEL_SNAPSHOT_EVERY"):
+        notebook_launcher(_train_from_the_launch_option, args=("x",), num_processes=2)
