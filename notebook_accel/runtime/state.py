@@ -141,7 +141,7 @@ def rejoin_process_group(rank: int, world_size: int) -> None:
     The old group is abandoned, not waited on: its device kind aborts it (nccl) or tears it
     down locally (gloo). A warm pool's heal calls this on every rank at once.
     """
-    meeting = dict(_MEETING) or {"backend": device_kind(_device_type(False)).backend(_device_type(False)),
+    meeting = dict(_MEETING) or {"backend": collective_backend(_device_type(False)),
                                  "timeout": None, "device": None, "init_method": None}
     if dist.is_initialized():
         kind = _backend_kind(dist.get_backend(), meeting["device"])

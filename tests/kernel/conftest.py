@@ -26,6 +26,16 @@ def kernel(module_config_dirs):
     k.shutdown()
 
 
+@pytest.fixture(scope="module")
+def magic_kernel(module_config_dirs):
+    """A real kernel with the magics loaded (``%load_ext notebook_accel``), shared by the tests
+    of one module, in order (its pool, once started, lives across them)."""
+    k = Kernel()
+    k.ok("%load_ext notebook_accel")
+    yield k
+    k.shutdown()
+
+
 @pytest.fixture
 def fresh_kernel():
     """A kernel of this test's own (it sees the test's config dirs)."""

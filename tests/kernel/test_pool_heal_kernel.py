@@ -60,11 +60,8 @@ final = flat
 
 
 @pytest.fixture(scope="module")
-def k():
-    kernel = Kernel()
-    kernel.ok("%load_ext notebook_accel")
-    yield kernel
-    kernel.shutdown()
+def k(magic_kernel):
+    return magic_kernel
 
 
 def _pid_of(k: Kernel, rank: int) -> int:

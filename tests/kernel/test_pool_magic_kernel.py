@@ -8,19 +8,15 @@ import time
 
 import pytest
 
-from tests.kernel_harness import Kernel, wait_no_workers
+from tests.kernel_harness import wait_no_workers
 
 pytestmark = pytest.mark.slow
 SHARED_WORKERS = True  # the kernel's pool outlives each test: conftest checks for leaks per module
 
 
 @pytest.fixture(scope="module")
-def k():
-    """One kernel whose pool lives across the tests of this module (in order)."""
-    kernel = Kernel()
-    kernel.ok("%load_ext notebook_accel")
-    yield kernel
-    kernel.shutdown()
+def k(magic_kernel):
+    return magic_kernel
 
 
 def test_status_without_a_pool_says_how_to_start_one(k):

@@ -101,7 +101,7 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
         chosen = {name: namespace.NAMESPACE[name] for name in names}
         if random_alike:
             chosen[_RANDOM] = _random_states()
-        packed = replicas.pack(chosen, place)
+        packed = replicas.pack(chosen, place, send=rank == source)
         wrappers = packed.ddps
         if rank == source:
             _send(packed, source, copying)
@@ -116,7 +116,8 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
     clock.end("rebuild")
     rebuilt = tuple(n for n in names if every[source][1][n][1])
     code = set(every[source][3])  # modules and imported code: copied, not worth a word
-    return HealReport(source=source, survivors=len(survivors), restored=tuple(n for n in names if n not in rebuilt and n not in code),
+    restored = tuple(n for n in names if n not in rebuilt and n not in code)
+    return HealReport(source=source, survivors=len(survivors), restored=restored,
                       rebuilt=rebuilt, differing=differing, uncopyable=uncopyable,
                       random_states=random_alike, wrappers=built, seconds=clock.seconds)
 

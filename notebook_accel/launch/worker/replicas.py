@@ -3,7 +3,8 @@
 One pickler serves twice. A value's *fingerprint* is its pickle with every tensor replaced by
 a hash of its bytes: ranks holding equal values get equal fingerprints, so the heal copies
 only what every surviving rank holds alike. A *pack* of values is their pickle with the
-tensors' bytes beside it, in one buffer, sent rank to rank (never through the kernel).
+tensors beside it (the small ones' bytes in one buffer, the big ones as they are), sent rank to
+rank (never through the kernel).
 
 Objects that belong to one rank (``launch/rank_identity.py``) travel as what they are for the
 receiving rank: the fields saying where a state or a sharded sampler stands become the
@@ -66,7 +67,8 @@ _BIG = 1 << 20  # bytes: a tensor this big travels on its own, straight into its
 @dataclass
 class _Tensors:
     """The tensors a pickle met, by ``mode``: ``hash`` (a fingerprint: each one's bytes hashed),
-    ``walk`` (a fingerprint that compares nothing: a lone survivor's), or ``pack`` (a copy:
+    ``walk`` (nothing compared nor copied: a lone survivor's fingerprint, a pack that only
+    learns the wrappers' order), or ``pack`` (a copy:
     small ones laid out in one buffer, big ones kept to be sent one by one, never copied)."""
 
     mode: str
@@ -143,10 +145,7 @@ class _Pickler(cloudpickle.Pickler):
     def _rank_bound(self, obj: Any) -> Any:
         if isinstance(obj, DistributedDataParallel):
             self.ddps.append(obj)
-            state = {"module": obj.module, "settings": _ddp_settings(obj),
-                     "buckets": _bucket_layout(obj), "hooks": list(obj._comm_hooks),
-                     "extras": {k: v for k, v in vars(obj).items() if k in _DDP_EXTRAS}}
-            return _new_ddp, (), state, None, None, _fill_ddp
+            return _new_ddp, (), _ddp_state(obj), None, None, _fill_ddp
         if isinstance(obj, dist.ProcessGroup):
             if obj is not _default_group():
                 raise NotCarried("a process group other than the default one (made for the old "
@@ -170,6 +169,14 @@ def _place_rules() -> list[tuple[type, dict[str, str]]]:
         if isinstance(cls, type):
             rules.append((cls, fields))
     return rules
+
+
+def _ddp_state(model: DistributedDataParallel) -> dict[str, Any]:
+    """What a wrapper is built anew from: its module, constructor settings, bucket layout,
+    communication hooks and what ``prepare`` added to it."""
+    return {"module": model.module, "settings": _ddp_settings(model),
+            "buckets": _bucket_layout(model), "hooks": list(model._comm_hooks),
+            "extras": {k: v for k, v in vars(model).items() if k in _DDP_EXTRAS}}
 
 
 def _ddp_settings(model: DistributedDataParallel) -> dict[str, Any]:
@@ -285,7 +292,7 @@ def fingerprint(value: Any, place: Place, tensors: _Tensors) -> tuple[str, bool]
     rank-bound object (rebuilt for the new group rather than only copied).
 
     Args:
-        tensors: a ``_Tensors(pack=False)`` shared by the calls of one heal (each tensor hashed once).
+        tensors: :func:`hash_table`'s, shared by the calls of one heal (each tensor hashed once).
     Raises:
         NotCarried, and whatever pickling ``value`` raises: it cannot be copied.
     """
@@ -301,10 +308,11 @@ def hash_table(compare: bool = True) -> _Tensors:
     return _Tensors(mode="hash" if compare else "walk")
 
 
-def pack(values: dict[str, Any], place: Place) -> Packed:
+def pack(values: dict[str, Any], place: Place, send: bool = True) -> Packed:
     """``values`` ready to send to a new rank, and the DDP wrappers they hold in the order they
-    were met (every survivor packs to learn that order, as :func:`rebuild_ddps` needs it)."""
-    tensors, ddps, sink = _Tensors(mode="pack"), [], io.BytesIO()
+    were met (every survivor packs to learn that order, as :func:`rebuild_ddps` needs it;
+    ``send=False``: only that, for a survivor that sends nothing, its tensors left alone)."""
+    tensors, ddps, sink = _Tensors(mode="pack" if send else "walk"), [], io.BytesIO()
     _Pickler(sink, tensors, place, ddps).dump(values)
     small = torch.cat(tensors.small) if tensors.small else torch.empty(0, dtype=torch.uint8)
     return Packed(sink.getvalue(), small, tensors.big, ddps)
@@ -354,13 +362,8 @@ def rebuild_ddps(wrappers: list[Any], place: Place) -> int:
     as :func:`unpack` returned them. The interrupted step's gradients are dropped. Returns how
     many were built."""
     for item in wrappers:
-        if isinstance(item, tuple):  # a new rank's: (placeholder, carried state)
-            model, state = item
-        else:  # a survivor's own wrapper
-            model = item
-            state = {"module": item.module, "settings": _ddp_settings(item),
-                     "buckets": _bucket_layout(item), "hooks": list(item._comm_hooks),
-                     "extras": {k: v for k, v in vars(item).items() if k in _DDP_EXTRAS}}
+        # a new rank's: (placeholder, carried state); a survivor's: its own wrapper
+        model, state = item if isinstance(item, tuple) else (item, _ddp_state(item))
         module, hooks, extras = state["module"], state["hooks"], state["extras"]
         for parameter in module.parameters():
             parameter.grad = None
