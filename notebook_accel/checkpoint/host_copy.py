@@ -1,6 +1,8 @@
 """A copy of training state in host memory that training can no longer change: the only part of a
 snapshot that runs on the training path (``snapshots``); the files are written from it in the background.
 
+A sharded state (FSDP2's DTensors) is copied shard by shard: each rank copies its own shard, which
+stays a DTensor of the same mesh and placements (``torch.distributed.checkpoint`` writes it as such).
 A state dict holds the live tensors (a model's parameters, an optimizer's moments), which the next
 step changes in place, so every tensor is copied, to the CPU; containers are rebuilt around the
 copies and other values deep-copied (a scheduler's lists). Tensors that are the same view of one
@@ -10,6 +12,7 @@ storage (tied weights) stay one tensor, so the weight files store them once, as 
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +33,9 @@ def host_copy(obj: Any, to_cpu: Callable[[Any], Any] | None = None) -> Any:
 
 
 def nbytes(obj: Any) -> int:
-    """Bytes of the tensors in ``obj`` (as ``host_copy`` walks it)."""
+    """Bytes of the tensors in ``obj`` (as ``host_copy`` walks it; a DTensor's own shard)."""
+    if _is_dtensor(obj):
+        obj = obj.to_local()
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
@@ -41,6 +46,12 @@ def nbytes(obj: Any) -> int:
 
 
 def _copy(obj: Any, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
+    if _is_dtensor(obj):
+        from torch.distributed.tensor import DTensor
+
+        local = obj.to_local().detach().to("cpu", copy=True)
+        return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False,
+                                  shape=obj.shape, stride=obj.stride())
     if isinstance(obj, torch.Tensor):
         key = _view_key(obj)
         if key is not None and key in seen:
@@ -64,6 +75,12 @@ def _copy(obj: Any, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
         return tuple(_copy(v, seen) for v in obj)
     return copy.deepcopy(obj)
+
+
+def _is_dtensor(obj: Any) -> bool:
+    """``obj`` is a DTensor (without importing ``torch.distributed.tensor`` where nothing made one)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(obj, module.DTensor)
 
 
 def _view_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:

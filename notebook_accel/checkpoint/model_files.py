@@ -55,6 +55,14 @@ class PlainCheckpointer:
                 + [StateFile(layout.object_file("optimizer", i), optimizer_state)
                    for i, optimizer_state in enumerate(optimizer_states)])
 
+    reshards = False  # a snapshot of another world size is refused (snapshot_identity)
+
+    def snapshot_parts(self, model_states: list[dict[str, Any]] | None, owner: bool,
+                       staging: Any = None) -> list[StateFile]:
+        """A snapshot's model and optimizer files (``state_files`` as safetensors; ``staging`` unused)."""
+        del staging
+        return self.state_files(model_states, True, owner)
+
     def load(self, files: CheckpointFiles) -> None:
         """The models (safetensors or ``.bin``, ``files.strict`` or not) and the optimizers."""
         for i, model in enumerate(self.models):

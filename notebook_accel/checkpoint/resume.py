@@ -2,7 +2,9 @@
 and the step to go on from, said in one line.
 
 A snapshot of another run shape (world size, strategy, prepared objects, a model's weight shapes:
-``snapshot_identity``) is refused, naming the difference. Rank 0 chooses the snapshot and every
+``snapshot_identity``) is refused, naming the difference; one of FSDP's loads on another world size
+(its shards resharded by ``torch.distributed.checkpoint``; the loaders skip the samples the old
+processes had seen together). Rank 0 chooses the snapshot and every
 rank loads that one.
 """
 
@@ -37,11 +39,14 @@ def resume(accelerator: Any, directory: Path) -> int:
         raise ValueError(f"cannot resume from {newest.path}: " + "; ".join(found)
                          + ". Resume with the run shape it was taken with, or snapshot into another directory")
     orchestration.load_accelerator_state(accelerator, newest.path, weights_only=True, strict=True)
+    saved_world = int(newest.meta.get("world_size", accelerator.num_processes))
     for loader in accelerator._dataloaders:
-        loader.skip_seen_on_next_pass()
+        loader.skip_seen_on_next_pass(saved_world)
     step = int(newest.meta["step"])
+    resharded = "" if saved_world == accelerator.num_processes else (
+        f"; resharded from {saved_world} processes to {accelerator.num_processes}")
     accelerator.print(f"resumed from snapshot step {step:,} (saved {_ago(time.time() - newest.saved_at)} ago, "
-                      f"{directory}); {step:,} steps not redone")
+                      f"{directory}); {step:,} steps not redone{resharded}")
     return step
 
 

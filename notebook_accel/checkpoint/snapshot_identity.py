@@ -1,5 +1,6 @@
-"""What a snapshot must match to be resumed: the world size, the strategy, the prepared objects'
-counts and every model's weight shapes. A snapshot records them (``snapshot.json``); ``resume``
+"""What a snapshot must match to be resumed: the world size (unless the strategy reshards its state:
+FSDP's, through ``torch.distributed.checkpoint``), the strategy, the prepared objects' counts and
+every model's weight shapes. A snapshot records them (``snapshot.json``); ``resume``
 refuses one that differs, naming the difference, rather than load a state that is not this run's.
 """
 
@@ -7,14 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from notebook_accel.runtime.helpers import extract_model_from_parallel
+
 
 def identity(accelerator: Any) -> dict[str, Any]:
     """This run's side of the comparison (plain types: it goes into ``snapshot.json``)."""
     return {
         "world_size": accelerator.num_processes,
+        "reshards": bool(accelerator.strategy.checkpointer([], []).reshards),
         "strategy": type(accelerator.strategy).__name__,
         "distributed_type": str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)),
-        "models": [_shapes(accelerator, m) for m in accelerator._models],
+        "models": [_shapes(m) for m in accelerator._models],
         "optimizers": len(accelerator._optimizers),
         "schedulers": len(accelerator._schedulers),
         "dataloaders": len(accelerator._dataloaders),
@@ -25,7 +29,7 @@ def identity(accelerator: Any) -> dict[str, Any]:
 def differences(saved: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """How the snapshot's identity ``saved`` differs from this run's ``here``, in words (``[]``: none)."""
     found = []
-    if saved.get("world_size") != here["world_size"]:
+    if saved.get("world_size") != here["world_size"] and not (saved.get("reshards") and here["reshards"]):
         found.append(f"it was taken with {saved.get('world_size')} processes, this run has {here['world_size']}")
     if saved.get("strategy") != here["strategy"]:
         found.append(f"it was taken with the {saved.get('strategy')} strategy, this run uses {here['strategy']}")
@@ -40,8 +44,9 @@ def differences(saved: dict[str, Any], here: dict[str, Any]) -> list[str]:
     return found
 
 
-def _shapes(accelerator: Any, model: Any) -> dict[str, list[int]]:
-    module = accelerator.unwrap_model(model, keep_torch_compile=False)
+def _shapes(model: Any) -> dict[str, list[int]]:
+    """The weights' full shapes (a sharded model's DTensors say theirs: nothing is gathered)."""
+    module = extract_model_from_parallel(model, keep_torch_compile=False)
     return {name: list(tensor.shape) for name, tensor in module.state_dict().items()}
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from notebook_accel.checkpoint import orchestration, snapshot_dir, training_state
+from notebook_accel.checkpoint import orchestration, snapshot_dir, state_parts, training_state
 from notebook_accel.checkpoint.host_copy import host_copy, nbytes
 from notebook_accel.checkpoint.snapshot_identity import identity
 from notebook_accel.checkpoint.snapshot_writer import SnapshotWriter
@@ -35,7 +36,7 @@ from notebook_accel.runtime import ops
 
 RUN_NAME_ENV = "NOTEBOOK_ACCEL_RUN_NAME"
 # a schedule's parts that belong to its process: never copied with it (__getstate__)
-_OWN_TO_PROCESS = ("writer", "host_copy_s", "_counts", "_waiting", "_not_per_step", "_last")
+_OWN_TO_PROCESS = ("writer", "host_copy_s", "_counts", "_waiting", "_not_per_step", "_last", "group")
 RANK_WAIT_S = 600.0  # how long rank 0 waits for the other ranks' files before leaving a snapshot out
 
 
@@ -61,16 +62,11 @@ class Snapshots:
     def __init__(self, accelerator: Any, steps: int | None, seconds: float | None, directory: Path,
                  keep: int) -> None:
         _check(steps, seconds, keep)
-        checkpointer = accelerator.strategy.checkpointer([], [])
-        if not hasattr(checkpointer, "state_files"):
-            raise ValueError(
-                f"snapshot_every: the {type(accelerator.strategy).__name__} strategy shards its state "
-                f"({type(checkpointer).__name__}); snapshots of sharded state are not built yet: "
-                "use accelerator.save_state(...) every so many steps instead")
         self.accelerator = accelerator
         self.steps, self.seconds, self.keep = steps, seconds, keep
         self.directory = directory.absolute()
         self.token = _shared_directory(accelerator.state, self.directory)
+        self.group = _writer_group(accelerator)
         self.step = 0  # optimizer steps done
         self.writer = SnapshotWriter(accelerator.print)
         self.host_copy_s: list[float] = []  # what each snapshot cost the training path
@@ -79,6 +75,7 @@ class Snapshots:
         self._waiting: set[int] = set()
         self._not_per_step: set[int] = set()  # schedulers seen not to step with every optimizer step
         self._said_left_out = False
+        self._said_in_place = False
         self._last = time.monotonic()
         self.watch_all()
 
@@ -92,6 +89,7 @@ class Snapshots:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.writer = SnapshotWriter(self.accelerator.print)
+        self.group = None  # (a heal copies only unsharded state, whose writes take no collective)
         self.host_copy_s, self._counts, self._waiting, self._not_per_step = [], {}, set(), set()
         self._last = time.monotonic()
 
@@ -176,21 +174,45 @@ class Snapshots:
         tmp = final.with_name(final.name + ".tmp")
         items = orchestration.run_save_hooks(accelerator, tmp)
         owner = accelerator.is_main_process
-        files = (items.checkpointer.state_files(items.model_states, True, owner)
+        parts = (items.checkpointer.snapshot_parts(items.model_states, owner, self._staging(step, tmp))
                  + training_state.state_files(items, accelerator.state, owner, accelerator.step))
-        files = [StateFile(f.name, host_copy(f.obj), f.safetensors) for f in files]
+        parts = [_host_copied(part) for part in parts]
         meta = {"step": step, "token": self.token, **identity(accelerator)} if owner else {}
         self._last = time.monotonic()
         copy_s = time.perf_counter() - start
         self.host_copy_s.append(copy_s)
         meta["host_copy_s"] = copy_s
-        meta["bytes"] = sum(nbytes(f.obj) for f in files)
-        self.writer.submit(step, lambda: self._write(files, tmp, final, meta))
+        meta["bytes"] = sum(_nbytes(part) for part in parts)
+        self.writer.submit(step, lambda: self._write(parts, tmp, final, meta))
 
-    def _write(self, files: list[StateFile], tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+    def _staging(self, step: int, tmp: Path) -> Callable[[int], Path]:
+        """Where a library's own writer writes on the training path (DeepSpeed's engine): host memory
+        that every rank of this machine shares, else the snapshot's folder itself (then that write
+        is not in the background: said once)."""
+        def folder(need_bytes: int) -> Path:
+            state = self.accelerator.state
+            one_machine = state.num_local_processes == state.num_processes
+            staged = None  # rank 0 decides, for every rank
+            if state.is_main_process:
+                staged = state_parts.staging_directory(self.token, step, need_bytes, one_machine) or tmp
+                staged.mkdir(parents=True, exist_ok=True)
+            if state.num_processes > 1:
+                staged = ops.broadcast_object_list([staged])[0]
+            assert staged is not None
+            if staged == tmp and not self._said_in_place:
+                self._said_in_place = True
+                self.accelerator.print(
+                    f"snapshots of {type(self.accelerator.strategy).__name__} are written on the training path: "
+                    + (f"no room for {2 * need_bytes / 2**30:.1f} GiB in {state_parts.SHM} (host memory)"
+                       if one_machine else "the ranks span machines, so they share no host memory")
+                    + " (this is said once)")
+            return staged
+        return folder
+
+    def _write(self, parts: list[state_parts.Part], tmp: Path, final: Path, meta: dict[str, Any]) -> None:
         state = self.accelerator.state
         tmp.mkdir(parents=True, exist_ok=True)
-        training_state.write_files(tmp, files)
+        state_parts.write_parts(tmp, parts, self.group)
         snapshot_dir.mark_done(tmp, state.process_index, self.token)
         if not state.is_main_process:
             return
@@ -203,6 +225,33 @@ class Snapshots:
     def wait(self) -> None:
         """Wait for the write in flight (``end_training``, a worker's exit)."""
         self.writer.wait()
+
+
+def _host_copied(part: state_parts.Part) -> state_parts.Part:
+    """``part`` with its state copied to host memory (a staged folder is there already)."""
+    if isinstance(part, StateFile):
+        return StateFile(part.name, host_copy(part.obj), part.safetensors)
+    if isinstance(part, state_parts.ShardedState):
+        return state_parts.ShardedState(part.name, host_copy(part.state))
+    return part
+
+
+def _nbytes(part: state_parts.Part) -> int:
+    if isinstance(part, StateFile):
+        return nbytes(part.obj)
+    if isinstance(part, state_parts.ShardedState):
+        return nbytes(part.state)
+    return sum(f.stat().st_size for f in part.path.rglob("*") if f.is_file())
+
+
+def _writer_group(accelerator: Any) -> Any:
+    """A process group for the background writes' collectives (a sharded state's), beside the one
+    training uses (every rank creates it, now); ``None`` where the writes take none."""
+    if accelerator.num_processes == 1 or not accelerator.strategy.checkpointer([], []).reshards:
+        return None
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")
 
 
 def _check(steps: int | None, seconds: float | None, keep: int) -> None:

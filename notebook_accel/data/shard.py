@@ -140,10 +140,20 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
     # ``prepare.skip_first_batches``, which builds on this module and fills it in when imported
     rest_of_epoch: Callable[[DataLoaderShard, int], DataLoaderShard]
 
-    def skip_seen_on_next_pass(self) -> None:
+    def skip_seen_on_next_pass(self, saved_world_size: int | None = None) -> None:
         """Make the next pass over this loader leave out the batches the restored epoch had done
-        (``resume_step``), as ``skip_first_batches`` would; later passes are whole epochs again."""
-        self.progress.skip_on_next_pass = self.resume_step > 0 and not self.use_stateful_dataloader
+        (``resume_step``), as ``skip_first_batches`` would; later passes are whole epochs again.
+        ``saved_world_size``: the processes that had done them, where not this job's (a resharded
+        resume): each step dealt one batch to each of them, so this one leaves out the batches
+        they had together (rounded down: a part is done again); with ``split_batches`` a step is
+        one batch on any world size."""
+        progress = self.progress
+        split = getattr(self, "split_batches", None)
+        if split is None:  # a shard: its batch sampler deals or splits
+            split = getattr(self.batch_sampler, "split_batches", False)
+        if saved_world_size and saved_world_size != world_size() and not split:
+            progress.resume_step = progress.resume_step * saved_world_size // world_size()
+        progress.skip_on_next_pass = progress.resume_step > 0 and not self.use_stateful_dataloader
 
     def __iter__(self) -> Iterator[Any]:
         progress = self.progress

@@ -64,12 +64,17 @@ class LaunchPlan:
         return self.node_rank == 0 and self.cluster is None
 
     def threads_per_worker(self) -> int | None:
-        """Intra-op threads per worker, so N workers do not oversubscribe the cores; the
-        user's ``OMP_NUM_THREADS`` when set (None when it is not a positive integer)."""
-        chosen = os.environ.get("OMP_NUM_THREADS", "").strip()
-        if chosen:
-            return int(chosen) if chosen.isdigit() and int(chosen) > 0 else None
-        return max(1, hardware.detect().cpu_count // self.num_processes)
+        """Intra-op threads per worker (``threads_per_worker``)."""
+        return threads_per_worker(self.num_processes)
+
+
+def threads_per_worker(num_processes: int) -> int | None:
+    """Intra-op threads per worker, so N workers do not oversubscribe the cores; the
+    user's ``OMP_NUM_THREADS`` when set (None when it is not a positive integer)."""
+    chosen = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if chosen:
+        return int(chosen) if chosen.isdigit() and int(chosen) > 0 else None
+    return max(1, hardware.detect().cpu_count // num_processes)
 
 
 def _device_type(device: str | None, hw: hardware.Hardware) -> str:
@@ -212,8 +217,9 @@ def make_plan(
         if o["use_port"] is None:
             raise ValueError(f"num_nodes={num_nodes} needs use_port: every node must use the same port")
     device, wanted = o["device"], o["num_processes"]
-    start = choose_start_method(o["start_method"])
     hosted = device is not None and device_launch(device).host_worker  # its own launcher counts
+    start = choose_start_method(o["start_method"],
+                                None if wanted is None or hosted else lambda: threads_per_worker(wanted))
     if starting is not None and wanted is not None and not hosted:
         starting(wanted, start)  # the checks that need no hardware passed; it may take seconds
 
@@ -228,8 +234,11 @@ def make_plan(
         count = _num_processes(wanted, device_type, hw)
         if device_type == "cuda":
             _check_gpus(hw, mixed_precision, (sources or {}).get("mixed_precision"))
-        if starting is not None and wanted is None:
-            starting(count, start)
+        if wanted is None:
+            if start.method == "fork":  # each worker's threads are known now
+                start = choose_start_method(o["start_method"], lambda: threads_per_worker(count))
+            if starting is not None:
+                starting(count, start)
     return LaunchPlan(
         num_processes=count, num_nodes=num_nodes, node_rank=node_rank, device_type=device_type,
         mixed_precision=mixed_precision, start=start, master_addr=o["master_addr"],

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from notebook_accel.contract import START_METHODS
@@ -78,9 +81,41 @@ def fork_unsafe_reason(maps: str | None = None, open_files: list[str] | None = N
     return None
 
 
-def choose_start_method(requested: str) -> StartChoice:
+_OPENMP_PROBE_S = 1.0  # a fresh child's first parallel op takes milliseconds; a broken one never ends
+_openmp_started = False  # once started, OpenMP's pool stays for the life of the process
+
+
+def openmp_pool_started() -> bool:
+    """Whether this process has started OpenMP's thread pool (GNU libgomp, torch's CPU threads),
+    which a forked child cannot use: its first parallel op with more than one thread waits forever
+    for threads that did not survive the fork. Found by forking a probe that tries one (a few ms;
+    killed after ``_OPENMP_PROBE_S``); once true, it stays true without a probe."""
+    global _openmp_started
+    torch = sys.modules.get("torch")
+    if _openmp_started or torch is None or "libgomp" not in _read("/proc/self/maps"):
+        return _openmp_started
+    pid = os.fork()
+    if pid == 0:  # the probe: one parallel op on two threads, then out
+        try:
+            torch.set_num_threads(2)
+            torch.ones(1 << 18).add_(1)
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + _OPENMP_PROBE_S
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+        time.sleep(0.002)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    _openmp_started = True
+    return True
+
+
+def choose_start_method(requested: str, worker_threads: Callable[[], int | None] | None = None) -> StartChoice:
     """Resolve ``requested`` (one of START_METHODS, checked by its row where it entered) to a
-    concrete method.
+    concrete method; ``worker_threads()``: each worker's CPU threads, where known (more than one
+    cannot be forked from a process whose OpenMP pool started; asked only where that pool may be).
 
     Raises:
         ValueError: ``fork`` requested when it is unsafe.
@@ -88,6 +123,11 @@ def choose_start_method(requested: str) -> StartChoice:
     if requested in ("forkserver", "spawn"):
         return StartChoice(requested, "")
     reason = fork_unsafe_reason()
+    if reason is None and worker_threads is not None and openmp_pool_started():
+        threads = worker_threads()
+        if threads is not None and threads > 1:
+            reason = (f"this kernel has run torch's CPU threads (OpenMP), which a forked worker cannot use "
+                      f"with its {threads} threads")
     if reason is None:
         return StartChoice("fork", "")
     if requested == "fork":

@@ -123,9 +123,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             result = self._scaled_step(closure)
         if self.after_step is not None:
             self.after_step()
+        self._stepped()
+        return result
+
+    def _stepped(self) -> None:
+        """A real step was taken: call the ``step_hooks``."""
         for hook in self.step_hooks:
             hook(self)
-        return result
 
     def _scaled_step(self, closure: Callable[[], Any] | None) -> Any:
         # The scaler calls optimizer.step only for finite gradients: watch for that call.

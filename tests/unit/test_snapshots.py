@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from notebook_accel import Accelerator
-from notebook_accel.checkpoint import snapshot_dir, training_state
+from notebook_accel.checkpoint import snapshot_dir, state_parts
 from notebook_accel.checkpoint.host_copy import host_copy
 from notebook_accel.checkpoint.snapshot_writer import SnapshotWriter
 
@@ -116,13 +116,13 @@ def test_a_write_that_dies_midway_leaves_the_previous_snapshot_the_newest(tmp_pa
     _train(accelerator, model, optimizer, 2)
     accelerator.wait_for_snapshots()
     weights = [p.detach().clone() for p in model.parameters()]
-    real = training_state.write_files
+    real = state_parts.write_files
 
     def dies_after_one_file(directory, files):
         real(directory, files[:1])
         raise OSError("disk gone")
 
-    monkeypatch.setattr(training_state, "write_files", dies_after_one_file)
+    monkeypatch.setattr(state_parts, "write_files", dies_after_one_file)
     _train(accelerator, model, optimizer, 2)
     accelerator.wait_for_snapshots()
     assert (tmp_path / "snapshot_000000004.tmp" / "model.safetensors").is_file()  # half written

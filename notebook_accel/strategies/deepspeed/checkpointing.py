@@ -11,11 +11,14 @@ DeepSpeed's ``zero_to_fp32.py`` (written into the folder) merges the partitions 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from notebook_accel.checkpoint.training_state import CheckpointFiles
+from notebook_accel.checkpoint.state_parts import Part, StagedFolder, write_parts
+from notebook_accel.checkpoint.training_state import CheckpointFiles, StateFile
 
 ENGINE_TAG = "pytorch_model"
 
@@ -43,19 +46,34 @@ class DeepSpeedCheckpointer:
         optimizers = [(i, o) for i, o in enumerate(self.optimizers) if o is not self.runtime.optimizer]
         return models, optimizers
 
+    reshards = False  # ZeRO partitions load on the world size that wrote them
+
     def save(self, files: CheckpointFiles) -> None:
         """Write every model and optimizer into ``files.directory`` (which exists on every rank);
         whole files on rank 0 only."""
-        directory, is_main, write = files.directory, files.is_main, files.write
-        if self.runtime.engine is not None:
+        write_parts(files.directory, self.snapshot_parts(None, files.is_main, lambda _: files.directory))
+
+    def snapshot_parts(self, model_states: list[dict[str, Any]] | None, owner: bool,
+                       staging: Callable[[int], Path]) -> list[Part]:
+        """Every model's and optimizer's part (every rank calls it): the engine writes its checkpoint
+        at once (DeepSpeed's own writer, collectives inside) into ``staging(bytes_needed)``, a folder
+        every rank shares, which ``owner`` moves into the checkpoint; other models and optimizers are
+        files ``owner`` writes. Save hooks' ``model_states`` are not used (the engine writes its own)."""
+        del model_states
+        parts: list[Part] = []
+        engine = self.runtime.engine
+        if engine is not None:
+            params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+            folder = staging(16 * params)  # fp32 weights, master copy and two moments, about
             # save_latest: the 'latest' file lets DeepSpeed's zero_to_fp32.py find the tag by itself
-            self.runtime.engine.save_checkpoint(str(directory), tag=ENGINE_TAG, save_latest=True)
+            engine.save_checkpoint(str(folder), tag=ENGINE_TAG, save_latest=True)
+            if owner:
+                parts.append(StagedFolder(folder))
         models, optimizers = self._others()
-        if is_main:
-            for i, model in models:
-                write(model.state_dict(), directory / _file("model", i))
-            for i, opt in optimizers:
-                write(opt.state_dict(), directory / _file("optimizer", i))
+        if owner:
+            parts += [StateFile(_file("model", i), model.state_dict()) for i, model in models]
+            parts += [StateFile(_file("optimizer", i), opt.state_dict()) for i, opt in optimizers]
+        return parts
 
     def load(self, files: CheckpointFiles) -> None:
         """Restore every model and optimizer from ``files.directory``.

@@ -148,7 +148,10 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         """Nothing: the engine zeroes the gradients after its step."""
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
-        """Nothing: ``accelerator.backward`` ran the engine's step."""
+        """Nothing to the weights: ``accelerator.backward`` ran the engine's step; at the end of an
+        accumulation the step hooks run, as for any prepared optimizer (a snapshot's step count)."""
+        if self.gradient_state.sync_gradients:
+            self._stepped()
 
     @property
     def step_was_skipped(self) -> bool:

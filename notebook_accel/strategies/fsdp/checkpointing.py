@@ -33,7 +33,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from notebook_accel.checkpoint.training_state import CheckpointFiles
+from notebook_accel.checkpoint.state_parts import Part, ShardedState, quiet_alone, write_parts
+from notebook_accel.checkpoint.training_state import CheckpointFiles, StateFile
 from notebook_accel.strategies.fsdp.state_dict import (
     MODEL_DIR,
     MODEL_KEY,
@@ -70,6 +71,7 @@ class FsdpCheckpointer:
         self.models = models
         self.optimizers = optimizers
         self.sharded = state_dict_type == "SHARDED_STATE_DICT"
+        self.reshards = True  # either layout loads on any world size (see the module docstring)
 
     def _owner(self, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
         mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -81,27 +83,37 @@ class FsdpCheckpointer:
     def save(self, files: CheckpointFiles) -> None:
         """Write every model and optimizer into ``files.directory`` (which exists on every rank);
         whole files on rank 0 only."""
-        directory, is_main, write = files.directory, files.is_main, files.write
+        write_parts(files.directory, self.snapshot_parts(None, files.is_main))
+
+    def snapshot_parts(self, model_states: list[dict[str, Any]] | None, owner: bool,
+                       staging: Any = None) -> list[Part]:
+        """Every model's and optimizer's part, from the live state (every rank calls it: gathering a
+        full state dict is a collective): a folder of each rank's shards (sharded), or a whole file
+        that ``owner`` writes. Save hooks' ``model_states`` are not used (the shards are the models'), nor
+        ``staging`` (nothing is written here)."""
+        del model_states, staging
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        parts: list[Part] = []
         for i, model in enumerate(self.models):
             if self.sharded:
-                dcp.save({MODEL_KEY: get_model_state_dict(model)}, checkpoint_id=directory / f"{MODEL_DIR}_{i}")
+                parts.append(ShardedState(f"{MODEL_DIR}_{i}", {MODEL_KEY: get_model_state_dict(model)}))
             else:
                 state = full_state_dict(model, rank0_only=True) if isinstance(model, FSDPModule) else model.state_dict()
-                if is_main:
-                    write(state, directory / _file("model", i))
+                if owner:
+                    parts.append(StateFile(_file("model", i), state))
         for i, opt in enumerate(self.optimizers):
-            owner = self._owner(opt.optimizer)
-            if owner is None:
-                if is_main:
-                    write(opt.state_dict(), directory / _file("optimizer", i))
+            owning = self._owner(opt.optimizer)
+            if owning is None:
+                if owner:
+                    parts.append(StateFile(_file("optimizer", i), opt.state_dict()))
             elif self.sharded:
-                state = get_optimizer_state_dict(owner, opt.optimizer)
-                dcp.save({OPTIMIZER_KEY: state}, checkpoint_id=directory / f"{OPTIMIZER_DIR}_{i}")
+                parts.append(ShardedState(f"{OPTIMIZER_DIR}_{i}",
+                                          {OPTIMIZER_KEY: get_optimizer_state_dict(owning, opt.optimizer)}))
             else:
-                state = get_optimizer_state_dict(owner, opt.optimizer, options=full)
-                if is_main:
-                    write(state, directory / _file("optimizer", i))
+                state = get_optimizer_state_dict(owning, opt.optimizer, options=full)
+                if owner:
+                    parts.append(StateFile(_file("optimizer", i), state))
+        return parts
 
     def load(self, files: CheckpointFiles) -> None:
         """Restore every model and optimizer from ``files.directory``.
@@ -116,7 +128,8 @@ class FsdpCheckpointer:
         for i, model in enumerate(self.models):
             if self.sharded:
                 state = {MODEL_KEY: get_model_state_dict(model)}
-                dcp.load(state, checkpoint_id=self._folder(directory, f"{MODEL_DIR}_{i}"))
+                with quiet_alone():
+                    dcp.load(state, checkpoint_id=self._folder(directory, f"{MODEL_DIR}_{i}"))
                 set_model_state_dict(model, state[MODEL_KEY])
             elif isinstance(model, FSDPModule):
                 state = self._read(directory, _file("model", i), read) if is_main else {}
@@ -129,7 +142,8 @@ class FsdpCheckpointer:
                 opt.load_state_dict(self._read(directory, _file("optimizer", i), read))
             elif self.sharded:
                 state = {OPTIMIZER_KEY: get_optimizer_state_dict(owner, opt.optimizer)}
-                dcp.load(state, checkpoint_id=self._folder(directory, f"{OPTIMIZER_DIR}_{i}"))
+                with quiet_alone():
+                    dcp.load(state, checkpoint_id=self._folder(directory, f"{OPTIMIZER_DIR}_{i}"))
                 set_optimizer_state_dict(owner, opt.optimizer, state[OPTIMIZER_KEY])
             elif isinstance(owner, FSDPModule):
                 state = self._read(directory, _file("optimizer", i), read) if is_main else {}
