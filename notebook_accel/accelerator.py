@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
 from notebook_accel import _peer_paths, contract
-from notebook_accel.checkpoint import orchestration, resume, snapshots
+from notebook_accel.checkpoint import orchestration, resume, snapshot_place, snapshots
 from notebook_accel.checkpoint.project import ProjectConfiguration
 from notebook_accel.checkpoint.weight_files import save_weights
 from notebook_accel.checkpoint.weight_shards import save_object
@@ -582,7 +582,8 @@ class Accelerator:
             steps: every this many optimizer steps (of every prepared optimizer; accumulation's
                 micro-steps are not steps).
             seconds: when this many seconds have passed since the last snapshot (rank 0's clock).
-            dir: any local path every rank sees (a mounted Drive folder is one); default
+            dir: any local path every rank sees (a mounted Drive folder is one); default the
+                launch option ``snapshot_dir`` (``snapshot_dir:`` in the config file), else
                 ``<project_dir>/snapshots``, else ``./snapshots/<run>`` (``$NOTEBOOK_ACCEL_RUN_NAME``,
                 else ``default``).
             keep: how many complete snapshots to keep.
@@ -596,7 +597,7 @@ class Accelerator:
             >>> for step in range(accelerator.resume(), total_steps):
             ...     ...
         """
-        directory = Path(dir) if dir is not None else snapshots.default_directory(self.project_dir)
+        directory = snapshot_place.snapshot_directory(self.project_dir, dir)
         if self._snapshots is not None:
             self._snapshots.wait()
         self._snapshots = snapshots.Snapshots(self, steps, seconds, directory, keep)
@@ -611,12 +612,10 @@ class Accelerator:
         process). A snapshot of another world size, strategy or model shape is refused (``ValueError``
         naming the difference).
         """
-        if dir is not None:
-            directory = Path(dir)
-        elif self._snapshots is not None:
+        if dir is None and self._snapshots is not None:
             directory = self._snapshots.directory
         else:
-            directory = snapshots.default_directory(self.project_dir)
+            directory = snapshot_place.snapshot_directory(self.project_dir, dir)
         self._resumed_at = resume.resume(self, directory)
         if self._snapshots is not None:
             self._snapshots.restart_at(self._resumed_at)

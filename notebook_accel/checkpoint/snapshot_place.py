@@ -1,0 +1,35 @@
+"""Where a run's snapshots go when ``snapshot_every`` / ``resume`` get no ``dir=``: the launch
+option ``snapshot_dir`` (the workers get it in ``NOTEBOOK_ACCEL_SNAPSHOT_DIR``: from
+``notebook_launcher(snapshot_dir=...)``, ``%%accelerate --snapshot-dir``, the environment or the
+config file's ``snapshot_dir`` key), else ``snapshots.default_directory`` (``<project_dir>/snapshots``,
+else ``./snapshots/<run>``).
+
+A Colab user sets ``snapshot_dir: /content/drive/MyDrive/run7`` once in the config, and every
+run's snapshots land on Drive, where a new session's ``resume()`` finds them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from notebook_accel import contract
+
+
+def configured() -> str | None:
+    """The launch option ``snapshot_dir`` as the workers got it (None: not set)."""
+    return os.environ.get(contract.SNAPSHOT_DIR_ENV, "").strip() or None
+
+
+def snapshot_directory(project_dir: str | os.PathLike[str] | None, chosen: str | os.PathLike[str] | None = None,
+                       ) -> Path:
+    """The directory of this run's snapshots: ``chosen`` (a ``dir=`` argument), else the launch
+    option ``snapshot_dir``, else ``snapshots.default_directory(project_dir)``."""
+    if chosen is not None:
+        return Path(chosen).expanduser().absolute()
+    option = configured()
+    if option is not None:
+        return Path(option).expanduser().absolute()
+    from notebook_accel.checkpoint import snapshots  # (torch: not for the kernel's listing)
+
+    return snapshots.default_directory(project_dir)
