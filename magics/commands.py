@@ -92,7 +92,7 @@ def snapshots(args: argparse.Namespace) -> None:
     snapshots by default): :func:`notebook_accel.cli.snapshots.describe`.
 
     Raises:
-        UsageError: a bad ``snapshot_dir`` in the environment or the config file.
+        UsageError: a bad ``snapshot_dir`` in the environment or the config file, or a URL.
     """
     from notebook_accel.cli import snapshots as listing
 
@@ -100,7 +100,6 @@ def snapshots(args: argparse.Namespace) -> None:
     if directory and len(directory) > 1 and directory[0] == directory[-1] and directory[0] in "'\"":
         directory = directory[1:-1]  # IPython's magic lines keep the quotes of 'a path with spaces'
     try:
-        directory = directory or listing.default_directory(args.config)
+        print(listing.describe(directory or listing.default_directory(args.config))[1])
     except ValueError as error:
         raise UsageError(str(error)) from None
-    print(listing.describe(directory)[1])

@@ -25,12 +25,15 @@ def default_directory(config_file: str | os.PathLike[str] | None = None) -> Path
     """Where a job launched from here snapshots without ``dir=`` or ``project_dir``.
 
     Raises:
-        ValueError: a bad ``snapshot_dir`` in the environment or the config file, naming it.
+        ValueError: a bad ``snapshot_dir`` in the environment or the config file, naming it (a
+            URL other than ``file://`` among them).
     """
     from notebook_accel.checkpoint import snapshot_place
 
     option = layered_options(load_config(config_file))["snapshot_dir"]
-    return snapshot_place.snapshot_directory(None, option)
+    if option is None:
+        return snapshot_place.snapshot_directory(None)
+    return snapshot_place.local_directory(option, "snapshot_dir")
 
 
 def _size(count: int) -> str:
@@ -41,10 +44,15 @@ def _size(count: int) -> str:
 
 
 def describe(directory: str | os.PathLike[str], now: float | None = None) -> tuple[bool, str]:
-    """The listing of ``directory`` in words; the flag says whether the directory exists."""
-    from notebook_accel.checkpoint import snapshot_dir  # (torch, imported when it is used)
+    """The listing of ``directory`` in words; the flag says whether the directory exists.
 
-    directory = Path(directory).expanduser().absolute()
+    Raises:
+        ValueError: a URL other than ``file://``.
+    """
+    from notebook_accel.checkpoint import snapshot_dir  # (torch, imported when it is used)
+    from notebook_accel.checkpoint.snapshot_place import local_directory
+
+    directory = local_directory(directory, "DIR")
     if not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
         return False, (f"{directory} {what}: no snapshots there. Snapshots are written by "
@@ -95,7 +103,7 @@ def add_subcommand(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     parser = sub.add_parser("snapshots", parents=[common], help="list a snapshot directory's snapshots",
                             description="Each snapshot's step, when it was saved, its size on disk, "
                                         "whether it is complete, and which one resume() would load.")
-    parser.add_argument("directory", nargs="?", type=Path, default=None, metavar="DIR",
+    parser.add_argument("directory", nargs="?", default=None, metavar="DIR",
                         help="the snapshot directory (default: the snapshot_dir in force, else "
                              "./snapshots/$NOTEBOOK_ACCEL_RUN_NAME or ./snapshots/default)")
     parser.set_defaults(func=cmd_snapshots)

@@ -115,3 +115,25 @@ def test_the_line_magic_lists_a_directory_and_refuses_stray_words(snaps, tmp_pat
         magic.accelerate("env somewhere")
     with pytest.raises(UsageError, match="snapshots does not use --num-processes"):
         magic.accelerate(f"snapshots {snaps} -n 2")
+
+
+def test_a_file_url_is_its_path_and_other_urls_are_refused_naming_what_to_do(snaps, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from notebook_accel import Accelerator
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["snapshots", f"file://{snaps}"]) == 0 and "<- resume() loads" in capsys.readouterr().out
+    assert snapshot_place.snapshot_directory(None, f"file://{tmp_path}") == tmp_path
+    with pytest.raises(ValueError, match=r"dir='memory://run7': snapshots to fsspec URLs \(memory://\) are "
+                                         "not built yet; give a folder every rank sees"):
+        Accelerator(cpu=True).snapshot_every(steps=1, dir="memory://run7")
+    assert not (tmp_path / "memory:").exists()  # never a local folder named after the scheme
+    monkeypatch.setenv(contract.SNAPSHOT_DIR_ENV, "gs://bucket/run7")
+    with pytest.raises(ValueError, match="environment variable NOTEBOOK_ACCEL_SNAPSHOT_DIR"):
+        Accelerator(cpu=True).resume()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fsspec" else real(name, *a))
+    assert cli.main(["snapshots"]) == 1
+    assert ("snapshot_dir='gs://bucket/run7': a gs:// URL needs fsspec (pip install fsspec, and the package "
+            "of gs://), which is not installed") in capsys.readouterr().err
