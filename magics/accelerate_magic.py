@@ -21,7 +21,14 @@ from IPython.core.magic_arguments import parse_argstring
 from magics import commands
 from magics import pool as notebook_pool
 from magics.cell import crossings, pulling
-from magics.cell.arguments import COMMANDS, flags_given, launch_options, magic_flags, unused_flags
+from magics.cell.arguments import (
+    COMMANDS,
+    WITH_ARGUMENT,
+    flags_given,
+    launch_options,
+    magic_flags,
+    unused_flags,
+)
 from magics.cell.flag_check import check_words
 from magics.cell.ledger import LEDGER
 from magics.cell.names import analyse_cell, imported_names
@@ -86,6 +93,8 @@ class AccelerateMagics(Magics):
                                  options changed); %accelerate stop ends it
             %accelerate debug    pdb on the rank that failed the pool's last run
             %accelerate stacks   every rank's stack now, ranks at one place grouped
+            %accelerate snapshots [DIR]  a snapshot directory's snapshots: step, when
+                                 saved, size, complete or not, which one resume() loads
 
         ``%%accelerate --ranks 1`` (or ``0,2-3``) runs the cell on some ranks of the pool;
         ``breakpoint()`` in a pool cell opens pdb on that rank, in the cell's input box.
@@ -93,7 +102,7 @@ class AccelerateMagics(Magics):
         Unset flags fall back to NOTEBOOK_ACCEL_* environment variables, then the
         config file (--config, else the default one), then auto-detection.
         """
-        check_words(self.accelerate.parser, line, cell is not None, COMMANDS)
+        check_words(self.accelerate.parser, line, cell is not None, COMMANDS, WITH_ARGUMENT)
         args = parse_argstring(self.accelerate, line)
         pool_flags = [f"--no-{o.magic_flag[2:]}" if o.switch and getattr(args, o.name) is False
                       else o.magic_flag for o in OPTIONS.values()
@@ -120,7 +129,8 @@ class AccelerateMagics(Magics):
         runner = {"env": commands.env, "test": commands.test, "config": commands.config,
                   "start": notebook_pool.start, "status": notebook_pool.status,
                   "restart": notebook_pool.restart, "stop": notebook_pool.stop,
-                  "debug": notebook_pool.debug, "stacks": notebook_pool.stacks}
+                  "debug": notebook_pool.debug, "stacks": notebook_pool.stacks,
+                  "snapshots": commands.snapshots}
         return runner[args.command](args)
 
     def _cell(self, args: Any, line: str, body: str) -> Any:

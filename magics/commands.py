@@ -1,4 +1,4 @@
-"""The line magic's commands: ``%accelerate env``, ``test`` and ``config``."""
+"""The line magic's commands: ``%accelerate env``, ``test``, ``config`` and ``snapshots``."""
 
 from __future__ import annotations
 
@@ -85,3 +85,21 @@ def config(args: argparse.Namespace) -> Any:
         print(PANEL_MISSING)
         return None
     return panel.config_panel(**({"config_file": args.config} if args.config else {}))
+
+
+def snapshots(args: argparse.Namespace) -> None:
+    """List a snapshot directory (``args.directory``, else where a launch from this kernel
+    snapshots by default): :func:`notebook_accel.cli.snapshots.describe`.
+
+    Raises:
+        UsageError: a bad ``snapshot_dir`` in the environment or the config file, or a URL.
+    """
+    from notebook_accel.cli import snapshots as listing
+
+    directory = args.directory
+    if directory and len(directory) > 1 and directory[0] == directory[-1] and directory[0] in "'\"":
+        directory = directory[1:-1]  # IPython's magic lines keep the quotes of 'a path with spaces'
+    try:
+        print(listing.describe(directory or listing.default_directory(args.config))[1])
+    except ValueError as error:
+        raise UsageError(str(error)) from None

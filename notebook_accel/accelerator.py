@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
 from notebook_accel import _peer_paths, contract
-from notebook_accel.checkpoint import orchestration, resume, snapshots
+from notebook_accel.checkpoint import auto_resume, orchestration, resume, snapshot_place, snapshots
 from notebook_accel.checkpoint.project import ProjectConfiguration
 from notebook_accel.checkpoint.weight_files import save_weights
 from notebook_accel.checkpoint.weight_shards import save_object
@@ -97,10 +97,17 @@ class Accelerator:
             not compiled); default: ``ACCELERATE_DYNAMO_BACKEND``, else ``"no"``.
         dynamo_plugin: a ``TorchDynamoPlugin`` (backend, mode, fullgraph, dynamic, options,
             regional compilation), instead of ``dynamo_backend``.
+        resume: ``"auto"``: go on from the newest complete snapshot (``snapshot_every``'s directory,
+            or the launch option ``snapshot_dir``'s, or the default one) as soon as ``prepare`` has
+            prepared the model, the optimizer and every other object the snapshot holds (said
+            here, and in one line when loaded); ``resumed_step`` is then the step to go on from:
+            ``for step in range(accelerator.resumed_step, total_steps)``. None (default): only
+            ``accelerator.resume()`` loads one.
 
     Raises:
         ValueError: an invalid mixed precision, fp16 where no scaler exists, a bad dynamo
-            backend, or both ``dynamo_backend`` and ``dynamo_plugin``.
+            backend, both ``dynamo_backend`` and ``dynamo_plugin``, or a ``resume`` other than
+            None and ``"auto"``.
     """
 
     def __init__(
@@ -124,7 +131,9 @@ class Accelerator:
         deepspeed_plugin: Any = None,
         dynamo_backend: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        resume: str | None = None,
     ) -> None:
+        resume = auto_resume.check(resume)
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}, dynamo_plugin=...): give one "
                              "of them (the plugin has a backend field)")
@@ -175,6 +184,7 @@ class Accelerator:
         self.deepspeed_plugin = self.state.deepspeed_plugin = plugins["deepspeed"]
         self.scaler = self.strategy.loss_scaler(self.scaler)
         self._snapshots_from_launch()
+        self._auto_resume = auto_resume.AutoResume(self) if resume == "auto" else None
 
     def _snapshots_from_launch(self) -> None:
         """The launch option ``snapshot_every`` (the workers get it in ``NOTEBOOK_ACCEL_SNAPSHOT_EVERY``):
@@ -297,6 +307,8 @@ class Accelerator:
         if len(placement) != len(args):
             raise ValueError(f"device_placement has {len(placement)} entries for {len(args)} objects")
         out = prepare_objects(self, list(args), placement)
+        if self._auto_resume is not None:
+            self._auto_resume.after_prepare(self)
         return out[0] if len(out) == 1 else tuple(out)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
@@ -528,6 +540,8 @@ class Accelerator:
         """Add objects with ``state_dict`` / ``load_state_dict`` to ``save_state`` (``ValueError`` naming
         every object that lacks them)."""
         self._custom_objects.extend(orchestration.checkpointable(objects))
+        if self._auto_resume is not None:
+            self._auto_resume.after_prepare(self)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` at the start of every ``save_state``.
@@ -582,7 +596,8 @@ class Accelerator:
             steps: every this many optimizer steps (of every prepared optimizer; accumulation's
                 micro-steps are not steps).
             seconds: when this many seconds have passed since the last snapshot (rank 0's clock).
-            dir: any local path every rank sees (a mounted Drive folder is one); default
+            dir: any local path every rank sees (a mounted Drive folder is one); default the
+                launch option ``snapshot_dir`` (``snapshot_dir:`` in the config file), else
                 ``<project_dir>/snapshots``, else ``./snapshots/<run>`` (``$NOTEBOOK_ACCEL_RUN_NAME``,
                 else ``default``).
             keep: how many complete snapshots to keep.
@@ -596,7 +611,7 @@ class Accelerator:
             >>> for step in range(accelerator.resume(), total_steps):
             ...     ...
         """
-        directory = Path(dir) if dir is not None else snapshots.default_directory(self.project_dir)
+        directory = snapshot_place.snapshot_directory(self.project_dir, dir)
         if self._snapshots is not None:
             self._snapshots.wait()
         self._snapshots = snapshots.Snapshots(self, steps, seconds, directory, keep)
@@ -611,16 +626,23 @@ class Accelerator:
         process). A snapshot of another world size, strategy or model shape is refused (``ValueError``
         naming the difference).
         """
-        if dir is not None:
-            directory = Path(dir)
-        elif self._snapshots is not None:
-            directory = self._snapshots.directory
-        else:
-            directory = snapshots.default_directory(self.project_dir)
-        self._resumed_at = resume.resume(self, directory)
+        self._resumed_at = resume.resume(self, self._snapshot_directory(dir))
         if self._snapshots is not None:
             self._snapshots.restart_at(self._resumed_at)
         return self._resumed_at
+
+    @property
+    def resumed_step(self) -> int:
+        """The optimizer step the last resume went on from (``resume()``, or ``Accelerator(resume="auto")``
+        once ``prepare`` has loaded the snapshot); 0 when nothing was resumed. The loop:
+        ``for step in range(accelerator.resumed_step, total_steps)``."""
+        return self._resumed_at
+
+    def _snapshot_directory(self, dir: str | os.PathLike[str] | None = None) -> Path:  # noqa: A002
+        """``dir``, else the snapshot schedule's directory, else the default one (``snapshot_place``)."""
+        if dir is None and self._snapshots is not None:
+            return self._snapshots.directory
+        return snapshot_place.snapshot_directory(self.project_dir, dir)
 
     def _arrived(self) -> None:
         """This Accelerator was copied into a new process (a warm pool's heal): set up what

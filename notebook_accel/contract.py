@@ -53,6 +53,7 @@ DEVICE_ENV = "NOTEBOOK_ACCEL_DEVICE"  # the workers' device type (set by the lau
 LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by notebook_launcher
 CLUSTER_ENV = "NOTEBOOK_ACCEL_CLUSTER"
 SNAPSHOT_EVERY_ENV = "NOTEBOOK_ACCEL_SNAPSHOT_EVERY"  # also the workers' setting
+SNAPSHOT_DIR_ENV = "NOTEBOOK_ACCEL_SNAPSHOT_DIR"  # also the workers' setting
 NODE_RANK = "NODE_RANK"  # torchrun's other name for GROUP_RANK
 TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's name for the rank's torch device
 # torch.compile settings (the peer's names): read by TorchDynamoPlugin() in the workers; the
@@ -310,6 +311,11 @@ _OPTIONS = (
          "(accelerator.snapshot_every; accelerator.resume() goes on from the newest)",
          metavar="STEPS", low=1, env=SNAPSHOT_EVERY_ENV, to_workers=str,
          file_key="snapshot_every", config_flag=True, magic_flag="--snapshot-every"),
+    _Opt("snapshot_dir", str, "read by Accelerator() in the workers: where snapshots go and "
+         "resume() looks (default: <project_dir>/snapshots, else ./snapshots/<run>); a folder "
+         "every rank sees, such as a mounted Drive's /content/drive/MyDrive/run7",
+         metavar="DIR", valid_text="a folder path", env=SNAPSHOT_DIR_ENV, to_workers=str,
+         file_key="snapshot_dir", config_flag=True, magic_flag="--snapshot-dir"),
     _Opt("heal", bool, "%%accelerate start only: when a pool rank dies, replace that rank alone "
          "and copy it what the other ranks hold alike (default); --no-heal replaces every rank",
          default=True, pool_only=True, env="NOTEBOOK_ACCEL_HEAL", file_key="heal",

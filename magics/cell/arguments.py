@@ -20,7 +20,9 @@ from notebook_accel.contract import LaunchOption
 from notebook_accel.launch import LaunchRequest
 from notebook_accel.launch import launch_options as options_table
 
-COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks")
+COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks",
+            "snapshots")
+WITH_ARGUMENT = ("snapshots",)  # the commands that take one word after them: snapshots DIR
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -62,15 +64,19 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         magic_arguments(),
         argument("command", nargs="?", choices=COMMANDS,
-                 metavar="{env,test,config,start,status,restart,stop,debug,stacks}",
+                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,snapshots}",
                  help="line magic only: 'env' reports versions, devices and the config in "
                       "force; 'test' runs a short training sanity check on the workers; "
                       "'config' opens the config panel; 'start' starts the notebook's warm "
                       "pool (with the launch flags), 'status' shows it, 'restart' gives it "
                       "fresh workers, 'stop' ends it; 'debug' opens pdb on the rank that "
-                      "failed the pool's last run, 'stacks' shows every rank's stack. "
+                      "failed the pool's last run, 'stacks' shows every rank's stack; "
+                      "'snapshots [DIR]' lists a snapshot directory's snapshots. "
                       "Without it (cell magic) the cell runs on every worker (on the pool's, "
                       "while one is up)."),
+        argument("directory", nargs="?", default=None, metavar="DIR",
+                 help="with snapshots: the snapshot directory (default: the snapshot_dir in "
+                      "force, else ./snapshots/<run>)"),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
         *(flag for option in _flagged() for flag in _flags(option)),
         argument_group("output"),
@@ -104,7 +110,8 @@ _CELL_ONLY = {"fresh": ("--fresh", False), "ranks": ("--ranks", None), "push": (
               "pull": ("--pull/--no-pull", None)}  # dest -> (flag, its value when not given)
 # the launch flags each line command reads (None: all of them)
 _READS: dict[str, tuple[str, ...] | None] = {"test": None, "start": None, "restart": None,
-                                             "env": ("--config",), "config": ("--config",)}
+                                             "env": ("--config",), "config": ("--config",),
+                                             "snapshots": ("--config",)}
 
 
 def unused_flags(args: argparse.Namespace) -> list[str]:

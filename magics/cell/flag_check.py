@@ -40,7 +40,7 @@ def _takes_value(action: argparse.Action) -> bool:
 
 
 def check_words(parser: argparse.ArgumentParser, line: str, cell: bool,
-                commands: tuple[str, ...]) -> None:
+                commands: tuple[str, ...], with_argument: tuple[str, ...] = ()) -> None:
     """Refuse unknown flags and stray words in a magic line, naming them.
 
     Args:
@@ -48,6 +48,7 @@ def check_words(parser: argparse.ArgumentParser, line: str, cell: bool,
         line: the magic line after the magic's name.
         cell: True for the cell magic (no command allowed), False for the line magic.
         commands: the line magic's commands.
+        with_argument: the commands that take one word after them (``snapshots DIR``).
     Raises:
         UsageError: an unknown flag (with the closest known one), or a word that
             is neither a flag, a flag's value nor (line magic) a command.
@@ -77,7 +78,7 @@ def check_words(parser: argparse.ArgumentParser, line: str, cell: bool,
                              f"flags: {', '.join(known)} (-n is --num-processes)")
         if _takes_value(action) and not attached:
             index += 1
-    _check_positionals(positionals, cell, commands)
+    _check_positionals(positionals, cell, commands, with_argument)
 
 
 def _is_number(word: str) -> bool:
@@ -88,7 +89,8 @@ def _is_number(word: str) -> bool:
     return True
 
 
-def _check_positionals(words: list[str], cell: bool, commands: tuple[str, ...]) -> None:
+def _check_positionals(words: list[str], cell: bool, commands: tuple[str, ...],
+                       with_argument: tuple[str, ...]) -> None:
     if cell and words:
         raise UsageError(f"%%accelerate: unexpected {words[0]!r}: the cell magic takes only flags "
                          f"(e.g. -n 2); {', '.join(commands)} are line magics (%accelerate env)")
@@ -97,6 +99,10 @@ def _check_positionals(words: list[str], cell: bool, commands: tuple[str, ...]) 
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UsageError(f"%accelerate: unknown command {words[0]!r}{hint}; "
                          f"commands: {', '.join(commands)}")
-    if len(words) > 1:
+    if len(words) > 1 + (words[0] in with_argument):
+        extra = words[2] if words[0] in with_argument else words[1]
+        if words[0] in with_argument:
+            raise UsageError(f"%accelerate {words[0]}: unexpected {extra!r}; give one directory "
+                             "(quoted if it has spaces)")
         raise UsageError(f"%accelerate {words[0]}: unexpected {words[1]!r}; give one command "
                          "followed by flags")

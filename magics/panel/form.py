@@ -41,6 +41,7 @@ from magics.panel.state import (
     state_from_config,
     validate,
 )
+from magics.panel.table_options import TableFields
 from notebook_accel.config import (
     ENV_OPTIONS,
     LaunchConfig,
@@ -117,7 +118,9 @@ class ConfigPanel(widgets.VBox):
     ``dynamo_backend``, ``start_method``, ``num_machines``,
     ``machine_rank``, ``main_process_ip``, ``main_process_port``, ``strategy`` (a
     ``panel_fsdp.FsdpFields``: the strategy selector and FSDP's options), ``deepspeed`` (a
-    ``panel_deepspeed.DeepSpeedFields``), ``save_button``,
+    ``panel_deepspeed.DeepSpeedFields``), ``table`` (a ``table_options.TableFields``: the
+    launch options table's other rows, ``table.fields[name]``: ``snapshot_every``,
+    ``snapshot_dir``, ``heal``...), ``save_button``,
     ``code_button``, ``test_button``, ``messages``, ``status``, ``code``, ``test_output``.
     """
 
@@ -183,6 +186,7 @@ class ConfigPanel(widgets.VBox):
                                         self.main_process_port])
         self.strategy = FsdpFields(state.fsdp, self._on_change)
         self.deepspeed = DeepSpeedFields(state.deepspeed, self._on_change)
+        self.table = TableFields(state.options, self._on_change)  # the table's other rows
         for w in (self.device, self.num_processes, self.precision, self.start_method,
                   self.dynamo_backend, self.num_machines, self.machine_rank, self.main_process_ip,
                   self.main_process_port):
@@ -211,7 +215,7 @@ class ConfigPanel(widgets.VBox):
         return [_beside(self.device, notes["device"]), _beside(self.num_processes, notes["num_processes"]),
                 self.precision, self.precision_note, _beside(self.start_method, notes["start_method"]),
                 _beside(self.dynamo_backend, notes["dynamo_backend"]), self.num_machines, self.multi_node,
-                self.strategy.box, self.deepspeed.box, self.messages, buttons, self.saved, self.code,
+                self.strategy.box, self.deepspeed.box, self.table.box, self.messages, buttons, self.saved, self.code,
                 self.status, self.test_output]  # the Test's verdict right above its log
 
     def __repr__(self) -> str:
@@ -240,7 +244,7 @@ class ConfigPanel(widgets.VBox):
             dynamo_backend=self.dynamo_backend.value, num_machines=self.num_machines.value, machine_rank=self.machine_rank.value,
             main_process_ip=self.main_process_ip.value,
             main_process_port=self.main_process_port.value, fsdp=self.strategy.form(),
-            deepspeed=self.deepspeed.form())
+            deepspeed=self.deepspeed.form(), options=self.table.form())
 
     def _on_change(self, change: dict) -> None:
         if not self._syncing:

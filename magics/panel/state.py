@@ -25,6 +25,14 @@ from magics.panel.rules import (
     max_processes,
     precision_choices,
 )
+from magics.panel.table_options import (
+    TableForm,
+    apply_table_form,
+    table_form_from_config,
+    table_launch_kwargs,
+    table_magic_flags,
+    table_messages,
+)
 from notebook_accel.config import LaunchConfig, default_config_path, device_to_save
 from notebook_accel.machine.hardware import Hardware, counted
 
@@ -47,6 +55,7 @@ class FormState:
     dynamo_backend: str = "no"  # torch.compile's backend (the file's dynamo_config)
     fsdp: FsdpForm = field(default_factory=FsdpForm)  # the strategy (DDP, FSDP, DEEPSPEED); FSDP's options
     deepspeed: DeepSpeedForm = field(default_factory=DeepSpeedForm)  # DeepSpeed's options
+    options: TableForm = field(default_factory=dict)  # the table's other rows (snapshots, heal...)
 
     @property
     def strategy(self) -> str:
@@ -85,6 +94,7 @@ def state_from_config(cfg: LaunchConfig, hw: Hardware) -> FormState:
         dynamo_backend=cfg.dynamo_backend or "no",
         fsdp=form_from_config(cfg),
         deepspeed=deepspeed_form_from_config(cfg),
+        options=table_form_from_config(cfg),
     )
 
 
@@ -121,6 +131,7 @@ def config_from_state(state: FormState, base: LaunchConfig, hw: Hardware | None 
         extra=dict(base.extra),
     )
     cfg = apply_deepspeed_form(apply_form(cfg, state.fsdp), state.deepspeed, state.strategy)
+    cfg = apply_table_form(cfg, state.options, base)
     return cfg.with_device(saved_device(state, hw))
 
 
@@ -195,6 +206,7 @@ def validate(state: FormState, hw: Hardware) -> list[Message]:
     out += [Message(level, text) for level, text in fsdp_messages(state.fsdp, processes, dev)]
     out += [Message(level, text) for level, text in deepspeed_messages(
         state.deepspeed, state.strategy, processes, dev)]
+    out += [Message(level, text, name) for level, text, name in table_messages(state.options)]
     return sorted(out, key=lambda m: (*BLOCKING, "note").index(m.level))
 
 
@@ -213,6 +225,7 @@ def _launch_kwargs(state: FormState, config_file: Path | None) -> list[tuple[str
         kwargs.append(("use_port", state.main_process_port))
     if state.dynamo_backend != "no":
         kwargs.append(("dynamo_backend", state.dynamo_backend))
+    kwargs += table_launch_kwargs(state.options)
     if state.fsdp.strategy == "FSDP":
         kwargs.append(("fsdp", True))  # its options: the saved file's fsdp_config
     if state.strategy == "DEEPSPEED" and config_file and config_file != default_config_path():
@@ -245,6 +258,7 @@ def magic_line(state: FormState, config_file: Path | None = None) -> str:
         parts += ["--port", str(state.main_process_port)]
     if state.dynamo_backend != "no":
         parts += ["--dynamo-backend", state.dynamo_backend]
+    parts += table_magic_flags(state.options)
     if state.fsdp.strategy == "FSDP":
         parts.append("--fsdp")
     if state.num_machines > 1 or state.device == "xla" or state.strategy == "DEEPSPEED":

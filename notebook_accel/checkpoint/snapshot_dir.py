@@ -53,6 +53,17 @@ class SnapshotInfo:
         """When it was committed (seconds since the epoch; 0 for an incomplete one)."""
         return float(self.meta["saved_at"]) if self.meta else 0.0
 
+    def size_on_disk(self) -> int:
+        """The bytes of its files (0 once it is gone: a prune may remove it meanwhile)."""
+        total = 0
+        for root, _dirs, files in os.walk(self.path):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except OSError:
+                    pass
+        return total
+
 
 def snapshot_name(step: int) -> str:
     """The folder of the snapshot taken after ``step`` optimizer steps."""
@@ -128,6 +139,18 @@ def prune(directory: Path, keep: int) -> list[Path]:
         os.rename(path, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
     return gone
+
+
+def ago(seconds: float) -> str:
+    """An age in words: ``42 s``, ``3 min``, ``5.2 h``, ``3 days``."""
+    seconds = max(seconds, 0.0)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@
 ``notebook-accel config`` shows or writes the config file without questions;
 ``notebook-accel launch SCRIPT [ARGS]`` runs a script on N workers and
 ``notebook-accel test`` checks distributed training works here (both in
-:mod:`notebook_accel.cli.launch`).
+:mod:`notebook_accel.cli.launch`); ``notebook-accel snapshots [DIR]`` lists a snapshot
+directory (:mod:`notebook_accel.cli.snapshots`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from notebook_accel import config as cfgmod
 from notebook_accel import contract
+from notebook_accel.cli import snapshots
 from notebook_accel.cli.launch import add_subcommands
 from notebook_accel.config.schema import KeyValueError
 
@@ -127,6 +129,7 @@ def _build_parser() -> argparse.ArgumentParser:
                             metavar=option.metavar or ("N" if kind is int else "VALUE"))
     config.set_defaults(func=_cmd_config)
     add_subcommands(sub, common)
+    snapshots.add_subcommand(sub, common)
     return parser
 
 

@@ -93,6 +93,10 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), *po
             before the live view marks it ``no progress`` and every running rank's stack is
             printed once, grouped (default 60; None: never). The job runs on: ``timeout``
             stops it.
+        snapshot_every: every ``Accelerator()`` of the job snapshots its training state every N
+            optimizer steps (``accelerator.snapshot_every(steps=N)``).
+        snapshot_dir: where snapshots go and ``resume()`` looks when no ``dir=`` is given (ahead of
+            ``project_dir``): a folder every rank sees, such as ``/content/drive/MyDrive/run7``.
 
     The options after ``args`` are the rows of the options table (``contract.OPTIONS`` and the
     strategies' in ``strategies/registry.py``): the signature is made from them, the peer's

@@ -108,6 +108,8 @@ def test_a_killed_session_resumes_from_the_newest_snapshot_and_ends_bit_for_bit(
     second = Kernel()
     try:
         second.ok(_settings(tmp_path, "run", 0.0))
+        second.ok("%load_ext notebook_accel")
+        listed = second.ok(f"%accelerate snapshots {tmp_path / 'run'}").stdout
         resumed = second.ok(CELL, timeout=180).stdout  # the same cell, unchanged
         second.ok(_settings(tmp_path, "reference", 0.0))
         reference = second.ok(CELL, timeout=180).stdout
@@ -118,6 +120,8 @@ def test_a_killed_session_resumes_from_the_newest_snapshot_and_ends_bit_for_bit(
     step = int(said.group(1))
     assert said.group(2) == str(tmp_path / "run") and int(said.group(3)) == step
     assert step % EVERY == 0 and 0 <= done - step <= EVERY, (done, step)  # redoes at most the interval
+    marked = [line for line in listed.splitlines() if line.endswith("<- resume() loads this one")]
+    assert len(marked) == 1 and marked[0].split()[0] == f"{step:,}", listed  # the listing named it
     assert f"step {step + 1}\n" in resumed and f"step {step}\n" not in resumed
     assert "nothing to resume in" in reference and "starting at step 0" in reference
     got = torch.load(tmp_path / "run.pt", weights_only=True)

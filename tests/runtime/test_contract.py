@@ -89,6 +89,7 @@ def test_vocabularies_are_the_tables():
                            "cluster": "NOTEBOOK_ACCEL_CLUSTER",
                            "dynamo_backend": "ACCELERATE_DYNAMO_BACKEND",  # the peer's variable
                            "snapshot_every": "NOTEBOOK_ACCEL_SNAPSHOT_EVERY",
+                           "snapshot_dir": "NOTEBOOK_ACCEL_SNAPSHOT_DIR",
                            "heal": "NOTEBOOK_ACCEL_HEAL"}
     keys = {o.file_key for o in OPTIONS.values() if o.file_key}
     assert keys <= set(LaunchConfig.__dataclass_fields__)
@@ -140,6 +141,8 @@ def test_panel_fields_match_the_table(isolated):
         if option.panel_field:
             assert hasattr(panel, option.panel_field), option.name
             assert option.name in fields or option.file_key in fields, option.name
+        elif option.file_key and option.config_flag:  # the file's other rows: fields made from the row
+            assert option.name in panel.table.fields, option.name
     hw = Hardware(cpu_count=2)
     assert tuple(panel.precision_buttons) == contract.FILE_MIXED_PRECISIONS
     enabled = {c.value for c in precision_choices("cuda", Hardware(cpu_count=2, gpu_names=("H100",)))

@@ -12,13 +12,16 @@ from notebook_accel.checkpoint import snapshot_dir
 TOTAL, EVERY, KILLED_STEP = 20, 5, 15
 
 
-def train(directory: str, kill: tuple[str, int] | None):
+def train(directory: str, kill: tuple[str, int] | None, auto: bool = False, stop_at: int = TOTAL):
     """Train TOTAL steps (over an epoch's end) with snapshots every EVERY steps, resuming from the
     newest; ``kill``: SIGKILL this process in the write of step KILLED_STEP's snapshot, at its
-    ``("write", rank)`` first file or at rank 0's ``("rename", 0)`` commit."""
+    ``("write", rank)`` first file or at rank 0's ``("rename", 0)`` commit. ``auto``: the snapshots
+    and the resume come from the launch options and ``Accelerator(resume="auto")`` instead (the
+    loop reads ``resumed_step``); ``stop_at``: the session ends after that step."""
     import os
     import signal
     import threading
+    from pathlib import Path
 
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -27,15 +30,22 @@ def train(directory: str, kill: tuple[str, int] | None):
     from notebook_accel.checkpoint import atomic_dir, training_state
 
     set_seed(0)
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=True, resume="auto" if auto else None)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, 4, 0.9)
     g = torch.Generator().manual_seed(1)
     loader = DataLoader(TensorDataset(torch.randn(96, 8, generator=g), torch.randn(96, 1, generator=g)),
                         batch_size=4, shuffle=True)
-    model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
-    acc.snapshot_every(steps=EVERY, dir=directory, keep=2)
+    if auto:  # the loader in a call of its own: the snapshot waits for it
+        model, opt, sched = acc.prepare(model, opt, sched)
+        assert acc.resumed_step == 0
+        loader = acc.prepare(loader)
+        assert acc._snapshots.directory == Path(directory)
+        step = start = acc.resumed_step
+    else:
+        model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
+        acc.snapshot_every(steps=EVERY, dir=directory, keep=2)
     mine = threading.current_thread
     if kill is not None and kill[1] == acc.process_index:
         point = kill[0]
@@ -52,15 +62,16 @@ def train(directory: str, kill: tuple[str, int] | None):
             real_rename(src, dst)
 
         training_state._write, atomic_dir.os.rename = write, rename
-    step = start = acc.resume()
-    while step < TOTAL:
+    if not auto:
+        step = start = acc.resume()
+    while step < stop_at:
         for x, y in loader:
             acc.backward(torch.nn.functional.mse_loss(model(x), y))
             opt.step()
             sched.step()
             opt.zero_grad()
             step += 1
-            if step == TOTAL:
+            if step == stop_at:
                 break
     acc.wait_for_snapshots()
     return start, [p.detach().clone() for p in acc.unwrap_model(model).parameters()]
@@ -120,3 +131,16 @@ def test_a_bad_snapshot_every_is_refused_naming_its_source(monkeypatch):
     monkeypatch.setenv("NOTEBOOK_ACCEL_SNAPSHOT_EVERY", "often")
     with pytest.raises(ValueError, match="environment variable NOTEBOOK_ACCEL_SNAPSHOT_EVERY"):
         notebook_launcher(_train_from_the_launch_option, args=("x",), num_processes=2)
+
+
+def test_a_second_launch_with_resume_auto_goes_on_bit_exactly(tmp_path, reference):
+    """The session ends after step 13 (snapshots at 5 and 10, from the launch options); a second
+    launch of the same function with Accelerator(resume="auto") loads step 10 by prepare() itself and
+    ends with the uninterrupted run's weights."""
+    directory = str(tmp_path / "drive" / "run7")
+    options = {"num_processes": 2, "output": "none", "snapshot_every": EVERY, "snapshot_dir": directory}
+    start, _ = notebook_launcher(train, (directory, None, True, 13), **options)
+    assert start == 0 and snapshot_dir.newest(tmp_path / "drive" / "run7").step == 10
+    start, weights = notebook_launcher(train, (directory, None, True), **options)
+    assert start == 10
+    assert all(a.equal(b) for a, b in zip(weights, reference, strict=True))

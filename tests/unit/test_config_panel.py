@@ -655,3 +655,42 @@ def test_every_field_is_wide_enough_and_checkboxes_sit_in_the_control_column(cfg
     boxes = [panel.strategy.reshard, panel.strategy.offload, panel.deepspeed.save16]
     assert all(isinstance(b, widgets.Checkbox) and b.indent
                and b.style.description_width == LABEL_WIDTH for b in boxes)
+
+
+def test_the_tables_other_rows_are_fields_snapshots_and_heal_among_them(cfg_path, tmp_path):
+    """Every row the config file holds that no field of the panel's own shows gets a field made
+    from the row (issue 45: snapshot_every and snapshot_dir); it loads, checks, saves and shows
+    as code."""
+    from magics.panel.table_options import table_rows
+    from notebook_accel.contract import OPTIONS
+
+    shown = {o.name for o in OPTIONS.values() if o.panel_field}
+    in_file = {o.name for o in OPTIONS.values() if o.file_key and o.config_flag}
+    assert {o.name for o in table_rows()} == in_file - shown >= {"snapshot_every", "snapshot_dir", "heal"}
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("snapshot_every: 200\nheal: false\n")
+    panel = config_panel(hardware=CPU2)
+    fields = panel.table.fields
+    assert set(fields) == in_file - shown and all(field in panel.table.box.children for field in fields.values())
+    assert fields["snapshot_every"].value == "200" and fields["snapshot_dir"].value == ""
+    assert fields["heal"].value is False and fields["snapshot_every"].description == "Snapshot every"
+    assert "every N optimizer steps" in (getattr(fields["snapshot_every"], "tooltip", None)
+                                         or fields["snapshot_every"].description_tooltip)
+    fields["snapshot_every"].value = "0"
+    assert errors(panel) and panel.save_button.disabled
+    assert "Snapshot every: snapshot_every=0 must be an integer &gt;= 1" in panel.messages.value
+    fields["snapshot_every"].value = "50"
+    drive = str(tmp_path / "drive" / "run 7")
+    fields["snapshot_dir"].value = drive
+    fields["heal"].value = True  # the file said false: true is written
+    assert not errors(panel)
+    panel.code_button.click()
+    assert "snapshot_every=50" in panel.code.value and "snapshot_dir=" in panel.code.value
+    assert "--snapshot-every 50 --snapshot-dir" in panel.code.value and "heal" not in panel.code.value  # a pool's
+    panel.save_button.click()
+    data = yaml.safe_load(cfg_path.read_text())
+    assert data["snapshot_every"] == 50 and data["snapshot_dir"] == drive and data["heal"] is True
+    again = config_panel(hardware=CPU2).table.fields  # round trip
+    assert again["snapshot_every"].value == "50" and again["snapshot_dir"].value == drive
+    state = FormState(options={"snapshot_every": "", "snapshot_dir": "", "heal": True, "gpu_ids": ""})
+    assert "snapshot" not in launcher_call(state) and "snapshot" not in magic_line(state)  # unset: not shown

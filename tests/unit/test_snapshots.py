@@ -167,3 +167,43 @@ def test_snapshot_every_checks_its_arguments(tmp_path):
         accelerator.snapshot_every(dir=tmp_path)
     with pytest.raises(ValueError, match=r"keep=0\): must be an integer >= 1"):
         accelerator.snapshot_every(steps=5, dir=tmp_path, keep=0)
+
+
+def _auto(width=4, loader=True, register=None):
+    """An Accelerator(resume="auto") preparing a model and optimizer in one call, then (``loader``) a
+    loader in a second."""
+    accelerator = Accelerator(cpu=True, resume="auto")
+    model = torch.nn.Linear(width, 2)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    after_first = accelerator.resumed_step
+    if loader:
+        accelerator.prepare(torch.utils.data.DataLoader(torch.ones(8, width), batch_size=2))
+    return accelerator, model, optimizer, after_first
+
+
+def test_resume_auto_loads_once_everything_the_snapshot_holds_is_prepared(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NOTEBOOK_ACCEL_SNAPSHOT_DIR", str(tmp_path))  # the launch option's variable
+    with pytest.raises(ValueError, match=r"resume='yes'\) is not one of None, 'auto'"):
+        Accelerator(cpu=True, resume="yes")
+    first, model, optimizer, after_first = _auto()
+    assert f"resume='auto': once prepare() has the model and optimizer, this run goes on from the newest " \
+           f"complete snapshot in {tmp_path}" in capsys.readouterr().out
+    assert after_first == 0 and first.resumed_step == 0  # nothing to resume: said once
+    first.snapshot_every(steps=3)  # into the launch option's directory
+    _train(first, model, optimizer, 6)
+    first.wait_for_snapshots()
+    weights = [p.detach().clone() for p in model.parameters()]
+    assert snapshot_dir.newest(tmp_path).step == 6
+    capsys.readouterr()
+
+    second, model2, _, after_first = _auto()
+    assert after_first == 0  # the snapshot holds a loader: the model and optimizer alone do not load it
+    assert second.resumed_step == 6 and "resumed from snapshot step 6" in capsys.readouterr().out
+    assert all(torch.equal(a, b) for a, b in zip(weights, model2.parameters(), strict=True))
+
+    third, model3, optimizer3, _ = _auto(loader=False)  # never prepares the loader the snapshot holds
+    assert third.resumed_step == 0
+    with pytest.raises(RuntimeError, match=r"resume='auto': the newest snapshot \(.*snapshot_000000006, "
+                                           r"step 6\) holds 1 dataloaders \(prepared: 0\), not all prepared"):
+        _train(third, model3, optimizer3, 1)
+    assert snapshot_dir.newest(tmp_path).step == 6
