@@ -19,10 +19,11 @@ Frames = tuple[tuple[str, int, str], ...]
 _asks = itertools.count(1)
 
 
-def stack_ask() -> StackAsk:
-    """A request for a worker's stack, numbered: a later request has a larger number, so an
-    answer to an earlier one (read late, by a later run) is known for what it is."""
-    return StackAsk(next(_asks))
+def stack_ask(recorder: int = 0) -> StackAsk:
+    """A request for a worker's stack (and its last ``recorder`` collectives per group),
+    numbered: a later request has a larger number, so an answer to an earlier one (read late,
+    by a later run) is known for what it is."""
+    return StackAsk(next(_asks), recorder)
 
 
 def ask_stacks(handles: Sequence[WorkerHandle],

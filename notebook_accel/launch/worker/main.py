@@ -37,6 +37,7 @@ from notebook_accel.checkpoint import snapshot_writer
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import Payload, dumps_result, load_payload
 from notebook_accel.launch.worker import display as worker_display
+from notebook_accel.launch.worker import flight_recorder
 from notebook_accel.wire import FailureRecord, Kind, Message, Result
 
 _SECONDARY = re.compile(
@@ -178,8 +179,9 @@ def _reset_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
+    flight_recorder.answer_on_signal()  # SIGUSR1: the last collectives, then (chained) the stacks
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=True)
 
 
 def setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
@@ -202,6 +204,7 @@ def setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _set_process_name(spec.rank, spec.env.get("WORLD_SIZE", "?"))
     _reset_signals()
     os.environ.update(spec.env)
+    os.environ.update(flight_recorder.switch_on())  # before any process group is made
     if not os.environ.get("PYTHONBREAKPOINT"):
         sys.breakpointhook = _no_prompt  # a pool worker's serve() installs its prompt instead
     if spec.num_threads:
