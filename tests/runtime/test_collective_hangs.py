@@ -1,0 +1,64 @@
+"""A hang said as a disagreement at a numbered collective, from every rank's flight recorder:
+a one-off launch (faulthandler's signal) and a warm pool (the commands channel)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from notebook_accel import WorkerError, WorkerPool, notebook_launcher
+
+
+def _different_collectives_at_the_same_number():
+    import torch
+    import torch.distributed as dist
+
+    from notebook_accel import Accelerator
+
+    Accelerator()
+    dist.all_reduce(torch.ones(4))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1024))  # the line the hang names for rank 0
+    else:
+        dist.broadcast(torch.ones(10), 0)  # the line the hang names for rank 1
+    return "never"
+
+
+def _line_of(text: str) -> int:
+    import inspect
+
+    source, first = inspect.getsourcelines(_different_collectives_at_the_same_number)
+    return first + next(i for i, line in enumerate(source) if text in line)
+
+
+def _said(err: str) -> str:
+    assert err.count("last collectives: ") == 1, err
+    return err.split("last collectives: ")[1].split("every rank's stack now:")[0]
+
+
+def _assert_names_both(said: str) -> None:
+    number = re.search(r"the ranks called different collectives at #(\d+) \(group default\)", said)
+    assert number, said
+    assert f"rank 0 waits in all_reduce #{number[1]} (float32[1024]" in said, said
+    assert f"rank 1 waits in broadcast #{number[1]} (float32[10]" in said, said
+    assert f"line {_line_of('torch.ones(1024)')}, in _different" in said, said
+    assert f"line {_line_of('torch.ones(10), 0')}, in _different" in said, said
+
+
+def test_a_one_off_launch_names_the_collectives_the_ranks_disagree_on(capsys):
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="timed out"):
+        notebook_launcher(_different_collectives_at_the_same_number, num_processes=2,
+                          hang_after=1, timeout=6, output="all")
+    assert time.monotonic() - started < 30
+    _assert_names_both(_said(capsys.readouterr().err))
+
+
+@pytest.mark.slow
+def test_a_pools_hang_names_the_collectives_the_ranks_disagree_on(capsys):
+    with (WorkerPool(num_processes=2, hang_after=1, timeout=8, stop_wait=1) as pool,
+          pytest.raises(WorkerError, match="timed out")):
+        pool.run(_different_collectives_at_the_same_number)
+    _assert_names_both(_said(capsys.readouterr().err))
