@@ -105,6 +105,7 @@ class LaunchConfig:
     dynamo_backend: str | None = None  # in the file: dynamo_config's dynamo_backend (the peer's format)
     heal: bool | None = None  # our own key: a warm pool replaces a dead rank alone (default true)
     snapshot_every: int | None = None  # our own key: Accelerator() snapshots every N steps
+    check_collectives: bool | None = None  # our own key: ranks compare each collective first
     extra: dict[str, Any] = field(default_factory=dict)
     source: Path | None = field(default=None, compare=False)  # the file it was read from
 
@@ -136,6 +137,8 @@ class LaunchConfig:
         self.dynamo_backend = _row("dynamo_backend", "dynamo_backend", self.dynamo_backend)
         self.heal = _row("heal", "heal", self.heal)
         self.snapshot_every = _row("snapshot_every", "snapshot_every", self.snapshot_every)
+        self.check_collectives = _row("check_collectives", "check_collectives",
+                                      self.check_collectives)
         try:
             dynamo.check_section(self.extra.get(dynamo.SECTION))
         except ValueError as err:

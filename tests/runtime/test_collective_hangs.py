@@ -62,3 +62,19 @@ def test_a_pools_hang_names_the_collectives_the_ranks_disagree_on(capsys):
           pytest.raises(WorkerError, match="timed out")):
         pool.run(_different_collectives_at_the_same_number)
     _assert_names_both(_said(capsys.readouterr().err))
+
+
+def test_check_collectives_raises_on_each_ranks_line_instead_of_hanging():
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as failed:
+        notebook_launcher(_different_collectives_at_the_same_number, num_processes=2,
+                          check_collectives=True, hang_after=30, timeout=30, output="none")
+    assert time.monotonic() - started < 20  # raised, not timed out
+    error = failed.value
+    assert "DistributedOperationException" in str(error), error
+    assert "check_collectives: the ranks of the default group called different collectives" in str(error)
+    assert "rank 0: all_reduce(float32[1024])" in error.remote_traceback
+    assert "rank 1: broadcast(float32[10], src=0)" in error.remote_traceback
+    line = _line_of("torch.ones(1024)" if error.rank == 0 else "torch.ones(10), 0")
+    last_frame = re.findall(r'File "[^"]+", line (\d+)', error.remote_traceback)[-1]
+    assert int(last_frame) == line, error.remote_traceback  # the rank's own line, last

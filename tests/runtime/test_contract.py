@@ -89,6 +89,7 @@ def test_vocabularies_are_the_tables():
                            "cluster": "NOTEBOOK_ACCEL_CLUSTER",
                            "dynamo_backend": "ACCELERATE_DYNAMO_BACKEND",  # the peer's variable
                            "snapshot_every": "NOTEBOOK_ACCEL_SNAPSHOT_EVERY",
+                           "check_collectives": "NOTEBOOK_ACCEL_CHECK_COLLECTIVES",
                            "heal": "NOTEBOOK_ACCEL_HEAL"}
     keys = {o.file_key for o in OPTIONS.values() if o.file_key}
     assert keys <= set(LaunchConfig.__dataclass_fields__)

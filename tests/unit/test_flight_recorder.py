@@ -15,6 +15,7 @@ from notebook_accel.launch.worker.flight_recorder import (
     switch_on,
     tensor_text,
 )
+from notebook_accel.runtime import collective_check
 from notebook_accel.wire import Collective
 
 _TORCH = c10d.__file__
@@ -52,11 +53,13 @@ def test_the_ring_keeps_the_last_n_per_group_oldest_first():
 
 def test_point_to_point_and_the_checks_own_exchanges_are_left_out():
     check = [{"name": "all_gather", "filename": _TORCH, "line": 1},
-             {"name": "_agree", "filename": "/x/notebook_accel/runtime/collective_check.py", "line": 9},
+             {"name": "_agree", "filename": collective_check.__file__, "line": 9},
              {"name": "train", "filename": "/tmp/ipykernel_1/3.py", "line": 18}]
     kept = from_dump({"entries": [_entry(1), _entry(2, p2p=True, op="gloo:send"),
                                   _entry(3, op="gloo:all_gather", frames=check)]})
     assert [c.number for c in kept] == [1]
+    waiting = from_dump({"entries": [_entry(4, op="gloo:all_gather", frames=check, retired=False)]})
+    assert [(c.op, c.where[1]) for c in waiting] == [("all_gather (check_collectives)", 18)]
 
 
 def test_names_of_groups_and_tensors():

@@ -66,12 +66,16 @@ def _dump(where: bool) -> dict[str, Any] | None:
 
 def from_dump(dump: Mapping[str, Any], last: int = PER_GROUP) -> tuple[Collective, ...]:
     """torch's dump (``_dump_fr_trace``) as :class:`Collective` s, the last ``last`` per group,
-    oldest first; point-to-point operations and ``check_collectives``' own exchanges left out."""
+    oldest first; point-to-point operations and ``check_collectives``' own exchanges left out
+    (but the one a rank waits in, named as the check's)."""
     kept: dict[str, list[Collective]] = {}
     for entry in dump.get("entries", ()):
-        if entry.get("is_p2p") or _from_the_check(entry.get("frames", ())):
-            continue
+        check = _from_the_check(entry.get("frames", ()))
         collective = _collective(entry)
+        if entry.get("is_p2p") or (check and collective.done):
+            continue
+        if check:
+            collective = collective._replace(op=f"{collective.op} (check_collectives)")
         kept.setdefault(collective.group, []).append(collective)
     chosen = [c for group in kept.values() for c in group[-last:]] if last > 0 else []
     return tuple(sorted(chosen, key=lambda c: c.started))

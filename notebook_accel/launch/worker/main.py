@@ -34,6 +34,8 @@ from typing import Any
 
 from notebook_accel import events, wire
 from notebook_accel.checkpoint import snapshot_writer
+from notebook_accel.contract import CHECK_COLLECTIVES_ENV
+from notebook_accel.flags import env_flag
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import Payload, dumps_result, load_payload
 from notebook_accel.launch.worker import display as worker_display
@@ -205,6 +207,10 @@ def setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _reset_signals()
     os.environ.update(spec.env)
     os.environ.update(flight_recorder.switch_on())  # before any process group is made
+    if env_flag(CHECK_COLLECTIVES_ENV):
+        from notebook_accel.runtime import collective_check
+
+        collective_check.install()
     if not os.environ.get("PYTHONBREAKPOINT"):
         sys.breakpointhook = _no_prompt  # a pool worker's serve() installs its prompt instead
     if spec.num_threads:
