@@ -383,11 +383,13 @@ class StackAsk:
     worker's reader thread, whatever the main thread does). ``ask``: the kernel's number for
     this request, echoed in the answer (an answer that arrives after its asker stopped
     reading must not pass for the answer to a later request). ``recorder``: send the last
-    collectives too (at most that many per group; 0: none)."""
+    collectives too (at most that many per group; 0: none), with the user's line each was
+    called from when ``recorder_lines`` (a process's first such read takes about a second)."""
 
     kind: ClassVar[Kind] = Kind.STACK_ASK
     ask: int = 0
     recorder: int = 0
+    recorder_lines: bool = True
     timestamp: float = field(default=0.0, kw_only=True)
 
 

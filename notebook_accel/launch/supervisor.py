@@ -99,9 +99,10 @@ class Worker:
         return self.handle.rank
 
     def ask_stack(self, recorder: int = 0) -> bool:
-        """Ask for its stack (and its last ``recorder`` collectives per group): a pool's worker
-        answers; False: it cannot."""
-        ask = stack_ask(recorder)
+        """Ask for its stack (and its last ``recorder`` collectives per group, without their
+        lines: a fast read, the stack says where the rank waits): a pool's worker answers;
+        False: it cannot."""
+        ask = stack_ask(recorder, lines=False)
         if self.first_ask is None:
             self.first_ask = ask.ask
         return self.handle.command(ask)

@@ -49,6 +49,13 @@ def with_cell_labels(text: str) -> str:
     return _TRACEBACK_FILE.sub(label, text)
 
 
+def short_place(filename: str, line: int) -> str:
+    """Where a line is, in a few characters: ``Cell In[4]:18`` for a notebook cell, else the
+    file's name: ``train.py:18``."""
+    number = cell_numbers(_shell()).get(filename)
+    return f"Cell In[{number}]:{line}" if number is not None else f"{os.path.basename(filename)}:{line}"
+
+
 def is_dump_line(text: str) -> bool:
     """Whether ``text`` is a line of a faulthandler dump (a thread's header, a frame, a gap), or
     the flight recorder's line written with it."""

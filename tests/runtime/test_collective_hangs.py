@@ -78,3 +78,26 @@ def test_check_collectives_raises_on_each_ranks_line_instead_of_hanging():
     line = _line_of("torch.ones(1024)" if error.rank == 0 else "torch.ones(10), 0")
     last_frame = re.findall(r'File "[^"]+", line (\d+)', error.remote_traceback)[-1]
     assert int(last_frame) == line, error.remote_traceback  # the rank's own line, last
+
+
+def _collectives_then_a_sub_group():
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(3):
+        dist.all_reduce(torch.ones(3))
+    dist.broadcast(torch.ones(2, 2, dtype=torch.int64), 0)  # the last on the default group
+
+
+@pytest.mark.slow
+def test_an_idle_pools_last_collectives_side_by_side():
+    with WorkerPool(num_processes=2) as pool:
+        pool.run(_collectives_then_a_sub_group)
+        text = pool.collectives(last=2)
+        with pytest.raises(ValueError, match="last must be an integer >= 1"):
+            pool.collectives(last=0)
+    lines = text.splitlines()
+    assert lines[:2] == ["group default (the last 2):", lines[1]] and lines[1].split() == ["#", "ranks", "0,", "1"]
+    assert "all_reduce float32[3] test_collective_hangs.py:" in lines[2], text
+    assert "broadcast int64[2,2] test_collective_hangs.py:" in lines[3], text
+    assert int(lines[3].split()[0]) == int(lines[2].split()[0]) + 1

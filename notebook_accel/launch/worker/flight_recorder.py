@@ -98,11 +98,11 @@ def _collective(entry: Mapping[str, Any]) -> Collective:
 
 
 def group_name(process_group: Sequence[str]) -> str:
-    """``default`` for the default group, else its description (or its number)."""
+    """``default`` for the default group, else its description (or its number: ``1``)."""
     number, description = (tuple(process_group) + ("", ""))[:2]
     if description == "default_pg":
         return "default"
-    return description if description and description != "undefined" else f"group {number}"
+    return description if description and description != "undefined" else str(number)
 
 
 def tensor_text(dtype: str, shape: Sequence[int]) -> str:
