@@ -9,7 +9,9 @@ round, so drift in machine load falls on all of them:
   each collective).
 
 Each launch times a loop of small ``all_reduce`` s (1 float) and steps of a small DDP model
-(about 1 ms of compute). Run::
+(about 1 ms of compute). A busy machine blurs the 2-worker figures by more than the
+recorder costs, so the recorder is also timed alone: the same loop on a group of one process
+(no peer to wait for: what is left is the call itself, recorder included). Run::
 
     python benchmarks/flight_recorder.py [ROUNDS] [COLLECTIVES] [STEPS]
 
@@ -73,7 +75,7 @@ def measure(collectives: int, steps: int) -> tuple[float, float, float]:
     return per_collective, cpu_per_collective, steps / (time.perf_counter() - start)
 
 
-def launch(variant: str) -> tuple[float, float, float]:
+def launch(variant: str, processes: int = 2) -> tuple[float, float, float]:
     from notebook_accel import notebook_launcher
 
     before = os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
@@ -81,8 +83,8 @@ def launch(variant: str) -> tuple[float, float, float]:
         os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
     options = {"check_collectives": True} if variant == "check" else {}
     try:
-        return notebook_launcher(measure, (COLLECTIVES, STEPS), num_processes=2, output="none",
-                                 **options)
+        return notebook_launcher(measure, (COLLECTIVES, STEPS), num_processes=processes,
+                                 output="none", **options)
     finally:
         os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
         if before is not None:
@@ -92,9 +94,12 @@ def launch(variant: str) -> tuple[float, float, float]:
 def main() -> None:
     os.environ.setdefault("ACCELERATE_USE_CPU", "yes")
     figures: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
+    alone: dict[str, list[float]] = {"off": [], "recorder": []}
     for round_ in range(ROUNDS):
         for variant in VARIANTS if round_ % 2 == 0 else reversed(VARIANTS):
             figures[variant].append(launch(variant))
+        for variant in ("off", "recorder") if round_ % 2 == 0 else ("recorder", "off"):
+            alone[variant].append(launch(variant, processes=1)[0])
     med = {v: tuple(statistics.median(f[i] for f in figures[v]) for i in range(3)) for v in VARIANTS}
     print(f"{ROUNDS} rounds, {COLLECTIVES} all_reduces of 1 float and {STEPS} DDP steps per launch, "
           "2 workers, gloo on CPU (medians)")
@@ -103,6 +108,9 @@ def main() -> None:
         print(f"  {variant:9s} {wall:8.1f} us/all_reduce (main thread CPU {cpu:6.1f} us)  "
               f"{rate:8.1f} DDP steps/s")
     base_wall, base_cpu, base_rate = med["off"]
+    solo = {v: statistics.median(alone[v]) for v in alone}
+    print(f"a group of one: {solo['off']:.1f} us/all_reduce off, {solo['recorder']:.1f} us with the "
+          f"recorder: {solo['recorder'] - solo['off']:+.1f} us per collective (target <= 5)")
     for variant, target in (("recorder", " (targets <= 5 us, >= 0.98)"), ("check", "")):
         wall, cpu, rate = med[variant]
         print(f"{variant}: {cpu - base_cpu:+.1f} us CPU, {wall - base_wall:+.1f} us wall per "

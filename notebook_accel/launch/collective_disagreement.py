@@ -30,13 +30,16 @@ _GROUPS_SAID = 3  # groups some rank waits in, said at most (the rest are counte
 
 
 def disagreement(recorders: Mapping[int, Sequence[Collective] | None],
-                 stacks: Mapping[int, Sequence[Frame]] = {}) -> str | None:  # noqa: B006 - read only
+                 stacks: Mapping[int, Sequence[Frame]] = {},  # noqa: B006 - read only
+                 ended: Sequence[int] = ()) -> str | None:
     """The ranks' disagreement, a few lines (None: no rank waits in a recorded collective).
 
     Args:
         recorders: rank -> its last collectives, oldest first (None: the rank did not say).
         stacks: rank -> its main thread's frames (``(file, line, function)``, innermost last):
             where a rank that never reached a collective is instead.
+        ended: ranks whose run is over (not asked): they never reach a default group's
+            collective that the others wait in.
     """
     known = {rank: tuple(c) for rank, c in recorders.items() if c is not None}
     if not any(known.values()):
@@ -44,7 +47,8 @@ def disagreement(recorders: Mapping[int, Sequence[Collective] | None],
     said = []
     waited = _groups_waited_in(known)
     for group in waited[:_GROUPS_SAID]:
-        said.append(_group_text(group, known, stacks))
+        said.append(_group_text(group, known, stacks,
+                                [r for r in ended if r not in known] if group == DEFAULT_GROUP else []))
     if len(waited) > _GROUPS_SAID:
         said.append(f"(and {len(waited) - _GROUPS_SAID} more groups with a rank waiting)")
     return with_cell_labels("\n".join(said)) if said else None
@@ -67,7 +71,7 @@ def _last(collectives: Sequence[Collective], group: str) -> Collective | None:
 
 
 def _group_text(group: str, known: Mapping[int, tuple[Collective, ...]],
-                stacks: Mapping[int, Sequence[Frame]]) -> str:
+                stacks: Mapping[int, Sequence[Frame]], ended: Sequence[int]) -> str:
     """The verdict on ``group`` (its latest number), then one line per answer."""
     latest = {rank: _last(collectives, group) for rank, collectives in known.items()}
     if group != DEFAULT_GROUP:  # a sub-group's members: the ranks that ever used it
@@ -78,7 +82,7 @@ def _group_text(group: str, known: Mapping[int, tuple[Collective, ...]],
     kinds: dict[tuple[str, tuple[str, ...]], list[int]] = {}
     for rank, c in sorted(at.items()):
         kinds.setdefault((c.op, c.tensors), []).append(rank)
-    lines = [_verdict(kinds, behind, number, group)]
+    lines = [_verdict(kinds, [*behind, *ended], number, group)]
     for (op, tensors), ranks in sorted(kinds.items(), key=lambda kind: -len(kind[1])):
         c = at[ranks[0]]
         details = [", ".join(tensors) or "no tensor"]
@@ -92,6 +96,9 @@ def _group_text(group: str, known: Mapping[int, tuple[Collective, ...]],
         lines.append(f"  {ranks_text(ranks)} never reached it: "
                      f"{'they are' if len(ranks) > 1 else 'it is'} {where}, "
                      f"{count} collective{'' if count == '1' else 's'} short")
+    if ended:
+        lines.append(f"  {ranks_text(ended)} never reached it: "
+                     f"{'their runs' if len(ended) > 1 else 'its run'} ended")
     return "\n".join(lines)
 
 

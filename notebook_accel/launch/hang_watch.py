@@ -126,7 +126,8 @@ class HangWatch:
         marked = [rank for rank, status in self.record.ranks.items() if status.state == NO_PROGRESS]
         if marked:
             self.said = True
-            said = disagreement(recorders, stacks)
+            ended = [rank for rank in self.record.ranks if rank not in stacks]  # (not asked)
+            said = disagreement(recorders, stacks, ended)
             collectives = f"\nlast collectives: {said}\n" if said else "; "
             self.report(f"no progress (no output, event or collective) for {self.after:g} s on "
                         f"{ranks_text(marked)}{collectives}every rank's stack now:\n"

@@ -54,6 +54,14 @@ def test_a_rank_with_no_collective_at_all_is_behind_by_all():
     assert "rank 1 never reached it: it is elsewhere (no stack), 3 collectives short" in text
 
 
+def test_ranks_whose_run_ended_never_reach_the_default_groups_collective():
+    text = disagreement({1: _history(9, done=False)}, {}, ended=[0, 2])
+    assert text.splitlines() == [
+        "not every rank reached all_reduce #9 (group default):",
+        '  rank 1 waits in all_reduce #9 (float32[1024]; File "/home/user/train.py", line 18, in train)',
+        "  ranks 0, 2 never reached it: their runs ended"]
+
+
 def test_a_sub_group_is_said_on_its_own_members():
     sub = _c(1, group="pairs", done=False)
     text = disagreement({0: _history(5) + (sub,), 1: _history(5), 2: _history(5) + (sub,)})
