@@ -54,14 +54,24 @@ def recent(last: int = PER_GROUP, where: bool = True) -> tuple[Collective, ...]:
 
 
 def _dump(where: bool) -> dict[str, Any] | None:
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace
-    except ImportError:  # a torch without the recorder
-        return None
-    try:
-        return pickle.loads(_dump_fr_trace(includeStackTraces=where))
-    except Exception:  # noqa: BLE001 - no process group ever made, or the recorder off
-        return None
+    """torch's dumps: the recorder of every backend, and NCCL's own where torch has one
+    (a CUDA build), their entries together (an entry in both, once)."""
+    from torch._C import _distributed_c10d as c10d
+
+    entries: dict[tuple, Any] = {}
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            found = pickle.loads(dump(includeStackTraces=where)).get("entries", [])
+        except Exception:  # noqa: BLE001 - no process group ever made, or the recorder off
+            continue
+        for entry in found:
+            key = (str(entry.get("process_group")), entry.get("collective_seq_id"),
+                   entry.get("p2p_seq_id"), entry.get("time_created_ns"))
+            entries.setdefault(key, entry)
+    return {"entries": list(entries.values())} if entries else None
 
 
 def from_dump(dump: Mapping[str, Any], last: int = PER_GROUP) -> tuple[Collective, ...]:
