@@ -95,6 +95,7 @@ class AccelerateMagics(Magics):
             %accelerate stacks   every rank's stack now, ranks at one place grouped
             %accelerate snapshots [DIR]  a snapshot directory's snapshots: step, when
                                  saved, size, complete or not, which one resume() loads
+            %accelerate collectives  every rank's last collectives side by side (--last N)
 
         ``%%accelerate --ranks 1`` (or ``0,2-3``) runs the cell on some ranks of the pool;
         ``breakpoint()`` in a pool cell opens pdb on that rank, in the cell's input box.
@@ -130,10 +131,13 @@ class AccelerateMagics(Magics):
                   "start": notebook_pool.start, "status": notebook_pool.status,
                   "restart": notebook_pool.restart, "stop": notebook_pool.stop,
                   "debug": notebook_pool.debug, "stacks": notebook_pool.stacks,
-                  "snapshots": commands.snapshots}
+                  "snapshots": commands.snapshots,
+                  "collectives": notebook_pool.collectives}
         return runner[args.command](args)
 
     def _cell(self, args: Any, line: str, body: str) -> Any:
+        if args.last is not None:
+            raise UsageError("--last goes with %accelerate collectives (a line magic), not a cell")
         raw_cell, self._raw_cell = self._raw_cell, None
         code, tree = make_cell_code(self.shell, line, body, raw_cell)
         names = analyse_cell(tree)

@@ -183,6 +183,19 @@ def stacks(args: argparse.Namespace) -> None:
     print(pool.stacks())
 
 
+def collectives(args: argparse.Namespace) -> None:
+    """``%accelerate collectives [--last N]``: every rank's last collectives side by side."""
+    pool = current()
+    if pool is None:
+        print("no pool is up; a running launch names the collectives its ranks disagree on "
+              "when it seems hung (hang_after=)")
+        return
+    try:
+        print(pool.collectives(last=8 if args.last is None else args.last))
+    except ValueError as error:
+        raise UsageError(f"--last: {error}") from None
+
+
 def restart(args: argparse.Namespace) -> None:
     """``%accelerate restart``: fresh workers in the pool (their names are dropped); with
     launch flags, the pool is started again with those options changed (the others as it was

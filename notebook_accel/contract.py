@@ -54,6 +54,7 @@ LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by noteb
 CLUSTER_ENV = "NOTEBOOK_ACCEL_CLUSTER"
 SNAPSHOT_EVERY_ENV = "NOTEBOOK_ACCEL_SNAPSHOT_EVERY"  # also the workers' setting
 SNAPSHOT_DIR_ENV = "NOTEBOOK_ACCEL_SNAPSHOT_DIR"  # also the workers' setting
+CHECK_COLLECTIVES_ENV = "NOTEBOOK_ACCEL_CHECK_COLLECTIVES"  # also the workers' setting
 NODE_RANK = "NODE_RANK"  # torchrun's other name for GROUP_RANK
 TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's name for the rank's torch device
 # torch.compile settings (the peer's names): read by TorchDynamoPlugin() in the workers; the
@@ -316,6 +317,13 @@ _OPTIONS = (
          "every rank sees, such as a mounted Drive's /content/drive/MyDrive/run7",
          metavar="DIR", valid_text="a folder path", env=SNAPSHOT_DIR_ENV, to_workers=str,
          file_key="snapshot_dir", config_flag=True, magic_flag="--snapshot-dir"),
+    _Opt("check_collectives", bool, "before each collective, the ranks compare its operation, "
+         "dtypes and shapes (one small all_gather): a mismatch raises "
+         "DistributedOperationException on each rank's own line, with what every rank passed, "
+         "instead of hanging (default false: it costs a collective per collective)",
+         default=False, env=CHECK_COLLECTIVES_ENV, to_workers=lambda on: "1" if on else "0",
+         file_key="check_collectives", config_flag=True, magic_flag="--check-collectives",
+         switch=True, cli_flag="--check-collectives", cli_launch_only=True),
     _Opt("heal", bool, "%%accelerate start only: when a pool rank dies, replace that rank alone "
          "and copy it what the other ranks hold alike (default); --no-heal replaces every rank",
          default=True, pool_only=True, env="NOTEBOOK_ACCEL_HEAL", file_key="heal",

@@ -43,7 +43,7 @@ import struct
 import textwrap
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 HEADER = struct.Struct("<Q")
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -351,16 +351,45 @@ class StopAt:
     timestamp: float = field(default=0.0, kw_only=True)
 
 
+class Collective(NamedTuple):
+    """One collective a rank issued, as its flight recorder holds it
+    (``launch/worker/flight_recorder.py``).
+
+    Attributes:
+        number: its group's sequence number (the backend's count, the stop cut's).
+        group: the group's name (``default``, a sub-group's description or number).
+        op: ``all_reduce``, ``broadcast``...
+        tensors: each input tensor as ``float32[1024]``.
+        where: the first frame of the user's code that called it (file, line, function).
+        started: when it was issued (``time.time()``).
+        ended: when it was seen to end (None: not known, or not ended).
+        done: it ended (False: the rank still waits in it).
+    """
+
+    number: int
+    group: str
+    op: str
+    tensors: tuple[str, ...]
+    where: tuple[str, int, str] | None
+    started: float
+    ended: float | None
+    done: bool
+
+
 @_message
 @dataclass(slots=True)
 class StackAsk:
     """Kernel -> a pool worker, at any time: send your main thread's stack (answered by the
     worker's reader thread, whatever the main thread does). ``ask``: the kernel's number for
     this request, echoed in the answer (an answer that arrives after its asker stopped
-    reading must not pass for the answer to a later request)."""
+    reading must not pass for the answer to a later request). ``recorder``: send the last
+    collectives too (at most that many per group; 0: none), with the user's line each was
+    called from when ``recorder_lines`` (a process's first such read takes about a second)."""
 
     kind: ClassVar[Kind] = Kind.STACK_ASK
     ask: int = 0
+    recorder: int = 0
+    recorder_lines: bool = True
     timestamp: float = field(default=0.0, kw_only=True)
 
 
@@ -374,12 +403,15 @@ class Stack:
         collectives: the collectives its default process group has issued (as
             :attr:`RunDone.collectives`).
         ask: the :attr:`StackAsk.ask` it answers.
+        recorder: its last collectives, oldest first (None: not asked for, by
+            :attr:`StackAsk.recorder`).
     """
 
     kind: ClassVar[Kind] = Kind.STACK
     frames: tuple[tuple[str, int, str], ...]
     collectives: int | None = None
     ask: int = 0
+    recorder: tuple[Collective, ...] | None = None
     timestamp: float = field(default=0.0, kw_only=True)
 
 

@@ -21,7 +21,7 @@ from notebook_accel.launch import LaunchRequest
 from notebook_accel.launch import launch_options as options_table
 
 COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks",
-            "snapshots")
+            "snapshots", "collectives")
 WITH_ARGUMENT = ("snapshots",)  # the commands that take one word after them: snapshots DIR
 
 
@@ -64,13 +64,14 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         magic_arguments(),
         argument("command", nargs="?", choices=COMMANDS,
-                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,snapshots}",
+                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,snapshots,collectives}",
                  help="line magic only: 'env' reports versions, devices and the config in "
                       "force; 'test' runs a short training sanity check on the workers; "
                       "'config' opens the config panel; 'start' starts the notebook's warm "
                       "pool (with the launch flags), 'status' shows it, 'restart' gives it "
                       "fresh workers, 'stop' ends it; 'debug' opens pdb on the rank that "
-                      "failed the pool's last run, 'stacks' shows every rank's stack; "
+                      "failed the pool's last run, 'stacks' shows every rank's stack, "
+                      "'collectives' every rank's last collectives side by side (--last N); "
                       "'snapshots [DIR]' lists a snapshot directory's snapshots. "
                       "Without it (cell magic) the cell runs on every worker (on the pool's, "
                       "while one is up)."),
@@ -87,6 +88,9 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
         argument("--ranks", default=None, metavar="RANKS",
                  help="on the pool: run this cell on these ranks only (1, 0,2-3); the cell's "
                       "value comes from the first of them, names come back only with --pull"),
+        argument("--last", type=int, default=None, metavar="N",
+                 help="%%accelerate collectives only: how many of each group's last "
+                      "collectives to show per rank (default 8)"),
         argument("--push", type=_names, default=(), metavar="NAMES",
                  help="on the pool: send these notebook names even though the workers hold "
                       "their own, replacing theirs (comma-separated)"),
@@ -119,6 +123,8 @@ def unused_flags(args: argparse.Namespace) -> list[str]:
     as written in ``--help``: refused by name rather than ignored."""
     reads = _READS.get(args.command, ())
     unused = [flag for flag in flags_given(args) if reads is not None and flag not in reads]
+    if args.last is not None and args.command != "collectives":
+        unused.append("--last")
     return unused + [flag for dest, (flag, unset) in _CELL_ONLY.items()
                      if getattr(args, dest) != unset]
 

@@ -45,17 +45,7 @@ def resume(accelerator: Any, directory: Path) -> int:
     step = int(newest.meta["step"])
     resharded = "" if saved_world == accelerator.num_processes else (
         f"; resharded from {saved_world} processes to {accelerator.num_processes}")
-    accelerator.print(f"resumed from snapshot step {step:,} (saved {_ago(time.time() - newest.saved_at)} ago, "
+    accelerator.print(f"resumed from snapshot step {step:,} (saved {snapshot_dir.ago(time.time() - newest.saved_at)} ago, "
                       f"{directory}); {step:,} steps not redone{resharded}")
     return step
 
-
-def _ago(seconds: float) -> str:
-    seconds = max(seconds, 0.0)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.0f} days"

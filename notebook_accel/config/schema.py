@@ -106,6 +106,7 @@ class LaunchConfig:
     heal: bool | None = None  # our own key: a warm pool replaces a dead rank alone (default true)
     snapshot_every: int | None = None  # our own key: Accelerator() snapshots every N steps
     snapshot_dir: str | None = None  # our own key: where snapshots go (and resume() looks)
+    check_collectives: bool | None = None  # our own key: ranks compare each collective first
     extra: dict[str, Any] = field(default_factory=dict)
     source: Path | None = field(default=None, compare=False)  # the file it was read from
 
@@ -138,6 +139,8 @@ class LaunchConfig:
         self.heal = _row("heal", "heal", self.heal)
         self.snapshot_every = _row("snapshot_every", "snapshot_every", self.snapshot_every)
         self.snapshot_dir = _row("snapshot_dir", "snapshot_dir", self.snapshot_dir)
+        self.check_collectives = _row("check_collectives", "check_collectives",
+                                      self.check_collectives)
         try:
             dynamo.check_section(self.extra.get(dynamo.SECTION))
         except ValueError as err:

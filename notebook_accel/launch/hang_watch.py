@@ -5,8 +5,10 @@ control message, or (a pool's ranks, asked for their stacks while silent) a coll
 issued. A rank silent for ``after`` seconds is marked ``no progress`` in the record (the
 live view and the text view show it, with the time), and every running rank's stack is
 then shown once, grouped (:mod:`.stack_groups`): a pool's ranks answer a ``StackAsk``, a
-one-off launch's dump theirs through faulthandler (:mod:`.stack_dumps`). A rank that moves
-again loses the mark.
+one-off launch's dump theirs through faulthandler (:mod:`.stack_dumps`). Above the stacks,
+the ranks' last collectives (their flight recorders) are said as a disagreement at a
+numbered collective (:mod:`.collective_disagreement`): different operations or shapes at
+the same number, ranks that never reached it. A rank that moves again loses the mark.
 
 The stacks shown also tell the stop button when its cut cannot be reached
 (:meth:`HangWatch.cut_unreachable`): every rank marked, and some wait inside a collective
@@ -21,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from notebook_accel.contract import OPTIONS
+from notebook_accel.launch.collective_disagreement import disagreement
 from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.record import LaunchRecord
 from notebook_accel.launch.stack_dumps import StackDumps
@@ -29,6 +32,7 @@ from notebook_accel.launch.stack_groups import innermost, stacks_text
 NO_PROGRESS = "no progress"  # the rank's state (a phase) while it makes none
 HANG_AFTER: float = OPTIONS["hang_after"].default  # seconds without progress before a mark
 _LOOK_EVERY = 0.5
+_RECORDED = 4  # collectives per group a silent rank sends (the latest is what is compared)
 
 
 class HangWatch:
@@ -71,7 +75,7 @@ class HangWatch:
         self._looked = now
         if self.dumps is not None and self.dumps.taking:
             if self.dumps.ready():
-                self._show(self.dumps.take())
+                self._show(*self.dumps.take())
             return
         silent = self._silent(workers, now)
         if not silent:
@@ -86,13 +90,16 @@ class HangWatch:
             status = self.record.ranks[w.rank]
             if status.state != NO_PROGRESS:
                 status.enter_phase(NO_PROGRESS, time.time() - (now - self.progress[w.rank]))
-        asked = [w for w in running if w.ask_stack()]  # a pool's ranks answer
-        answered = {w.rank: w.stack.frames for w in asked if w.stack is not None}
+        recorded = 0 if self.said else _RECORDED  # (once said, the count is all that is read)
+        asked = [w for w in running if w.ask_stack(recorded)]  # a pool's ranks answer
+        answered = {w.rank: w.stack for w in asked
+                    if w.stack is not None and w.stack.recorder is not None}
         if self.said or not any(self.record.ranks[w.rank].state == NO_PROGRESS for w in silent):
             return
         if asked:
             if len(answered) == len(asked):
-                self._show(answered)
+                self._show({rank: stack.frames for rank, stack in answered.items()},
+                           {rank: stack.recorder for rank, stack in answered.items()})
         elif self.dumps is not None:
             self.dumps.ask(running)  # taken at a later look, once they had time to arrive
 
@@ -112,14 +119,19 @@ class HangWatch:
                 silent.append(worker)
         return silent
 
-    def _show(self, stacks: dict[int, Any]) -> None:
-        """Say which ranks are marked, with every running rank's stack, once (none marked
-        any more: nothing, and a later silence is said)."""
+    def _show(self, stacks: dict[int, Any], recorders: dict[int, Any]) -> None:
+        """Say which ranks are marked, with what their collectives disagree on and every
+        running rank's stack, once (none marked any more: nothing, and a later silence is
+        said)."""
         marked = [rank for rank, status in self.record.ranks.items() if status.state == NO_PROGRESS]
         if marked:
             self.said = True
+            ended = [rank for rank in self.record.ranks if rank not in stacks]  # (not asked)
+            said = disagreement(recorders, stacks, ended)
+            collectives = f"\nlast collectives: {said}\n" if said else "; "
             self.report(f"no progress (no output, event or collective) for {self.after:g} s on "
-                        f"{ranks_text(marked)}; every rank's stack now:\n{stacks_text(stacks)}")
+                        f"{ranks_text(marked)}{collectives}every rank's stack now:\n"
+                        f"{stacks_text(stacks)}")
 
     def cut_unreachable(self, workers: Sequence[Any]) -> str | None:
         """Why the stop button's cut cannot be reached, as the stacks shown already tell

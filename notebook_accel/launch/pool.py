@@ -25,6 +25,7 @@ from typing import Any
 
 from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
+from notebook_accel.launch.collective_table import collectives_text
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.interrupts import deferred_interrupts
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
@@ -41,7 +42,7 @@ from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views.text import ranks_text, say
 from notebook_accel.launch.worker.debugger import post_mortem
 from notebook_accel.launch.worker.serve import join_process_group
-from notebook_accel.launch.worker_stacks import ask_stacks
+from notebook_accel.launch.worker_stacks import ask_recorders, ask_stacks
 from notebook_accel.machine.launch_kinds import device_launch
 from notebook_accel.wire import RunDone
 
@@ -316,6 +317,22 @@ class WorkerPool:
         workers = self._usable()
         stacks, silent = ask_stacks(workers.handles, timeout)
         return stacks_text(stacks, silent)
+
+    def collectives(self, last: int = 8, timeout: float = 5.0) -> str:
+        """Every rank's last ``last`` collectives per process group, side by side, aligned by
+        their number (ranks that read alike share a column): what each rank issued, with
+        dtypes, shapes and the user's line, and which one it still waits in.
+
+        Example: ``print(pool.collectives(last=4))``.
+
+        Raises:
+            ValueError: ``last`` is not an integer >= 1.
+            PoolUnavailable: the pool is closed.
+        """
+        if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+            raise ValueError(f"collectives(last={last!r}): last must be an integer >= 1")
+        recorders, silent = ask_recorders(self._usable().handles, last, timeout)
+        return collectives_text(recorders, last, silent)
 
     def _run(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -2,7 +2,8 @@
 
 A one-off launch's workers have no commands channel to answer a ``StackAsk``; each has
 faulthandler registered on ``SIGUSR1`` (``worker/main.py``), which writes every thread's
-stack to its stderr even while its main thread waits inside C++ code (a collective). The
+stack to its stderr even while its main thread waits inside C++ code (a collective), and
+then its flight recorder's line (``worker/flight_recorder.answer_on_signal``). The
 same mechanism gives a timeout's error its stacks; here the job runs on, so the ranks'
 lines are held while their dumps arrive, then shown again without the dumps.
 """
@@ -16,8 +17,11 @@ from typing import Any
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.signal_all import signal_all
 from notebook_accel.launch.tracebacks import dump_frames, is_dump_line
+from notebook_accel.launch.worker.flight_recorder import read_dump_line
+from notebook_accel.wire import Collective
 
 Frames = tuple[tuple[str, int, str], ...]
+Recorder = tuple[Collective, ...] | None  # a rank's last collectives (None: none came)
 DUMP_WAIT = 0.5  # seconds the dumps have to arrive (written at once, by a signal handler)
 
 
@@ -51,11 +55,15 @@ class StackDumps:
         """The dumps had their time (read meanwhile by the supervisor's loop)."""
         return self._since is not None and time.monotonic() - self._since >= DUMP_WAIT
 
-    def take(self) -> dict[int, Frames]:
-        """Each rank's main-thread frames (empty: no dump came), and its other lines shown."""
-        stacks = {}
+    def take(self) -> tuple[dict[int, Frames], dict[int, Recorder]]:
+        """Each rank's main-thread frames (empty: no dump came) and last collectives, and its
+        other lines shown."""
+        stacks, recorders = {}, {}
         for rank, marks in self._marks.items():
-            stacks[rank] = dump_frames(self.relay.tail(rank, since=marks["stderr"], limit=1000))
+            tail = self.relay.tail(rank, since=marks["stderr"], limit=1000)
+            stacks[rank] = dump_frames(tail)
+            recorders[rank] = next((found for line in reversed(tail.splitlines())
+                                    if (found := read_dump_line(line)) is not None), None)
             self.relay.release(rank, marks, drop=is_dump_line)
         self._marks, self._since = {}, None
-        return stacks
+        return stacks, recorders

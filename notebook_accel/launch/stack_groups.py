@@ -40,7 +40,8 @@ def _ours_or_stdlib(filename: str) -> bool:
     return filename.startswith(OURS) or filename.startswith(_STDLIB)
 
 
-def _users(filename: str) -> bool:
+def is_users_file(filename: str) -> bool:
+    """Whether ``filename`` is the user's code: not ours, the standard library's or a library's."""
     return not _ours_or_stdlib(filename) and not _LIBRARY.search(filename)
 
 
@@ -56,7 +57,7 @@ def headline(frames: Sequence[Frame]) -> str:
         return "idle (no run)"
     names = [innermost(frames)]
     for filename, _, name in reversed(frames[:-1]):
-        if _users(filename) and name != names[-1]:  # (a cell's <module> once, not per frame)
+        if is_users_file(filename) and name != names[-1]:  # (a cell's <module> once, not per frame)
             names.append(name)
     more = " <- ..." if len(names) > _NAMED else ""
     return " <- ".join(names[:_NAMED]) + more

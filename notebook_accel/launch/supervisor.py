@@ -98,9 +98,11 @@ class Worker:
     def rank(self) -> int:
         return self.handle.rank
 
-    def ask_stack(self) -> bool:
-        """Ask for its stack (a pool's worker answers; False: it cannot)."""
-        ask = stack_ask()
+    def ask_stack(self, recorder: int = 0) -> bool:
+        """Ask for its stack (and its last ``recorder`` collectives per group, without their
+        lines: a fast read, the stack says where the rank waits): a pool's worker answers;
+        False: it cannot."""
+        ask = stack_ask(recorder, lines=False)
         if self.first_ask is None:
             self.first_ask = ask.ask
         return self.handle.command(ask)

@@ -18,11 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from notebook_accel.launch.cells import cell_numbers
+from notebook_accel.launch.worker.flight_recorder import DUMP_MARK
 
 Frame = tuple[str, int, str]  # (file, line, function)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # notebook_accel/
 OURS = (_PACKAGE + os.sep, os.path.join(os.path.dirname(_PACKAGE), "magics") + os.sep)
 _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker", "main.py")  # the entry point
+_WORKER_DIR = os.path.dirname(_WORKER_FILE) + os.sep  # the worker's own code (its threads too)
 _TRACEBACK_FILE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<sep>,? in )')
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$')
 _DUMP_LINE = re.compile(r'^(?:(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*|Stack \(most recent call '
@@ -47,9 +49,17 @@ def with_cell_labels(text: str) -> str:
     return _TRACEBACK_FILE.sub(label, text)
 
 
+def short_place(filename: str, line: int) -> str:
+    """Where a line is, in a few characters: ``Cell In[4]:18`` for a notebook cell, else the
+    file's name: ``train.py:18``."""
+    number = cell_numbers(_shell()).get(filename)
+    return f"Cell In[{number}]:{line}" if number is not None else f"{os.path.basename(filename)}:{line}"
+
+
 def is_dump_line(text: str) -> bool:
-    """Whether ``text`` is a line of a faulthandler dump (a thread's header, a frame, a gap)."""
-    return bool(_DUMP_LINE.match(text))
+    """Whether ``text`` is a line of a faulthandler dump (a thread's header, a frame, a gap), or
+    the flight recorder's line written with it."""
+    return bool(_DUMP_LINE.match(text)) or text.startswith(DUMP_MARK)
 
 
 def dump_frames(dump: str) -> tuple[tuple[str, int, str], ...]:
@@ -81,8 +91,8 @@ def main_thread_stack(dump: str) -> str:
     above the worker's entry point; other threads are counted, not listed.
     """
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
-    others = len([block for block in blocks  # the worker's own watch threads do not count
-                  if block.startswith("Thread ") and _WORKER_FILE not in block])
+    others = len([block for block in blocks  # the worker's own threads do not count
+                  if block.startswith("Thread ") and _WORKER_DIR not in block])
     if not any(block.startswith("Current thread") for block in blocks):
         return dump.strip()
     frames = dump_frames(dump)

@@ -13,24 +13,43 @@ import time
 from collections.abc import Sequence
 
 from notebook_accel.launch.backends.base import WorkerHandle
-from notebook_accel.wire import Stack, StackAsk
+from notebook_accel.wire import Collective, Stack, StackAsk
 
 Frames = tuple[tuple[str, int, str], ...]
 _asks = itertools.count(1)
 
 
-def stack_ask() -> StackAsk:
-    """A request for a worker's stack, numbered: a later request has a larger number, so an
-    answer to an earlier one (read late, by a later run) is known for what it is."""
-    return StackAsk(next(_asks))
+def stack_ask(recorder: int = 0, lines: bool = True) -> StackAsk:
+    """A request for a worker's stack (and its last ``recorder`` collectives per group, with
+    their lines when ``lines``), numbered: a later request has a larger number, so an answer
+    to an earlier one (read late, by a later run) is known for what it is."""
+    return StackAsk(next(_asks), recorder, lines)
 
 
 def ask_stacks(handles: Sequence[WorkerHandle],
                timeout: float = 1.0) -> tuple[dict[int, Frames], list[int]]:
     """Every idle worker's main-thread stack; returns (rank -> frames, ranks that did not
     answer within ``timeout`` seconds)."""
-    stacks: dict[int, Frames] = {}
-    ask = stack_ask()
+    answers, silent = ask_answers(handles, timeout)
+    return {rank: stack.frames for rank, stack in answers.items()}, silent
+
+
+def ask_recorders(handles: Sequence[WorkerHandle], last: int, timeout: float = 5.0
+                  ) -> tuple[dict[int, tuple[Collective, ...] | None], list[int]]:
+    """Every idle worker's last ``last`` collectives per group (its flight recorder; a
+    process's first read names the frames' code, about a second); returns (rank -> them,
+    ranks that did not answer within ``timeout`` seconds)."""
+    answers, silent = ask_answers(handles, timeout, recorder=last)
+    return {rank: stack.recorder for rank, stack in answers.items()}, silent
+
+
+def ask_answers(handles: Sequence[WorkerHandle], timeout: float = 1.0,
+                recorder: int = 0) -> tuple[dict[int, Stack], list[int]]:
+    """Every idle worker's answer to a :class:`StackAsk` (with its last ``recorder``
+    collectives per group); returns (rank -> its answer, ranks that did not answer within
+    ``timeout`` seconds)."""
+    stacks: dict[int, Stack] = {}
+    ask = stack_ask(recorder)
     waiting = {h.rank: (h, h.frames("control")) for h in handles
                if h.exitcode is None and h.command(ask)}
     deadline = time.monotonic() + timeout
@@ -46,7 +65,7 @@ def ask_stacks(handles: Sequence[WorkerHandle],
                 messages, still_open = reader.read()
                 for message in messages:
                     if type(message) is Stack and message.ask == ask.ask:
-                        stacks[rank] = message.frames
+                        stacks[rank] = message
                 if rank in stacks or not still_open:
                     del waiting[rank]
     return stacks, [h.rank for h in handles if h.rank not in stacks]

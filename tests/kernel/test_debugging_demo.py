@@ -84,6 +84,10 @@ def test_the_debugging_demo_runs_with_its_prompts_answered():
     stacks = hang.stderr.split(STACKS_SHOWN)[1]
     assert "rank 1: all_reduce <- train <- <module>" in stacks, stacks
     assert "dist.all_reduce(p.grad)" in stacks
+    # above the stacks, the ranks' collectives: rank 1 waits in one its peer never reaches
+    said = hang.stderr.split("last collectives: ")[1].split(STACKS_SHOWN)[0]
+    assert said.startswith("not every rank reached all_reduce #"), said
+    assert "rank 1 waits in all_reduce #" in said and "rank 0 never reached it: its run ended" in said
     assert "[rank 0] step 2" in hang.stdout and "[rank 1] step 2" in hang.stdout
     assert "[rank 0] step 3" not in hang.stdout
     assert hang.error["ename"] in ("KeyboardInterrupt", "LaunchInterrupted"), hang.error

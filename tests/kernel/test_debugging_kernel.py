@@ -3,6 +3,7 @@ and ``breakpoint()`` driven through Jupyter's stdin channel, the stacks of a hun
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -197,10 +198,20 @@ dist.all_reduce(torch.ones(1))
     assert "rank 1: <module>\n" in stacks and "time.sleep(4)" in stacks  # rank 1 sleeps
     # the user's frames only, as in a failure's traceback: not the %%accelerate line first
     assert "%%accelerate" not in stacks and "line 1, in <module>" not in stacks, stacks
+    # above the stacks, the ranks' flight recorders said as a disagreement at a number
+    said = result.stderr.split("last collectives: ")[1].split("every rank's stack now:")[0]
+    assert said.startswith("not every rank reached all_reduce #"), said
+    assert re.search(r"rank 0 waits in all_reduce #\d+ \(float32\[1\]; Cell In\[\d+\], line 5", said), said
+    assert re.search(r"rank 1 never reached it: it is at Cell In\[\d+\], line 4, in <module> "
+                     r"\(time.sleep\(4\)\), 1 collective short", said), said
     started = time.monotonic()
     idle = k.ok("%accelerate stacks")
     assert time.monotonic() - started < 2.0
     assert "ranks 0, 1: idle (no run)" in idle.stdout
+    table = k.ok("%accelerate collectives --last 2").stdout  # the same all_reduce, both ranks
+    assert table.startswith("group default (the last 2):\n#  ranks 0, 1\n"), table
+    assert re.search(r"all_reduce float32\[1\] Cell In\[\d+\]:5\n", table), table
+    assert "does not use --last" in k.run("%accelerate stacks --last 2").stderr
 
 
 def test_the_stop_after_a_diagnosed_hang_stops_at_once_and_says_why_in_words(k):

@@ -90,6 +90,7 @@ def test_vocabularies_are_the_tables():
                            "dynamo_backend": "ACCELERATE_DYNAMO_BACKEND",  # the peer's variable
                            "snapshot_every": "NOTEBOOK_ACCEL_SNAPSHOT_EVERY",
                            "snapshot_dir": "NOTEBOOK_ACCEL_SNAPSHOT_DIR",
+                           "check_collectives": "NOTEBOOK_ACCEL_CHECK_COLLECTIVES",
                            "heal": "NOTEBOOK_ACCEL_HEAL"}
     keys = {o.file_key for o in OPTIONS.values() if o.file_key}
     assert keys <= set(LaunchConfig.__dataclass_fields__)
@@ -103,7 +104,7 @@ def test_magic_flags_match_the_table():
     rows = [o for o in launch_options().values() if o.magic_flag]
     table = {o.magic_flag for o in rows} | {"--no-" + o.magic_flag[2:] for o in rows if o.switch}
     others = {"-h", "--help", "-n", "--main-only", "--fresh", "--ranks", "--push", "--pull",
-              "--no-pull"}  # the magic's own flags, no launch option's
+              "--no-pull", "--last"}  # the magic's own flags, no launch option's
     assert _flags(parser) - others == table
     for option in rows:
         if option.choices:

@@ -34,9 +34,12 @@ from typing import Any
 
 from notebook_accel import events, wire
 from notebook_accel.checkpoint import snapshot_writer
+from notebook_accel.contract import CHECK_COLLECTIVES_ENV
+from notebook_accel.flags import env_flag
 from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
 from notebook_accel.launch.payload import Payload, dumps_result, load_payload
 from notebook_accel.launch.worker import display as worker_display
+from notebook_accel.launch.worker import flight_recorder
 from notebook_accel.wire import FailureRecord, Kind, Message, Result
 
 _SECONDARY = re.compile(
@@ -178,8 +181,9 @@ def _reset_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
+    flight_recorder.answer_on_signal()  # SIGUSR1: the last collectives, then (chained) the stacks
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=True)
 
 
 def setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
@@ -202,6 +206,11 @@ def setup(spec: WorkerSpec, pipes: WorkerPipes) -> None:
     _set_process_name(spec.rank, spec.env.get("WORLD_SIZE", "?"))
     _reset_signals()
     os.environ.update(spec.env)
+    os.environ.update(flight_recorder.switch_on())  # before any process group is made
+    if env_flag(CHECK_COLLECTIVES_ENV):
+        from notebook_accel.runtime import collective_check
+
+        collective_check.install()
     if not os.environ.get("PYTHONBREAKPOINT"):
         sys.breakpointhook = _no_prompt  # a pool worker's serve() installs its prompt instead
     if spec.num_threads:

@@ -62,7 +62,9 @@ def serve(spec: WorkerSpec, pipes: WorkerPipes) -> int:
     answer = functools.partial(send, pipes)
     debugger.install(answer)  # breakpoint(): a prompt in the notebook
     commands = stop_cut.Commands(pipes.commands.fileno(), answer, {
-        StackAsk: lambda asked: answer(main_stack(main, asked.ask)), InputLine: debugger.feed})
+        StackAsk: lambda asked: answer(main_stack(main, asked.ask, asked.recorder,
+                                                       asked.recorder_lines)),
+        InputLine: debugger.feed})
     while True:
         message = commands.next()
         if message is None:  # the pool is closing

@@ -1,0 +1,71 @@
+"""Every rank's last collectives side by side, aligned by their number: ``pool.collectives()``.
+
+One table per process group; a row per collective number, a column per rank, where ranks
+whose columns read alike share one (``ranks 0-1022``), so a thousand ranks that agree take
+one column and the one that does not stands out beside it. A cell reads
+``all_reduce float32[1024] train.py:18``, ``... waiting`` while the rank is still in it,
+``-`` where the rank has no such collective (not issued, or out of its ring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from notebook_accel.launch.collective_disagreement import DEFAULT_GROUP
+from notebook_accel.launch.rank_ranges import ranks_text
+from notebook_accel.launch.tracebacks import short_place
+from notebook_accel.wire import Collective
+
+_WIDEST = 56  # characters a cell shows at most
+_GAP = "  "
+
+
+def collectives_text(recorders: Mapping[int, Sequence[Collective] | None], last: int,
+                     silent: Sequence[int] = ()) -> str:
+    """The last ``last`` collectives of every group, side by side (see the module's docstring);
+    ``silent``: ranks that did not answer."""
+    known = {rank: tuple(c) for rank, c in recorders.items() if c is not None}
+    groups = sorted({c.group for collectives in known.values() for c in collectives},
+                    key=lambda g: (g != DEFAULT_GROUP, g))
+    parts = [_group_table(group, known, last) for group in groups]
+    if not parts:
+        parts.append("no collective recorded yet" if known else "no rank answered")
+    unrecorded = sorted(set(recorders) - set(known))
+    if unrecorded:
+        parts.append(f"{ranks_text(unrecorded)}: no recorder")
+    if silent:
+        parts.append(f"{ranks_text(silent)}: no answer (gone, or busy)")
+    return "\n\n".join(parts)
+
+
+def _group_table(group: str, known: Mapping[int, tuple[Collective, ...]], last: int) -> str:
+    by_rank = {rank: {c.number: c for c in collectives if c.group == group}
+               for rank, collectives in known.items()}
+    if group != DEFAULT_GROUP:
+        by_rank = {rank: numbers for rank, numbers in by_rank.items() if numbers}
+    newest = max(n for numbers in by_rank.values() for n in numbers)
+    rows = list(range(max(1, newest - last + 1), newest + 1))
+    columns: dict[tuple[str, ...], list[int]] = {}
+    for rank in sorted(by_rank):
+        cells = tuple(_cell(by_rank[rank].get(n)) for n in rows)
+        columns.setdefault(cells, []).append(rank)
+    ordered = sorted(columns.items(), key=lambda column: column[1][0])
+    heads = ["#"] + [ranks_text(ranks) for _, ranks in ordered]
+    body = [[str(n)] + [cells[i] for cells, _ in ordered] for i, n in enumerate(rows)]
+    widths = [max(len(row[i]) for row in [heads, *body]) for i in range(len(heads))]
+    lines = [f"group {group} (the last {len(rows)}):"]
+    for row in [heads, *body]:
+        lines.append(_GAP.join(text.rjust(widths[0]) if i == 0 else text.ljust(widths[i])
+                               for i, text in enumerate(row)).rstrip())
+    return "\n".join(lines)
+
+
+def _cell(collective: Collective | None) -> str:
+    if collective is None:
+        return "-"
+    text = " ".join([collective.op, ",".join(collective.tensors)]).strip()
+    if collective.where is not None:
+        text += " " + short_place(collective.where[0], collective.where[1])
+    if not collective.done:
+        text += " waiting"
+    return text if len(text) <= _WIDEST else text[:_WIDEST - 3] + "..."

@@ -1,0 +1,103 @@
+"""A hang said as a disagreement at a numbered collective, from every rank's flight recorder:
+a one-off launch (faulthandler's signal) and a warm pool (the commands channel)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from notebook_accel import WorkerError, WorkerPool, notebook_launcher
+
+
+def _different_collectives_at_the_same_number():
+    import torch
+    import torch.distributed as dist
+
+    from notebook_accel import Accelerator
+
+    Accelerator()
+    dist.all_reduce(torch.ones(4))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1024))  # the line the hang names for rank 0
+    else:
+        dist.broadcast(torch.ones(10), 0)  # the line the hang names for rank 1
+    return "never"
+
+
+def _line_of(text: str) -> int:
+    import inspect
+
+    source, first = inspect.getsourcelines(_different_collectives_at_the_same_number)
+    return first + next(i for i, line in enumerate(source) if text in line)
+
+
+def _said(err: str) -> str:
+    assert err.count("last collectives: ") == 1, err
+    return err.split("last collectives: ")[1].split("every rank's stack now:")[0]
+
+
+def _assert_names_both(said: str) -> None:
+    number = re.search(r"the ranks called different collectives at #(\d+) \(group default\)", said)
+    assert number, said
+    assert f"rank 0 waits in all_reduce #{number[1]} (float32[1024]" in said, said
+    assert f"rank 1 waits in broadcast #{number[1]} (float32[10]" in said, said
+    assert f"line {_line_of('torch.ones(1024)')}, in _different" in said, said
+    assert f"line {_line_of('torch.ones(10), 0')}, in _different" in said, said
+
+
+def test_a_one_off_launch_names_the_collectives_the_ranks_disagree_on(capsys):
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="timed out"):
+        notebook_launcher(_different_collectives_at_the_same_number, num_processes=2,
+                          hang_after=1, timeout=6, output="all")
+    assert time.monotonic() - started < 30
+    _assert_names_both(_said(capsys.readouterr().err))
+
+
+@pytest.mark.slow
+def test_a_pools_hang_names_the_collectives_the_ranks_disagree_on(capsys):
+    with (WorkerPool(num_processes=2, hang_after=1, timeout=8, stop_wait=1) as pool,
+          pytest.raises(WorkerError, match="timed out")):
+        pool.run(_different_collectives_at_the_same_number)
+    _assert_names_both(_said(capsys.readouterr().err))
+
+
+def test_check_collectives_raises_on_each_ranks_line_instead_of_hanging():
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as failed:
+        notebook_launcher(_different_collectives_at_the_same_number, num_processes=2,
+                          check_collectives=True, hang_after=30, timeout=30, output="none")
+    assert time.monotonic() - started < 20  # raised, not timed out
+    error = failed.value
+    assert "DistributedOperationException" in str(error), error
+    assert "check_collectives: the ranks of the default group called different collectives" in str(error)
+    assert "rank 0: all_reduce(float32[1024])" in error.remote_traceback
+    assert "rank 1: broadcast(float32[10], src=0)" in error.remote_traceback
+    line = _line_of("torch.ones(1024)" if error.rank == 0 else "torch.ones(10), 0")
+    last_frame = re.findall(r'File "[^"]+", line (\d+)', error.remote_traceback)[-1]
+    assert int(last_frame) == line, error.remote_traceback  # the rank's own line, last
+
+
+def _collectives_then_a_sub_group():
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(3):
+        dist.all_reduce(torch.ones(3))
+    dist.broadcast(torch.ones(2, 2, dtype=torch.int64), 0)  # the last on the default group
+
+
+@pytest.mark.slow
+def test_an_idle_pools_last_collectives_side_by_side():
+    with WorkerPool(num_processes=2) as pool:
+        pool.run(_collectives_then_a_sub_group)
+        text = pool.collectives(last=2)
+        with pytest.raises(ValueError, match="last must be an integer >= 1"):
+            pool.collectives(last=0)
+    lines = text.splitlines()
+    assert lines[:2] == ["group default (the last 2):", lines[1]] and lines[1].split() == ["#", "ranks", "0,", "1"]
+    assert "all_reduce float32[3] test_collective_hangs.py:" in lines[2], text
+    assert "broadcast int64[2,2] test_collective_hangs.py:" in lines[3], text
+    assert int(lines[3].split()[0]) == int(lines[2].split()[0]) + 1
