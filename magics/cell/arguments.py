@@ -20,7 +20,8 @@ from notebook_accel.contract import LaunchOption
 from notebook_accel.launch import LaunchRequest
 from notebook_accel.launch import launch_options as options_table
 
-COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks")
+COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks",
+            "watch")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -62,13 +63,14 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         magic_arguments(),
         argument("command", nargs="?", choices=COMMANDS,
-                 metavar="{env,test,config,start,status,restart,stop,debug,stacks}",
+                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,watch}",
                  help="line magic only: 'env' reports versions, devices and the config in "
                       "force; 'test' runs a short training sanity check on the workers; "
                       "'config' opens the config panel; 'start' starts the notebook's warm "
                       "pool (with the launch flags), 'status' shows it, 'restart' gives it "
                       "fresh workers, 'stop' ends it; 'debug' opens pdb on the rank that "
-                      "failed the pool's last run, 'stacks' shows every rank's stack. "
+                      "failed the pool's last run, 'stacks' shows every rank's stack; "
+                      "'watch' shows the pool's background cell live. "
                       "Without it (cell magic) the cell runs on every worker (on the pool's, "
                       "while one is up)."),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
@@ -78,6 +80,9 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                  help="show only rank 0's output (same as --output main)"),
         argument("--fresh", action="store_true",
                  help="run this cell on fresh workers even while a pool is up"),
+        argument("--background", action="store_true",
+                 help="on the pool: run this cell in the background; the notebook stays free "
+                      "(%accelerate watch shows it live; its names stay on the workers)"),
         argument("--ranks", default=None, metavar="RANKS",
                  help="on the pool: run this cell on these ranks only (1, 0,2-3); the cell's "
                       "value comes from the first of them, names come back only with --pull"),
@@ -100,7 +105,8 @@ def flags_given(args: argparse.Namespace) -> list[str]:
     return [option.magic_flag for option in _flagged() if getattr(args, _dest(option)) is not None]
 
 
-_CELL_ONLY = {"fresh": ("--fresh", False), "ranks": ("--ranks", None), "push": ("--push", ()),
+_CELL_ONLY = {"fresh": ("--fresh", False), "background": ("--background", False),
+              "ranks": ("--ranks", None), "push": ("--push", ()),
               "pull": ("--pull/--no-pull", None)}  # dest -> (flag, its value when not given)
 # the launch flags each line command reads (None: all of them)
 _READS: dict[str, tuple[str, ...] | None] = {"test": None, "start": None, "restart": None,

@@ -17,6 +17,8 @@ _EXPORTS = {
     "LaunchRequest": "notebook_accel.launch.request",
     "launch_options": "notebook_accel.launch.request",
     "PoolUnavailable": "notebook_accel.launch.pool",
+    "PoolBusy": "notebook_accel.launch.pool",
+    "RunHandle": "notebook_accel.launch.run_handle",
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchRecord": "notebook_accel.launch.record",
     "last_launch": "notebook_accel.launch.record",

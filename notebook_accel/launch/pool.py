@@ -16,8 +16,10 @@ replaces every worker. Either way it says what was kept and lost.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from typing import Any
 from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.interrupts import deferred_interrupts
+from notebook_accel.launch.interrupts import StopPresses, deferred_interrupts, stopped_by
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
@@ -34,9 +36,11 @@ from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.pool_heal import Healed, can_heal, heal_in_place
 from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.request import LaunchRequest
+from notebook_accel.launch.run_handle import RunHandle
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.stack_groups import stacks_text
 from notebook_accel.launch.supervisor import ENDED_BY_US, INTERRUPT_GRACE
+from notebook_accel.launch.thread_output import routed_to
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views.text import ranks_text, say
 from notebook_accel.launch.worker.debugger import post_mortem
@@ -46,6 +50,7 @@ from notebook_accel.machine.launch_kinds import device_launch
 from notebook_accel.wire import RunDone
 
 _REPLACED = "the pool's workers were replaced"
+_CANCEL_WAIT = 60.0  # seconds close() waits for a background run to stop before ending it
 
 
 class PoolUnavailable(RuntimeError):
@@ -59,6 +64,11 @@ class PoolUnavailable(RuntimeError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class PoolBusy(RuntimeError):
+    """The pool is running a background run: nothing else runs on it until that run ends
+    (the message says what runs, for how long, and how to watch or stop it)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,7 @@ class WorkerPool:
             self._healed: tuple[int, ...] = ()  # the ranks the last run's heal replaced
             self.last_heal: Healed | None = None  # the latest heal in place (what it did, its times)
             self._failed_rank: int | None = None  # the root cause of the latest failed run
+            self._background: RunHandle | None = None  # the latest background run
             self._start()
 
     @staticmethod
@@ -238,6 +249,7 @@ class WorkerPool:
         Raises:
             PoolUnavailable: the pool is closed.
         """
+        self._check_background()
         workers = self._usable()
         dead = workers.dead()
         if dead:
@@ -313,59 +325,168 @@ class WorkerPool:
         Raises:
             PoolUnavailable: the pool is closed.
         """
+        self._refuse_if_busy()
         workers = self._usable()
         stacks, silent = ask_stacks(workers.handles, timeout)
         return stacks_text(stacks, silent)
 
+    def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> RunHandle:
+        """Start ``function(*args, **kwargs)`` on every rank in the background and return at
+        once: the kernel stays free for other cells while it runs.
+
+        The run is :meth:`run`'s (the same supervisor, stop and recovery); what it prints is
+        kept, not shown: :meth:`RunHandle.watch` shows it (the lines so far, then live) in the
+        cell that calls it. Until it ends, anything else on the pool is refused (``PoolBusy``,
+        saying what runs and how to watch or stop it). If it fails, its ``WorkerError`` is
+        raised by ``watch``/``result``, else by the next call that touches the pool.
+
+        Returns:
+            A :class:`~notebook_accel.launch.run_handle.RunHandle`: ``done()``,
+            ``result(timeout=)``, ``cancel()``, ``watch()``, ``logs(rank)``.
+        Raises:
+            TypeError, PoolUnavailable: as :meth:`run`, at once.
+            PoolBusy: a background run is still running on the pool.
+
+        Example:
+            >>> run = pool.submit(train, epochs=3)  # doctest: +SKIP
+            >>> run.watch()  # doctest: +SKIP
+        """
+        return self.start_background(function, args, kwargs)
+
+    def start_background(self, function: Callable[..., Any], args: tuple[Any, ...] = (),
+                         kwargs: dict[str, Any] | None = None, *, ranks: tuple[int, ...] | None = None,
+                         what: str | None = None, advice: str | None = None) -> RunHandle:
+        """:meth:`submit` for a front end: on some ``ranks`` (None: all), described as
+        ``what`` (``"cell [14]"``) with its own ``advice`` for a refused run
+        (``"%accelerate watch, or .cancel()"``). Says in one line how to watch it."""
+        with deferred_interrupts():
+            workers = self._ready(function)
+            shared = SharedTensors()  # closed by the run's thread when the run has ended
+            try:
+                payload = self._payload(workers, function, args, dict(kwargs or {}), shared)
+            except BaseException:
+                shared.close()
+                raise
+            name = getattr(function, "__name__", type(function).__name__)
+            handle = RunHandle(what or f"a background run of {name}",
+                               advice or "its RunHandle's .watch(), or .cancel()")
+            self._background = handle
+            threading.Thread(target=self._in_background, args=(handle, workers, ranks, payload, shared),
+                             name=f"notebook_accel: {handle.what}", daemon=True).start()
+        say(f"{handle.what} runs in the background on the pool; "
+            f"{'%accelerate watch' if advice else '.watch()'} shows it live")
+        return handle
+
+    @property
+    def background(self) -> RunHandle | None:
+        """The latest background run (running or ended), if any."""
+        return self._background
+
+    def _in_background(self, handle: RunHandle, workers: PoolWorkers, ranks: tuple[int, ...] | None,
+                       payload: Any, shared: SharedTensors) -> None:
+        """The background run's thread: the run, its output kept in the handle (notes of the
+        pool's too, such as a heal's), then its outcome."""
+        value, error = None, None
+        with routed_to(handle.output.stdout, handle.output.stderr):
+            try:
+                value = self._launch(workers, ranks, payload, handle.presses, handle)
+            except BaseException as caught:  # noqa: BLE001 - the outcome belongs to the handle
+                error = caught
+            finally:
+                shared.close()
+        handle.finish(value, error)
+
+    def _check_background(self) -> None:
+        """Refuse while a background run runs; raise its failure if nobody was told yet."""
+        self._refuse_if_busy()
+        handle = self._background
+        failure = handle.unreported_failure() if handle is not None else None
+        if failure is not None:  # said where it is seen, with which run it was
+            note = f"(this is how {handle.what}, which ran in the background, failed)"
+            failure.__notes__ = [*getattr(failure, "__notes__", ()), note]
+            raise failure
+
+    def _refuse_if_busy(self) -> None:
+        handle = self._background
+        if handle is not None and not handle.done():
+            raise hide_our_frames(PoolBusy(
+                f"the pool is running {handle.what} ({handle.state().removeprefix('running ')}); "
+                f"{handle.advice}"))
+
     def _run(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with deferred_interrupts():
-            try:
-                if not callable(function):
-                    raise TypeError(f"function={function!r} is not callable; pass the function "
-                                    "to run")
-                self.revive()
-                workers = self._usable()
-            except (TypeError, PoolUnavailable) as error:
-                hide_our_frames(error)
-                raise
+            workers = self._ready(function)
             with SharedTensors() as shared:  # big tensors: one shared copy, not one per rank
-                try:
-                    payload = serialise_payload(
-                        function, args, kwargs, shared=shared if self.plan.cluster is None else None,
-                        sources_sent=workers.sources_sent)
-                except TypeError as error:
-                    hide_our_frames(error)
-                    raise
-                ended = "failed"
-                try:
-                    value = launch_once(PoolBackend(workers, ranks), self.plan, payload)
-                    ended = "finished"
-                    return value
-                except WorkerError as error:
-                    self._failed_rank = error.rank
-                    ours = {f.rank for f in error.other_failures if f.headline.startswith(ENDED_BY_US)}
-                    error.recovery = self._after_run(workers, "failed", ours, error.rank) or ""
-                    ended = "said"
-                    raise
-                except KeyboardInterrupt:
-                    ended = "interrupted"
-                    raise
-                finally:
-                    if ended != "said":
-                        _say(self._after_run(workers, ended))
+                payload = self._payload(workers, function, args, kwargs, shared)
+                return self._launch(workers, ranks, payload)
+
+    def _ready(self, function: Callable[..., Any]) -> PoolWorkers:
+        """The workers, ready for a run of ``function`` (dead ones healed or replaced first).
+
+        Raises:
+            TypeError: ``function`` is not callable.
+            PoolUnavailable, PoolBusy, WorkerError: see :meth:`run` and :meth:`submit`.
+        """
+        try:
+            if not callable(function):
+                raise TypeError(f"function={function!r} is not callable; pass the function "
+                                "to run")
+            self.revive()
+            return self._usable()
+        except (TypeError, PoolUnavailable, PoolBusy) as error:
+            hide_our_frames(error)
+            raise
+
+    def _payload(self, workers: PoolWorkers, function: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], shared: SharedTensors) -> Any:
+        try:
+            return serialise_payload(
+                function, args, kwargs, shared=shared if self.plan.cluster is None else None,
+                sources_sent=workers.sources_sent)
+        except TypeError as error:
+            hide_our_frames(error)
+            raise
+
+    def _launch(self, workers: PoolWorkers, ranks: tuple[int, ...] | None, payload: Any,
+                presses: StopPresses | None = None, handle: RunHandle | None = None) -> Any:
+        """One run on ``workers``, then the pool's recovery if its group cannot be trusted
+        (in a background run's thread: stopped by ``presses``, its output kept in ``handle``)."""
+        ended = "failed"
+        try:
+            with stopped_by(presses) if presses is not None else contextlib.nullcontext():
+                value = launch_once(PoolBackend(workers, ranks), self.plan, payload,
+                                    into=handle.output if handle is not None else None)
+            ended = "finished"
+            return value
+        except WorkerError as error:
+            self._failed_rank = error.rank
+            ours = {f.rank for f in error.other_failures if f.headline.startswith(ENDED_BY_US)}
+            error.recovery = self._after_run(workers, "failed", ours, error.rank) or ""
+            ended = "said"
+            raise
+        except KeyboardInterrupt:
+            ended = "interrupted"
+            raise
+        finally:
+            if ended != "said":
+                _say(self._after_run(workers, ended))
 
     def restart(self) -> None:
         """Replace the workers with fresh ones (their state is dropped)."""
         if self.closed:
             raise PoolUnavailable("this WorkerPool is closed; create a new one instead of "
                                   "restarting it", "the pool is closed")
+        self._refuse_if_busy()
         with deferred_interrupts():
             self._current.close()
             self._start()
 
     def close(self) -> None:
-        """Stop the workers and release everything of the pool. Idempotent."""
+        """Stop the workers and release everything of the pool (a background run is cancelled
+        first, at its consistent cut). Idempotent."""
+        if self._background is not None and not self._background.done():
+            self._background.cancel(timeout=_CANCEL_WAIT)
         self._finalizer()
 
     def status(self) -> list[RankInfo]:
