@@ -51,6 +51,10 @@ CELLS = notebook("""
             raise ValueError("rank one is unhappy")
         return 0
 
+    def pauses():
+        breakpoint()
+        return "after the breakpoint"
+
     def dies_on_one():
         import torch.distributed as dist
         if dist.get_rank() == 1:
@@ -141,3 +145,16 @@ def test_close_cancels_a_background_run_and_leaves_nothing():
         run = own.submit(CELLS["numbered"], 100_000, 0.01)
         time.sleep(1.0)
     assert run.done() and run.state() == "cancelled"
+
+
+def test_a_breakpoint_in_a_background_run_never_waits_for_input(pool):
+    """A background run has no input box: its rank's debugger gets no line and quits, said in
+    the run's output (``input()`` would ask whichever cell runs now)."""
+    run = pool.submit(CELLS["pauses"])
+    try:
+        outcome = run.result(timeout=60)
+    except WorkerError as error:
+        outcome = error
+    kept = "".join(text for _, text in run.output.since(0, 0)[0] if isinstance(text, str))
+    assert "debugger here (a background run has no input box): it quits" in kept, (outcome, kept)
+    assert pool.run(CELLS["reduce_rank"]) == 3.0
