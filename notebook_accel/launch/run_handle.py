@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from notebook_accel.launch.interrupts import LaunchInterrupted, StopPresses
+from notebook_accel.launch.interrupts import LaunchInterrupted, StopPresses, interrupts_raised
 from notebook_accel.launch.output import CELL_BURST, CELL_BYTES
 from notebook_accel.launch.run_output import RunOutput
 from notebook_accel.launch.views.rich_output import show_display
@@ -102,7 +102,8 @@ class RunHandle:
             WorkerError: the run failed.
         """
         try:
-            self._show_until_end()
+            with interrupts_raised():  # (inside a launch's deferral: the press raises now)
+                self._show_until_end()
         except KeyboardInterrupt:
             say(f"stopped watching {self.what}; it runs on (watch again to see it, "
                 ".cancel() stops it)", sys.stderr)

@@ -13,7 +13,7 @@ from tests.kernel_harness import wait_no_workers
 pytestmark = pytest.mark.slow
 SHARED_WORKERS = True  # the kernel's pool outlives each test: conftest checks for leaks per module
 
-STEPS = 30
+STEPS = 40
 
 
 def test_a_background_cell_leaves_the_notebook_free_and_watch_shows_every_line_once(magic_kernel):
@@ -43,7 +43,19 @@ trained = True
     for cell in (started, meanwhile, refused):  # nothing of the run printed into another cell
         assert "numbered" not in cell.stdout + cell.stderr
 
-    watched = k.ok("%accelerate watch", timeout=60)
+    pressed: list[bool] = []
+
+    def press_stop_once(cell):
+        if "numbered 3\n" in cell.stdout and not pressed:
+            pressed.append(True)
+            k.manager.interrupt_kernel()
+
+    first = k.collect(k.execute("%accelerate watch"), timeout=30, on_output=press_stop_once)
+    assert pressed and first.error is None, first  # the stop button stopped the watch...
+    assert re.search(r"stopped watching cell \[\d+\]; it runs on", first.stderr), first.stderr
+    assert k.value("Out[sorted(Out)[-1]].done()") is False  # ...not the run
+
+    watched = k.ok("%accelerate watch", timeout=60)  # from the start again, then live, to its end
     for rank in (0, 1):
         counts = [watched.stdout.count(f"[rank {rank}] numbered {i}\n") for i in range(STEPS)]
         assert counts == [1] * STEPS, (rank, counts, watched.stdout)
