@@ -87,6 +87,7 @@ class AccelerateMagics(Magics):
             %accelerate debug    pdb on the rank that failed the pool's last run
             %accelerate stacks   every rank's stack now, ranks at one place grouped
             %accelerate watch    the pool's background cell: its lines so far, then live
+            %accelerate pools    this user's detached pools on this machine
 
         ``%%accelerate --ranks 1`` (or ``0,2-3``) runs the cell on some ranks of the pool;
         ``breakpoint()`` in a pool cell opens pdb on that rank, in the cell's input box.
@@ -125,7 +126,7 @@ class AccelerateMagics(Magics):
                   "start": notebook_pool.start, "status": notebook_pool.status,
                   "restart": notebook_pool.restart, "stop": notebook_pool.stop,
                   "debug": notebook_pool.debug, "stacks": notebook_pool.stacks,
-                  "watch": notebook_pool.watch}
+                  "watch": notebook_pool.watch, "pools": notebook_pool.pools}
         with notebook_pool.busy_said():
             return runner[args.command](args)
 

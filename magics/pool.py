@@ -24,7 +24,9 @@ from notebook_accel.launch import (
     PoolUnavailable,
     WorkerError,
     WorkerPool,
+    detached_pools,
     format_bytes,
+    format_duration,
     ranks_text,
 )
 
@@ -273,3 +275,17 @@ def watch(args: argparse.Namespace) -> None:
         return
     with busy_said():
         handle.watch()
+
+
+def pools(args: argparse.Namespace) -> None:
+    """``%accelerate pools``: this user's detached pools on this machine, one line each."""
+    listed = detached_pools()
+    if not listed:
+        print("no detached pool is up (a detached pool's keeper owns its workers and outlives "
+              "the kernel)")
+        return
+    for info in listed:
+        since = format_duration(time.time() - info["since"])
+        print(f"{info['name']}: {info['alive']}/{info['ranks']} ranks on {info['device']}, "
+              f"{info['state']} for {since}, memory {format_bytes(info['memory'])}, keeper pid "
+              f"{info['pid']}")

@@ -21,7 +21,7 @@ from notebook_accel.launch import LaunchRequest
 from notebook_accel.launch import launch_options as options_table
 
 COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks",
-            "watch")
+            "watch", "pools")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -63,14 +63,15 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         magic_arguments(),
         argument("command", nargs="?", choices=COMMANDS,
-                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,watch}",
+                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,watch,pools}",
                  help="line magic only: 'env' reports versions, devices and the config in "
                       "force; 'test' runs a short training sanity check on the workers; "
                       "'config' opens the config panel; 'start' starts the notebook's warm "
                       "pool (with the launch flags), 'status' shows it, 'restart' gives it "
                       "fresh workers, 'stop' ends it; 'debug' opens pdb on the rank that "
                       "failed the pool's last run, 'stacks' shows every rank's stack; "
-                      "'watch' shows the pool's background cell live. "
+                      "'watch' shows the pool's background cell live; 'pools' lists this "
+                      "user's detached pools. "
                       "Without it (cell magic) the cell runs on every worker (on the pool's, "
                       "while one is up)."),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
