@@ -248,6 +248,8 @@ class WorkerPool:
 
         Raises:
             PoolUnavailable: the pool is closed.
+            PoolBusy: a background run runs on the pool (:meth:`submit`).
+            WorkerError: the latest background run failed and nobody was told yet.
         """
         self._check_background()
         workers = self._usable()
@@ -270,6 +272,7 @@ class WorkerPool:
         Raises:
             TypeError: ``function`` is not callable, or a value cannot be pickled.
             PoolUnavailable: the pool is closed (a RuntimeError).
+            PoolBusy: a background run runs on the pool (a RuntimeError naming it).
             WorkerError: the run failed on a rank (root cause named); the pool stays up, or
                 heals or replaces its workers when its process group cannot be trusted (what
                 it did: the error's ``recovery``).
