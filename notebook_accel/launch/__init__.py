@@ -17,7 +17,7 @@ _EXPORTS = {
     "LaunchRequest": "notebook_accel.launch.request",
     "launch_options": "notebook_accel.launch.request",
     "PoolUnavailable": "notebook_accel.launch.pool",
-    "PoolBusy": "notebook_accel.launch.pool",
+    "PoolBusy": "notebook_accel.launch.pool_background",
     "RunHandle": "notebook_accel.launch.run_handle",
     "start_detached": "notebook_accel.launch.detached.client",
     "detached_pools": "notebook_accel.launch.detached.client",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.pool_background import BackgroundRuns, PoolBusy
 from notebook_accel.launch.pool_heal import Healed, can_heal, heal_in_place
 from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.request import LaunchRequest
@@ -40,7 +40,6 @@ from notebook_accel.launch.run_handle import RunHandle
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.stack_groups import stacks_text
 from notebook_accel.launch.supervisor import ENDED_BY_US, INTERRUPT_GRACE
-from notebook_accel.launch.thread_output import routed_to
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views.text import ranks_text, say
 from notebook_accel.launch.worker.debugger import post_mortem
@@ -66,11 +65,6 @@ class PoolUnavailable(RuntimeError):
         self.reason = reason
 
 
-class PoolBusy(RuntimeError):
-    """The pool is running a background run: nothing else runs on it until that run ends
-    (the message says what runs, for how long, and how to watch or stop it)."""
-
-
 @dataclass(frozen=True)
 class RankInfo:
     """One worker of a pool, for ``%accelerate status``."""
@@ -94,7 +88,7 @@ class _Current:
             self.workers = None
 
 
-class WorkerPool:
+class WorkerPool(BackgroundRuns):
     """Warm workers (on this machine, or a Ray cluster's nodes with ``num_nodes`` and
     ``cluster``), which keep their state and process group across runs.
 
@@ -332,89 +326,6 @@ class WorkerPool:
         workers = self._usable()
         stacks, silent = ask_stacks(workers.handles, timeout)
         return stacks_text(stacks, silent)
-
-    def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> RunHandle:
-        """Start ``function(*args, **kwargs)`` on every rank in the background and return at
-        once: the kernel stays free for other cells while it runs.
-
-        The run is :meth:`run`'s (the same supervisor, stop and recovery); what it prints is
-        kept, not shown: :meth:`RunHandle.watch` shows it (the lines so far, then live) in the
-        cell that calls it. Until it ends, anything else on the pool is refused (``PoolBusy``,
-        saying what runs and how to watch or stop it). If it fails, its ``WorkerError`` is
-        raised by ``watch``/``result``, else by the next call that touches the pool.
-
-        Returns:
-            A :class:`~notebook_accel.launch.run_handle.RunHandle`: ``done()``,
-            ``result(timeout=)``, ``cancel()``, ``watch()``, ``logs(rank)``.
-        Raises:
-            TypeError, PoolUnavailable: as :meth:`run`, at once.
-            PoolBusy: a background run is still running on the pool.
-
-        Example:
-            >>> run = pool.submit(train, epochs=3)  # doctest: +SKIP
-            >>> run.watch()  # doctest: +SKIP
-        """
-        return self.start_background(function, args, kwargs)
-
-    def start_background(self, function: Callable[..., Any], args: tuple[Any, ...] = (),
-                         kwargs: dict[str, Any] | None = None, *, ranks: tuple[int, ...] | None = None,
-                         what: str | None = None, advice: str | None = None) -> RunHandle:
-        """:meth:`submit` for a front end: on some ``ranks`` (None: all), described as
-        ``what`` (``"cell [14]"``) with its own ``advice`` for a refused run
-        (``"%accelerate watch, or .cancel()"``). Says in one line how to watch it."""
-        with deferred_interrupts():
-            workers = self._ready(function)
-            shared = SharedTensors()  # closed by the run's thread when the run has ended
-            try:
-                payload = self._payload(workers, function, args, dict(kwargs or {}), shared)
-            except BaseException:
-                shared.close()
-                raise
-            name = getattr(function, "__name__", type(function).__name__)
-            handle = RunHandle(what or f"a background run of {name}",
-                               advice or "its RunHandle's .watch(), or .cancel()")
-            self._background = handle
-            threading.Thread(target=self._in_background, args=(handle, workers, ranks, payload, shared),
-                             name=f"notebook_accel: {handle.what}", daemon=True).start()
-        say(f"{handle.what} runs in the background on the pool; "
-            f"{'%accelerate watch' if advice else '.watch()'} shows it live")
-        return handle
-
-    @property
-    def background(self) -> RunHandle | None:
-        """The latest background run (running or ended), if any."""
-        return self._background
-
-    def _in_background(self, handle: RunHandle, workers: PoolWorkers, ranks: tuple[int, ...] | None,
-                       payload: Any, shared: SharedTensors) -> None:
-        """The background run's thread: the run, its output kept in the handle (notes of the
-        pool's too, such as a heal's), then its outcome."""
-        value, error = None, None
-        with routed_to(handle.output.stdout, handle.output.stderr):
-            try:
-                value = self._launch(workers, ranks, payload, handle.presses, handle)
-            except BaseException as caught:  # noqa: BLE001 - the outcome belongs to the handle
-                error = caught
-            finally:
-                shared.close()
-        handle.finish(value, error)
-
-    def _check_background(self) -> None:
-        """Refuse while a background run runs; raise its failure if nobody was told yet."""
-        self._refuse_if_busy()
-        handle = self._background
-        failure = handle.unreported_failure() if handle is not None else None
-        if failure is not None:  # said where it is seen, with which run it was
-            note = f"(this is how {handle.what}, which ran in the background, failed)"
-            failure.__notes__ = [*getattr(failure, "__notes__", ()), note]
-            raise failure
-
-    def _refuse_if_busy(self) -> None:
-        handle = self._background
-        if handle is not None and not handle.done():
-            raise hide_our_frames(PoolBusy(
-                f"the pool is running {handle.what} ({handle.state().removeprefix('running ')}); "
-                f"{handle.advice}"))
 
     def _run(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
