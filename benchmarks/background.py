@@ -9,7 +9,7 @@ latency, the same printing run in the background (lines a second into every rank
 those the cell would show, kept for ``watch``), and the buffer alone (``RunOutput``: a writer
 thread as the relay writes, 50 lines a write, a watcher thread reading as it goes).
 
-    python benchmarks/background.py [--baseline 7c5e101] [--runs 300]
+    python benchmarks/background.py [--baseline 7c5e101] [--runs 300] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -109,20 +109,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default="7c5e101", help="a revision without background runs")
     parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3, help="alternated runs of each side")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         print("FIGURES", json.dumps(measure(args.runs)), flush=True)
         return
+    rounds: dict[str, list[dict]] = {"baseline": [], "this": []}
     with baseline_worktree(args.baseline) as base:
-        sides = {side: run_side(__file__, directory, ["--measure", "--runs", str(args.runs)],
-                                timeout=900)
-                 for side, directory in (("baseline", base), ("this", ROOT))}
-    for side, figures in sides.items():
-        if "error" in figures:
-            raise SystemExit(f"{side}: no figures\n{figures['error']}")
-    base, this = sides["baseline"], sides["this"]
-    print(f"2-rank pool, {args.runs} runs; baseline {args.baseline} vs this checkout")
+        order = [("baseline", base), ("this", ROOT)]
+        for round_ in range(args.rounds):  # alternated, each side first in turn: a loaded
+            for side, directory in order[::-1] if round_ % 2 else order:  # machine drifts
+                figures = run_side(__file__, directory, ["--measure", "--runs", str(args.runs)],
+                                   timeout=900)
+                if "error" in figures:
+                    raise SystemExit(f"{side}: no figures\n{figures['error']}")
+                rounds[side].append(figures)
+    base, this = ({key: statistics.median(f[key] for f in rounds[side]) for key in rounds[side][0]}
+                  for side in ("baseline", "this"))
+    print(f"2-rank pool, {args.runs} runs, median of {args.rounds} alternated rounds; baseline "
+          f"{args.baseline} vs this checkout")
     for key, label in (("run_noop_ms", "pool.run(noop) median, ms"),
                        ("run_noop_p99_ms", "pool.run(noop) p99, ms"),
                        ("foreground_lines_per_s", "a run's pump, lines/s")):
