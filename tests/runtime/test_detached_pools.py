@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -36,6 +37,8 @@ def private_runtime_dir(monkeypatch):
     yield base
     for info in detached_pools():  # a failed test's keeper: ended, not left behind
         os.kill(info["pid"], signal.SIGTERM)
+        _wait_gone(info["pid"], 10)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def _wait_gone(pid: int, seconds: float = 30) -> bool:
