@@ -96,9 +96,14 @@ class AccelerateMagics(Magics):
             %accelerate snapshots [DIR]  a snapshot directory's snapshots: step, when
                                  saved, size, complete or not, which one resume() loads
             %accelerate collectives  every rank's last collectives side by side (--last N)
+            %accelerate watch    the pool's background cell: its lines so far, then live
+            %accelerate pools    this user's detached pools on this machine
 
         ``%%accelerate --ranks 1`` (or ``0,2-3``) runs the cell on some ranks of the pool;
         ``breakpoint()`` in a pool cell opens pdb on that rank, in the cell's input box.
+        ``%%accelerate --background`` runs the cell on the pool in the background and returns
+        its handle at once (``.watch()``, ``.cancel()``, ``.result()``, ``.logs(rank)``): the
+        notebook stays free; its names stay on the workers.
 
         Unset flags fall back to NOTEBOOK_ACCEL_* environment variables, then the
         config file (--config, else the default one), then auto-detection.
@@ -132,8 +137,10 @@ class AccelerateMagics(Magics):
                   "restart": notebook_pool.restart, "stop": notebook_pool.stop,
                   "debug": notebook_pool.debug, "stacks": notebook_pool.stacks,
                   "snapshots": commands.snapshots,
-                  "collectives": notebook_pool.collectives}
-        return runner[args.command](args)
+                  "collectives": notebook_pool.collectives,
+                  "watch": notebook_pool.watch, "pools": notebook_pool.pools}
+        with notebook_pool.busy_said():
+            return runner[args.command](args)
 
     def _cell(self, args: Any, line: str, body: str) -> Any:
         if args.last is not None:
@@ -148,8 +155,11 @@ class AccelerateMagics(Magics):
                              "on fresh workers with these flags, or %accelerate stop and start "
                              "the pool again with them")
         ranks = self._ranks(args, pool)
+        if args.background:
+            self._background_allowed(args, pool)
         if pool is not None:
-            pool.revive()  # one rule: workers that died, idle or mid-run, are replaced (said)
+            with notebook_pool.busy_said():  # (a background cell's failure: raised here, once)
+                pool.revive()  # one rule: workers that died, idle or mid-run, are replaced (said)
         on_workers = set(pool.names_on(ranks)) if pool is not None else set()  # (the chosen ranks')
         user_ns = self.shell.user_ns
         missing = [name for name in args.push if name not in user_ns]
@@ -162,9 +172,9 @@ class AccelerateMagics(Magics):
                                     pool.copies_on(ranks) if pool is not None else (), args.push)
         shipment = collect_names(crossing.send, user_ns, self.shell.user_ns_hidden, LEDGER)
         pull, skipped = pulling.default_pull(names.assigns) if args.pull is None else (args.pull, {})
-        if ranks is not None and args.pull is None:
+        if (ranks is not None or args.background) and args.pull is None:
             pull, skipped = (), {}  # names come back from rank 0; from other ranks only when asked
-        if args.pull != () and tree.body and isinstance(tree.body[-1], ast.Expr):
+        if args.pull != () and not args.background and tree.body and isinstance(tree.body[-1], ast.Expr):
             pull = (*pull, CELL_VALUE)
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
                        pooled=pool is not None, replace=tuple(crossing.replace),
@@ -173,6 +183,8 @@ class AccelerateMagics(Magics):
         number = cell_number(self.shell)
         LEDGER.record_sent(shipment.values, number, on_pool=pool is not None)
         crossings.report_kept(crossing)
+        if args.background:
+            return notebook_pool.background(pool, job, ranks, number)
         try:
             result = self._run(job, pool, args, ranks)
         except WorkerError as error:
@@ -198,6 +210,18 @@ class AccelerateMagics(Magics):
             print(line, flush=True)
         pulling.report(failed)
         return value
+
+    @staticmethod
+    def _background_allowed(args: Any, pool: Any) -> None:
+        """``--background`` runs on the notebook's pool and brings nothing back."""
+        if pool is None:
+            raise UsageError("--background runs a cell on the notebook's pool while the notebook "
+                             "stays free: start one with %accelerate start -n N"
+                             + (" (not with --fresh)" if args.fresh else ""))
+        if args.pull:
+            raise UsageError(f"--pull {','.join(args.pull)}: a --background cell brings nothing "
+                             "back (its names stay on the workers); a later cell reads them "
+                             "there, or brings one back with --pull")
 
     @staticmethod
     def _ranks(args: Any, pool: Any) -> tuple[int, ...] | None:

@@ -7,7 +7,10 @@ fresh workers, as without a pool).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from IPython import get_ipython
 from IPython.core.error import UsageError
@@ -15,11 +18,22 @@ from IPython.core.error import UsageError
 from magics.cell.arguments import flags_given, launch_options
 from magics.cell.crossings import holds_state, listed
 from magics.cell.ledger import LEDGER
-from notebook_accel.launch import LaunchRequest, WorkerError, WorkerPool, format_bytes, ranks_text
+from notebook_accel.launch import (
+    LaunchRequest,
+    PoolBusy,
+    PoolUnavailable,
+    WorkerError,
+    WorkerPool,
+    detached_pools,
+    format_bytes,
+    format_duration,
+    ranks_text,
+)
 
 _pool: WorkerPool | None = None
 _request: LaunchRequest | None = None  # the options it was started with (restart changes some)
 _failure: tuple[int, int | None, int] | None = None  # the latest failed cell's (rank, pid, cell)
+_background_cell: int | None = None  # the number of the latest --background cell
 
 
 def current() -> WorkerPool | None:
@@ -82,6 +96,9 @@ def status(args: argparse.Namespace) -> None:
             memory = format_bytes(info.rss) if info.rss else "-"
             print(f"  rank {info.rank}: pid {info.pid}, {state}, memory {memory}")
         print(_workers_names(pool, [info.rank for info in infos if not info.alive]))
+        handle = pool.background
+        if handle is not None and not handle.done():
+            print(f"in the background: {handle.what}, {handle.state()}; %accelerate watch shows it")
     user_ns = get_ipython().user_ns
     snapshots = {name: entry for name, entry in LEDGER.snapshots(user_ns).items()
                  if holds_state(user_ns[name])}
@@ -229,3 +246,59 @@ def stop(args: argparse.Namespace) -> None:
     pool.close()
     _pool = None
     print("[notebook_accel] pool stopped; %%accelerate cells start fresh workers again")
+
+
+@contextlib.contextmanager
+def busy_said() -> Iterator[None]:
+    """A refusal of the busy pool as a usage error (no traceback: what runs and what to do);
+    a background cell's failure, raised where it is first seen, remembered for ``debug``."""
+    try:
+        yield
+    except PoolBusy as error:
+        raise UsageError(str(error)) from None
+    except WorkerError as error:
+        if _background_cell is not None and not hasattr(error, "_cell_seen"):
+            error._cell_seen = True
+            failed(error, _background_cell)
+        raise
+
+
+def background(pool: WorkerPool, job: Any, ranks: tuple[int, ...] | None, cell: int) -> Any:
+    """Start the ``%%accelerate --background`` cell ``cell``'s ``job`` on the pool; returns its
+    handle (the cell's value: ``Out[cell]``)."""
+    global _background_cell
+    try:
+        handle = pool.start_background(job, ranks=ranks, what=f"cell [{cell}]",
+                                       advice=f"%accelerate watch, or Out[{cell}].cancel()")
+    except PoolUnavailable as error:
+        raise UsageError(f"{error.reason}; %accelerate start starts a new pool") from None
+    _background_cell = cell
+    return handle
+
+
+def watch(args: argparse.Namespace) -> None:
+    """``%accelerate watch``: the pool's current (or last) background cell in this cell: its
+    lines so far, then live, each once, until it ends; then its outcome (a failure raises its
+    ``WorkerError``). The stop button stops watching, not the run."""
+    pool = _require()
+    handle = pool.background
+    if handle is None:
+        print("nothing has run in the background on this pool: %%accelerate --background runs "
+              "a cell so (the notebook stays free)")
+        return
+    with busy_said():
+        handle.watch()
+
+
+def pools(args: argparse.Namespace) -> None:
+    """``%accelerate pools``: this user's detached pools on this machine, one line each."""
+    listed = detached_pools()
+    if not listed:
+        print("no detached pool is up (a detached pool's keeper owns its workers and outlives "
+              "the kernel)")
+        return
+    for info in listed:
+        since = format_duration(time.time() - info["since"])
+        print(f"{info['name']}: {info['alive']}/{info['ranks']} ranks on {info['device']}, "
+              f"{info['state']} for {since}, memory {format_bytes(info['memory'])}, keeper pid "
+              f"{info['pid']}")

@@ -21,7 +21,7 @@ from notebook_accel.launch import LaunchRequest
 from notebook_accel.launch import launch_options as options_table
 
 COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks",
-            "snapshots", "collectives")
+            "snapshots", "collectives", "watch", "pools")
 WITH_ARGUMENT = ("snapshots",)  # the commands that take one word after them: snapshots DIR
 
 
@@ -64,7 +64,7 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         magic_arguments(),
         argument("command", nargs="?", choices=COMMANDS,
-                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,snapshots,collectives}",
+                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,snapshots,collectives,watch,pools}",
                  help="line magic only: 'env' reports versions, devices and the config in "
                       "force; 'test' runs a short training sanity check on the workers; "
                       "'config' opens the config panel; 'start' starts the notebook's warm "
@@ -72,7 +72,9 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                       "fresh workers, 'stop' ends it; 'debug' opens pdb on the rank that "
                       "failed the pool's last run, 'stacks' shows every rank's stack, "
                       "'collectives' every rank's last collectives side by side (--last N); "
-                      "'snapshots [DIR]' lists a snapshot directory's snapshots. "
+                      "'snapshots [DIR]' lists a snapshot directory's snapshots; "
+                      "'watch' shows the pool's background cell live; 'pools' lists this "
+                      "user's detached pools. "
                       "Without it (cell magic) the cell runs on every worker (on the pool's, "
                       "while one is up)."),
         argument("directory", nargs="?", default=None, metavar="DIR",
@@ -85,6 +87,9 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                  help="show only rank 0's output (same as --output main)"),
         argument("--fresh", action="store_true",
                  help="run this cell on fresh workers even while a pool is up"),
+        argument("--background", action="store_true",
+                 help="on the pool: run this cell in the background; the notebook stays free "
+                      "(%accelerate watch shows it live; its names stay on the workers)"),
         argument("--ranks", default=None, metavar="RANKS",
                  help="on the pool: run this cell on these ranks only (1, 0,2-3); the cell's "
                       "value comes from the first of them, names come back only with --pull"),
@@ -110,7 +115,8 @@ def flags_given(args: argparse.Namespace) -> list[str]:
     return [option.magic_flag for option in _flagged() if getattr(args, _dest(option)) is not None]
 
 
-_CELL_ONLY = {"fresh": ("--fresh", False), "ranks": ("--ranks", None), "push": ("--push", ()),
+_CELL_ONLY = {"fresh": ("--fresh", False), "background": ("--background", False),
+              "ranks": ("--ranks", None), "push": ("--push", ()),
               "pull": ("--pull/--no-pull", None)}  # dest -> (flag, its value when not given)
 # the launch flags each line command reads (None: all of them)
 _READS: dict[str, tuple[str, ...] | None] = {"test": None, "start": None, "restart": None,

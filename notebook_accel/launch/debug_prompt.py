@@ -14,6 +14,7 @@ While a session holds the prompt the launch's view is not redrawn (the superviso
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -51,15 +52,23 @@ class Prompts:
         worker, prompt = self.asks.pop(rank)
         self.holder = rank
         show_output(worker)
-        try:
-            with interrupts_raised():
-                text: str | None = input(prompt)
-        except KeyboardInterrupt:
-            self.interrupted = True
-            raise
-        except (EOFError, NotImplementedError):  # no input here (a front end without stdin)
-            print(f"[notebook_accel] no input for rank {rank}'s debugger here: it quits",
-                  file=sys.stderr, flush=True)
-            text = None
+        if threading.current_thread() is not threading.main_thread():
+            text = _no_input(rank, " (a background run has no input box)")  # (input() would
+            # ask whichever cell runs now)
+        else:
+            try:
+                with interrupts_raised():
+                    text = input(prompt)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                raise
+            except (EOFError, NotImplementedError):  # no input here (a front end without stdin)
+                text = _no_input(rank)
         worker.handle.command(InputLine(text))
         return True
+
+
+def _no_input(rank: int, why: str = "") -> None:
+    """Say that ``rank``'s debugger gets no line (it quits)."""
+    print(f"[notebook_accel] no input for rank {rank}'s debugger here{why}: it quits",
+          file=sys.stderr, flush=True)

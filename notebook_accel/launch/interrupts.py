@@ -47,30 +47,61 @@ class _Deferral:
             raise LaunchInterrupted("interrupted (stop pressed 3 times while starting)")
 
 
-_active: _Deferral | None = None
+_active: _Deferral | None = None  # the main thread's (the stop button's)
+_threads = threading.local()  # another thread's own presses (a background run's .cancel())
+
+
+class StopPresses(_Deferral):
+    """The stop button of a run in a thread of its own (a background run): :meth:`press` is
+    what a press of the notebook's stop button is to a run in the main thread, which keeps the
+    real button for its own cells."""
+
+    def press(self) -> None:
+        """Ask the run to stop (a second press: at once, as the stop button pressed twice)."""
+        self.presses += 1
+
+
+@contextlib.contextmanager
+def stopped_by(presses: StopPresses) -> Iterator[None]:
+    """In a thread other than the main one: the interrupt checks of this thread
+    (:func:`check_interrupt`...) read ``presses``, never the main thread's stop button."""
+    _threads.presses = presses
+    try:
+        yield
+    finally:
+        _threads.presses = None
+
+
+def _pending() -> _Deferral | None:
+    """The presses this thread answers to: the stop button's in the main thread, else its own."""
+    if threading.current_thread() is threading.main_thread():
+        return _active
+    return getattr(_threads, "presses", None)
 
 
 def interrupt_requested() -> bool:
     """True when the stop button was pressed since the outermost deferral began."""
-    return _active is not None and _active.presses > 0
+    pending = _pending()
+    return pending is not None and pending.presses > 0
 
 
 def take_interrupt() -> bool:
     """Consume a pending press of the stop button; True when there was one."""
-    if _active is not None and _active.presses:
-        _active.presses = 0
+    pending = _pending()
+    if pending is not None and pending.presses:
+        pending.presses = 0
         return True
     return False
 
 
 def check_interrupt(message: str = "launch interrupted") -> None:
-    """Raise :class:`LaunchInterrupted` now if the stop button was pressed.
+    """Raise :class:`LaunchInterrupted` now if the stop button was pressed (in a background
+    run's thread: if its :class:`StopPresses` was pressed).
 
     Raises:
         LaunchInterrupted: an interrupt is pending; it is consumed.
     """
-    if _active is not None and _active.presses:
-        _active.presses = 0
+    if take_interrupt():
         raise LaunchInterrupted(message)
 
 

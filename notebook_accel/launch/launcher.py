@@ -22,10 +22,11 @@ from notebook_accel.launch.plan import LaunchPlan, make_plan, shm_note
 from notebook_accel.launch.rdzv import meeting_point
 from notebook_accel.launch.record import LaunchRecord, remember
 from notebook_accel.launch.request import LaunchRequest, launcher_signature
+from notebook_accel.launch.run_output import RunOutput
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.supervisor import Supervisor
 from notebook_accel.launch.tracebacks import hide_our_frames
-from notebook_accel.launch.views import make_view
+from notebook_accel.launch.views import NullView, make_view
 from notebook_accel.launch.views.text import say, starting_text
 from notebook_accel.machine import devices, hardware
 from notebook_accel.machine.launch_kinds import device_launch
@@ -262,13 +263,17 @@ def print_notes(plan: LaunchPlan, notes: list[str]) -> None:
         print(f"[notebook_accel] {note}", flush=True)
 
 
-def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload, remembered: bool = True) -> Any:
+def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload, remembered: bool = True,
+                into: RunOutput | None = None) -> Any:
     """Start the workers through ``backend``, supervise them, collect their values
-    (``remembered=False``: a run of ours, not the user's, which ``last_launch()`` keeps showing)."""
+    (``remembered=False``: a run of ours, not the user's, which ``last_launch()`` keeps showing;
+    ``into``: a background run's, whose output is kept there, with no live view, not shown)."""
     check_interrupt("launch interrupted before any worker started")
     group = backend.start(plan, payload)
     subset = group.collectives_before is not None  # the user chose the ranks: show theirs
-    relay = OutputRelay(show="all" if subset and plan.output == "main" else plan.output)
+    kept = {} if into is None else {"stdout": into.stdout, "stderr": into.stderr,
+                                    "publish": into.display}
+    relay = OutputRelay(show="all" if subset and plan.output == "main" else plan.output, **kept)
     try:
         ran = group.plan  # what the workers run (XLA: its one host worker)
         record = LaunchRecord(
@@ -279,8 +284,10 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload, remembered
         )
         if remembered:
             remember(record)
-        workers = Supervisor(group.handles, relay, plan.timeout, record,
-                             make_view(record, plan.output), plan.stop_wait,
+        if into is not None:
+            into.record = record
+        view = make_view(record, plan.output) if into is None else NullView()
+        workers = Supervisor(group.handles, relay, plan.timeout, record, view, plan.stop_wait,
                              group.collectives_before, plan.hang_after).run()
         results = []
         for worker in workers:

@@ -16,6 +16,7 @@ replaces every worker. Either way it says what was kept and lost.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import weakref
@@ -27,14 +28,16 @@ from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.collective_table import collectives_text
 from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.interrupts import deferred_interrupts
+from notebook_accel.launch.interrupts import StopPresses, deferred_interrupts, stopped_by
 from notebook_accel.launch.launcher import launch_once, plan_launch, print_notes
 from notebook_accel.launch.options import fill_options
 from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.pool_background import BackgroundRuns, PoolBusy
 from notebook_accel.launch.pool_heal import Healed, can_heal, heal_in_place
 from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.request import LaunchRequest
+from notebook_accel.launch.run_handle import RunHandle
 from notebook_accel.launch.shared_tensors import SharedTensors
 from notebook_accel.launch.stack_groups import stacks_text
 from notebook_accel.launch.supervisor import ENDED_BY_US, INTERRUPT_GRACE
@@ -47,6 +50,7 @@ from notebook_accel.machine.launch_kinds import device_launch
 from notebook_accel.wire import RunDone
 
 _REPLACED = "the pool's workers were replaced"
+_CANCEL_WAIT = 60.0  # seconds close() waits for a background run to stop before ending it
 
 
 class PoolUnavailable(RuntimeError):
@@ -85,7 +89,7 @@ class _Current:
             self.workers = None
 
 
-class WorkerPool:
+class WorkerPool(BackgroundRuns):
     """Warm workers (on this machine, or a Ray cluster's nodes with ``num_nodes`` and
     ``cluster``), which keep their state and process group across runs.
 
@@ -138,6 +142,7 @@ class WorkerPool:
             self._healed: tuple[int, ...] = ()  # the ranks the last run's heal replaced
             self.last_heal: Healed | None = None  # the latest heal in place (what it did, its times)
             self._failed_rank: int | None = None  # the root cause of the latest failed run
+            self._background: RunHandle | None = None  # the latest background run
             self._start()
 
     @staticmethod
@@ -238,7 +243,10 @@ class WorkerPool:
 
         Raises:
             PoolUnavailable: the pool is closed.
+            PoolBusy: a background run runs on the pool (:meth:`submit`).
+            WorkerError: the latest background run failed and nobody was told yet.
         """
+        self._check_background()
         workers = self._usable()
         dead = workers.dead()
         if dead:
@@ -259,6 +267,7 @@ class WorkerPool:
         Raises:
             TypeError: ``function`` is not callable, or a value cannot be pickled.
             PoolUnavailable: the pool is closed (a RuntimeError).
+            PoolBusy: a background run runs on the pool (a RuntimeError naming it).
             WorkerError: the run failed on a rank (root cause named); the pool stays up, or
                 heals or replaces its workers when its process group cannot be trusted (what
                 it did: the error's ``recovery``).
@@ -314,6 +323,7 @@ class WorkerPool:
         Raises:
             PoolUnavailable: the pool is closed.
         """
+        self._refuse_if_busy()
         workers = self._usable()
         stacks, silent = ask_stacks(workers.handles, timeout)
         return stacks_text(stacks, silent)
@@ -337,52 +347,77 @@ class WorkerPool:
     def _run(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with deferred_interrupts():
-            try:
-                if not callable(function):
-                    raise TypeError(f"function={function!r} is not callable; pass the function "
-                                    "to run")
-                self.revive()
-                workers = self._usable()
-            except (TypeError, PoolUnavailable) as error:
-                hide_our_frames(error)
-                raise
+            workers = self._ready(function)
             with SharedTensors() as shared:  # big tensors: one shared copy, not one per rank
-                try:
-                    payload = serialise_payload(
-                        function, args, kwargs, shared=shared if self.plan.cluster is None else None,
-                        sources_sent=workers.sources_sent)
-                except TypeError as error:
-                    hide_our_frames(error)
-                    raise
-                ended = "failed"
-                try:
-                    value = launch_once(PoolBackend(workers, ranks), self.plan, payload)
-                    ended = "finished"
-                    return value
-                except WorkerError as error:
-                    self._failed_rank = error.rank
-                    ours = {f.rank for f in error.other_failures if f.headline.startswith(ENDED_BY_US)}
-                    error.recovery = self._after_run(workers, "failed", ours, error.rank) or ""
-                    ended = "said"
-                    raise
-                except KeyboardInterrupt:
-                    ended = "interrupted"
-                    raise
-                finally:
-                    if ended != "said":
-                        _say(self._after_run(workers, ended))
+                payload = self._payload(workers, function, args, kwargs, shared)
+                return self._launch(workers, ranks, payload)
+
+    def _ready(self, function: Callable[..., Any]) -> PoolWorkers:
+        """The workers, ready for a run of ``function`` (dead ones healed or replaced first).
+
+        Raises:
+            TypeError: ``function`` is not callable.
+            PoolUnavailable, PoolBusy, WorkerError: see :meth:`run` and :meth:`submit`.
+        """
+        try:
+            if not callable(function):
+                raise TypeError(f"function={function!r} is not callable; pass the function "
+                                "to run")
+            self.revive()
+            return self._usable()
+        except (TypeError, PoolUnavailable, PoolBusy) as error:
+            hide_our_frames(error)
+            raise
+
+    def _payload(self, workers: PoolWorkers, function: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], shared: SharedTensors) -> Any:
+        try:
+            return serialise_payload(
+                function, args, kwargs, shared=shared if self.plan.cluster is None else None,
+                sources_sent=workers.sources_sent)
+        except TypeError as error:
+            hide_our_frames(error)
+            raise
+
+    def _launch(self, workers: PoolWorkers, ranks: tuple[int, ...] | None, payload: Any,
+                presses: StopPresses | None = None, handle: RunHandle | None = None) -> Any:
+        """One run on ``workers``, then the pool's recovery if its group cannot be trusted
+        (in a background run's thread: stopped by ``presses``, its output kept in ``handle``)."""
+        ended = "failed"
+        try:
+            with stopped_by(presses) if presses is not None else contextlib.nullcontext():
+                value = launch_once(PoolBackend(workers, ranks), self.plan, payload,
+                                    into=handle.output if handle is not None else None)
+            ended = "finished"
+            return value
+        except WorkerError as error:
+            self._failed_rank = error.rank
+            ours = {f.rank for f in error.other_failures if f.headline.startswith(ENDED_BY_US)}
+            error.recovery = self._after_run(workers, "failed", ours, error.rank) or ""
+            ended = "said"
+            raise
+        except KeyboardInterrupt:
+            ended = "interrupted"
+            raise
+        finally:
+            if ended != "said":
+                _say(self._after_run(workers, ended))
 
     def restart(self) -> None:
         """Replace the workers with fresh ones (their state is dropped)."""
         if self.closed:
             raise PoolUnavailable("this WorkerPool is closed; create a new one instead of "
                                   "restarting it", "the pool is closed")
+        self._refuse_if_busy()
         with deferred_interrupts():
             self._current.close()
             self._start()
 
     def close(self) -> None:
-        """Stop the workers and release everything of the pool. Idempotent."""
+        """Stop the workers and release everything of the pool (a background run is cancelled
+        first, at its consistent cut). Idempotent."""
+        if self._background is not None and not self._background.done():
+            self._background.cancel(timeout=_CANCEL_WAIT)
         self._finalizer()
 
     def status(self) -> list[RankInfo]:

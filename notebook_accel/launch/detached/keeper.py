@@ -1,0 +1,177 @@
+"""The keeper of a detached pool: a process of its own session that owns the pool's workers.
+
+Started by :func:`~notebook_accel.launch.detached.client.start_detached` as
+``python -m notebook_accel.launch.detached.keeper NAME OPTIONS_JSON IDLE_TIMEOUT``: it leaves
+the starter (a fork, so that the kernel is not its parent and never has to reap it), starts the
+:class:`~notebook_accel.WorkerPool` (whose workers end with the keeper, as they would with a
+kernel), then answers one JSON request per connection on its Unix socket: ``info`` and
+``stop``. A connection is answered only if it comes from this user (``SO_PEERCRED``) and
+presents the pool's token. It ends on ``stop``, on SIGTERM, or after ``idle_timeout`` seconds
+without a request, writing why to its log (its stdout).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+from notebook_accel.launch.detached.runtime_dir import PoolFiles, pool_files
+
+IDLE_TIMEOUT = 12 * 3600.0  # seconds without a request after which a keeper ends itself
+_READ_TIMEOUT = 5.0  # seconds a connection has to send its request
+_REQUEST_BYTES = 1 << 16
+
+
+class _Stopped(Exception):
+    """SIGTERM: end as on ``stop``."""
+
+
+def peer_uid(connection: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket."""
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", credentials)[1]
+
+
+class Keeper:
+    """Serves one detached pool's socket until it is told to stop or stays idle too long."""
+
+    def __init__(self, files: PoolFiles, token: bytes, pool: Any, idle_timeout: float) -> None:
+        self.files, self.token, self.pool = files, token, pool
+        self.idle_timeout = idle_timeout
+        self.since = time.time()
+
+    def info(self) -> dict[str, Any]:
+        """Name, pid, ranks, device, state, since, memory (bytes: the keeper's and its ranks')."""
+        import psutil
+
+        ranks = self.pool.status()
+        memory = psutil.Process().memory_info().rss + sum(r.rss or 0 for r in ranks)
+        return {"name": self.files.name, "pid": os.getpid(), "ranks": len(ranks),
+                "alive": sum(r.alive for r in ranks), "device": self.pool.plan.device_type,
+                "state": "idle", "since": self.since, "memory": memory,
+                "idle_timeout": self.idle_timeout}
+
+    def serve(self, server: socket.socket) -> str:
+        """Answer requests; returns why it stopped."""
+        last = time.monotonic()
+        while True:
+            left = self.idle_timeout - (time.monotonic() - last)
+            if left <= 0:
+                return f"no request for {self.idle_timeout:g} s (idle_timeout)"
+            server.settimeout(left)
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                if self._answer(connection) == "stop":
+                    return "stopped on request"
+            last = time.monotonic()
+
+    def _answer(self, connection: socket.socket) -> str | None:
+        """Read one request and answer it; returns its op when it was allowed."""
+        uid = peer_uid(connection)
+        if uid != os.getuid():
+            _reply(connection, error=f"refused: detached pool {self.files.name!r} belongs to uid "
+                                     f"{os.getuid()}, and this connection comes from uid {uid}")
+            _log(f"refused a connection from uid {uid}")
+            return None
+        try:
+            connection.settimeout(_READ_TIMEOUT)
+            request = json.loads(connection.makefile("rb").readline(_REQUEST_BYTES))
+            token, op = str(request["token"]).encode(), request["op"]
+        except (OSError, ValueError, KeyError, TypeError):
+            _reply(connection, error="refused: not a request (a JSON line with token and op)")
+            return None
+        if not hmac.compare_digest(token, self.token):
+            _reply(connection, error=f"refused: wrong token for detached pool {self.files.name!r} "
+                                     f"(the token is in {self.files.token})")
+            _log("refused a connection with a wrong token")
+            return None
+        if op == "info":
+            _reply(connection, value=self.info())
+        elif op == "stop":
+            _reply(connection, value="stopping")
+        else:
+            _reply(connection, error=f"unknown op {op!r}; valid: 'info', 'stop'")
+            return None
+        return op
+
+
+def _reply(connection: socket.socket, value: Any = None, error: str | None = None) -> None:
+    answer = {"ok": False, "error": error} if error is not None else {"ok": True, "value": value}
+    try:
+        connection.sendall(json.dumps(answer).encode() + b"\n")
+    except OSError:
+        pass  # the client left
+
+
+def _log(text: str) -> None:
+    print(f"[notebook_accel] {time.strftime('%Y-%m-%d %H:%M:%S')} {text}", flush=True)
+
+
+def _leave_the_starter(files: PoolFiles) -> None:
+    """Fork: the starter prints the keeper's pid and exits, the keeper goes on with its output
+    in the log (so the kernel is not the keeper's parent)."""
+    pid = os.fork()
+    if pid:
+        print(pid, flush=True)
+        os._exit(0)
+    log = os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
+def main(argv: list[str] | None = None) -> None:
+    name, options, idle = argv if argv is not None else sys.argv[1:]
+    files = pool_files(name)
+    _leave_the_starter(files)
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stopped
+
+    signal.signal(signal.SIGTERM, stop)
+    why = "failed to start"
+    server = pool = None
+    try:
+        token = files.write_token()
+        from notebook_accel.launch.pool import WorkerPool
+
+        _log(f"keeper of detached pool {name!r}, pid {os.getpid()}: starting the pool")
+        pool = WorkerPool(**json.loads(options))
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        previous = os.umask(0o177)  # the socket file: this user's only
+        try:
+            server.bind(str(files.socket))
+        finally:
+            os.umask(previous)
+        server.listen(16)
+        _log(f"ready: {pool.plan.world_size} ranks on {pool.plan.device_type}, socket {files.socket}")
+        why = Keeper(files, token, pool, float(idle)).serve(server)
+    except _Stopped:
+        why = "SIGTERM"
+    except BaseException as error:
+        why = f"failed: {type(error).__name__}: {error}"
+        raise
+    finally:
+        if server is not None:
+            server.close()
+        files.remove()
+        if pool is not None:
+            pool.close()
+        _log(f"detached pool {name!r} ended: {why}")
+
+
+if __name__ == "__main__":
+    main()
