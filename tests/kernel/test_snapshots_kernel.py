@@ -3,7 +3,9 @@
 A 2-rank DDP job (CPU, gloo) trains in a notebook cell with ``snapshot_every``; at a random step
 the kernel and every worker are SIGKILLed (a Colab session ended). A new kernel runs the same
 cell: it resumes from the newest complete snapshot, redoes at most the snapshot interval, and its
-final weights equal an uninterrupted run's bit for bit.
+final weights equal an uninterrupted run's bit for bit. The same with the kill in the middle of a
+snapshot's write (rank 0 has written one file of step 30's): the previous snapshot is the newest
+complete one, and the resume goes on from it.
 """
 
 from __future__ import annotations
@@ -84,15 +86,36 @@ def _settings(tmp: Path, name: str, pause: float) -> str:
             f"{str(tmp / (name + '.step'))!r}, {pause}")
 
 
-def test_a_killed_session_resumes_from_the_newest_snapshot_and_ends_bit_for_bit(tmp_path):
+WRITE_KILLED = 30
+# Kernel A only (its forked workers inherit it): rank 0's write of step 30's snapshot stops after
+# its first file, says so in a marker file and waits, to be killed there.
+STALL_IN_WRITE = f"""
+import pathlib, threading, time
+from notebook_accel.checkpoint import state_parts
+_real_write = state_parts.write_files
+def _stalling(directory, files):
+    _real_write(directory, files[:1])
+    if threading.current_thread().name == "snapshot-{WRITE_KILLED}" and files:
+        pathlib.Path(MARK).write_text("writing")
+        time.sleep(600)
+    _real_write(directory, files[1:])
+state_parts.write_files = _stalling
+"""
+
+
+@pytest.mark.parametrize("during", ["a step", "a write"])
+def test_a_killed_session_resumes_from_the_newest_snapshot_and_ends_bit_for_bit(tmp_path, during):
     kill_at = random.Random(os.getpid()).randint(EVERY + 5, TOTAL - EVERY)
+    mark = tmp_path / "writing"
     first = Kernel()
     try:
         first.ok(_settings(tmp_path, "run", 0.1))
+        if during == "a write":
+            first.ok(f"MARK = {str(mark)!r}\n" + STALL_IN_WRITE)
 
         def watch(result):
             seen = [int(n) for n in re.findall(r"step (\d+)", result.stdout)]
-            if seen and max(seen) >= kill_at:
+            if during == "a write" and mark.exists() or during == "a step" and seen and max(seen) >= kill_at:
                 _kill_kernel_and_workers(first)
                 raise _Killed
 
@@ -103,7 +126,7 @@ def test_a_killed_session_resumes_from_the_newest_snapshot_and_ends_bit_for_bit(
         first.shutdown()
     done = int((tmp_path / "run.step").read_text())  # the last step rank 0 finished before the kill
     snapshots = sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("snapshot_"))
-    assert done >= kill_at and snapshots, snapshots
+    assert done >= (kill_at if during == "a step" else WRITE_KILLED) and snapshots, snapshots
 
     second = Kernel()
     try:
@@ -119,7 +142,10 @@ def test_a_killed_session_resumes_from_the_newest_snapshot_and_ends_bit_for_bit(
     assert said, resumed
     step = int(said.group(1))
     assert said.group(2) == str(tmp_path / "run") and int(said.group(3)) == step
-    assert step % EVERY == 0 and 0 <= done - step <= EVERY, (done, step)  # redoes at most the interval
+    redone = EVERY if during == "a step" else 2 * EVERY  # the interval (and the one being written)
+    assert step % EVERY == 0 and 0 <= done - step <= redone, (done, step)
+    if during == "a write":  # the half-written one was never the newest: the one before it is
+        assert step == WRITE_KILLED - EVERY and f"snapshot_{WRITE_KILLED:09d}.tmp" in snapshots, snapshots
     marked = [line for line in listed.splitlines() if line.endswith("<- resume() loads this one")]
     assert len(marked) == 1 and marked[0].split()[0] == f"{step:,}", listed  # the listing named it
     assert f"step {step + 1}\n" in resumed and f"step {step}\n" not in resumed
