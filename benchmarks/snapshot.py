@@ -2,10 +2,10 @@
 against blocking saves (ours and the peer's ``save_state``) at the same interval, in the same run.
 
 One process on CPU; a model of two 2048x2048 layers trained with AdamW is ~100 MB of state
-(weights and two moments). The variants take turns, round after round, so drift in machine load
+(weights and two moments); WIDTH 6600 makes it ~1 GB. The variants take turns, round after round, so drift in machine load
 falls on all of them. Run::
 
-    python benchmarks/snapshot.py [ROUNDS] [STEPS] [EVERY]
+    python benchmarks/snapshot.py [ROUNDS] [STEPS] [EVERY] [WIDTH]
 
 Prints each variant's mean and longest step (ms), its mean step against no snapshots (target for
 ``snapshot_every``: <= 1.05 at one snapshot every 50 steps), the host copy's time (the only part
@@ -26,7 +26,8 @@ import torch
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 150
 EVERY = int(sys.argv[3]) if len(sys.argv) > 3 else 50
-WIDTH, BATCH = 2048, 32
+WIDTH = int(sys.argv[4]) if len(sys.argv) > 4 else 2048
+BATCH = 32
 
 
 def model() -> torch.nn.Module:

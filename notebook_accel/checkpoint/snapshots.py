@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from notebook_accel.runtime import ops
 RUN_NAME_ENV = "NOTEBOOK_ACCEL_RUN_NAME"
 # a schedule's parts that belong to its process: never copied with it (__getstate__)
 _OWN_TO_PROCESS = ("writer", "host_copy_s", "_counts", "_waiting", "_not_per_step", "_last", "group")
+_schedules: weakref.WeakSet[Snapshots] = weakref.WeakSet()  # this process's (``newest_held``)
 RANK_WAIT_S = 600.0  # how long rank 0 waits for the other ranks' files before leaving a snapshot out
 
 
@@ -78,6 +80,7 @@ class Snapshots:
         self._said_in_place = False
         self._last = time.monotonic()
         self.watch_all()
+        _schedules.add(self)
 
     # ---- copied to another process (a warm pool's heal) ------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -225,6 +228,14 @@ class Snapshots:
     def wait(self) -> None:
         """Wait for the write in flight (``end_training``, a worker's exit)."""
         self.writer.wait()
+
+
+def newest_held() -> snapshot_dir.SnapshotInfo | None:
+    """The newest complete snapshot of this process's schedules (what a heal can point to for
+    the sharded state it cannot copy), or ``None``."""
+    found = [snapshot_dir.newest(schedule.directory) for schedule in list(_schedules)]
+    held = [info for info in found if info is not None]
+    return max(held, key=lambda info: info.saved_at) if held else None
 
 
 def _host_copied(part: state_parts.Part) -> state_parts.Part:

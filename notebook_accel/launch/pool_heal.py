@@ -107,8 +107,11 @@ def describe(report: HealReport, dead: tuple[int, ...], dead_names: tuple[str, .
     if own:
         lines.append(f"  lost with {who} (each rank held its own value): {_listed(own)}")
     if report.uncopyable:
-        why = [f"{name} ({reason})" for name, reason in report.uncopyable.items()]
-        lines.append(f"  not copied to {who} (cannot be copied): {_listed(why)}")
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in report.uncopyable.items():
+            by_reason.setdefault(reason, []).append(name)
+        why = [f"{_listed(names)} ({reason})" for reason, names in by_reason.items()]
+        lines.append(f"  not copied to {who} (cannot be copied): {'; '.join(why)}")
     if not report.random_states:
         why = "rank {report.source}'s alone cannot say" if report.survivors == 1 else "the other ranks' differed"
         start = "starts" if len(dead) == 1 else "start"

@@ -1,7 +1,8 @@
 """Snapshots of sharded state (issue 45): FSDP2 and DeepSpeed ZeRO-2 on 2 processes (gloo, CPU).
 
 A run stopped after its step-10 snapshot and resumed from it ends with an uninterrupted run's
-weights, bit for bit; an FSDP2 snapshot resumes on 1 process (resharded by
+weights, bit for bit; a warm pool's heal that loses FSDP shards names the snapshot that holds
+them, and the objects prepared again resume from it; an FSDP2 snapshot resumes on 1 process (resharded by
 ``torch.distributed.checkpoint``, the loader skipping what both processes had seen); a ZeRO one
 refuses to, naming the world sizes.
 """
@@ -12,8 +13,9 @@ import importlib.util
 
 import pytest
 
-from notebook_accel import notebook_launcher
+from notebook_accel import WorkerError, WorkerPool, notebook_launcher
 from notebook_accel.checkpoint import snapshot_dir
+from tests.runtime.test_pool import notebook
 
 pytestmark = pytest.mark.slow
 TOTAL, EVERY = 20, 5
@@ -85,3 +87,55 @@ def test_a_sharded_snapshot_resumes_bit_for_bit(tmp_path, strategy):
     else:
         with pytest.raises(Exception, match="taken with 2 processes, this run has 1"):
             notebook_launcher(train, (str(tmp_path / "run"), strategy, TOTAL + 2), num_processes=1, output="none")
+
+
+POOL_CELLS = notebook("""
+import os, time
+
+def setup(directory):
+    global acc, model, opt, step
+    import torch
+    from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
+    acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    acc.snapshot_every(steps=5, dir=directory)
+    step = acc.resume()
+    return step
+
+def train(until):
+    global step
+    import torch
+    while step < until:
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        acc.backward(model(x).pow(2).mean())
+        opt.step()
+        step += 1
+    acc.wait_for_snapshots()
+    return {k: v.clone() for k, v in (acc.get_state_dict(model) or {}).items()}
+
+def die_on(ranks):
+    import torch.distributed as dist
+    if dist.get_rank() in ranks:
+        os._exit(3)
+    time.sleep(30)
+""")
+
+
+def test_a_heal_points_to_the_snapshot_that_holds_the_lost_shards_and_resume_goes_on_from_it(tmp_path):
+    with WorkerPool(num_processes=2, output="none") as pool:
+        assert pool.run(POOL_CELLS["setup"], str(tmp_path / "ref")) == 0
+        reference = pool.run(POOL_CELLS["train"], 20)
+    with WorkerPool(num_processes=2, output="none") as pool:
+        pool.run(POOL_CELLS["setup"], str(tmp_path / "run"))
+        pool.run(POOL_CELLS["train"], 12)
+        with pytest.raises(WorkerError) as info:
+            pool.run(POOL_CELLS["die_on"], (1,))
+        said = info.value.recovery
+        assert "The pool healed" in said and f"the newest snapshot holds them (step 10, {tmp_path / 'run'})" in said
+        assert pool.run(POOL_CELLS["setup"], str(tmp_path / "run")) == 10  # prepared again, resumed
+        healed = pool.run(POOL_CELLS["train"], 20)
+    assert healed.keys() == reference.keys() and all(healed[k].equal(reference[k]) for k in reference)

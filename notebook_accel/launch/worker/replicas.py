@@ -153,13 +153,23 @@ class _Pickler(cloudpickle.Pickler):
             return _default_group, ()
         kind = rank_bound_kind(obj, self._types)
         if kind in SHARDED:
-            raise NotCarried(f"{kind}: each rank held its own part of it, and no snapshot "
-                             "holds them; prepare it again on every rank")
+            raise NotCarried(f"{kind}: each rank held its own part of it; " + _where_sharded_state_is())
         for cls, fields in self._places:
             if isinstance(obj, cls):
                 state = {k: v for k, v in vars(obj).items() if k not in fields}
                 return _blank, (type(obj),), (state, fields), None, None, _fill_place
         return super().reducer_override(obj)
+
+
+def _where_sharded_state_is() -> str:
+    """What brings a sharded state back: the newest snapshot, where one holds it."""
+    from notebook_accel.checkpoint.snapshots import newest_held
+
+    held = newest_held()
+    if held is None:
+        return "no snapshot holds them: prepare it again on every rank"
+    return (f"the newest snapshot holds them (step {held.step:,}, {held.path.parent}): prepare it again on "
+            "every rank, then accelerator.resume() goes on from that step")
 
 
 def _place_rules() -> list[tuple[type, dict[str, str]]]:
