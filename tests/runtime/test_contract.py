@@ -104,7 +104,7 @@ def test_magic_flags_match_the_table():
     rows = [o for o in launch_options().values() if o.magic_flag]
     table = {o.magic_flag for o in rows} | {"--no-" + o.magic_flag[2:] for o in rows if o.switch}
     others = {"-h", "--help", "-n", "--main-only", "--fresh", "--ranks", "--push", "--pull",
-              "--no-pull", "--last"}  # the magic's own flags, no launch option's
+              "--no-pull", "--last", "--background"}  # the magic's own flags, no launch option's
     assert _flags(parser) - others == table
     for option in rows:
         if option.choices:
