@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from notebook_accel.checkpoint import orchestration, snapshot_dir
+from notebook_accel.checkpoint import orchestration, snapshot_dir, snapshot_remote
 from notebook_accel.checkpoint.snapshot_identity import differences, identity
 from notebook_accel.runtime import ops
 
@@ -27,11 +27,14 @@ def resume(accelerator: Any, directory: Path) -> int:
         ValueError: the snapshot is of another run shape (the message names the difference).
     """
     directory = directory.absolute()
+    if accelerator.is_main_process:
+        snapshot_remote.pull_newest(directory)  # a URL's newest, into its mirror (one machine)
     newest = snapshot_dir.newest(directory) if accelerator.is_main_process else None
     if accelerator.num_processes > 1:
         newest = ops.broadcast_object_list([newest])[0]
     if newest is None:
-        accelerator.print(f"nothing to resume in {directory}: starting at step 0")
+        accelerator.print(f"nothing to resume in {snapshot_remote.remote_of(directory) or directory}: "
+                          "starting at step 0")
         return 0
     assert newest.meta is not None
     found = differences(newest.meta, identity(accelerator))
@@ -45,7 +48,8 @@ def resume(accelerator: Any, directory: Path) -> int:
     step = int(newest.meta["step"])
     resharded = "" if saved_world == accelerator.num_processes else (
         f"; resharded from {saved_world} processes to {accelerator.num_processes}")
+    where = snapshot_remote.remote_of(directory) or directory
     accelerator.print(f"resumed from snapshot step {step:,} (saved {snapshot_dir.ago(time.time() - newest.saved_at)} ago, "
-                      f"{directory}); {step:,} steps not redone{resharded}")
+                      f"{where}); {step:,} steps not redone{resharded}")
     return step
 

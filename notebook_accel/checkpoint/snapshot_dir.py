@@ -43,6 +43,7 @@ class SnapshotInfo:
     path: Path
     step: int
     meta: dict[str, Any] | None  # None: not complete (a .tmp folder, or one without snapshot.json)
+    size: int | None = None  # its bytes where known without walking ``path`` (a remote one's)
 
     @property
     def complete(self) -> bool:
@@ -55,6 +56,8 @@ class SnapshotInfo:
 
     def size_on_disk(self) -> int:
         """The bytes of its files (0 once it is gone: a prune may remove it meanwhile)."""
+        if self.size is not None:
+            return self.size
         total = 0
         for root, _dirs, files in os.walk(self.path):
             for name in files:

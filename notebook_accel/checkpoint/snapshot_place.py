@@ -5,17 +5,17 @@ config file's ``snapshot_dir`` key), else ``snapshots.default_directory`` (``<pr
 else ``./snapshots/<run>``).
 
 A Colab user sets ``snapshot_dir: /content/drive/MyDrive/run7`` once in the config, and every
-run's snapshots land on Drive, where a new session's ``resume()`` finds them.
+run's snapshots land on Drive, where a new session's ``resume()`` finds them; an fsspec URL
+(``gs://bucket/run7``) is written through a local mirror (``snapshot_remote``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
 from pathlib import Path
 
 from notebook_accel import contract
+from notebook_accel.checkpoint import snapshot_remote
 
 
 def configured() -> str | None:
@@ -23,29 +23,20 @@ def configured() -> str | None:
     return os.environ.get(contract.SNAPSHOT_DIR_ENV, "").strip() or None
 
 
-_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)")
-
-
 def local_directory(where: str | os.PathLike[str], source: str = "dir") -> Path:
-    """``where`` as an absolute local path (``~`` expanded; a ``file://`` URL is its path).
+    """``where`` as an absolute local path (``~`` expanded; a ``file://`` URL is its path; another
+    URL is its local mirror: ``snapshot_remote``).
 
     Raises:
-        ValueError: another URL (``gs://``, ``s3://``, ``memory://``...), naming ``source``: without
-            fsspec, with the command that installs it; with it, as not built yet (a mounted folder,
-            such as Colab's Drive, is a local path).
+        ValueError: a URL fsspec cannot open (an unknown scheme, or its package not installed),
+            naming ``source``.
     """
-    match = _URL.fullmatch(os.fspath(where))
-    if match is None:
+    scheme = snapshot_remote.url_scheme(where)
+    if scheme is None:
         return Path(where).expanduser().absolute()
-    scheme, rest = match.groups()
     if scheme == "file":
-        return Path(rest or "/").expanduser().absolute()
-    if importlib.util.find_spec("fsspec") is None:
-        raise ValueError(f"{source}={os.fspath(where)!r}: a {scheme}:// URL needs fsspec "
-                         f"(pip install fsspec, and the package of {scheme}://), which is not installed")
-    raise ValueError(f"{source}={os.fspath(where)!r}: snapshots to fsspec URLs ({scheme}://) are not "
-                     "built yet; give a folder every rank sees (a mounted Drive or bucket is one) or a "
-                     "file:// URL")
+        return Path(os.fspath(where)[len("file://"):] or "/").expanduser().absolute()
+    return snapshot_remote.mirror(os.fspath(where), source)
 
 
 def snapshot_directory(project_dir: str | os.PathLike[str] | None, chosen: str | os.PathLike[str] | None = None,
@@ -54,7 +45,7 @@ def snapshot_directory(project_dir: str | os.PathLike[str] | None, chosen: str |
     option ``snapshot_dir``, else ``snapshots.default_directory(project_dir)``.
 
     Raises:
-        ValueError: a URL other than ``file://`` (``local_directory``).
+        ValueError: a URL fsspec cannot open (``local_directory``).
     """
     if chosen is not None:
         return local_directory(chosen)

@@ -10,7 +10,8 @@ once every prepared scheduler that steps with the optimizer has stepped too (the
 before the next step (one stepped per epoch) is not waited for again; the snapshot it held back is
 left out rather than taken mid-step, and that is said once.
 
-Taking it: the save hooks run, then everything ``save_state`` writes (models, optimizers, schedulers,
+A ``dir`` given as an fsspec URL is written into its local mirror, then uploaded by rank 0's writer
+(``snapshot_remote``). Taking it: the save hooks run, then everything ``save_state`` writes (models, optimizers, schedulers,
 loaders' positions, registered objects, scaler, counters, RNG) is copied to host memory
 (``host_copy``); that copy is all the training waits for. Every rank does it at the same step (no
 collective: the ranks count the same steps); each writes its files in the background.
@@ -28,7 +29,13 @@ from typing import Any
 
 import torch
 
-from notebook_accel.checkpoint import orchestration, snapshot_dir, state_parts, training_state
+from notebook_accel.checkpoint import (
+    orchestration,
+    snapshot_dir,
+    snapshot_remote,
+    state_parts,
+    training_state,
+)
 from notebook_accel.checkpoint.host_copy import host_copy, nbytes
 from notebook_accel.checkpoint.snapshot_identity import identity
 from notebook_accel.checkpoint.snapshot_writer import SnapshotWriter
@@ -67,6 +74,9 @@ class Snapshots:
         self.accelerator = accelerator
         self.steps, self.seconds, self.keep = steps, seconds, keep
         self.directory = directory.absolute()
+        self.remote = snapshot_remote.remote_of(self.directory)  # a URL this folder mirrors
+        if self.remote is not None:
+            _one_machine(accelerator.state, self.remote)
         self.token = _shared_directory(accelerator.state, self.directory)
         self.group = _writer_group(accelerator)
         self.step = 0  # optimizer steps done
@@ -224,6 +234,8 @@ class Snapshots:
             raise RuntimeError(f"ranks {missing} did not write their part within {RANK_WAIT_S:g} s")
         snapshot_dir.commit(tmp, final, {**meta, "saved_at": time.time()})
         snapshot_dir.prune(self.directory, self.keep)
+        if self.remote is not None:
+            snapshot_remote.push(final, self.remote, self.keep)
 
     def wait(self) -> None:
         """Wait for the write in flight (``end_training``, a worker's exit)."""
@@ -253,6 +265,13 @@ def _nbytes(part: state_parts.Part) -> int:
     if isinstance(part, state_parts.ShardedState):
         return nbytes(part.state)
     return sum(f.stat().st_size for f in part.path.rglob("*") if f.is_file())
+
+
+def _one_machine(state: Any, url: str) -> None:
+    """Refuse a URL's mirror when the ranks span machines (each would have its own)."""
+    if state.num_local_processes != state.num_processes:
+        raise ValueError(f"snapshots to {url}: the ranks span machines, and a URL is written through a "
+                         "mirror folder on one machine; give a folder every machine sees instead")
 
 
 def _writer_group(accelerator: Any) -> Any:

@@ -26,7 +26,7 @@ def default_directory(config_file: str | os.PathLike[str] | None = None) -> Path
 
     Raises:
         ValueError: a bad ``snapshot_dir`` in the environment or the config file, naming it (a
-            URL other than ``file://`` among them).
+            URL fsspec cannot open among them).
     """
     from notebook_accel.checkpoint import snapshot_place
 
@@ -47,22 +47,32 @@ def describe(directory: str | os.PathLike[str], now: float | None = None) -> tup
     """The listing of ``directory`` in words; the flag says whether the directory exists.
 
     Raises:
-        ValueError: a URL other than ``file://``.
+        ValueError: a URL fsspec cannot open.
     """
-    from notebook_accel.checkpoint import snapshot_dir  # (torch, imported when it is used)
+    from notebook_accel.checkpoint import (  # (torch, imported when it is used)
+        snapshot_dir,
+        snapshot_remote,
+    )
     from notebook_accel.checkpoint.snapshot_place import local_directory
 
-    directory = local_directory(directory, "DIR")
-    if not directory.is_dir():
-        what = "is not a directory" if directory.exists() else "does not exist"
-        return False, (f"{directory} {what}: no snapshots there. Snapshots are written by "
-                       "accelerator.snapshot_every(...) or the launch option snapshot_every, "
-                       "into snapshot_dir (or dir=) when set")
-    found = snapshot_dir.listing(directory)
-    if not found:
-        return True, f"no snapshots in {directory}: resume() would start at step 0"
+    if snapshot_remote.url_scheme(directory) not in (None, "file"):
+        snapshot_remote.check(os.fspath(directory), "DIR")
+        found = snapshot_remote.listing(os.fspath(directory))
+        if not found:
+            return True, f"no snapshots at {os.fspath(directory)}: resume() would start at step 0"
+    else:
+        directory = local_directory(directory, "DIR")
+        if not directory.is_dir():
+            what = "is not a directory" if directory.exists() else "does not exist"
+            return False, (f"{directory} {what}: no snapshots there. Snapshots are written by "
+                           "accelerator.snapshot_every(...) or the launch option snapshot_every, "
+                           "into snapshot_dir (or dir=) when set")
+        found = snapshot_dir.listing(directory)
+        if not found:
+            return True, f"no snapshots in {directory}: resume() would start at step 0"
+    complete = [info for info in found if info.complete]
+    newest = complete[-1] if complete else None
     now = time.time() if now is None else now
-    newest = snapshot_dir.newest(directory)
     rows = []
     for info in sorted(found, key=lambda s: (s.complete, s.saved_at, s.step), reverse=True):
         when = info.saved_at if info.complete else _modified(info.path)

@@ -144,3 +144,38 @@ def test_a_second_launch_with_resume_auto_goes_on_bit_exactly(tmp_path, referenc
     start, weights = notebook_launcher(train, (directory, None, True), **options)
     assert start == 10
     assert all(a.equal(b) for a, b in zip(weights, reference, strict=True))
+
+
+def _train_to_a_url(url: str, stop: int) -> tuple[int, list]:
+    import torch
+
+    from notebook_accel import Accelerator
+
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.snapshot_every(steps=3, dir=url, keep=1)
+    step = start = acc.resume()
+    while step < stop:
+        acc.backward(model(torch.full((2, 4), float(step))).sum())
+        opt.step()
+        opt.zero_grad()
+        step += 1
+    acc.wait_for_snapshots()
+    return start, [p.detach().clone() for p in acc.unwrap_model(model).parameters()]
+
+
+def test_a_url_snapshot_dir_is_uploaded_by_rank_0_and_resumed_on_a_machine_without_the_mirror(tmp_path,
+                                                                                             monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = f"local://{tmp_path / 'bucket' / 'run'}"  # fsspec's local file system, behind a URL
+    assert notebook_launcher(_train_to_a_url, (url, 7), num_processes=2, output="none")[0] == 0
+    assert sorted(p.name for p in (tmp_path / "bucket" / "run").iterdir()) == ["snapshot_000000006"]
+    assert (tmp_path / "bucket" / "run" / "snapshot_000000006" / "random_states_1.pkl").is_file()  # rank 1's too
+    _, reference = notebook_launcher(_train_to_a_url, (str(tmp_path / "ref"), 9), num_processes=2, output="none")
+    shutil.rmtree(tmp_path / "cache")  # a new machine
+    start, weights = notebook_launcher(_train_to_a_url, (url, 9), num_processes=2, output="none")
+    assert start == 6 and all(a.equal(b) for a, b in zip(weights, reference, strict=True))

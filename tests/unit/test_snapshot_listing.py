@@ -117,23 +117,64 @@ def test_the_line_magic_lists_a_directory_and_refuses_stray_words(snaps, tmp_pat
         magic.accelerate(f"snapshots {snaps} -n 2")
 
 
-def test_a_file_url_is_its_path_and_other_urls_are_refused_naming_what_to_do(snaps, tmp_path, monkeypatch, capsys):
-    import importlib.util
-
+def test_a_file_url_is_its_path_and_urls_fsspec_cannot_open_are_refused_naming_why(snaps, tmp_path, monkeypatch,
+                                                                                   capsys):
     from notebook_accel import Accelerator
 
     monkeypatch.chdir(tmp_path)
     assert cli.main(["snapshots", f"file://{snaps}"]) == 0 and "<- resume() loads" in capsys.readouterr().out
     assert snapshot_place.snapshot_directory(None, f"file://{tmp_path}") == tmp_path
-    with pytest.raises(ValueError, match=r"dir='memory://run7': snapshots to fsspec URLs \(memory://\) are "
-                                         "not built yet; give a folder every rank sees"):
-        Accelerator(cpu=True).snapshot_every(steps=1, dir="memory://run7")
-    assert not (tmp_path / "memory:").exists()  # never a local folder named after the scheme
-    monkeypatch.setenv(contract.SNAPSHOT_DIR_ENV, "gs://bucket/run7")
-    with pytest.raises(ValueError, match="environment variable NOTEBOOK_ACCEL_SNAPSHOT_DIR"):
+    with pytest.raises(ValueError, match=r"dir='nope://run7': fsspec cannot open it \(Protocol not known: nope\)"):
+        Accelerator(cpu=True).snapshot_every(steps=1, dir="nope://run7")
+    assert not (tmp_path / "nope:").exists()  # never a local folder named after the scheme
+    monkeypatch.setenv(contract.SNAPSHOT_DIR_ENV, "gs://bucket/run7")  # gcsfs is not installed here
+    with pytest.raises(ValueError, match="environment variable NOTEBOOK_ACCEL_SNAPSHOT_DIR.*Please install gcsfs"):
         Accelerator(cpu=True).resume()
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fsspec" else real(name, *a))
     assert cli.main(["snapshots"]) == 1
-    assert ("snapshot_dir='gs://bucket/run7': a gs:// URL needs fsspec (pip install fsspec, and the package "
-            "of gs://), which is not installed") in capsys.readouterr().err
+    assert "snapshot_dir='gs://bucket/run7': fsspec cannot open it (Please install gcsfs" in capsys.readouterr().err
+
+
+def test_snapshots_to_an_fsspec_url_go_through_a_mirror_and_resume_on_a_machine_without_it(tmp_path, monkeypatch,
+                                                                                          capsys):
+    import fsspec
+    import torch
+
+    from notebook_accel import Accelerator
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fsspec.filesystem("memory").store.clear()
+
+    def prepared():
+        accelerator = Accelerator(cpu=True)
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        return (accelerator, *accelerator.prepare(model, optimizer))
+
+    accelerator, model, optimizer = prepared()
+    accelerator.snapshot_every(steps=2, dir="memory://bucket/run7", keep=1)
+    for _ in range(5):
+        accelerator.backward(model(torch.ones(2, 4)).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.wait_for_snapshots()
+    weights = [p.detach().clone() for p in model.parameters()]
+    remote = fsspec.filesystem("memory")
+    assert sorted(p.rsplit("/", 1)[-1] for p in remote.ls("/bucket/run7", detail=False)) == ["snapshot_000000004"]
+    assert remote.exists("/bucket/run7/snapshot_000000004/snapshot.json")  # written last: complete
+    assert cli.main(["snapshots", "memory://bucket/run7"]) == 0
+    listed = capsys.readouterr().out
+    assert "snapshots in memory://bucket/run7 (resume() goes on from step 4)" in listed and "complete" in listed
+    import shutil
+
+    shutil.rmtree(tmp_path / "cache")  # a new machine: no mirror
+    again, model2, _ = prepared()
+    for p in model2.parameters():
+        torch.nn.init.zeros_(p)
+    assert again.resume("memory://bucket/run7") == 4
+    assert "resumed from snapshot step 4" in capsys.readouterr().out
+    assert not all(torch.equal(a, b) for a, b in zip(weights, model2.parameters(), strict=True))  # step 5 not in it
+    again2, model3, optimizer3 = prepared()
+    assert again2.resume("memory://bucket/run7") == 4  # (from the mirror now)
+    again2.backward(model3(torch.ones(2, 4)).sum())
+    optimizer3.step()
+    assert all(torch.equal(a, b) for a, b in zip(weights, model3.parameters(), strict=True))
