@@ -156,20 +156,24 @@ import sys, torch
 from torch import nn
 from accelerate import disk_offload
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).to(torch.bfloat16)
-disk_offload(model, sys.argv[1])
-x = torch.arange(6.0).reshape(2, 3).to(torch.bfloat16)
+model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+model[0].register_buffer("scale", torch.tensor([0.5, 3.25], dtype=torch.bfloat16))
+disk_offload(model, sys.argv[1], offload_buffers=True)
+x = torch.arange(6.0).reshape(2, 3)
 torch.save({"x": x, "y": model(x).detach().clone()}, sys.argv[1] + "/expected.pt")
 '''
 
 
 def test_disk_offload_reads_the_folder_the_peer_offloaded_into(tmp_path):
-    """The peer's disk_offload folder (index.json and one .dat file a tensor, bf16 among them), given
+    """The peer's disk_offload folder (index.json and one .dat file a tensor, a bf16 buffer among them), given
     as offload_dir: a model on meta runs on the weights it holds, mapped where they lie, nothing
     rewritten; a model of other shapes is refused, naming the tensor."""
     import importlib.util
     import subprocess
     import sys
+
+    from notebook_accel.big_model.dat_offload import stored_tensors
+    from notebook_accel.big_model.safetensors_io import map_tensors
 
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("the peer (accelerate) is not installed: pip install -e .[bench]")
@@ -182,10 +186,13 @@ def test_disk_offload_reads_the_folder_the_peer_offloaded_into(tmp_path):
     assert "index.json" in before and "0.weight.dat" in before
 
     with torch.device("meta"):
-        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).to(torch.bfloat16)
-    disk_offload(model, folder)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+        model[0].register_buffer("scale", torch.empty(2, dtype=torch.bfloat16))
+    disk_offload(model, folder, offload_buffers=True)
     assert torch.equal(model(expected["x"]), expected["y"])
     assert sorted(p.name for p in folder.iterdir()) == before  # read where it lies: nothing written
+    stored = stored_tensors(folder)
+    assert map_tensors({"s": stored["0.scale"]})["s"].tolist() == [0.5, 3.25]  # bf16, which numpy lacks
 
     with torch.device("meta"):
         other = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2))
