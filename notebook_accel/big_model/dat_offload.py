@@ -6,7 +6,9 @@ is imported only when they are) and an
 (bfloat16, the float8s) are stored as the signed integers of their width. Our own dispatch
 offloads to safetensors files instead (``safetensors_io``); this module serves the peer's names:
 ``offload_weight``, ``load_offloaded_weight``, ``offload_state_dict``, ``save_offload_index``,
-``OffloadedWeightsLoader``, ``PrefixedDataset``, ``extract_submodules_state_dict``.
+``OffloadedWeightsLoader``, ``PrefixedDataset``, ``extract_submodules_state_dict``, and
+``stored_tensors``: a folder the peer offloaded into, as our dispatch reads it (each ``.dat``
+file memory-mapped where it lies, as a safetensors file's tensors are).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from notebook_accel.big_model.safetensors_io import StoredTensor, read_header
 
 INDEX = "index.json"
 _AS_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -58,6 +62,23 @@ def load_offloaded_weight(weight_file: str | os.PathLike[str], weight_info: Mapp
     array = np.memmap(weight_file, dtype=torch.empty(0, dtype=storage).numpy().dtype, mode="r", shape=shape or (1,))
     tensor = torch.from_numpy(np.array(array)).reshape(shape)
     return tensor.view(dtype) if storage != dtype else tensor
+
+
+def stored_tensors(folder: str | os.PathLike[str]) -> dict[str, StoredTensor]:
+    """Where each tensor of the peer's offload folder lies (``index.json``: a ``.dat`` file, or a
+    safetensors file's tensor), without reading any; ``{}`` when ``folder`` has no ``index.json``."""
+    file = Path(folder) / INDEX
+    if not file.is_file():
+        return {}
+    found: dict[str, StoredTensor] = {}
+    for name, info in json.loads(file.read_text()).items():
+        if "safetensors_file" in info:
+            found[name] = read_header(info["safetensors_file"])[info.get("weight_name", name)]
+            continue
+        dtype, shape = getattr(torch, info["dtype"]), tuple(info["shape"])
+        size = max(torch.Size(shape).numel(), 1) * torch.empty((), dtype=dtype).element_size()
+        found[name] = StoredTensor(os.fspath(Path(folder) / f"{name}.dat"), dtype, shape, 0, size)
+    return found
 
 
 def save_offload_index(index: dict[str, Any], offload_folder: str | os.PathLike[str]) -> None:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from notebook_accel.big_model import model_hooks
+from notebook_accel.big_model.dat_offload import stored_tensors
 from notebook_accel.big_model.devices import (
     DeviceKey,
     check_gpus,
@@ -96,7 +97,8 @@ def dispatch_model(
         model: the model, loaded (real tensors) or loaded with ``load_checkpoint_in_model``.
         device_map: ``{module or tensor name: device}``, e.g. from ``infer_auto_device_map``.
         main_device: where offloaded pieces run; default: the first GPU of the map, else the CPU.
-        offload_dir: where in-memory weights placed on disk are written.
+        offload_dir: where in-memory weights placed on disk are written; a folder the peer
+            offloaded into (its ``index.json`` and ``.dat`` files) gives the weights it holds instead.
         offload_buffers: offload buffers with their module (default: they stay on the main device).
         skip_keys: keys of dict outputs left where they are when outputs go back.
         force_hooks: hook the model even when it all sits on one device.
@@ -123,6 +125,7 @@ def dispatch_model(
     buffers = buffer_names(model)
 
     sources: dict[str, WeightSource] = {}
+    offloaded = stored_tensors(offload_dir) if offload_dir is not None else {}
     moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     to_write: dict[int, list[str]] = {}
     for name, entry in entries.items():
@@ -133,6 +136,8 @@ def dispatch_model(
             _make_resident(model, name, tensor, record, devices.torch_device(home), moved)
         elif name in record:
             sources[name] = record[name]
+        elif placed == "disk" and name in offloaded:  # the folder the peer offloaded into: read where it lies
+            sources[name] = WeightSource(_matching(offloaded[name], name, tensor))
         elif tensor.is_meta:
             raise _meta_error(name)
         elif placed == "cpu":
@@ -169,6 +174,14 @@ def _make_resident(model, name, tensor, record, device, moved) -> None:
     elif tensor.device != device:
         set_tensor(model, name, tensor.detach().to(device))
     moved[id(tensor)] = (tensor, get_tensor(model, name))
+
+
+def _matching(stored: StoredTensor, name: str, tensor: torch.Tensor) -> StoredTensor:
+    """``stored`` (the peer's offload folder's ``name``), refused unless it has ``tensor``'s shape."""
+    if tuple(stored.shape) != tuple(tensor.shape):
+        raise ValueError(f"{stored.path} holds {name} with shape {tuple(stored.shape)}, the model's has "
+                         f"{tuple(tensor.shape)}: that offload folder is another model's; pass an empty offload_dir")
+    return stored
 
 
 def _write_offloaded(model, to_write, offload_dir) -> dict[str, WeightSource]:

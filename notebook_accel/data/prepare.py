@@ -107,7 +107,8 @@ def skip_first_batches(loader: DataLoader, num_batches: int | None = None) -> Da
     kwargs.update(device=loader.device, gradient_state=loader.gradient_state, generator=loader.generator,
                   remainder=loader._remainder, total_batch_size=loader.total_batch_size,
                   non_blocking=loader.non_blocking, progress=loader.progress,
-                  synchronize_generator=loader.synchronize_generator)
+                  synchronize_generator=loader.synchronize_generator,
+                  use_stateful_dataloader=loader.use_stateful_dataloader)
     iterable = isinstance(loader.dataset, IterableDataset)
     if iterable:
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from notebook_accel.data import torchdata_state
 from notebook_accel.data.adapter import DataLoaderAdapter, DataLoaderStateMixin
 from notebook_accel.data.sharding import ShardBatchSampler
 from notebook_accel.runtime.device import device_kind
@@ -222,14 +223,28 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
             if hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
 
+    def get_sampler(self) -> Any:
+        """The sampler inside this loader's batch sampler (the peer's ``get_sampler``)."""
+        shard = self.shard_sampler
+        if shard is not None:
+            return getattr(shard.batch_sampler, "sampler", None)
+        return getattr(self.sampler if self.sampler_is_batch_sampler else self.batch_sampler, "sampler", None)
+
     def state_dict(self) -> dict[str, Any]:
         """Generator state and position: replays an unfinished epoch, or starts the next."""
         return self.progress.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict``; ``resume_step`` tells how many batches the epoch had done
-        (``skip_first_batches`` skips them; a stateful loader resumes by itself)."""
-        self.progress.load_state_dict(state)
+        (``skip_first_batches`` skips them; a stateful loader resumes by itself). A stateful
+        loader's state (torchdata's: the peer's ``dl_state_dict.bin``) gives its batches done."""
+        if not torchdata_state.is_torchdata_state(state):
+            self.progress.load_state_dict(state)
+            return
+        if torchdata_state.PROGRESS_KEY in state:  # written by our stateful loader: the shuffle's generator too
+            self.progress.load_state_dict(state[torchdata_state.PROGRESS_KEY])
+        self.progress.resume_step = torchdata_state.batches_done(state)
+        self.progress.in_epoch = False
 
 
 def loader_kwargs(loader: DataLoader) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from typing import Any
 
 from torch.utils.data import RandomSampler
 
+from notebook_accel.data.torchdata_state import PROGRESS_KEY, batches_done
+
 try:
     from torchdata.stateful_dataloader import StatefulDataLoader
     from torchdata.stateful_dataloader.stateful import Stateful
@@ -35,8 +37,6 @@ except ImportError as error:  # torchdata is an optional dependency (the statefu
     ) from error
 
 __all__ = ["PROGRESS_KEY", "stateful_twin"]
-
-PROGRESS_KEY = "_notebook_accel_progress"
 
 
 class _DrawAheadState:
@@ -70,18 +70,9 @@ class _DrawAheadState:
         progress = state.pop(PROGRESS_KEY, None)
         if progress is not None:
             self.progress.load_state_dict(progress)
-        self.progress.resume_step = _batches_done(state)
+        self.progress.resume_step = batches_done(state)
         StatefulDataLoader.load_state_dict(self, state)
         self._taken = state  # the state until the next pass (torchdata would replay it to answer)
-
-
-def _batches_done(state: dict[str, Any]) -> int:
-    """The batches of its epoch a torchdata state had given out (one process or worker processes)."""
-    if state.get("_iterator_finished", False):
-        return 0
-    if "_snapshot" in state:  # worker processes: the step of the last snapshot, and the steps since
-        return int(state["_snapshot"]["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
-    return int(state.get("_num_yielded", 0))
 
 
 def _shuffles_untracked(loader: Any) -> bool:

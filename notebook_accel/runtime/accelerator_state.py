@@ -48,3 +48,5 @@ class AcceleratorState(PartialState, metaclass=LatestOrNew):
         """The peer's reset of its shared state: ``AcceleratorState()`` builds a new one again
         (existing states and Accelerators keep working: nothing is shared)."""
         LatestOrNew.forget(cls)
+        if reset_partial_state:
+            PartialState._reset_state()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from notebook_accel.runtime.latest import LatestOrNew
+from notebook_accel.runtime.latest import LatestOrNew, SharedStateView
 
 
 class GradientState(metaclass=LatestOrNew):
@@ -21,6 +21,8 @@ class GradientState(metaclass=LatestOrNew):
 
     Without arguments: the latest ``Accelerator``'s, if one lives (see ``runtime.latest``).
     """
+
+    _shared_state = SharedStateView()  # the peer's singleton dict, read-only (``runtime.latest``)
 
     def __init__(self, num_steps: int = 1, sync_with_dataloader: bool = True) -> None:
         if num_steps < 1:

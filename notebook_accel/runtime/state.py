@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from notebook_accel import contract
 from notebook_accel.runtime.device import TorchDevice, backend_kind, device_kind, env_int
+from notebook_accel.runtime.latest import SharedStateView
 
 T = TypeVar("T")
 
@@ -171,6 +172,8 @@ class PartialState:
         (1, device(type='cpu'))
     """
 
+    _shared_state = SharedStateView()  # the latest Accelerator's state, read-only (``runtime.latest``)
+
     def __init__(self, cpu: bool = False, timeout: timedelta | None = None, backend: str | None = None,
                  init_method: str | None = None) -> None:
         self.device_type = _device_type(cpu)
@@ -236,7 +239,9 @@ class PartialState:
 
     @classmethod
     def _reset_state(cls) -> None:
-        """The peer's reset of its shared singleton; each state here reads the environment itself, so none."""
+        """The peer's reset of its shared singleton: ``_shared_state`` is empty again (each state here
+        reads the environment itself, so no state is changed)."""
+        cls._latest = None
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the local main process only."""

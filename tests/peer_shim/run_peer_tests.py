@@ -53,15 +53,12 @@ def _depart(reason: str, *patterns: str) -> None:
 
 
 SINGLETON = ("the peer's AcceleratorState/PartialState are shared-dict singletons: a reset breaks every existing "
-             "state and Accelerator (AttributeError), and the tests read PartialState._shared_state; ours belong "
-             "to one Accelerator each (docs/peer_compat.md: several Accelerators never interfere), so a reset breaks nothing "
-             "(AcceleratorState()/GradientState() without arguments are the latest Accelerator's: runtime/latest.py)")
+             "state and Accelerator (AttributeError); ours belong to one Accelerator each (docs/peer_compat.md: "
+             "several Accelerators never interfere), so a reset breaks nothing (AcceleratorState()/GradientState() "
+             "without arguments are the latest Accelerator's, _shared_state a read-only view of it: runtime/latest.py)")
 _depart(SINGLETON, "test_accelerator.py::*::test_accelerator_state_after_reset",
         "test_accelerator.py::*::test_partial_state_after_reset",
-        "test_cpu.py::*::test_cpu",  # its test_script.py's test_reinstantiated_state: run_peer_script.py CHANGED
-        "test_tracking.py::TrackerDeferredInitializationTest::*",  # PartialState._shared_state
-        # its last lines read GradientState._shared_state (the rest, torchdata's state, is checked first)
-        "test_data_loader.py::StatefulDataLoaderTester::test_decoupled_stateful_dataloader_adapter_*")
+        "test_cpu.py::*::test_cpu")  # its test_script.py's test_reinstantiated_state: run_peer_script.py CHANGED
 _depart("bitsandbytes 8-bit models (not installed; GPU only)",
         "test_accelerator.py::*::test_prepare_model_8bit_cpu_offload_raises_valueerror_not_typeerror")
 _depart("a private helper of the peer (_refuse_recurrent_layers_under_sequence_parallelism)",

@@ -202,3 +202,62 @@ def test_a_mid_epoch_checkpoint_resumes_in_the_other_library(tmp_path, writer, r
     assert loaded == saved  # weights, optimizer, scheduler, step, the registered object, the epoch's rest
     assert saved["rest"] == [[4.0 * i, 4.0 * i + 2] for i in range(4, 10)]  # batches 4-9: resumed after the 4th
     assert saved["adam_steps"] == [4.0, 4.0] and saved["seen"] == 8 and saved["step"] == 11
+
+
+# A seedable, shuffled loader checkpointed by the peer in its second epoch, loaded by a plain loader of ours:
+# its sampler.bin (written as its save_accelerator_state writes one: its own `save` of the pickled
+# SeedableRandomSampler, which its save_state does only for an IterableDatasetShard's loader) gives the
+# seed and epoch, its dl_state_dict.bin (torchdata's state) the batches done; the rest of the epoch and the
+# next epoch come out as in the peer.
+PEER_SAMPLER_JOB = '''
+import json, sys
+from pathlib import Path
+import torch
+from torch.utils.data import DataLoader
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, save, set_seed
+
+directory = Path(sys.argv[1])
+set_seed(13)
+accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+    use_stateful_dataloader=True, use_seedable_sampler=True))
+loader = accelerator.prepare(DataLoader(list(range(20)), batch_size=2, shuffle=True))
+first = [b.tolist() for b in loader]
+rest, second = [], None
+for i, batch in enumerate(loader):
+    if i == 4:
+        accelerator.save_state(directory)
+        save(loader.get_sampler(), directory / "sampler.bin", safe_serialization=False)
+    if i > 4:
+        rest.append(batch.tolist())
+third = [b.tolist() for b in loader]
+print(json.dumps({"first": first, "rest": rest, "third": third}))
+'''
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchdata") is None, reason="torchdata is absent (the stateful extra)")
+def test_a_plain_loader_continues_the_epoch_of_the_peers_checkpoint(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from notebook_accel.data_loader import skip_first_batches
+    from notebook_accel.utils import DataLoaderConfiguration
+
+    done = subprocess.run([sys.executable, "-c", PEER_SAMPLER_JOB, str(tmp_path / "ckpt")], capture_output=True,
+                          text=True, timeout=240, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                                       "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    peer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"dl_state_dict.bin", "sampler.bin"} <= {p.name for p in (tmp_path / "ckpt").iterdir()}
+
+    state = torch.get_rng_state()
+    try:
+        torch.manual_seed(99)  # another seed than the peer's: the sampler's comes from sampler.bin
+        accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+        loader = accelerator.prepare(DataLoader(list(range(20)), batch_size=2, shuffle=True))
+        accelerator.load_state(tmp_path / "ckpt")
+    finally:
+        torch.set_rng_state(state)
+    assert loader.resume_step == 5  # the peer's torchdata state (5 batches given), read by a plain loader
+    rest = [b.tolist() for b in skip_first_batches(loader)]
+    assert rest == peer["rest"] != peer["first"][5:]  # the second epoch's own order, from its 6th batch
+    assert [b.tolist() for b in loader] == peer["third"]

@@ -149,3 +149,52 @@ def test_the_execution_device_hook_walks_the_model_once(monkeypatch):
     hooked = {name for name, m in model.named_modules() if hasattr(m, "_hf_hook")}
     assert len(calls) == len(list(model.modules())) and hooked == expected
     assert {"quiet", "empty"}.isdisjoint(hooked) and {"", "loud", "extra", "nobias"} <= hooked
+
+
+PEER_DISK_OFFLOAD = '''
+import sys, torch
+from torch import nn
+from accelerate import disk_offload
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+model[0].register_buffer("scale", torch.tensor([0.5, 3.25], dtype=torch.bfloat16))
+disk_offload(model, sys.argv[1], offload_buffers=True)
+x = torch.arange(6.0).reshape(2, 3)
+torch.save({"x": x, "y": model(x).detach().clone()}, sys.argv[1] + "/expected.pt")
+'''
+
+
+def test_disk_offload_reads_the_folder_the_peer_offloaded_into(tmp_path):
+    """The peer's disk_offload folder (index.json and one .dat file a tensor, a bf16 buffer among them), given
+    as offload_dir: a model on meta runs on the weights it holds, mapped where they lie, nothing
+    rewritten; a model of other shapes is refused, naming the tensor."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from notebook_accel.big_model.dat_offload import stored_tensors
+    from notebook_accel.big_model.safetensors_io import map_tensors
+
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("the peer (accelerate) is not installed: pip install -e .[bench]")
+    folder = tmp_path / "offload"
+    done = subprocess.run([sys.executable, "-c", PEER_DISK_OFFLOAD, str(folder)], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = torch.load(folder / "expected.pt")
+    before = sorted(p.name for p in folder.iterdir())
+    assert "index.json" in before and "0.weight.dat" in before
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+        model[0].register_buffer("scale", torch.empty(2, dtype=torch.bfloat16))
+    disk_offload(model, folder, offload_buffers=True)
+    assert torch.equal(model(expected["x"]), expected["y"])
+    assert sorted(p.name for p in folder.iterdir()) == before  # read where it lies: nothing written
+    stored = stored_tensors(folder)
+    assert map_tensors({"s": stored["0.scale"]})["s"].tolist() == [0.5, 3.25]  # bf16, which numpy lacks
+
+    with torch.device("meta"):
+        other = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2))
+    with pytest.raises(ValueError, match=r"0\.weight with shape \(4, 3\).*\(5, 3\)"):
+        disk_offload(other, folder)

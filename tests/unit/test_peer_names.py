@@ -211,13 +211,18 @@ def test_a_datasets_stream_with_a_shard_per_process_is_cut_by_datasets_each_rank
 def test_gradient_state_and_accelerator_state_without_arguments_are_the_latest_accelerators():
     import gc
 
-    from notebook_accel import AcceleratorState, GradientState
+    from notebook_accel import AcceleratorState, GradientState, PartialState
 
     GradientState._reset_state()
     AcceleratorState._reset_state()
+    assert GradientState._shared_state == {} and AcceleratorState._shared_state == {}
     alone = GradientState()
-    assert GradientState() is not alone  # no Accelerator: each call builds its own
+    assert GradientState() is alone  # no Accelerator: the first built without arguments, as the peer's singleton
+    assert GradientState._shared_state["num_steps"] == 1  # the peer's dict, a read-only view
+    with pytest.raises(TypeError):
+        GradientState._shared_state["num_steps"] = 2
     first = Accelerator(mixed_precision="bf16")
+    assert GradientState() is not alone and PartialState._shared_state["device"] == first.device
     state = GradientState()
     assert state is first.gradient_state and state.num_steps == 1
     first.gradient_accumulation_steps = 4  # the peer's test_mutable_states
@@ -227,8 +232,10 @@ def test_gradient_state_and_accelerator_state_without_arguments_are_the_latest_a
     assert GradientState(2).num_steps == 2 and GradientState(2) is not state  # arguments: a new one
     second = Accelerator()
     assert GradientState() is second.gradient_state and first.gradient_accumulation_steps == 4  # independent
+    assert AcceleratorState._shared_state["mixed_precision"] == "no"  # the latest Accelerator's (second)
     GradientState._reset_state()
     AcceleratorState._reset_state(True)
+    assert PartialState._shared_state == {} and AcceleratorState._shared_state == {}
     assert GradientState() is not second.gradient_state and AcceleratorState() is not second.state
     assert second.prepare(__import__("torch").nn.Linear(1, 1)) is not None  # a reset breaks nothing
     second_state = second.gradient_state

@@ -78,15 +78,30 @@ def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path, mid_epoch, st
     assert sched2.get_last_lr() == sched.get_last_lr()
 
 
-@pytest.mark.parametrize("saved_stateful", [False, True])
-def test_a_loader_of_the_other_kind_starts_its_epoch_over_with_a_warning(tmp_path, saved_stateful):
+def test_a_stateful_loader_given_a_plain_loaders_checkpoint_starts_its_epoch_over_with_a_warning(tmp_path):
     pytest.importorskip("torchdata.stateful_dataloader")
-    acc, model, opt, loader, sched = setup(stateful=saved_stateful)
+    acc, model, opt, loader, sched = setup(stateful=False)
     train(acc, model, opt, sched, loader, save_at=3, path=tmp_path / "ck")
-    acc2, model2, opt2, loader2, sched2 = setup(stateful=not saved_stateful)
+    acc2, model2, opt2, loader2, sched2 = setup(stateful=True)
     with pytest.warns(UserWarning, match="starts its epoch from the beginning"):
         acc2.load_state(tmp_path / "ck")
     assert loader2.resume_step == 0 and len(list(loader2)) == len(loader2)
+
+
+def test_a_plain_loader_given_a_stateful_loaders_checkpoint_continues_its_epoch(tmp_path):
+    """dl_state_dict.bin (torchdata's state, the peer's file) read by a plain loader: the batches done
+    and, written by ours, the shuffle's generator, so the rest of the epoch is the one interrupted."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    acc, model, opt, loader, sched = setup(stateful=True)
+    order = []
+    for step, batch in enumerate(loader):
+        order.append(batch[0].tolist())
+        if step == 2:
+            acc.save_state(tmp_path / "ck")
+    acc2, model2, opt2, loader2, sched2 = setup(stateful=False)
+    acc2.load_state(tmp_path / "ck")
+    assert loader2.resume_step == 3
+    assert [batch[0].tolist() for batch in acc2.skip_first_batches(loader2)] == order[3:]
 
 
 def test_crash_inside_save_state_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):
@@ -402,3 +417,47 @@ def test_a_checkpoint_in_our_earlier_layout_still_loads(tmp_path):
     train(acc, model, opt, sched, loader)
     acc.load_state(ck)
     assert torch.equal(weights(model), saved) and torch.equal(torch.get_rng_state(), at_save)
+
+
+class _Dataset:  # the user's dataset, pickled inside the peer's sampler
+    def __init__(self) -> None:
+        self.rows = list(range(6))
+
+
+class SeedableRandomSampler:  # the peer's class, as its sampler.bin names it (its module needs not exist)
+    __module__ = "accelerate.data_loader"
+
+    def __init__(self) -> None:
+        self.data_source, self.generator = _Dataset(), torch.Generator().manual_seed(3)
+        self.initial_seed, self.epoch, self.replacement = 42, 7, False
+
+
+class _Planted:
+    def __reduce__(self):
+        return (os.mkdir, ("PLANTED",))
+
+
+def test_the_peers_sampler_file_is_read_without_running_what_it_names(tmp_path, monkeypatch):
+    """sampler.bin: the seed and epoch come out; no class it names is imported or called."""
+    import sys
+    import types
+
+    from notebook_accel.checkpoint import peer_sampler
+
+    package, fake = types.ModuleType("accelerate"), types.ModuleType("accelerate.data_loader")
+    package.data_loader, fake.SeedableRandomSampler = fake, SeedableRandomSampler
+    with monkeypatch.context() as patch:  # only while the file is written, as the peer's class would be
+        patch.setitem(sys.modules, "accelerate", package)
+        patch.setitem(sys.modules, "accelerate.data_loader", fake)
+        _Dataset.__module__ = "users_notebook"
+        patch.setitem(sys.modules, "users_notebook", types.SimpleNamespace(_Dataset=_Dataset))
+        torch.save(SeedableRandomSampler(), tmp_path / "sampler.bin")
+        _Dataset.__module__ = __name__
+    monkeypatch.setitem(sys.modules, "accelerate.data_loader", None)  # importing it would fail
+    position = peer_sampler.read(tmp_path / "sampler.bin")
+    assert (position.initial_seed, position.epoch) == (42, 7)
+
+    torch.save(_Planted(), tmp_path / "sampler_1.bin")
+    monkeypatch.chdir(tmp_path)
+    assert peer_sampler.read(tmp_path / "sampler_1.bin") is None
+    assert not (tmp_path / "PLANTED").exists()  # os.mkdir was named, never called

@@ -208,6 +208,36 @@ def test_stateful_loader_resumes_by_itself_after_load_state(iterable):
     assert [b.tolist() for b in by_hand] == following  # resumed by hand: not skipped twice
 
 
+def test_use_stateful_dataloader_gives_a_stateful_loader_in_every_path():
+    """prepare (sharded, iterable, dispatched), the loaders built directly, prepare_data_loader and
+    skip_first_batches of each: a torchdata StatefulDataLoader."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from notebook_accel.accelerator import DataLoaderConfiguration
+    from notebook_accel.data_loader import DataLoaderDispatcher, prepare_data_loader
+
+    data = list(range(10))
+    loaders = {
+        "prepare": Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)).prepare(
+            DataLoader(data, batch_size=2)),
+        "prepare, iterable": Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        .prepare(DataLoader(Stream(10), batch_size=2)),
+        "prepare, dispatched": Accelerator(dataloader_config=DataLoaderConfiguration(
+            use_stateful_dataloader=True, dispatch_batches=True)).prepare(DataLoader(data, batch_size=2)),
+        "DataLoaderShard": DataLoaderShard(data, batch_size=2, use_stateful_dataloader=True),
+        "DataLoaderDispatcher": DataLoaderDispatcher(data, batch_size=2, use_stateful_dataloader=True),
+        "prepare_data_loader": prepare_data_loader(DataLoader(data, batch_size=2), use_stateful_dataloader=True),
+    }
+    for name, loader in loaders.items():
+        assert isinstance(loader, StatefulDataLoader), name
+        skipped = skip_first_batches(loader, 2)
+        assert isinstance(skipped, StatefulDataLoader) and skipped.use_stateful_dataloader, name
+        it = iter(skipped)
+        assert next(it).tolist() == [4, 5], name
+        assert "_num_yielded" in skipped.state_dict(), name  # torchdata's own state
+
+
 def test_a_stateful_loader_without_torchdata_says_what_to_install(monkeypatch):
     import sys
 
