@@ -60,7 +60,7 @@ COUNTS = {
          ("notebook_accel/launch/backends/", "notebook_accel/launch/cluster/")),
     "wire message kinds as bare strings (engine)":
         (r'kind\s*==\s*"|\(\s*"(ok|error|display|metrics|progress|memory|dropped)"\s*,', ["notebook_accel"],
-         ("notebook_accel/wire.py",)),
+         ("notebook_accel/wire.py", "notebook_accel/wire/")),
 }
 
 
