@@ -1,6 +1,6 @@
-"""The kernel's per-device launch rows (``machine.launch_kinds``): the plan, the pool, ``backend_for``
-and the config file ask the row of the plan's device type; adding a device is a row (docs/architecture.md,
-"Adding a device")."""
+"""The device kinds (``machine.launch_kinds``): the plan, the pool, ``backend_for`` and the config
+file ask the kind of the plan's device type; adding a device is a kind (docs/architecture.md,
+"Adding a device"; ``test_device_kinds.py`` adds one that auto finds)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from notebook_accel.launch.backends import Backend, backend_for
 from notebook_accel.launch.plan import make_plan
 from notebook_accel.launch.pool import WorkerPool
 from notebook_accel.machine import launch_kinds
-from notebook_accel.machine.launch_kinds import LAUNCHES, DeviceLaunch, device_launch
+from notebook_accel.machine.launch_kinds import KINDS, DeviceKind, device_launch, runnable_kinds
 
 
 class FakeBackend(Backend):
@@ -33,14 +33,17 @@ def _plan(device_type):
 def test_every_device_type_has_a_row():
     from notebook_accel.contract import DEVICE_TYPES
 
-    assert set(LAUNCHES) == set(DEVICE_TYPES)
+    assert list(runnable_kinds()) == list(DEVICE_TYPES)
     assert device_launch("cpu").recorded_type(1) == "NO" and device_launch("cpu").recorded_type(2) == "MULTI_CPU"
     assert device_launch("xla").recorded_type(1) == "XLA"  # torch_xla's job, one process too
 
 
 def test_a_new_row_chooses_its_backend_and_its_config_file_type(monkeypatch):
-    monkeypatch.setitem(LAUNCHES, "meta", DeviceLaunch("MULTI_META", own_type=True,
-                                                       backend=f"{__name__}:FakeBackend"))
+    class MetaKind(DeviceKind):
+        name, distributed_type, own_type = "meta", "MULTI_META", True
+        backend = f"{__name__}:FakeBackend"
+
+    monkeypatch.setitem(KINDS, "meta", MetaKind())
     assert isinstance(backend_for(_plan("meta")), FakeBackend)
     assert launch_kinds.device_launch("meta").recorded_type(1) == "MULTI_META"
     assert type(backend_for(_plan("cpu"))).__name__ == "ProcessBackend"
