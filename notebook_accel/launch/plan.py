@@ -122,9 +122,10 @@ def _check_gpus(hw: hardware.Hardware, mixed_precision: str, precision_source: s
 
 def shm_note(plan: LaunchPlan, size: int | None = None) -> str | None:
     """A warning, said once per kernel, when ``/dev/shm`` (``size`` bytes; read when None) is
-    smaller than :data:`SHM_NEEDED` and several local workers will share it: what breaks
-    (NCCL's shared-memory transport on CUDA; DataLoader workers everywhere) and the fixes."""
-    if plan.num_processes < 2 or plan.cluster is not None or device_launch(plan.device_type).host_worker:
+    smaller than :data:`SHM_NEEDED` and several local workers will share it (asked for a
+    ``local`` backend's plan only): what breaks (NCCL's shared-memory transport on CUDA;
+    DataLoader workers everywhere) and the fixes."""
+    if plan.num_processes < 2 or device_launch(plan.device_type).host_worker:
         return None
     size = hardware.shm_bytes() if size is None else size
     if size is None or size >= SHM_NEEDED:

@@ -64,3 +64,24 @@ def test_the_config_file_records_xla_whatever_the_strategy():
     assert config.with_device("xla").distributed_type == "XLA"
     assert config.with_device("cuda").distributed_type == "FSDP"
     assert LaunchConfig(num_processes=2).with_device("cpu").distributed_type == "MULTI_GPU"  # use_cpu: cpu
+
+
+def test_what_a_backend_can_do_it_says_itself_the_launcher_asks_it(monkeypatch, capsys):
+    from notebook_accel.launch.backends import backend_class
+    from notebook_accel.launch.launcher import print_notes
+    from notebook_accel.launch.start_method import StartChoice
+
+    class RemoteBackend(FakeBackend):
+        local = False  # its workers are not this kernel's processes: no start method of ours
+
+    class RemoteKind(DeviceKind):
+        name, distributed_type, backend = "remote", "MULTI_CPU", f"{__name__}:RemoteBackend"
+
+    monkeypatch.setitem(globals(), "RemoteBackend", RemoteBackend)
+    monkeypatch.setitem(KINDS, "remote", RemoteKind())
+    plan = dataclasses.replace(_plan("cpu"), start=StartChoice("spawn", "because"))
+    assert backend_class(plan).local and not backend_class(dataclasses.replace(plan, device_type="remote")).local
+    assert not backend_class(dataclasses.replace(plan, cluster="head:6379")).local
+    print_notes(plan, [])
+    print_notes(dataclasses.replace(plan, device_type="remote"), [])
+    assert capsys.readouterr().out == "[notebook_accel] start method: spawn (because)\n"
