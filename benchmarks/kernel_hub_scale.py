@@ -212,8 +212,7 @@ def _serve_ranks(ranks: dict[int, dict[str, int]], command_r: int) -> None:
 def _frame(message) -> bytes:
     from notebook_accel import wire
 
-    body = wire._body(message)
-    return wire.HEADER.pack(len(body)) + body
+    return wire.encode(message)
 
 
 # -- the kernel's side ----------------------------------------------------------------------

@@ -10,8 +10,8 @@ from typing import Any
 
 from notebook_accel import _peer_paths
 from notebook_accel._lazy import lazy_exports
-
-__version__ = "0.1.0"
+from notebook_accel._version import __version__ as __version__
+from notebook_accel.launch.views import register_front_end
 
 _peer_paths.install()  # notebook_accel.state, .data_loader, .fsdp...: the peer's module paths
 
@@ -90,6 +90,9 @@ def _front_end() -> Any:
     import magics
 
     return magics
+
+
+register_front_end(_front_end)  # the engine opens the front end through this door, never by import
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -26,7 +26,7 @@ _CHOICE = r'"(no|fp16|bf16|fp8)"'
 # what is installed; the kernel side, which plans launches and starts torch_xla's launcher, is counted apart)
 DEVICE_SEAM = ("notebook_accel/runtime/device.py", "notebook_accel/runtime/xla.py", "notebook_accel/strategies/xla.py")
 # the kernel side's: the XLA host worker (it runs torch_xla's launcher; each core reads its ordinals
-# from the XLA device); the kernel asks machine/launch_kinds.py's row of the plan's device type
+# from the XLA device); the kernel asks machine/launch_kinds.py's kind of the plan's device type
 KERNEL_DEVICE_SEAM = ("notebook_accel/launch/worker/xla_cores.py",)
 _XLA_DEVICE_TEST = r'(device|device_type|\.type|backend\(\))\s*(==|!=|in)\s*\(?[^)]*"xla"|\b(on|is|alone_on)_xla\b'
 _XLA_IMPORT = r'import torch_xla|from torch_xla|_import\("torch_xla|from notebook_accel\.runtime import xla|runtime\.xla import'
@@ -60,7 +60,7 @@ COUNTS = {
          ("notebook_accel/launch/backends/", "notebook_accel/launch/cluster/")),
     "wire message kinds as bare strings (engine)":
         (r'kind\s*==\s*"|\(\s*"(ok|error|display|metrics|progress|memory|dropped)"\s*,', ["notebook_accel"],
-         ("notebook_accel/wire.py",)),
+         ("notebook_accel/wire.py", "notebook_accel/wire/")),
 }
 
 

@@ -57,10 +57,10 @@ def _config_in_force(path: Path | None) -> tuple[cfgmod.LaunchConfig, str]:
 def _cmd_env(args: argparse.Namespace) -> int:
     import torch
 
-    import notebook_accel
+    from notebook_accel._version import __version__
     from notebook_accel.machine.hardware import detect
 
-    print(f"notebook_accel: {notebook_accel.__version__}")
+    print(f"notebook_accel: {__version__}")
     print(f"Python: {platform.python_version()} ({platform.python_implementation()}, "
           f"{platform.platform()})")
     print(f"PyTorch: {torch.__version__} (CUDA build: {torch.version.cuda or 'none'})")

@@ -70,7 +70,7 @@ def _train_on_workers() -> WorkerReport:
     """Runs in every worker: prepare, train, and compare the ranks with each other."""
     import torch
 
-    from notebook_accel import Accelerator
+    from notebook_accel.accelerator import Accelerator
 
     accelerator = Accelerator()
     model, inputs, targets = _problem(accelerator.num_processes)

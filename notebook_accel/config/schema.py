@@ -11,14 +11,14 @@ from typing import Any
 from notebook_accel.config import dynamo
 from notebook_accel.contract import DEVICE_TYPES, OPTIONS, must_be, not_one_of
 from notebook_accel.contract import FILE_MIXED_PRECISIONS as MIXED_PRECISIONS
-from notebook_accel.machine.launch_kinds import LAUNCHES, device_launch
+from notebook_accel.machine.launch_kinds import device_launch, runnable_kinds
 from notebook_accel.strategies.registry import config_sections
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 # MIXED_PRECISIONS: what the file may hold (Accelerate's vocabulary, with fp8, so the peer's
 # files load, and our "auto"); a launch accepts only contract.LAUNCH_MIXED_PRECISIONS and says so.
 _DEVICE_OF = {  # the peer's distributed_type -> our device type (None: auto-detect); use_cpu: cpu
-    "NO": None, **{launch.distributed_type: device for device, launch in LAUNCHES.items()}, "TPU": "xla",
+    "NO": None, **{launch.distributed_type: device for device, launch in runnable_kinds().items()}, "TPU": "xla",
     "FSDP": None,  # sharded (fsdp_config: the workers' FSDP_* variables); the device is auto-detected
     "DEEPSPEED": None,  # ZeRO (deepspeed_config: the workers' ACCELERATE_DEEPSPEED_* variables)
 }

@@ -11,7 +11,7 @@ from typing import Any
 from notebook_accel.config import load_config
 from notebook_accel.config.files import where_in_file
 from notebook_accel.contract import OPTIONS
-from notebook_accel.launch.backends import Backend, backend_for
+from notebook_accel.launch.backends import Backend, backend_class, backend_for
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.global_check import warn_missing_globals
 from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupts
@@ -164,7 +164,7 @@ def _launch(function: Callable[..., Any], args: Any, kwargs: Any, request: Launc
                                           request.get("master_addr"), request.get("use_port"))
     notes: list[str] = []
     plan = plan_launch(request.replaced(master_addr=master_addr, use_port=use_port), notes)
-    local = plan.cluster is None
+    local = backend_class(plan).local
     inherit = (local and plan.start.method == "fork"  # queues, locks
                and not device_launch(plan.device_type).host_worker)
     with SharedTensors() as shared:  # big tensors: one shared copy, not one per worker (locally)
@@ -211,7 +211,7 @@ def plan_launch(request: LaunchRequest, notes: list[str],
     if options["mixed_precision"] == "auto":
         notes.append(f"mixed precision auto: {plan.mixed_precision} "
                      f"({devices.precision_why(plan.device_type, hardware.detect())})")
-    note = shm_note(plan)
+    note = shm_note(plan) if backend_class(plan).local else None
     if note is not None:
         notes.append(note)
     return plan
@@ -257,7 +257,7 @@ def announce_start(count: int, method: str, output: str) -> None:
 
 def print_notes(plan: LaunchPlan, notes: list[str]) -> None:
     """The launch's first lines: what decided its settings."""
-    if plan.start.reason and plan.cluster is None:
+    if plan.start.reason and backend_class(plan).local:
         notes.append(f"start method: {plan.start.method} ({plan.start.reason})")
     for note in notes:
         print(f"[notebook_accel] {note}", flush=True)

@@ -18,7 +18,7 @@ from notebook_accel.launch.request import launch_options
 from notebook_accel.launch.start_method import StartChoice, choose_start_method
 from notebook_accel.launch.stop_agreement import STOP_WAIT
 from notebook_accel.machine import devices, gpu_support, hardware
-from notebook_accel.machine.launch_kinds import LAUNCHES, device_launch
+from notebook_accel.machine.launch_kinds import device_launch, runnable_kinds
 from notebook_accel.machine.tpu import XlaJob, xla_job
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -122,9 +122,10 @@ def _check_gpus(hw: hardware.Hardware, mixed_precision: str, precision_source: s
 
 def shm_note(plan: LaunchPlan, size: int | None = None) -> str | None:
     """A warning, said once per kernel, when ``/dev/shm`` (``size`` bytes; read when None) is
-    smaller than :data:`SHM_NEEDED` and several local workers will share it: what breaks
-    (NCCL's shared-memory transport on CUDA; DataLoader workers everywhere) and the fixes."""
-    if plan.num_processes < 2 or plan.cluster is not None or device_launch(plan.device_type).host_worker:
+    smaller than :data:`SHM_NEEDED` and several local workers will share it (asked for a
+    ``local`` backend's plan only): what breaks (NCCL's shared-memory transport on CUDA;
+    DataLoader workers everywhere) and the fixes."""
+    if plan.num_processes < 2 or device_launch(plan.device_type).host_worker:
         return None
     size = hardware.shm_bytes() if size is None else size
     if size is None or size >= SHM_NEEDED:
@@ -258,7 +259,7 @@ def _cluster_plan(cluster: str, num_processes: int | None, num_nodes: int, node_
         raise ValueError(f"mixed_precision='auto' with cluster={cluster!r}: the nodes' hardware is "
                          "not known before they start; use 'no', 'fp16' or 'bf16'")
     if not device_launch(device_type).cluster:
-        runs_on = " or ".join(repr(d) for d, launch in LAUNCHES.items() if launch.cluster)
+        runs_on = " or ".join(repr(d) for d, launch in runnable_kinds().items() if launch.cluster)
         raise ValueError(f"device={device_type!r} with cluster={cluster!r}: a cluster job runs on {runs_on}")
     return LaunchPlan(
         num_processes=num_processes or 1, num_nodes=num_nodes, node_rank=0,

@@ -33,6 +33,8 @@ class Hardware:
     gpu_capabilities: tuple[Capability | None, ...] = field(default_factory=tuple)
     tpu_cores: int | None = None  # XLA devices on this host (machine/tpu.py), None: unknown
     cpu_bf16: bool = False  # the CPU computes bf16 natively (AVX512-BF16, AMX, Arm's BF16)
+    xpu_count: int = 0  # Intel GPUs torch.xpu sees (machine/launch_kinds.py refuses them)
+    mps: bool = False  # Apple's MPS is available (machine/launch_kinds.py refuses it)
 
     @property
     def gpu_count(self) -> int:
@@ -188,6 +190,35 @@ def tpu_present() -> bool:
     return vfio.is_dir() and any(p.name.isdigit() for p in vfio.iterdir()) and _libtpu_installed()
 
 
+def xpu_count() -> int:
+    """How many Intel GPUs ``torch.xpu`` sees; asked only where an Intel display device exists
+    and torch is built for XPUs (elsewhere torch is not imported: a cold launch speaks at once)."""
+    vendors = Path("/sys/class/drm").glob("renderD*/device/vendor")
+    if not any(_read(path) == "0x8086" for path in vendors):
+        return 0
+    import torch
+
+    if not getattr(torch.version, "xpu", None) or not hasattr(torch, "xpu"):
+        return 0
+    return torch.xpu.device_count() if torch.xpu.is_available() else 0
+
+
+def mps_present() -> bool:
+    """Whether Apple's MPS is available to torch (asked on macOS only)."""
+    if sys.platform != "darwin":
+        return False
+    import torch
+
+    return torch.backends.mps.is_available()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def _libtpu_installed() -> bool:
     import importlib.util
 
@@ -237,4 +268,5 @@ def _detect(visible: str | None, pjrt: str | None) -> Hardware:
     tpu = tpu_present()
     return Hardware(cpu_count=_cpu_count(), gpu_names=tuple(names), tpu=tpu,
                     gpu_capabilities=gpu_capabilities(names),
-                    tpu_cores=tpu_core_count() if tpu else None, cpu_bf16=cpu_has_bf16())
+                    tpu_cores=tpu_core_count() if tpu else None, cpu_bf16=cpu_has_bf16(),
+                    xpu_count=xpu_count(), mps=mps_present())

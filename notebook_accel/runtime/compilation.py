@@ -7,7 +7,7 @@ on its own (the compiler reuses the first block's work). ``in_place`` compiles w
 ``nn.Module.compile`` instead, keeping the module object (FSDP2's sharded modules, DeepSpeed's).
 
 While dynamo compiles (lazily, in the first steps), the worker's phase is ``"compiling"``: a
-``Phase`` event (``wire.py``) at the start and the end of each compilation, which the kernel's
+``Phase`` event (``wire``) at the start and the end of each compilation, which the kernel's
 views show as ``rank 0 compiling (12.0 s)``.
 """
 

@@ -1,16 +1,17 @@
 """The device seam: one object per device kind, chosen once per process (``PartialState.device_kind``).
 
-``TorchDevice`` is the torch-native kind (CPU, CUDA, XPU, MPS: torch's own calls);
+``TorchDevice`` is the torch-native kind (CPU, CUDA: torch's own calls);
 ``runtime.xla.XlaDevice`` is XLA's (torch_xla, imported lazily). Everything that differs
 between kinds is asked of the kind, never decided by a device-type test elsewhere: where this
 process stands and on which device, the process group's backend, meeting, barrier and teardown,
 collectives on tensors and on objects, RNG states, copies to the CPU, memory figures, how
 batches reach the device, what mixed precision and strategies it runs.
 
-Adding a device kind: a ``TorchDevice`` subclass overriding what differs, and a line in ``KINDS``
-(device type -> ``"module:Class"``, imported when first asked for); ``tests/unit/test_device_seam.py``
-registers a fake one and sees placement, RNG and copies to the CPU go through it. The kernel's side
-of a device kind (how a launch starts it) is its row in ``machine.launch_kinds``.
+Adding a device kind (docs/architecture.md, "Adding a device"): its class in
+``machine.launch_kinds`` (the one description of it), and, where its processes need more than
+torch's own calls, a ``TorchDevice`` subclass overriding what differs, which that class names as
+its ``worker`` (``"module:Class"``, imported when first asked for); ``tests/unit/test_device_seam.py``
+registers a fake one and sees placement, RNG and copies to the CPU go through it.
 """
 
 from __future__ import annotations
@@ -24,19 +25,23 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import contract
-from notebook_accel.machine.launch_kinds import device_launch
+from notebook_accel.machine.launch_kinds import KINDS, device_launch
 from notebook_accel.runtime import exit_teardown
 
-# device type -> the kind serving it, as "module:Class"; any other type: TorchDevice
-KINDS: dict[str, str] = {"xla": "notebook_accel.runtime.xla:XlaDevice"}
 _TORCH_NATIVE = "torch-native"
-_made: dict[str, TorchDevice] = {}  # KINDS' target (or _TORCH_NATIVE) -> its one object
+_made: dict[str, TorchDevice] = {}  # a kind's ``worker`` target (or _TORCH_NATIVE) -> its one object
 
 
 def device_kind(device: torch.device | str) -> TorchDevice:
-    """The kind serving ``device`` (a ``torch.device`` or its type), made once (one for every torch-native type)."""
+    """The kind serving ``device`` (a ``torch.device`` or its type), made once (one for every torch-native type):
+    the ``worker`` its ``machine.launch_kinds`` kind names, else the torch-native kind."""
     device_type = device if isinstance(device, str) and ":" not in device else torch.device(device).type
-    return _kind(KINDS.get(device_type, _TORCH_NATIVE))
+    return _kind(_worker_target(device_type))
+
+
+def _worker_target(device_type: str) -> str:
+    kind = KINDS.get(device_type)
+    return kind.worker if kind is not None and kind.worker else _TORCH_NATIVE
 
 
 def _kind(target: str) -> TorchDevice:
@@ -49,7 +54,8 @@ def _kind(target: str) -> TorchDevice:
 
 def backend_kind(backend: str) -> TorchDevice:
     """The kind whose process groups run ``backend`` (the torch-native kind for gloo, nccl...)."""
-    return next((device_kind(t) for t in KINDS if device_kind(t).backend(t) == backend), device_kind("cpu"))
+    return next((device_kind(t) for t in KINDS if _worker_target(t) != _TORCH_NATIVE
+                 and device_kind(t).backend(t) == backend), device_kind("cpu"))
 
 
 def group_kind() -> TorchDevice:
@@ -99,7 +105,8 @@ class Placement:
 
 
 class TorchDevice:
-    """The torch-native kind: CPU, CUDA, XPU and MPS, through torch's own calls."""
+    """The torch-native kind: CPU and CUDA, through torch's own calls (XPU and MPS are refused
+    before a launch: ``machine.launch_kinds``)."""
 
     torch_native: ClassVar[bool] = True  # torch's DDP, FSDP and DeepSpeed run on it
     backend_fixed: ClassVar[bool] = False  # a user's InitProcessGroupKwargs(backend=...) may replace it
@@ -137,8 +144,10 @@ class TorchDevice:
         return device_launch(device_type).recorded_type(num_processes)
 
     def backend(self, device_type: str) -> str:
-        """The ``torch.distributed`` backend of processes on ``device_type``."""
-        return "nccl" if device_type == "cuda" else "gloo"
+        """The ``torch.distributed`` backend of processes on ``device_type`` (its kind's; gloo for
+        a type with no kind)."""
+        kind = KINDS.get(device_type)
+        return kind.collective_backend if kind is not None else "gloo"
 
     def meeting(self, init_method: str | None) -> str:
         """The process group's ``init_method`` (default: ``env://``, the torchrun environment)."""

@@ -263,9 +263,6 @@ class XlaDevice(TorchDevice):
         process_index, num_processes, local_process_index = ranks()
         return Placement(process_index, num_processes, local_process_index, device())
 
-    def backend(self, device_type: str) -> str:
-        return "xla"
-
     def meeting(self, init_method: str | None) -> str:
         _import("torch_xla.distributed.xla_backend")  # registers the backend
         return "xla://"

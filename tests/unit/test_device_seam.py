@@ -1,5 +1,5 @@
-"""Adding a device kind (docs/architecture.md, "Adding a device"): a ``TorchDevice`` subclass, a
-line in ``runtime.device.KINDS`` and its launch row; the process's placement, its RNG states in checkpoints, copies to
+"""Adding a device kind (docs/architecture.md, "Adding a device"): a ``TorchDevice`` subclass that
+its kind in ``machine.launch_kinds.KINDS`` names as its ``worker``; the process's placement, its RNG states in checkpoints, copies to
 the CPU and the loaders' batches then go through it, with nothing else changed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator
-from notebook_accel.machine.launch_kinds import LAUNCHES, DeviceLaunch
+from notebook_accel.machine.launch_kinds import KINDS, DeviceKind
 from notebook_accel.runtime import device
 from notebook_accel.runtime import state as state_module
 from notebook_accel.runtime.device import Placement, TorchDevice
@@ -44,10 +44,15 @@ class FakeDevice(TorchDevice):
         return batches
 
 
+class MetaKind(DeviceKind):
+    """The fake device's one description: the kernel's side, and its worker-side class."""
+
+    name, distributed_type, worker = "meta", "MULTI_CPU", f"{__name__}:FakeDevice"
+
+
 @pytest.fixture
 def fake(monkeypatch):
-    monkeypatch.setitem(device.KINDS, "meta", f"{__name__}:FakeDevice")
-    monkeypatch.setitem(LAUNCHES, "meta", DeviceLaunch("MULTI_CPU"))  # its launch row (the kernel's side)
+    monkeypatch.setitem(KINDS, "meta", MetaKind())
     monkeypatch.setattr(device, "_made", {})
     monkeypatch.setattr(state_module, "_device_type", lambda cpu: "meta")
     return device.device_kind("meta")

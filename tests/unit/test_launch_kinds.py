@@ -1,6 +1,6 @@
-"""The kernel's per-device launch rows (``machine.launch_kinds``): the plan, the pool, ``backend_for``
-and the config file ask the row of the plan's device type; adding a device is a row (docs/architecture.md,
-"Adding a device")."""
+"""The device kinds (``machine.launch_kinds``): the plan, the pool, ``backend_for`` and the config
+file ask the kind of the plan's device type; adding a device is a kind (docs/architecture.md,
+"Adding a device"; ``test_device_kinds.py`` adds one that auto finds)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from notebook_accel.launch.backends import Backend, backend_for
 from notebook_accel.launch.plan import make_plan
 from notebook_accel.launch.pool import WorkerPool
 from notebook_accel.machine import launch_kinds
-from notebook_accel.machine.launch_kinds import LAUNCHES, DeviceLaunch, device_launch
+from notebook_accel.machine.launch_kinds import KINDS, DeviceKind, device_launch, runnable_kinds
 
 
 class FakeBackend(Backend):
@@ -33,14 +33,17 @@ def _plan(device_type):
 def test_every_device_type_has_a_row():
     from notebook_accel.contract import DEVICE_TYPES
 
-    assert set(LAUNCHES) == set(DEVICE_TYPES)
+    assert list(runnable_kinds()) == list(DEVICE_TYPES)
     assert device_launch("cpu").recorded_type(1) == "NO" and device_launch("cpu").recorded_type(2) == "MULTI_CPU"
     assert device_launch("xla").recorded_type(1) == "XLA"  # torch_xla's job, one process too
 
 
 def test_a_new_row_chooses_its_backend_and_its_config_file_type(monkeypatch):
-    monkeypatch.setitem(LAUNCHES, "meta", DeviceLaunch("MULTI_META", own_type=True,
-                                                       backend=f"{__name__}:FakeBackend"))
+    class MetaKind(DeviceKind):
+        name, distributed_type, own_type = "meta", "MULTI_META", True
+        backend = f"{__name__}:FakeBackend"
+
+    monkeypatch.setitem(KINDS, "meta", MetaKind())
     assert isinstance(backend_for(_plan("meta")), FakeBackend)
     assert launch_kinds.device_launch("meta").recorded_type(1) == "MULTI_META"
     assert type(backend_for(_plan("cpu"))).__name__ == "ProcessBackend"
@@ -61,3 +64,24 @@ def test_the_config_file_records_xla_whatever_the_strategy():
     assert config.with_device("xla").distributed_type == "XLA"
     assert config.with_device("cuda").distributed_type == "FSDP"
     assert LaunchConfig(num_processes=2).with_device("cpu").distributed_type == "MULTI_GPU"  # use_cpu: cpu
+
+
+def test_what_a_backend_can_do_it_says_itself_the_launcher_asks_it(monkeypatch, capsys):
+    from notebook_accel.launch.backends import backend_class
+    from notebook_accel.launch.launcher import print_notes
+    from notebook_accel.launch.start_method import StartChoice
+
+    class RemoteBackend(FakeBackend):
+        local = False  # its workers are not this kernel's processes: no start method of ours
+
+    class RemoteKind(DeviceKind):
+        name, distributed_type, backend = "remote", "MULTI_CPU", f"{__name__}:RemoteBackend"
+
+    monkeypatch.setitem(globals(), "RemoteBackend", RemoteBackend)
+    monkeypatch.setitem(KINDS, "remote", RemoteKind())
+    plan = dataclasses.replace(_plan("cpu"), start=StartChoice("spawn", "because"))
+    assert backend_class(plan).local and not backend_class(dataclasses.replace(plan, device_type="remote")).local
+    assert not backend_class(dataclasses.replace(plan, cluster="head:6379")).local
+    print_notes(plan, [])
+    print_notes(dataclasses.replace(plan, device_type="remote"), [])
+    assert capsys.readouterr().out == "[notebook_accel] start method: spawn (because)\n"

@@ -15,15 +15,21 @@ from notebook_accel.machine.launch_kinds import device_launch
 if TYPE_CHECKING:
     from notebook_accel.launch.plan import LaunchPlan
 
-__all__ = ["Backend", "WorkerGroup", "WorkerHandle", "backend_for"]
+__all__ = ["Backend", "WorkerGroup", "WorkerHandle", "backend_class", "backend_for"]
 
 
 def backend_for(plan: LaunchPlan) -> Backend:
-    """The backend that runs ``plan``: Ray actors for a cluster, else the one its device's row names
-    (``machine.launch_kinds``: torch_xla's launcher for "xla", local processes otherwise)."""
+    """The backend that runs ``plan`` (a new one: :func:`backend_class`'s)."""
+    return backend_class(plan)()
+
+
+def backend_class(plan: LaunchPlan) -> type[Backend]:
+    """The class of the backend that runs ``plan``, whose attributes say what it can do (``local``):
+    Ray actors for a cluster, else the one its device's kind names (``machine.launch_kinds``:
+    torch_xla's launcher for "xla", local processes otherwise)."""
     if plan.cluster is not None:
         from notebook_accel.launch.backends.cluster import ClusterBackend
 
-        return ClusterBackend()
+        return ClusterBackend
     module, _, name = device_launch(plan.device_type).backend.partition(":")
-    return getattr(importlib.import_module(module), name)()
+    return getattr(importlib.import_module(module), name)

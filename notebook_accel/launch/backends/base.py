@@ -33,7 +33,7 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Container, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from notebook_accel import wire
 from notebook_accel.launch.signal_all import signal_all
@@ -203,9 +203,17 @@ class WorkerGroup(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """How workers are started and reached (local processes, torch_xla, a pool, a cluster)."""
+    """How workers are started and reached (local processes, torch_xla, a pool, a cluster).
+
+    Attributes:
+        name: what it is called.
+        local: its workers are processes of this machine that this kernel starts: big tensor
+            arguments reach them in shared memory, they share its ``/dev/shm``, and its start
+            method is theirs (False: a cluster's nodes start them).
+    """
 
     name: str = ""
+    local: ClassVar[bool] = True
 
     def check(self, plan: LaunchPlan) -> None:
         """Refuse, before anything starts, what this backend cannot run from here.

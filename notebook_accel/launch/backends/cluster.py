@@ -136,6 +136,7 @@ class ClusterBackend(Backend):
     """Ranks on a Ray cluster's nodes (``plan.cluster``)."""
 
     name = "cluster"
+    local = False
 
     def check(self, plan: LaunchPlan) -> None:
         if not placement.is_placed(plan):  # placed hubs hold their resources already

@@ -7,8 +7,9 @@ second while the job runs and once with ``final=True`` at the end; it reads the
 The engine builds no notebook display itself: the front end offers one with
 :func:`register_kernel_view` (``magics`` does so when it is imported). In a kernel
 where it is not imported yet, a launch opens the engine's one door into the front
-end (``notebook_accel._front_end``, which ``%load_ext`` uses too), so the live
-view appears without ``%load_ext``; without a registered view, text lines are shown.
+end (``notebook_accel._front_end``, which ``%load_ext`` uses too, and which the package
+registers here with :func:`register_front_end`: the engine never imports its own package), so
+the live view appears without ``%load_ext``; without a registered view, text lines are shown.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
+
+from notebook_accel.launch.views.rich_output import in_kernel
 
 if TYPE_CHECKING:  # magics imports this module to register its view: keep it light
     from notebook_accel.launch.record import LaunchRecord
@@ -39,18 +42,10 @@ class NullView:
         return None
 
 
-def in_kernel() -> bool:
-    """True when running inside a Jupyter kernel (where rich displays render)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    shell = ipython.get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
 ViewFactory = Callable[["LaunchRecord"], View]
 
 _kernel_view: ViewFactory | None = None
+_open_front_end: Callable[[], object] | None = None
 
 
 def register_kernel_view(factory: ViewFactory | None) -> None:
@@ -65,12 +60,17 @@ def register_kernel_view(factory: ViewFactory | None) -> None:
     _kernel_view = factory
 
 
-def kernel_view() -> ViewFactory | None:
-    """The registered kernel view; the first time, the front end is imported to register its own."""
-    if _kernel_view is None:
-        import notebook_accel
+def register_front_end(opener: Callable[[], object]) -> None:
+    """Set how the engine opens the front end (``notebook_accel._front_end``, registered by the
+    package when it is imported): importing it registers its kernel view."""
+    global _open_front_end
+    _open_front_end = opener
 
-        notebook_accel._front_end()  # importing magics registers its live view
+
+def kernel_view() -> ViewFactory | None:
+    """The registered kernel view; the first time, the front end is opened to register its own."""
+    if _kernel_view is None and _open_front_end is not None:
+        _open_front_end()  # importing magics registers its live view
     return _kernel_view
 
 

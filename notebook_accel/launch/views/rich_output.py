@@ -1,10 +1,22 @@
-"""Kernel side of workers' rich output: show it in the launching cell, as if the cell made it."""
+"""Kernel side of workers' rich output: show it in the launching cell, as if the cell made it
+(:func:`in_kernel`: whether there is a kernel's cell to show it in)."""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from notebook_accel.wire import Display
+if TYPE_CHECKING:  # `import notebook_accel` imports this module (views.in_kernel): kept light
+    from notebook_accel.wire import Display
+
+
+def in_kernel() -> bool:
+    """True when running inside a Jupyter kernel (where rich displays render)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    shell = ipython.get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def show_display(message: Display) -> None:

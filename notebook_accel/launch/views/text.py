@@ -21,6 +21,7 @@ from notebook_accel.launch.rank_ranges import ranks_text  # noqa: F401 - the wor
 from notebook_accel.launch.record import ENDED_STATES as _ENDED
 from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.views.nodes import node_table, per_node, taken_in
+from notebook_accel.launch.views.rich_output import in_kernel
 from notebook_accel.observe.progress import bar_label, job_progress
 
 PREFIX = "[notebook_accel] "
@@ -73,8 +74,6 @@ def say(line: str, stream: TextIO | None = None) -> None:
     """Write one line of the text view: prefixed, to ``stream``. Default: ``sys.stdout`` in a
     kernel (information, not a warning JupyterLab paints red), ``sys.stderr`` in a script
     (whose stdout is its own output, as pip's and tqdm's progress keep out of it)."""
-    from notebook_accel.launch.views import in_kernel
-
     stream = stream or (sys.stdout if in_kernel() else sys.stderr)
     stream.write(PREFIX + line + "\n")
     stream.flush()

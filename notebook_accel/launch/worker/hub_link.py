@@ -42,7 +42,7 @@ class Frame(enum.IntEnum):
 
     STDOUT = 0  # hub -> kernel: a rank's bytes, as written
     STDERR = 1
-    CONTROL = 2  # framed messages (wire.py), as written
+    CONTROL = 2  # framed messages (wire/), as written
     EVENTS = 3
     END = 4  # hub -> kernel: the rank ended (EXIT), after everything it wrote
     BEAT = 5  # both ways: alive
