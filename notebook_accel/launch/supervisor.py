@@ -41,7 +41,7 @@ from notebook_accel.launch.stack_dumps import StackDumps
 from notebook_accel.launch.stack_groups import headline, stacks_text, users_part
 from notebook_accel.launch.stop_agreement import STOP_WAIT, agree_and_stop, stop_now
 from notebook_accel.launch.stopping import stop_workers
-from notebook_accel.launch.tracebacks import main_thread_stack
+from notebook_accel.launch.tracebacks import death_text, main_thread_stack
 from notebook_accel.launch.views import NullView, View
 from notebook_accel.launch.views.text import format_duration
 from notebook_accel.launch.worker.hub_link import memory_moved
@@ -705,7 +705,7 @@ class Supervisor:
         return FailureRecord(
             rank=worker.rank, pid=worker.pid, exitcode=worker.exitcode, exc_type=None,
             headline=headline or worker.handle.describe_end() or _describe_exit(worker.exitcode),
-            traceback="" if headline else self.relay.tail(worker.rank),
+            traceback="" if headline else death_text(self.relay.tail(worker.rank, limit=1000).splitlines()),
             timestamp=worker.exit_time or time.time(),
         )
 

@@ -56,6 +56,18 @@ def short_place(filename: str, line: int) -> str:
     return f"Cell In[{number}]:{line}" if number is not None else f"{os.path.basename(filename)}:{line}"
 
 
+_CRASH_LINES = 60  # a rank's death without a dump: the last lines of its stderr say why
+
+
+def death_text(lines: list[str]) -> str:
+    """What a rank that died without sending its failure left on stderr (``lines``, oldest
+    first): faulthandler's whole dump when it wrote one (from its ``Fatal Python error`` line:
+    a kernel's forked worker has a deep stack and threads of ours, so a fixed tail would cut
+    the dump's head off), else the last lines."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    return "\n".join(lines[starts[-1]:] if starts else lines[-_CRASH_LINES:])
+
+
 def is_dump_line(text: str) -> bool:
     """Whether ``text`` is a line of a faulthandler dump (a thread's header, a frame, a gap), or
     the flight recorder's line written with it."""
