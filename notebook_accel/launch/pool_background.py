@@ -73,12 +73,27 @@ class BackgroundRuns:
             name = getattr(function, "__name__", type(function).__name__)
             handle = RunHandle(what or f"a background run of {name}",
                                advice or "its RunHandle's .watch(), or .cancel()")
-            self._background = handle
-            threading.Thread(target=self._in_background, args=(handle, workers, ranks, payload, shared),
-                             name=f"notebook_accel: {handle.what}", daemon=True).start()
+            self._begin(handle, workers, ranks, payload, shared)
         say(f"{handle.what} runs in the background on the pool; "
             f"{'%accelerate watch' if advice else '.watch()'} shows it live")
         return handle
+
+    def submit_payload(self, payload: bytes, ranks: tuple[int, ...] | None, handle: RunHandle) -> None:
+        """Start a run of a payload serialised elsewhere (a detached pool's keeper gets it from
+        a kernel) in the background, kept in ``handle``; as :meth:`start_background`.
+
+        Raises:
+            PoolUnavailable, PoolBusy, WorkerError: as :meth:`run`, at once.
+        """
+        with deferred_interrupts():
+            self.revive()
+            self._begin(handle, self._usable(), ranks, payload, SharedTensors())
+
+    def _begin(self, handle: RunHandle, workers: Any, ranks: tuple[int, ...] | None,
+               payload: Any, shared: SharedTensors) -> None:
+        self._background = handle
+        threading.Thread(target=self._in_background, args=(handle, workers, ranks, payload, shared),
+                         name=f"notebook_accel: {handle.what}", daemon=True).start()
 
     @property
     def background(self) -> RunHandle | None:

@@ -39,10 +39,10 @@ class RunHandle:
         >>> run.cancel()    # or stop it where every rank stops together
     """
 
-    def __init__(self, what: str, advice: str) -> None:
+    def __init__(self, what: str, advice: str, output: RunOutput | None = None) -> None:
         self.what = what
         self.advice = advice
-        self.output = RunOutput()
+        self.output = RunOutput() if output is None else output
         self.presses = StopPresses()
         self.started = time.monotonic()
         self._ended = threading.Event()

@@ -91,7 +91,8 @@ def test_vocabularies_are_the_tables():
                            "snapshot_every": "NOTEBOOK_ACCEL_SNAPSHOT_EVERY",
                            "snapshot_dir": "NOTEBOOK_ACCEL_SNAPSHOT_DIR",
                            "check_collectives": "NOTEBOOK_ACCEL_CHECK_COLLECTIVES",
-                           "heal": "NOTEBOOK_ACCEL_HEAL"}
+                           "heal": "NOTEBOOK_ACCEL_HEAL",
+                           "idle_timeout": "NOTEBOOK_ACCEL_IDLE_TIMEOUT"}
     keys = {o.file_key for o in OPTIONS.values() if o.file_key}
     assert keys <= set(LaunchConfig.__dataclass_fields__)
 
@@ -104,7 +105,7 @@ def test_magic_flags_match_the_table():
     rows = [o for o in launch_options().values() if o.magic_flag]
     table = {o.magic_flag for o in rows} | {"--no-" + o.magic_flag[2:] for o in rows if o.switch}
     others = {"-h", "--help", "-n", "--main-only", "--fresh", "--ranks", "--push", "--pull",
-              "--no-pull", "--last"}  # the magic's own flags, no launch option's
+              "--no-pull", "--last", "--background"}  # the magic's own flags, no launch option's
     assert _flags(parser) - others == table
     for option in rows:
         if option.choices:

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from notebook_accel.launch.detached.framing import receive, send
 from notebook_accel.launch.detached.keeper import IDLE_TIMEOUT
 from notebook_accel.launch.detached.runtime_dir import PoolFiles, check_name, pool_files, pool_names
 from notebook_accel.launch.request import LaunchRequest
@@ -26,8 +27,10 @@ class KeeperGone(ConnectionError):
     """No keeper answers on the pool's socket (it ended, or never started)."""
 
 
-def request(files: PoolFiles, op: str, token: bytes | None = None) -> Any:
-    """Send ``op`` to the keeper of ``files`` with its token (or ``token``); returns its value.
+def request(files: PoolFiles, op: str, token: bytes | None = None, *, body: bytes = b"",
+            timeout: float = _ANSWER_TIMEOUT, **fields: Any) -> Any:
+    """Send ``op`` (with ``fields`` and ``body``) to the keeper of ``files`` with its token (or
+    ``token``); returns its value (an answer with a body: the body's bytes).
 
     Raises:
         KeeperGone: nobody answers on the socket.
@@ -36,21 +39,22 @@ def request(files: PoolFiles, op: str, token: bytes | None = None) -> Any:
     try:
         token = files.read_token() if token is None else token
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.settimeout(_ANSWER_TIMEOUT)
+            connection.settimeout(timeout)
             connection.connect(str(files.socket))
-            connection.sendall(json.dumps({"token": token.decode(), "op": op}).encode() + b"\n")
-            answer = json.loads(connection.makefile("rb").readline() or b"null")
+            send(connection, {**fields, "token": token.decode(), "op": op}, body)
+            answer, data = receive(connection.makefile("rb"))
     except PermissionError as error:
         raise PermissionError(f"detached pool {files.name!r}: {error.strerror} ({error.filename}); "
                               "only the user who started it can reach it") from None
-    except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as error:
+    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, BrokenPipeError,
+            TimeoutError, ValueError) as error:
         raise KeeperGone(f"no keeper answers for detached pool {files.name!r} ({error})") from None
-    if not isinstance(answer, dict):
+    if answer is None:
         raise KeeperGone(f"the keeper of detached pool {files.name!r} closed without an answer")
     if not answer["ok"]:
         raise PermissionError(answer["error"]) if answer["error"].startswith("refused") \
             else ValueError(answer["error"])
-    return answer["value"]
+    return data if answer["size"] else answer["value"]
 
 
 def start_detached(name: str, idle_timeout: float = IDLE_TIMEOUT, **options: Any) -> dict[str, Any]:
