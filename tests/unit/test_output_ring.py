@@ -27,8 +27,8 @@ def test_every_piece_is_read_once_in_order_from_any_number(tmp_path):
                      ("stdout", "[rank 0] c\n")]
     assert (following, dropped, output.count) == (5, 0, 5)
     assert output.since(3, 0) == (items[3:], 5, 0)
-    assert sorted(os.listdir(tmp_path / "out")) == ["notes.1", "rank0.1", "rank1.1"]
-    assert oct(os.stat(tmp_path / "out" / "rank0.1").st_mode & 0o777) == "0o600"
+    assert sorted(os.listdir(tmp_path / "out")) == ["run.notes.1", "run.rank0.1", "run.rank1.1"]
+    assert oct(os.stat(tmp_path / "out" / "run.rank0.1").st_mode & 0o777) == "0o600"
 
 
 def test_each_rank_keeps_its_newest_bytes_and_counts_what_it_dropped(tmp_path):
@@ -43,7 +43,7 @@ def test_each_rank_keeps_its_newest_bytes_and_counts_what_it_dropped(tmp_path):
     assert numbers == list(range(numbers[0], 200))  # the newest, none missing in between
     assert dropped == output.dropped_lines == numbers[0] > 100
     on_disk = sum(os.path.getsize(tmp_path / "out" / name) for name in os.listdir(tmp_path / "out")
-                  if name.startswith("rank0."))
+                  if name.startswith("run.rank0."))
     assert on_disk <= 1000
 
 
@@ -67,3 +67,5 @@ def test_a_watcher_waits_for_the_next_piece_and_the_end(tmp_path):
     watcher.join(10)
     assert not watcher.is_alive()
     assert [text for _, text in seen] == [f"[rank {i % 2}] {i}\n" for i in range(50)]
+    output.remove()  # a later run's output replaces it
+    assert os.listdir(tmp_path / "out") == []

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from notebook_accel.launch.detached.client import (
+    Connection,
     KeeperGone,
     detached_pools,
-    request,
     start_detached,
     stop_detached,
 )
@@ -34,7 +34,7 @@ from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.pool import PoolUnavailable
 from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.request import LaunchRequest
-from notebook_accel.launch.run_handle import RunHandle
+from notebook_accel.launch.run_handle import WATCH_WAKE, RunHandle
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views.text import say
 
@@ -64,6 +64,7 @@ class DetachedPool:
         self._files = files
         self._closed = False
         self._sources_sent: set[str] = set()
+        self._connection = Connection(files)  # kept: a request costs no connect, no thread
         self.plan = self._ask("plan")
 
     @classmethod
@@ -115,7 +116,7 @@ class DetachedPool:
                 f"this kernel left detached pool {self.name!r}; WorkerPool.attach({self.name!r}) "
                 "reaches it again", "the pool was left"))
         try:
-            data = request(self._files, op, body=body, timeout=timeout, **fields)
+            data = self._connection.request(op, body=body, timeout=timeout, **fields)
         except KeeperGone:
             raise hide_our_frames(PoolUnavailable(
                 f"detached pool {self.name!r} is gone: its keeper ended (why: the end of "
@@ -233,7 +234,8 @@ class DetachedPool:
         return handle
 
     def _submit(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                ranks: tuple[int, ...] | None, what: str, advice: str) -> DetachedRun:
+                ranks: tuple[int, ...] | None, what: str, advice: str,
+                read: float | None = None) -> DetachedRun:
         if not callable(function):
             raise hide_our_frames(TypeError(f"function={function!r} is not callable; pass the "
                                             "function to run"))
@@ -243,14 +245,14 @@ class DetachedPool:
             hide_our_frames(error)
             raise
         info = self._ask("submit", timeout=_LONG, body=payload, what=what, advice=advice,
-                         ranks=None if ranks is None else list(ranks))
+                         ranks=None if ranks is None else list(ranks), read=read)
         return DetachedRun(self, info)
 
     def _foreground(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],
                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         name = getattr(function, "__name__", type(function).__name__)
         handle = self._submit(function, args, kwargs, ranks, f"a run of {name}",
-                              "wait for it, or .background.cancel()")
+                              "wait for it, or .background.cancel()", read=WATCH_WAKE)
         try:
             with interrupts_raised():
                 handle.show()
@@ -262,11 +264,13 @@ class DetachedPool:
     def leave(self) -> None:
         """Let the pool go on without this kernel (``WorkerPool.attach`` reaches it again)."""
         self._closed = True
+        self._connection.close()
 
     def close(self) -> None:
         """End the pool: its keeper and workers (a running run is cancelled first)."""
         if not self._closed:
             self._closed = True
+            self._connection.close()
             try:
                 stop_detached(self.name)
             except ValueError:
@@ -289,17 +293,22 @@ class _RemoteOutput:
     keep = KEEP_PER_RANK
     record = None
 
-    def __init__(self, pool: DetachedPool, number: int) -> None:
+    def __init__(self, pool: DetachedPool, number: int, read: dict[str, Any] | None = None) -> None:
         self._pool, self._number = pool, number
+        self._read = read  # the first read, when it came with the submit's answer
         self.ended = False
         self.count = 0
         self.dropped_lines = 0
+        self.outcome: tuple[Any, BaseException | None] | None = None  # with the last read
 
     def since(self, number: int, timeout: float | None = None) -> tuple[list[tuple[str, Any]], int, int]:
-        answer = self._pool._ask("since", timeout=30.0, run=self._number, number=number,
-                                 timeout_s=timeout)
+        answer, self._read = self._read, None
+        if answer is None or number != 0:
+            answer = self._pool._ask("since", timeout=30.0, run=self._number, number=number,
+                                     timeout_s=timeout)
         self.ended, self.count = answer["ended"], answer["count"]
         self.dropped_lines = answer["dropped_lines"]
+        self.outcome = answer.get("outcome", self.outcome)
         return answer["items"], answer["next"], answer["dropped"]
 
 
@@ -309,13 +318,18 @@ class DetachedRun(RunHandle):
     the stop button stops watching, not the run), ``logs(rank)``."""
 
     def __init__(self, pool: DetachedPool, info: dict[str, Any]) -> None:
-        super().__init__(info["what"], info["advice"], _RemoteOutput(pool, info["number"]))
+        super().__init__(info["what"], info["advice"], _RemoteOutput(pool, info["number"],
+                                                                     info.get("read")))
         self._pool, self.number = pool, info["number"]
         self._info = info
 
     def _look(self) -> None:
         """Ask the keeper how the run stands; once it has ended, fetch its outcome."""
         if self._ended.is_set():
+            return
+        if self.output.outcome is not None:  # (it came with the output's last read)
+            self._value, self._error = self.output.outcome
+            self._ended.set()
             return
         info = self._pool._ask("run")
         if info is not None and info["number"] == self.number:

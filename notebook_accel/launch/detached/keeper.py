@@ -4,12 +4,13 @@ Started by :func:`~notebook_accel.launch.detached.client.start_detached` as
 ``python -m notebook_accel.launch.detached.keeper NAME OPTIONS_JSON IDLE_TIMEOUT``: it leaves
 the starter (a fork, so that the kernel is not its parent and never has to reap it), starts the
 :class:`~notebook_accel.WorkerPool` (whose workers end with the keeper, as they would with a
-kernel), then answers one request per connection on its Unix socket (``framing.py``), each
-connection on a thread of its own: ``info``, ``stop``, and the pool's runs and questions
+kernel), then answers requests on its Unix socket (``framing.py``: one message each way, a
+kernel's connection kept for its next requests), each connection on a thread of its own: ``info``, ``stop``, and the pool's runs and questions
 (``pool_service.py``: a kernel's runs go through here, their output into rings on disk). A
 connection is answered only if it comes from this user (``SO_PEERCRED``) and presents the
-pool's token. It ends on ``stop``, on SIGTERM, or after ``idle_timeout`` seconds with no run
-and no connection, writing why to its log (its stdout).
+pool's token with its first request. It ends on ``stop``, on SIGTERM, or after
+``idle_timeout`` seconds with no run and no connection (no kernel attached), writing why to its
+log (its stdout).
 """
 
 from __future__ import annotations
@@ -100,17 +101,19 @@ class Keeper:
                 self._last = time.monotonic()
 
     def _answer(self, connection: socket.socket) -> None:
-        """Read one request and answer it, if this user's with the pool's token."""
+        """Answer a connection's requests, one at a time, if it is this user's and its first
+        request presents the pool's token."""
         uid = peer_uid(connection)
         if uid != os.getuid():
             _reply(connection, error=f"refused: detached pool {self.files.name!r} belongs to uid "
                                      f"{os.getuid()}, and this connection comes from uid {uid}")
             _log(f"refused a connection from uid {uid}")
             return
+        stream = connection.makefile("rb")
         try:
             connection.settimeout(_READ_TIMEOUT)
-            head, body = receive(connection.makefile("rb"))
-            token, op = str(head["token"]).encode(), head["op"]
+            head, body = receive(stream)
+            token, _ = str(head["token"]).encode(), head["op"]
         except (OSError, ValueError, KeyError, TypeError):
             _reply(connection, error="refused: not a request (a JSON line with token and op)")
             return
@@ -119,29 +122,43 @@ class Keeper:
                                      f"(the token is in {self.files.token})")
             _log("refused a connection with a wrong token")
             return
-        connection.settimeout(None)
+        connection.settimeout(None)  # (a kernel attached may ask nothing for hours)
+        while head is not None and self._one(connection, head, body):
+            try:
+                head, body = receive(stream)
+            except (OSError, ValueError):
+                return
+
+    def _one(self, connection: socket.socket, head: dict[str, Any], body: bytes) -> bool:
+        """Answer one request; returns whether the connection goes on."""
+        op = head.get("op")
+        with self._lock:
+            self._last = time.monotonic()
         if op == "info":
-            _reply(connection, value=self.info())
-        elif op == "stop":
+            return _reply(connection, value=self.info())
+        if op == "stop":
             _reply(connection, value="stopping")
             self._stopping.set()
-        elif op in OPS:
-            answer = self.service.answer(op, head, body)
+            return False
+        if op in OPS:
             try:
-                send(connection, {"ok": True}, answer)
+                send(connection, {"ok": True}, self.service.answer(op, head, body))
+                return True
             except OSError:
-                pass  # the kernel left (a watch stopped, a kernel killed)
-        else:
-            _reply(connection, error=f"unknown op {op!r}; valid: 'info', 'stop', "
-                                     f"{', '.join(repr(o) for o in OPS)}")
+                return False  # the kernel left (a watch stopped, a kernel killed)
+        _reply(connection, error=f"unknown op {op!r}; valid: 'info', 'stop', "
+                                 f"{', '.join(repr(o) for o in OPS)}")
+        return False
 
 
-def _reply(connection: socket.socket, value: Any = None, error: str | None = None) -> None:
+def _reply(connection: socket.socket, value: Any = None, error: str | None = None) -> bool:
+    """Answer with a JSON value or an error; returns whether it was sent."""
     answer = {"ok": False, "error": error} if error is not None else {"ok": True, "value": value}
     try:
         send(connection, answer)
+        return True
     except OSError:
-        pass  # the client left
+        return False  # the client left
 
 
 def _log(text: str) -> None:

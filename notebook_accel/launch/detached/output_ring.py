@@ -20,7 +20,6 @@ import json
 import os
 import pickle
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ class _Segment:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by the ring
+        self.file = open(path, "ab")  # noqa: SIM115 - closed by the ring; flushed by each add
         os.chmod(path, 0o600)
         self.numbers = array.array("q")
         self.offsets = array.array("q")
@@ -55,10 +54,15 @@ class _Segment:
         start = bisect.bisect_left(self.numbers, number)
         if start == len(self.numbers):
             return []
+        self.flush()
         with open(self.path, "rb") as file:
             file.seek(self.offsets[start])
             data = file.read(self.size - self.offsets[start])
         return list(zip(self.numbers[start:], data.splitlines(keepends=True), strict=True))
+
+    def flush(self) -> None:
+        if not self.file.closed:
+            self.file.flush()
 
     def remove(self) -> None:
         self.file.close()
@@ -82,6 +86,7 @@ class _Ring:
     def append(self, number: int, record: bytes) -> None:
         current = self.segments[-1]
         if current.numbers and current.size + len(record) > self.keep // 2:
+            current.flush()
             if len(self.segments) == 2:
                 old = self.segments.pop(0)
                 self.dropped_lines += len(old.numbers)
@@ -100,34 +105,40 @@ class _Ring:
 
 
 class RingOutput(RunOutput):
-    """A run's output in rings on disk under ``folder`` (emptied first), ``keep`` bytes per
-    rank; the numbering, waiting and ending of :class:`RunOutput`."""
+    """A run's output in rings on disk under ``folder`` (files ``NAME.rankN.K``, made with its
+    first line), ``keep`` bytes per rank; the numbering, waiting and ending of
+    :class:`RunOutput`."""
 
-    def __init__(self, folder: Path, keep: int = KEEP_PER_RANK) -> None:
+    def __init__(self, folder: Path, name: str = "run", keep: int = KEEP_PER_RANK) -> None:
         super().__init__(keep)
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(mode=0o700, parents=True)
-        self.folder = folder
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.folder, self.name = folder, name
         self._rings: dict[str, _Ring] = {}
         self._next = 0
 
     def add(self, stream: str, item: Any) -> None:
         """Keep a piece: each line of a text in its rank's ring, a display in the notes'."""
         with self._changed:
+            touched = set()
             if isinstance(item, str):
                 for line in item.splitlines(keepends=True):
                     match = _RANK_LINE.match(line)
-                    self._append(f"rank{match.group(1)}" if match else "notes", [stream, line])
+                    touched.add(self._append(f"rank{match.group(1)}" if match else "notes",
+                                             [stream, line]))
             else:
-                self._append("notes", [_DISPLAY, base64.b64encode(pickle.dumps(item)).decode()])
+                touched.add(self._append(
+                    "notes", [_DISPLAY, base64.b64encode(pickle.dumps(item)).decode()]))
+            for ring in touched:  # on disk at once: a keeper killed leaves it there
+                ring.segments[-1].flush()
             self._changed.notify_all()
 
-    def _append(self, key: str, record: list[str]) -> None:
+    def _append(self, key: str, record: list[str]) -> _Ring:
         ring = self._rings.get(key)
         if ring is None:
-            ring = self._rings[key] = _Ring(self.folder, key, self.keep)
+            ring = self._rings[key] = _Ring(self.folder, f"{self.name}.{key}", self.keep)
         ring.append(self._next, json.dumps(record).encode() + b"\n")
         self._next += 1
+        return ring
 
     @property
     def count(self) -> int:
@@ -163,3 +174,10 @@ class RingOutput(RunOutput):
         with self._changed:
             for ring in self._rings.values():
                 ring.close()
+
+    def remove(self) -> None:
+        """Remove its files (a later run's output replaces it)."""
+        with self._changed:
+            for ring in self._rings.values():
+                for segment in ring.segments:
+                    segment.remove()

@@ -7,9 +7,12 @@ Each operation is one request on the keeper's socket (``framing.py``) answered b
 - ``call``: one of the pool's questions or actions (``ASKED``: ``names_on``, ``revive``...),
   with what it printed;
 - ``submit``: a run of the body (a payload the kernel serialised for the pool, forwarded as
-  it is) on ``ranks``, in the background; its output goes to rings on disk (``output_ring.py``);
+  it is) on ``ranks``, in the background (on the keeper's one thread of runs); its output goes
+  to rings on disk (``output_ring.py``); with ``read`` (seconds), the answer also holds the
+  run's first read of ``since`` (a short run shown now is one request);
 - ``run``: the latest run (running or ended): its number, what it is, its state;
-- ``since``: that run's pieces of output from a number on (waiting up to ``timeout``);
+- ``since``: that run's pieces of output from a number on (waiting up to ``timeout_s``); the
+  last read of an ended run carries its outcome too (a short run is two requests);
 - ``cancel``: its stop, the stop button's consistent cut;
 - ``outcome``: its value or its error, once it has ended; ``logs``: a rank's whole output.
 
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import io
 import pickle
+import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -46,6 +51,8 @@ class PoolService:
         self.output_folder = output_folder
         self.number = 0  # the latest run's
         self._lock = threading.Lock()  # calls on the pool, one at a time
+        self._runs: queue.Queue[Callable[[], None]] = queue.Queue()
+        threading.Thread(target=self._pump, name="notebook_accel: runs", daemon=True).start()
 
     @property
     def handle(self) -> RunHandle | None:
@@ -73,6 +80,12 @@ class PoolService:
         except BaseException as error:  # noqa: BLE001 - it is the kernel's to raise
             return _dumps(("raise", _portable(error), printed.getvalue()))
 
+    def _pump(self) -> None:
+        """The runs' thread, started once: each run's output pump in turn (a thread started
+        per run would cost a short run about a millisecond)."""
+        while True:
+            self._runs.get()()
+
     def _plan(self, head: dict[str, Any], body: bytes) -> Any:
         return self.pool.plan
 
@@ -88,12 +101,20 @@ class PoolService:
     def _submit(self, head: dict[str, Any], body: bytes) -> dict[str, Any]:
         ranks = head.get("ranks")
         with self._lock:
-            self.pool._refuse_if_busy()  # (before the old run's rings are emptied)
-            output = RingOutput(self.output_folder)
+            self.pool._refuse_if_busy()  # (before the old run's rings are removed)
+            previous = self.handle
+            output = RingOutput(self.output_folder, f"run{self.number + 1}")
             handle = RunHandle(head["what"], head["advice"], output)
-            self.pool.submit_payload(body, None if ranks is None else tuple(ranks), handle)
+            self._runs.put(self.pool.submit_payload(body, None if ranks is None else tuple(ranks),
+                                                    handle))
             self.number += 1
-            return self._run(head, body)
+            if previous is not None and isinstance(previous.output, RingOutput):
+                previous.output.remove()
+            answer = self._run(head, body)
+        if head.get("read"):  # a run the kernel shows now: its first output (or end) with it
+            answer["read"] = self._since({"run": answer["number"], "number": 0,
+                                          "timeout_s": head["read"]}, b"")
+        return answer
 
     def _run(self, head: dict[str, Any], body: bytes) -> dict[str, Any] | None:
         handle = self.handle
@@ -113,8 +134,11 @@ class PoolService:
         output = self._latest(head).output
         items, following, dropped = output.since(int(head["number"]),
                                                  min(float(head.get("timeout_s") or 0), _WAIT_MOST))
-        return {"items": items, "next": following, "dropped": dropped, "ended": output.ended,
-                "count": output.count, "dropped_lines": output.dropped_lines}
+        answer = {"items": items, "next": following, "dropped": dropped, "ended": output.ended,
+                  "count": output.count, "dropped_lines": output.dropped_lines}
+        if output.ended and following == answer["count"]:  # the last read: the outcome with it
+            answer["outcome"] = self._outcome(head, body)
+        return answer
 
     def _cancel(self, head: dict[str, Any], body: bytes) -> bool:
         handle = self._latest(head)
