@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -37,6 +38,7 @@ class Connection:
         self.files, self._token = files, token
         self._socket: socket.socket | None = None
         self._stream: Any = None
+        self._lock = threading.Lock()  # one request at a time, whichever thread asks
 
     def request(self, op: str, *, body: bytes = b"", timeout: float = _ANSWER_TIMEOUT,
                 **fields: Any) -> Any:
@@ -47,6 +49,10 @@ class Connection:
             KeeperGone: nobody answers on the socket.
             PermissionError: the keeper refused (another user, a wrong token), saying why.
         """
+        with self._lock:
+            return self._request(op, body, timeout, fields)
+
+    def _request(self, op: str, body: bytes, timeout: float, fields: dict[str, Any]) -> Any:
         files = self.files
         try:
             head = {**fields, "op": op}
