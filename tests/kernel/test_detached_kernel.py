@@ -96,6 +96,11 @@ trained = {STEPS}
         assert b.value("__import__('magics.pool').pool.current().background.state()") == "finished"
         b.ok("%%accelerate\nresult = trained")  # the run's names, on the keeper's workers
         assert b.value("result") == STEPS
+        status = b.ok("%accelerate status").stdout
+        assert "detached pool 'exp1'" in status and "trained" in status, status
+        refused = b.run("%accelerate stop nosuch")
+        assert "UsageError: no detached pool named 'nosuch' is up (up: 'exp1')" in refused.stderr, \
+            refused.stderr
         b.ok("%accelerate stop exp1")
         assert detached_pools() == [] and _gone(pids) == []
         assert "no detached pool is up" in b.ok("%accelerate pools").stdout
