@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import psutil
@@ -195,6 +196,11 @@ def test_runs_go_through_the_keeper_and_any_process_of_its_user_attaches(monkeyp
             assert counts == [1] * 40, (rank, counts, watcher.stdout)
         assert "value 40" in watcher.stdout and handle.result(timeout=30) == 40
         assert handle.logs(1).splitlines() == [f"numbered {i}" for i in range(40)]
+
+        threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # the stop button
+        with pytest.raises(KeyboardInterrupt):  # ...in a run shown live: the run stops
+            pool.run(CELLS["numbered"], 10_000)
+        assert pool.background.state() == "cancelled" and "kept" in pool.names
 
         long = pool.submit(CELLS["numbered"], 10_000)
         time.sleep(1.0)

@@ -34,7 +34,7 @@ from notebook_accel.launch.payload import serialise_payload
 from notebook_accel.launch.pool import PoolUnavailable
 from notebook_accel.launch.rank_ranges import parse_ranks
 from notebook_accel.launch.request import LaunchRequest
-from notebook_accel.launch.run_handle import WATCH_WAKE, RunHandle
+from notebook_accel.launch.run_handle import RunHandle
 from notebook_accel.launch.tracebacks import hide_our_frames
 from notebook_accel.launch.views.text import say
 
@@ -121,6 +121,14 @@ class DetachedPool:
             raise hide_our_frames(PoolUnavailable(
                 f"detached pool {self.name!r} is gone: its keeper ended (why: the end of "
                 f"{self._files.log})", f"detached pool {self.name!r} is gone")) from None
+        return self._unpack(data)
+
+    def _receive(self) -> Any:
+        """The next message of a streamed run (see ``_ask``)."""
+        return self._unpack(self._connection.receive())
+
+    @staticmethod
+    def _unpack(data: bytes) -> Any:
         kind, value, printed = pickle.loads(data)
         if printed:
             sys.stdout.write(printed)
@@ -235,7 +243,7 @@ class DetachedPool:
 
     def _submit(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 ranks: tuple[int, ...] | None, what: str, advice: str,
-                read: float | None = None) -> DetachedRun:
+                stream: bool = False) -> DetachedRun:
         if not callable(function):
             raise hide_our_frames(TypeError(f"function={function!r} is not callable; pass the "
                                             "function to run"))
@@ -245,20 +253,24 @@ class DetachedPool:
             hide_our_frames(error)
             raise
         info = self._ask("submit", timeout=_LONG, body=payload, what=what, advice=advice,
-                         ranks=None if ranks is None else list(ranks), read=read)
-        return DetachedRun(self, info)
+                         ranks=None if ranks is None else list(ranks), stream=stream)
+        return DetachedRun(self, info, streaming=stream)
 
     def _foreground(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],
                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         name = getattr(function, "__name__", type(function).__name__)
         handle = self._submit(function, args, kwargs, ranks, f"a run of {name}",
-                              "wait for it, or .background.cancel()", read=WATCH_WAKE)
+                              "wait for it, or .background.cancel()", stream=True)
         try:
             with interrupts_raised():
                 handle.show()
         except KeyboardInterrupt:  # the stop button: the run's stop, as on a kernel's pool
+            handle.output.leave_stream()
             handle.cancel()
             handle.show()
+        except BaseException:
+            handle.output.leave_stream()
+            raise
         return handle.result()
 
     def leave(self) -> None:
@@ -293,22 +305,39 @@ class _RemoteOutput:
     keep = KEEP_PER_RANK
     record = None
 
-    def __init__(self, pool: DetachedPool, number: int, read: dict[str, Any] | None = None) -> None:
+    def __init__(self, pool: DetachedPool, number: int, streaming: bool = False) -> None:
         self._pool, self._number = pool, number
-        self._read = read  # the first read, when it came with the submit's answer
+        self._streaming = streaming  # its output comes on the pool's connection as it is kept
         self.ended = False
         self.count = 0
         self.dropped_lines = 0
         self.outcome: tuple[Any, BaseException | None] | None = None  # with the last read
 
+    def leave_stream(self) -> None:
+        """Stop reading the stream (its messages would be taken for answers): the connection
+        is closed (the next request opens another), the rest read from the rings."""
+        if self._streaming:
+            self._streaming = False
+            self._pool._connection.close()
+
     def since(self, number: int, timeout: float | None = None) -> tuple[list[tuple[str, Any]], int, int]:
-        answer, self._read = self._read, None
-        if answer is None or number != 0:
+        answer = None
+        if self._streaming:
+            try:
+                answer = self._pool._receive()
+            except KeeperGone:  # the keeper gave the stream up: the rest from the rings
+                self._streaming = False
+            except BaseException:  # (the stop button: the connection was closed)
+                self._streaming = False
+                raise
+        if answer is None:
             answer = self._pool._ask("since", timeout=30.0, run=self._number, number=number,
                                      timeout_s=timeout)
         self.ended, self.count = answer["ended"], answer["count"]
         self.dropped_lines = answer["dropped_lines"]
         self.outcome = answer.get("outcome", self.outcome)
+        if self.outcome is not None:
+            self._streaming = False  # (the stream's last message: the connection is free)
         return answer["items"], answer["next"], answer["dropped"]
 
 
@@ -317,9 +346,9 @@ class DetachedRun(RunHandle):
     ``done()``, ``result()``, ``cancel()``, ``watch()`` (from its first line, once, then live;
     the stop button stops watching, not the run), ``logs(rank)``."""
 
-    def __init__(self, pool: DetachedPool, info: dict[str, Any]) -> None:
+    def __init__(self, pool: DetachedPool, info: dict[str, Any], streaming: bool = False) -> None:
         super().__init__(info["what"], info["advice"], _RemoteOutput(pool, info["number"],
-                                                                     info.get("read")))
+                                                                     streaming))
         self._pool, self.number = pool, info["number"]
         self._info = info
 

@@ -86,6 +86,27 @@ class Connection:
                 else ValueError(answer["error"])
         return data if answer["size"] else answer["value"]
 
+    def receive(self) -> Any:
+        """The next message of a stream the last request began (a streamed run's output), as
+        :meth:`request` returns an answer; waits as long as it takes.
+
+        Raises:
+            KeeperGone: the stream ended (the keeper gave it up, or ended).
+        """
+        with self._lock:
+            if self._socket is None:
+                raise KeeperGone(f"the stream of detached pool {self.files.name!r} was closed")
+            try:
+                self._socket.settimeout(None)
+                answer, data = receive(self._stream)
+            except BaseException:
+                self.close()
+                raise
+            if answer is None:
+                self.close()
+                raise KeeperGone(f"the keeper of detached pool {self.files.name!r} ended the stream")
+            return data if answer["size"] else answer["value"]
+
     def close(self) -> None:
         if self._socket is not None:
             self._socket.close()

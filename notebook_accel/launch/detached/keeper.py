@@ -141,11 +141,16 @@ class Keeper:
             self._stopping.set()
             return False
         if op in OPS:
+            answer = self.service.answer(op, head, body)
+            streamed = self.service.streamed()
             try:
-                send(connection, {"ok": True}, self.service.answer(op, head, body))
-                return True
+                send(connection, {"ok": True}, answer)
             except OSError:
-                return False  # the kernel left (a watch stopped, a kernel killed)
+                if streamed is None:
+                    return False  # the kernel left (a watch stopped, a kernel killed)
+            if streamed is not None:  # a run the kernel shows now: this thread pumps it
+                return self.service.stream(connection, streamed)
+            return True
         _reply(connection, error=f"unknown op {op!r}; valid: 'info', 'stop', "
                                  f"{', '.join(repr(o) for o in OPS)}")
         return False

@@ -20,6 +20,7 @@ import json
 import os
 import pickle
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,22 +116,30 @@ class RingOutput(RunOutput):
         self.folder, self.name = folder, name
         self._rings: dict[str, _Ring] = {}
         self._next = 0
+        # called with each write's pieces as they are kept (their first number, the pieces)
+        self.listener: Callable[[int, list[tuple[str, Any]]], None] | None = None
 
     def add(self, stream: str, item: Any) -> None:
         """Keep a piece: each line of a text in its rank's ring, a display in the notes'."""
         with self._changed:
+            first = self._next
+            pieces: list[tuple[str, Any]] = []
             touched = set()
             if isinstance(item, str):
                 for line in item.splitlines(keepends=True):
                     match = _RANK_LINE.match(line)
+                    pieces.append((stream, line))
                     touched.add(self._append(f"rank{match.group(1)}" if match else "notes",
                                              [stream, line]))
             else:
+                pieces.append((Kind.DISPLAY, item))
                 touched.add(self._append(
                     "notes", [_DISPLAY, base64.b64encode(pickle.dumps(item)).decode()]))
             for ring in touched:  # on disk at once: a keeper killed leaves it there
                 ring.segments[-1].flush()
             self._changed.notify_all()
+            if self.listener is not None:
+                self.listener(first, pieces)
 
     def _append(self, key: str, record: list[str]) -> _Ring:
         ring = self._rings.get(key)

@@ -8,8 +8,9 @@ Each operation is one request on the keeper's socket (``framing.py``) answered b
   with what it printed;
 - ``submit``: a run of the body (a payload the kernel serialised for the pool, forwarded as
   it is) on ``ranks``, in the background (on the keeper's one thread of runs); its output goes
-  to rings on disk (``output_ring.py``); with ``read`` (seconds), the answer also holds the
-  run's first read of ``since`` (a short run shown now is one request);
+  to rings on disk (``output_ring.py``); with ``stream`` (a run the kernel shows now), the
+  connection's own thread runs it and sends its output as it comes, then its outcome
+  (:meth:`PoolService.stream`);
 - ``run``: the latest run (running or ended): its number, what it is, its state;
 - ``since``: that run's pieces of output from a number on (waiting up to ``timeout_s``); the
   last read of an ended run carries its outcome too (a short run is two requests);
@@ -24,8 +25,10 @@ Answers holding Python objects are cloudpickled: ``("value", value, printed)`` o
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import queue
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +43,8 @@ ASKED = ("names_on", "copies_on", "lost", "heals", "status", "revive", "stacks",
          "collectives")  # what a kernel may ask the pool (``call``)
 OPS = ("plan", "call", "submit", "run", "since", "cancel", "outcome", "logs")
 _WAIT_MOST = 5.0  # seconds a ``since`` may wait for output
+STREAM_BUFFER = 4 << 20  # bytes of a streamed run's messages waiting for a slow kernel, at most
+_FINISH_WAIT = 5.0  # seconds a streamed run's last messages may take to leave
 
 
 class PoolService:
@@ -51,6 +56,7 @@ class PoolService:
         self.output_folder = output_folder
         self.number = 0  # the latest run's
         self._lock = threading.Lock()  # calls on the pool, one at a time
+        self._local = threading.local()  # a connection's thread's run to stream (submit's)
         self._runs: queue.Queue[Callable[[], None]] = queue.Queue()
         threading.Thread(target=self._pump, name="notebook_accel: runs", daemon=True).start()
 
@@ -105,16 +111,42 @@ class PoolService:
             previous = self.handle
             output = RingOutput(self.output_folder, f"run{self.number + 1}")
             handle = RunHandle(head["what"], head["advice"], output)
-            self._runs.put(self.pool.submit_payload(body, None if ranks is None else tuple(ranks),
-                                                    handle))
+            pump = self.pool.submit_payload(body, None if ranks is None else tuple(ranks), handle)
             self.number += 1
+            if head.get("stream"):  # the connection's thread pumps it (stream())
+                self._local.streamed = (pump, output, self.number)
+            else:
+                self._runs.put(pump)
             if previous is not None and isinstance(previous.output, RingOutput):
                 previous.output.remove()
-            answer = self._run(head, body)
-        if head.get("read"):  # a run the kernel shows now: its first output (or end) with it
-            answer["read"] = self._since({"run": answer["number"], "number": 0,
-                                          "timeout_s": head["read"]}, b"")
-        return answer
+            return self._run(head, body)
+
+    def streamed(self) -> tuple[Callable[[], None], RingOutput, int] | None:
+        """The run this thread's last ``submit`` asked to stream, if any (once)."""
+        streamed, self._local.streamed = getattr(self._local, "streamed", None), None
+        return streamed
+
+    def stream(self, connection: socket.socket, streamed: tuple[Callable[[], None], RingOutput, int]) -> bool:
+        """Pump a run on this thread (no thread between the kernel and the workers), sending
+        its pieces to ``connection`` as the relay writes them, each message a ``since``
+        answer, the last with the outcome. Sends never block the run: what the kernel does not
+        take at once waits in a buffer (``STREAM_BUFFER`` at most, then the stream is given up:
+        the kernel reads the rest from the rings). Returns whether the connection goes on."""
+        pump, output, number = streamed
+        sender = _Sender(connection)
+
+        def listener(first: int, items: list[tuple[str, Any]]) -> None:
+            sender.add(_dumps(("value", {"items": items, "next": first + len(items), "dropped": 0,
+                                         "ended": False, "count": first + len(items),
+                                         "dropped_lines": output.dropped_lines}, "")))
+
+        output.listener = listener
+        try:
+            pump()
+        finally:
+            output.listener = None
+        sender.add(self.answer("since", {"run": number, "number": output.count}, b""))
+        return sender.finish()
 
     def _run(self, head: dict[str, Any], body: bytes) -> dict[str, Any] | None:
         handle = self.handle
@@ -157,7 +189,50 @@ class PoolService:
         return self._latest(head).logs(int(head["rank"]), head.get("stream"))
 
 
+class _Sender:
+    """Messages to a kernel on a socket, sent without blocking the run (see ``stream``)."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self.connection = connection
+        self.waiting = bytearray()
+        self.live = True
+
+    def add(self, answer: bytes) -> None:
+        if not self.live:
+            return
+        self.waiting += json.dumps({"ok": True, "size": len(answer)}).encode() + b"\n" + answer
+        if len(self.waiting) > STREAM_BUFFER:
+            self.live = False  # the kernel reads too slowly: it goes on from the rings
+            return
+        try:
+            self.connection.setblocking(False)
+            sent = self.connection.send(self.waiting)
+            del self.waiting[:sent]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.live = False  # the kernel left
+        finally:
+            self.connection.setblocking(True)
+
+    def finish(self) -> bool:
+        """Send what waits (within ``_FINISH_WAIT`` seconds); whether the connection goes on."""
+        if not self.live:
+            return False
+        try:
+            self.connection.settimeout(_FINISH_WAIT)
+            self.connection.sendall(self.waiting)
+            self.connection.settimeout(None)
+            return True
+        except OSError:
+            return False
+
+
 def _dumps(answer: tuple[str, Any, str]) -> bytes:
+    try:
+        return pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)  # (most answers: faster)
+    except Exception:  # noqa: BLE001 - a class defined in the notebook: by value
+        pass
     try:
         return cloudpickle.dumps(answer)
     except Exception as error:  # noqa: BLE001 - a value that cannot travel: said instead
