@@ -1,7 +1,9 @@
-"""The kernel's side of detached pools: start one, list them, stop one.
+"""The kernel's side of detached pools: start one, list them, stop one, talk to one.
 
-Each call connects to a keeper's Unix socket (``keeper.py``), presents the pool's token and
-reads one JSON answer. A socket whose keeper is gone (a stale file) is removed when met.
+A :class:`Connection` to a keeper's Unix socket (``keeper.py``) presents the pool's token with
+its first request and is kept for the next ones (one message each way: ``framing.py``);
+:func:`request` is one request on a connection of its own. A socket whose keeper is gone (a
+stale file) is removed when met.
 """
 
 from __future__ import annotations
