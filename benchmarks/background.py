@@ -9,7 +9,14 @@ latency, the same printing run in the background (lines a second into every rank
 those the cell would show, kept for ``watch``), and the buffer alone (``RunOutput``: a writer
 thread as the relay writes, 50 lines a write, a watcher thread reading as it goes).
 
+``--detached``: a detached pool (its keeper runs every run) against a kernel-owned one, both
+of this checkout, alternated in one process: ``pool.run(noop)`` latency (target <= 1.5x), a
+training step's throughput (a 2-rank DDP step of a small MLP, a line printed per step, 400 steps
+in one run; target >= 0.98x), and the lines a second into a run's rings on disk
+(``RingOutput``, as the buffer above).
+
     python benchmarks/background.py [--baseline 7c5e101] [--runs 300] [--rounds 3]
+    python benchmarks/background.py --detached [--runs 300] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
 import threading
 import time
@@ -78,6 +86,101 @@ def buffer_lines_per_s() -> float:
     return BUFFER_LINES / took
 
 
+def train(steps: int) -> float:
+    """``steps`` DDP steps of a small MLP (a line printed per step); steps a second."""
+    import torch
+
+    from notebook_accel import Accelerator
+
+    torch.manual_seed(0)
+    accelerator = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    batch, target = torch.randn(64, 256), torch.randn(64, 1)
+    began = time.perf_counter()
+    for step in range(steps):
+        loss = torch.nn.functional.mse_loss(model(batch), target)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        print(f"step {step} loss {loss.item():.4f}", flush=True)
+    return steps / (time.perf_counter() - began)
+
+
+def ring_lines_per_s(folder) -> float:
+    """Lines a second into a detached run's rings (written on disk, read back by a watcher)."""
+    from notebook_accel.launch.detached.output_ring import RingOutput
+
+    output = RingOutput(folder)
+    block = "".join(f"[rank {i % 2}] step {i:7d} loss 0.{i:06d}\n" for i in range(50))
+    seen = [0]
+
+    def watcher() -> None:
+        number = 0
+        while True:
+            items, number, dropped = output.since(number, 0.5)
+            seen[0] += len(items) + dropped
+            if output.ended and number == output.count:
+                return
+
+    reader = threading.Thread(target=watcher)
+    reader.start()
+    began = time.perf_counter()
+    for _ in range(BUFFER_LINES // 50):
+        output.stdout.write(block)
+    output.end()
+    reader.join()
+    took = time.perf_counter() - began
+    assert seen[0] == BUFFER_LINES, seen
+    return BUFFER_LINES / took
+
+
+def measure_detached(runs: int, rounds: int) -> None:
+    """A detached pool against a kernel-owned one (this checkout), alternated ``rounds`` times."""
+    import tempfile
+
+    from notebook_accel import WorkerPool
+
+    steps = 400
+    figures: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="na-bench-") as runtime:
+        os.environ["XDG_RUNTIME_DIR"] = runtime  # a runtime directory of the benchmark's own
+        owned = WorkerPool(num_processes=2)
+        detached = WorkerPool(num_processes=2, detach=True, name="bench")
+        try:
+            for pool in (owned, detached):
+                pool.run(noop)
+            for round_ in range(rounds):
+                for side, pool in ((("kernel", owned), ("detached", detached))[::-1] if round_ % 2
+                                   else (("kernel", owned), ("detached", detached))):
+                    median, p99 = latency(lambda pool=pool: pool.run(noop), runs)
+                    figures.setdefault(f"{side}_noop_ms", []).append(median)
+                    figures.setdefault(f"{side}_noop_p99_ms", []).append(p99)
+                    with contextlib.redirect_stdout(io.StringIO()):  # the cell's lines, discarded
+                        began = time.perf_counter()
+                        in_worker = pool.run(train, steps)
+                        took = time.perf_counter() - began
+                    figures.setdefault(f"{side}_steps_per_s", []).append(steps / took)
+                    figures.setdefault(f"{side}_steps_per_s_in_worker", []).append(in_worker)
+            ring = ring_lines_per_s(__import__("pathlib").Path(runtime) / "ring")
+        finally:
+            detached.close()
+            owned.close()
+    f = {key: statistics.median(values) for key, values in figures.items()}
+    print(f"2-rank pools on {os.cpu_count()} CPUs, {runs} runs, median of {rounds} alternated "
+          "rounds; a detached pool (runs through its keeper) vs a kernel-owned one")
+    for key, label, target in (
+            ("noop_ms", "pool.run(noop) median, ms", "<= 1.5x"),
+            ("noop_p99_ms", "pool.run(noop) p99, ms", ""),
+            ("steps_per_s", f"a training run, steps/s ({steps})", ">= 0.98x"),
+            ("steps_per_s_in_worker", "the same, timed in rank 0", ">= 0.98x")):
+        kernel, far = f[f"kernel_{key}"], f[f"detached_{key}"]
+        print(f"  {label:<36} kernel {kernel:9.2f}  detached {far:9.2f}  ratio {far / kernel:.2f}"
+              + (f"  (target {target})" if target else ""))
+    print(f"  {'lines/s into the rings (and read)':<36} {ring:10.0f}")
+
+
 def measure(runs: int) -> dict:
     from notebook_accel import WorkerPool
 
@@ -111,7 +214,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3, help="alternated runs of each side")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--detached", action="store_true",
+                        help="a detached pool against a kernel-owned one (this checkout only)")
     args = parser.parse_args()
+    if args.detached:
+        measure_detached(args.runs, args.rounds)
+        return
     if args.measure:
         print("FIGURES", json.dumps(measure(args.runs)), flush=True)
         return

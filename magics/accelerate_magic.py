@@ -87,7 +87,9 @@ class AccelerateMagics(Magics):
             %accelerate test     a short training sanity check on the workers (-n N)
             %accelerate config   the configuration panel
             %accelerate start    start the notebook's warm pool (-n N, launch flags):
-                                 later cells run on its workers, whose state stays
+                                 later cells run on its workers, whose state stays;
+                                 --detach [--name NAME]: a keeper owns them, they
+                                 outlive the kernel
             %accelerate status   its ranks, pids, memory, the names living on them
             %accelerate restart  fresh workers for the pool (with launch flags: those
                                  options changed); %accelerate stop ends it
@@ -98,6 +100,8 @@ class AccelerateMagics(Magics):
             %accelerate collectives  every rank's last collectives side by side (--last N)
             %accelerate watch    the pool's background cell: its lines so far, then live
             %accelerate pools    this user's detached pools on this machine
+            %accelerate attach [NAME]  make a detached pool the notebook's pool (from
+                                 any kernel of yours); %accelerate stop NAME ends one
 
         ``%%accelerate --ranks 1`` (or ``0,2-3``) runs the cell on some ranks of the pool;
         ``breakpoint()`` in a pool cell opens pdb on that rank, in the cell's input box.
@@ -138,7 +142,8 @@ class AccelerateMagics(Magics):
                   "debug": notebook_pool.debug, "stacks": notebook_pool.stacks,
                   "snapshots": commands.snapshots,
                   "collectives": notebook_pool.collectives,
-                  "watch": notebook_pool.watch, "pools": notebook_pool.pools}
+                  "watch": notebook_pool.watch, "pools": notebook_pool.pools,
+                  "attach": notebook_pool.attach}
         with notebook_pool.busy_said():
             return runner[args.command](args)
 

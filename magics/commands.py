@@ -88,7 +88,7 @@ def config(args: argparse.Namespace) -> Any:
 
 
 def snapshots(args: argparse.Namespace) -> None:
-    """List a snapshot directory (``args.directory``, else where a launch from this kernel
+    """List a snapshot directory (``args.target``, else where a launch from this kernel
     snapshots by default): :func:`notebook_accel.cli.snapshots.describe`.
 
     Raises:
@@ -96,7 +96,7 @@ def snapshots(args: argparse.Namespace) -> None:
     """
     from notebook_accel.cli import snapshots as listing
 
-    directory = args.directory
+    directory = args.target
     if directory and len(directory) > 1 and directory[0] == directory[-1] and directory[0] in "'\"":
         directory = directory[1:-1]  # IPython's magic lines keep the quotes of 'a path with spaces'
     try:

@@ -28,6 +28,7 @@ from notebook_accel.launch import (
     format_bytes,
     format_duration,
     ranks_text,
+    stop_detached,
 )
 
 _pool: WorkerPool | None = None
@@ -70,6 +71,35 @@ def _open(request: LaunchRequest, what: str) -> None:
     print(f"[notebook_accel] {what}: {plan.world_size} ranks on {plan.device_type} "
           f"({where}), process group ready, in {time.perf_counter() - started:.2f} s; "
           "%%accelerate cells now run on it (--fresh: on fresh workers)")
+    if getattr(_pool, "detached", False):
+        print(f"[notebook_accel] detached pool {_pool.name!r}: a keeper process owns its workers, "
+              "so it outlives this kernel; any kernel of yours reaches it with %accelerate "
+              f"attach {_pool.name} (%accelerate stop {_pool.name} ends it)")
+
+
+def attach(args: argparse.Namespace) -> None:
+    """``%accelerate attach [NAME]``: make the detached pool ``NAME`` (none given: the only
+    one up) the notebook's pool; say what runs on it. Several up and no name: list them."""
+    global _pool, _request
+    pool = current()
+    if pool is not None and not (getattr(pool, "detached", False) and pool.name == args.target):
+        raise UsageError("a pool is already up in this notebook; %accelerate stop ends it (a "
+                         "detached one: leave it with pool.leave(), it goes on) before attaching")
+    if args.target is None and len(detached_pools()) > 1:
+        print("several detached pools are up; %accelerate attach NAME attaches one:")
+        pools(args)
+        return
+    try:
+        _pool = WorkerPool.attach(args.target)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    _request = None
+    plan, handle = _pool.plan, _pool.background
+    running = ("; idle" if handle is None or handle.done() else
+               f"; running {handle.what} ({handle.state().removeprefix('running ')}): "
+               "%accelerate watch shows it from its first line")
+    print(f"[notebook_accel] attached to detached pool {_pool.name!r}: {plan.world_size} ranks "
+          f"on {plan.device_type}{running}; %%accelerate cells now run on it")
 
 
 def _require() -> WorkerPool:
@@ -89,7 +119,9 @@ def status(args: argparse.Namespace) -> None:
     else:
         plan = pool.plan
         print(f"pool: {plan.num_processes} ranks on {plan.device_type}, start method "
-              f"{plan.start.method}, mixed precision {plan.mixed_precision}")
+              f"{plan.start.method}, mixed precision {plan.mixed_precision}"
+              + (f"; detached pool {pool.name!r} (its keeper owns the workers)"
+                 if getattr(pool, "detached", False) else ""))
         infos = pool.status()
         for info in infos:
             state = "alive" if info.alive else f"gone (exit code {info.exitcode})"
@@ -219,6 +251,9 @@ def restart(args: argparse.Namespace) -> None:
     started), as ``%accelerate stop`` then ``start`` would."""
     global _pool
     pool = _require()
+    if getattr(pool, "detached", False):
+        raise UsageError(f"a detached pool is not restarted from a kernel: %accelerate stop "
+                         f"{pool.name}, then %accelerate start --detach again")
     lost = pool.lost
     dropped = f"names dropped: {', '.join(lost)}" if lost else ""
     changed = flags_given(args)
@@ -240,8 +275,17 @@ def restart(args: argparse.Namespace) -> None:
 
 
 def stop(args: argparse.Namespace) -> None:
-    """``%accelerate stop``: end the pool; nothing of it is left."""
+    """``%accelerate stop [NAME]``: end the notebook's pool (or the detached pool ``NAME``);
+    nothing of it is left."""
     global _pool
+    pool = current()
+    if args.target is not None and not (getattr(pool, "detached", False) and pool.name == args.target):
+        try:
+            stop_detached(args.target)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        print(f"[notebook_accel] detached pool {args.target!r} stopped")
+        return
     pool = _require()
     pool.close()
     _pool = None

@@ -328,6 +328,18 @@ _OPTIONS = (
          "and copy it what the other ranks hold alike (default); --no-heal replaces every rank",
          default=True, pool_only=True, env="NOTEBOOK_ACCEL_HEAL", file_key="heal",
          config_flag=True, magic_flag="--heal", switch=True),
+    _Opt("detach", bool, "%%accelerate start only: the pool's workers belong to a keeper process "
+         "of ours, not to the kernel: they outlive it, and any kernel of this user attaches "
+         "(%accelerate attach NAME, WorkerPool.attach(NAME))", default=False, pool_only=True,
+         magic_flag="--detach", switch=True),
+    _Opt("name", str, "%accelerate start --detach only: the detached pool's name, what a kernel "
+         "attaches by (letters, digits, '_.-'; default 'pool')", metavar="NAME", pool_only=True,
+         valid_text="a name of letters, digits, '_', '.' or '-'", magic_flag="--name"),
+    _Opt("idle_timeout", float, "%accelerate start --detach only: a detached pool with no run and "
+         "no kernel attached ends itself after this long (default 12 h), saying why in its log",
+         metavar="SECONDS", positive=True, default=12 * 3600.0, pool_only=True,
+         env="NOTEBOOK_ACCEL_IDLE_TIMEOUT", file_key="idle_timeout", config_flag=True,
+         magic_flag="--idle-timeout"),
 )
 OPTIONS: dict[str, LaunchOption] = {option.name: option for option in _OPTIONS}
 _TRUTH = {"true": True, "1": True, "yes": True, "on": True,

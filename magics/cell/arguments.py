@@ -21,8 +21,9 @@ from notebook_accel.launch import LaunchRequest
 from notebook_accel.launch import launch_options as options_table
 
 COMMANDS = ("env", "test", "config", "start", "status", "restart", "stop", "debug", "stacks",
-            "snapshots", "collectives", "watch", "pools")
-WITH_ARGUMENT = ("snapshots",)  # the commands that take one word after them: snapshots DIR
+            "snapshots", "collectives", "watch", "pools", "attach")
+# the commands that take one word after them: snapshots DIR, attach NAME, stop NAME
+WITH_ARGUMENT = ("snapshots", "attach", "stop")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -64,7 +65,7 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         magic_arguments(),
         argument("command", nargs="?", choices=COMMANDS,
-                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,snapshots,collectives,watch,pools}",
+                 metavar="{env,test,config,start,status,restart,stop,debug,stacks,snapshots,collectives,watch,pools,attach}",
                  help="line magic only: 'env' reports versions, devices and the config in "
                       "force; 'test' runs a short training sanity check on the workers; "
                       "'config' opens the config panel; 'start' starts the notebook's warm "
@@ -74,12 +75,14 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                       "'collectives' every rank's last collectives side by side (--last N); "
                       "'snapshots [DIR]' lists a snapshot directory's snapshots; "
                       "'watch' shows the pool's background cell live; 'pools' lists this "
-                      "user's detached pools. "
+                      "user's detached pools, 'attach [NAME]' makes one the notebook's pool, "
+                      "'stop NAME' ends one. "
                       "Without it (cell magic) the cell runs on every worker (on the pool's, "
                       "while one is up)."),
-        argument("directory", nargs="?", default=None, metavar="DIR",
+        argument("target", nargs="?", default=None, metavar="DIR|NAME",
                  help="with snapshots: the snapshot directory (default: the snapshot_dir in "
-                      "force, else ./snapshots/<run>)"),
+                      "force, else ./snapshots/<run>); with attach or stop: a detached pool's "
+                      "name"),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
         *(flag for option in _flagged() for flag in _flags(option)),
         argument_group("output"),

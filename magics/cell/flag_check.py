@@ -102,7 +102,8 @@ def _check_positionals(words: list[str], cell: bool, commands: tuple[str, ...],
     if words and len(words) > 1 + (words[0] in with_argument):
         extra = words[2] if words[0] in with_argument else words[1]
         if words[0] in with_argument:
-            raise UsageError(f"%accelerate {words[0]}: unexpected {extra!r}; give one directory "
-                             "(quoted if it has spaces)")
+            what = ("one directory (quoted if it has spaces)" if words[0] == "snapshots"
+                    else "one detached pool's name")
+            raise UsageError(f"%accelerate {words[0]}: unexpected {extra!r}; give {what}")
         raise UsageError(f"%accelerate {words[0]}: unexpected {words[1]!r}; give one command "
                          "followed by flags")

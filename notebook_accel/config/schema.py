@@ -107,6 +107,7 @@ class LaunchConfig:
     snapshot_every: int | None = None  # our own key: Accelerator() snapshots every N steps
     snapshot_dir: str | None = None  # our own key: where snapshots go (and resume() looks)
     check_collectives: bool | None = None  # our own key: ranks compare each collective first
+    idle_timeout: float | None = None  # our own key: seconds a detached pool waits idle, then ends
     extra: dict[str, Any] = field(default_factory=dict)
     source: Path | None = field(default=None, compare=False)  # the file it was read from
 
@@ -141,6 +142,7 @@ class LaunchConfig:
         self.snapshot_dir = _row("snapshot_dir", "snapshot_dir", self.snapshot_dir)
         self.check_collectives = _row("check_collectives", "check_collectives",
                                       self.check_collectives)
+        self.idle_timeout = _row("idle_timeout", "idle_timeout", self.idle_timeout)
         try:
             dynamo.check_section(self.extra.get(dynamo.SECTION))
         except ValueError as err:

@@ -22,6 +22,7 @@ _EXPORTS = {
     "start_detached": "notebook_accel.launch.detached.client",
     "detached_pools": "notebook_accel.launch.detached.client",
     "stop_detached": "notebook_accel.launch.detached.client",
+    "DetachedPool": "notebook_accel.launch.detached.attached",
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchRecord": "notebook_accel.launch.record",
     "last_launch": "notebook_accel.launch.record",

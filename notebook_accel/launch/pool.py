@@ -113,11 +113,18 @@ class WorkerPool(BackgroundRuns):
         ...     pool.run(train, epochs=1)    # train sees `data`; the process group is still up
     """
 
+    def __new__(cls, **options: Any) -> Any:
+        if _detached(options):  # a keeper's pool, reached through it
+            from notebook_accel.launch import DetachedPool  # (public name: detached/ uses us)
+
+            return DetachedPool.start(options)
+        return super().__new__(cls)
+
     def __init__(self, **options: Any) -> None:
         self._open(options)
 
     @classmethod
-    def from_request(cls, request: LaunchRequest) -> WorkerPool:
+    def from_request(cls, request: LaunchRequest) -> Any:
         """A pool for a front door that built its own ``request`` (the ``%accelerate start``
         magic's flags): its values are not checked again, and an error about one of them
         names where it came from (``flag --mixed-precision: ...``), before any worker starts.
@@ -125,9 +132,26 @@ class WorkerPool(BackgroundRuns):
         Raises:
             TypeError, ValueError: as ``WorkerPool(...)``.
         """
-        pool = cls.__new__(cls)
+        if _detached(request):
+            from notebook_accel.launch import DetachedPool
+
+            return DetachedPool.start(request)
+        pool = object.__new__(cls)
         pool._open(request)
         return pool
+
+    @staticmethod
+    def attach(name: str | None = None) -> Any:
+        """The detached pool ``name`` (None: the only one up), started by any kernel of this
+        user on this machine (``WorkerPool(detach=True, name=...)``): runs on it go through its
+        keeper; its latest run is ``.background`` (``.watch()``: from its first line, once).
+
+        Raises:
+            ValueError: no such pool is up (naming those that are).
+        """
+        from notebook_accel.launch import DetachedPool
+
+        return DetachedPool.attach(name)
 
     def _open(self, options: dict[str, Any] | LaunchRequest) -> None:
         with deferred_interrupts():
@@ -511,6 +535,22 @@ class WorkerPool(BackgroundRuns):
         return (f"{_REPLACED} ({reason}; a process group that may pair "
                 f"later collectives wrongly is never reused): their state was "
                 f"lost{': ' + _listed(lost) if lost else ''}")
+
+
+def _detached(options: Any) -> bool:
+    """Whether ``options`` ask for a detached pool (``detach=True``).
+
+    Raises:
+        ValueError: a detached pool's option (``name``, ``idle_timeout``) without ``detach``.
+    """
+    if options.get("detach"):
+        return True
+    given = [row for row in ("name", "idle_timeout") if options.get(row) is not None]
+    if given:
+        raise hide_our_frames(ValueError(
+            f"{', '.join(f'{row}={options[row]!r}' for row in given)}: only a detached pool "
+            "takes it; add detach=True (%accelerate start --detach)"))
+    return False
 
 
 def _say(recovery: str | None) -> None:

@@ -11,6 +11,7 @@ the next call that touches the pool, unless ``result``/``watch`` raised it alrea
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -73,12 +74,34 @@ class BackgroundRuns:
             name = getattr(function, "__name__", type(function).__name__)
             handle = RunHandle(what or f"a background run of {name}",
                                advice or "its RunHandle's .watch(), or .cancel()")
-            self._background = handle
-            threading.Thread(target=self._in_background, args=(handle, workers, ranks, payload, shared),
-                             name=f"notebook_accel: {handle.what}", daemon=True).start()
+            self._begin(handle, workers, ranks, payload, shared)
         say(f"{handle.what} runs in the background on the pool; "
             f"{'%accelerate watch' if advice else '.watch()'} shows it live")
         return handle
+
+    def submit_payload(self, payload: bytes, ranks: tuple[int, ...] | None,
+                       handle: RunHandle) -> Callable[[], None]:
+        """A run of a payload serialised elsewhere (a detached pool's keeper gets it from a
+        kernel), kept in ``handle``, as :meth:`start_background`'s; the pool counts it as
+        running at once, and the caller runs the returned function on a thread of its own
+        (the run's output pump; it returns when the run has ended: a keeper keeps one such
+        thread for all its runs).
+
+        Raises:
+            PoolUnavailable, PoolBusy, WorkerError: as :meth:`run`, at once.
+        """
+        with deferred_interrupts():
+            self.revive()
+            workers = self._usable()
+            self._background = handle
+        return functools.partial(self._in_background, handle, workers, ranks, payload,
+                                 SharedTensors())
+
+    def _begin(self, handle: RunHandle, workers: Any, ranks: tuple[int, ...] | None,
+               payload: Any, shared: SharedTensors) -> None:
+        self._background = handle
+        threading.Thread(target=self._in_background, args=(handle, workers, ranks, payload, shared),
+                         name=f"notebook_accel: {handle.what}", daemon=True).start()
 
     @property
     def background(self) -> RunHandle | None:

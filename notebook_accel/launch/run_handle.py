@@ -22,7 +22,7 @@ from notebook_accel.launch.views.rich_output import show_display
 from notebook_accel.launch.views.text import format_duration, say
 from notebook_accel.wire import Kind
 
-_WATCH_WAKE = 0.5  # seconds a watch waits for output before looking at the run again
+WATCH_WAKE = 0.5  # seconds a watch waits for output before looking at the run again
 
 
 class RunHandle:
@@ -39,10 +39,10 @@ class RunHandle:
         >>> run.cancel()    # or stop it where every rank stops together
     """
 
-    def __init__(self, what: str, advice: str) -> None:
+    def __init__(self, what: str, advice: str, output: RunOutput | None = None) -> None:
         self.what = what
         self.advice = advice
-        self.output = RunOutput()
+        self.output = RunOutput() if output is None else output
         self.presses = StopPresses()
         self.started = time.monotonic()
         self._ended = threading.Event()
@@ -171,7 +171,7 @@ class RunHandle:
                 f"its newest {self.output.keep / 1e6:.0f} MB of output; every rank's lines: "
                 ".logs(rank))", sys.stderr)
         while True:
-            items, number, dropped = self.output.since(number, _WATCH_WAKE)
+            items, number, dropped = self.output.since(number, WATCH_WAKE)
             if dropped:
                 say(f"... {dropped} pieces of output not kept (.logs(rank) has them)", sys.stderr)
             _write(items)

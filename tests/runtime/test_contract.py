@@ -91,7 +91,8 @@ def test_vocabularies_are_the_tables():
                            "snapshot_every": "NOTEBOOK_ACCEL_SNAPSHOT_EVERY",
                            "snapshot_dir": "NOTEBOOK_ACCEL_SNAPSHOT_DIR",
                            "check_collectives": "NOTEBOOK_ACCEL_CHECK_COLLECTIVES",
-                           "heal": "NOTEBOOK_ACCEL_HEAL"}
+                           "heal": "NOTEBOOK_ACCEL_HEAL",
+                           "idle_timeout": "NOTEBOOK_ACCEL_IDLE_TIMEOUT"}
     keys = {o.file_key for o in OPTIONS.values() if o.file_key}
     assert keys <= set(LaunchConfig.__dataclass_fields__)
 

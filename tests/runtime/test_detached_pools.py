@@ -13,11 +13,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import psutil
 import pytest
 
+from notebook_accel import WorkerError, WorkerPool
+from notebook_accel.launch import PoolBusy
 from notebook_accel.launch.detached.client import (
     detached_pools,
     request,
@@ -25,8 +28,31 @@ from notebook_accel.launch.detached.client import (
     stop_detached,
 )
 from notebook_accel.launch.detached.runtime_dir import pool_files, runtime_dir
+from tests.runtime.test_pool import notebook
 
 pytestmark = pytest.mark.slow
+
+CELLS = notebook("""
+    import time
+
+    def remember(value):
+        global kept
+        import torch
+        import torch.distributed as dist
+        kept = value
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return dist.get_rank(), t.item()
+
+    def numbered(steps, pause=0.05):
+        for step in range(steps):
+            print(f"numbered {step}", flush=True)
+            time.sleep(pause)
+        return steps
+
+    def fails():
+        raise ValueError("no luck on the keeper's workers")
+""")
 
 
 @pytest.fixture(autouse=True)
@@ -142,5 +168,47 @@ def test_an_idle_keeper_ends_itself_and_says_why():
     info = start_detached("sleepy", idle_timeout=2, num_processes=1)
     assert _wait_gone(info["pid"], 30)
     log = pool_files("sleepy").log.read_text()
-    assert "detached pool 'sleepy' ended: no request for 2 s (idle_timeout)" in log
+    assert "detached pool 'sleepy' ended: no run and no request for 2 s (idle_timeout)" in log
     assert detached_pools() == []
+
+
+def test_runs_go_through_the_keeper_and_any_process_of_its_user_attaches(monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_ACCEL_IDLE_TIMEOUT", "600")  # the row's environment variable
+    with pytest.raises(ValueError, match=r"name='x': only a detached pool takes it; add detach=True"):
+        WorkerPool(num_processes=1, name="x")
+    pool = WorkerPool(num_processes=2, device="cpu", detach=True, name="exp2")
+    try:
+        (info,) = detached_pools()
+        assert (info["name"], info["idle_timeout"], pool.plan.world_size) == ("exp2", 600.0, 2)
+        keeper = psutil.Process(info["pid"])
+        pids = [keeper.pid, *(child.pid for child in keeper.children(recursive=True))]
+        assert pool.run(CELLS["remember"], 7) == (0, 2.0)  # rank 0's value, a real all_reduce
+        assert pool.names == ("kept",)  # names stay on the keeper's workers
+        handle = pool.submit(CELLS["numbered"], 40)
+        with pytest.raises(PoolBusy, match=r"the pool is running a background run of numbered"):
+            pool.run(CELLS["remember"], 8)
+        watcher = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+            from notebook_accel import WorkerPool
+            print("value", WorkerPool.attach("exp2").background.watch())
+        """)], capture_output=True, text=True, timeout=120, check=True)  # another process
+        for rank in (0, 1):
+            counts = [watcher.stdout.count(f"[rank {rank}] numbered {i}\n") for i in range(40)]
+            assert counts == [1] * 40, (rank, counts, watcher.stdout)
+        assert "value 40" in watcher.stdout and handle.result(timeout=30) == 40
+        assert handle.logs(1).splitlines() == [f"numbered {i}" for i in range(40)]
+
+        threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # the stop button
+        with pytest.raises(KeyboardInterrupt):  # ...in a run shown live: the run stops
+            pool.run(CELLS["numbered"], 10_000)
+        assert pool.background.state() == "cancelled" and "kept" in pool.names
+
+        long = pool.submit(CELLS["numbered"], 10_000)
+        time.sleep(1.0)
+        assert long.cancel(timeout=30) and long.state() == "cancelled"
+        assert "kept" in pool.names  # the stop's cut kept the workers' state
+        with pytest.raises(WorkerError, match="no luck on the keeper's workers"):
+            pool.run(CELLS["fails"])
+        assert pool.run(CELLS["remember"], 9) == (0, 2.0)  # the pool goes on after a failure
+    finally:
+        pool.close()
+    assert detached_pools() == [] and all(_wait_gone(pid, 30) for pid in pids)

@@ -286,7 +286,7 @@ def test_precedence_explicit_over_env_over_file(monkeypatch):
                     "use_port": 29999, "master_addr": "10.1.1.1", "num_nodes": 2, "node_rank": 1,
                     "device": "cuda", "gpu_ids": "0,1", "cluster": None, "dynamo_backend": None,
                     "heal": None, "snapshot_every": None, "snapshot_dir": None,
-                    "check_collectives": None}
+                    "check_collectives": None, "idle_timeout": None}
     monkeypatch.setenv("NOTEBOOK_ACCEL_NUM_PROCESSES", "3")
     monkeypatch.setenv("NOTEBOOK_ACCEL_MIXED_PRECISION", "BF16")
     monkeypatch.setenv("NOTEBOOK_ACCEL_START_METHOD", "fork")
@@ -301,7 +301,7 @@ def test_precedence_explicit_over_env_over_file(monkeypatch):
 
 def test_unset_stays_none_without_a_file():
     opts = resolve_launch_options({"num_nodes": None}, None)
-    assert set(opts.values()) == {None} and len(opts) == 15
+    assert set(opts.values()) == {None} and len(opts) == 16
 
 
 def test_heal_from_the_file_and_the_environment(tmp_path, monkeypatch):

@@ -1,7 +1,9 @@
-"""The kernel's side of detached pools: start one, list them, stop one.
+"""The kernel's side of detached pools: start one, list them, stop one, talk to one.
 
-Each call connects to a keeper's Unix socket (``keeper.py``), presents the pool's token and
-reads one JSON answer. A socket whose keeper is gone (a stale file) is removed when met.
+A :class:`Connection` to a keeper's Unix socket (``keeper.py``) presents the pool's token with
+its first request and is kept for the next ones (one message each way: ``framing.py``);
+:func:`request` is one request on a connection of its own. A socket whose keeper is gone (a
+stale file) is removed when met.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
+from notebook_accel.launch.detached.framing import receive, send
 from notebook_accel.launch.detached.keeper import IDLE_TIMEOUT
 from notebook_accel.launch.detached.runtime_dir import PoolFiles, check_name, pool_files, pool_names
 from notebook_accel.launch.request import LaunchRequest
@@ -26,31 +30,102 @@ class KeeperGone(ConnectionError):
     """No keeper answers on the pool's socket (it ended, or never started)."""
 
 
-def request(files: PoolFiles, op: str, token: bytes | None = None) -> Any:
-    """Send ``op`` to the keeper of ``files`` with its token (or ``token``); returns its value.
+class Connection:
+    """A kernel's connection to one keeper, kept for its requests (one at a time): each is one
+    message each way; the token is presented once, with the first. Any error closes it (the
+    next request opens another), so a request cut short (the stop button) leaves nothing
+    half-read."""
 
-    Raises:
-        KeeperGone: nobody answers on the socket.
-        PermissionError: the keeper refused (another user, a wrong token), saying why.
-    """
-    try:
-        token = files.read_token() if token is None else token
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.settimeout(_ANSWER_TIMEOUT)
-            connection.connect(str(files.socket))
-            connection.sendall(json.dumps({"token": token.decode(), "op": op}).encode() + b"\n")
-            answer = json.loads(connection.makefile("rb").readline() or b"null")
-    except PermissionError as error:
-        raise PermissionError(f"detached pool {files.name!r}: {error.strerror} ({error.filename}); "
-                              "only the user who started it can reach it") from None
-    except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as error:
-        raise KeeperGone(f"no keeper answers for detached pool {files.name!r} ({error})") from None
-    if not isinstance(answer, dict):
-        raise KeeperGone(f"the keeper of detached pool {files.name!r} closed without an answer")
-    if not answer["ok"]:
-        raise PermissionError(answer["error"]) if answer["error"].startswith("refused") \
-            else ValueError(answer["error"])
-    return answer["value"]
+    def __init__(self, files: PoolFiles, token: bytes | None = None) -> None:
+        self.files, self._token = files, token
+        self._socket: socket.socket | None = None
+        self._stream: Any = None
+        self._lock = threading.Lock()  # one request at a time, whichever thread asks
+
+    def request(self, op: str, *, body: bytes = b"", timeout: float = _ANSWER_TIMEOUT,
+                **fields: Any) -> Any:
+        """Send ``op`` (with ``fields`` and ``body``); returns the keeper's value (an answer
+        with a body: the body's bytes).
+
+        Raises:
+            KeeperGone: nobody answers on the socket.
+            PermissionError: the keeper refused (another user, a wrong token), saying why.
+        """
+        with self._lock:
+            return self._request(op, body, timeout, fields)
+
+    def _request(self, op: str, body: bytes, timeout: float, fields: dict[str, Any]) -> Any:
+        files = self.files
+        try:
+            head = {**fields, "op": op}
+            if self._socket is None:
+                token = files.read_token() if self._token is None else self._token
+                self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._socket.connect(str(files.socket))
+                self._stream = self._socket.makefile("rb")
+                head["token"] = token.decode()
+            self._socket.settimeout(timeout)
+            send(self._socket, head, body)
+            answer, data = receive(self._stream)
+        except PermissionError as error:
+            self.close()
+            raise PermissionError(f"detached pool {files.name!r}: {error.strerror} "
+                                  f"({error.filename}); only the user who started it can reach "
+                                  "it") from None
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, BrokenPipeError,
+                TimeoutError, ValueError) as error:
+            self.close()
+            raise KeeperGone(f"no keeper answers for detached pool {files.name!r} ({error})") from None
+        except BaseException:
+            self.close()
+            raise
+        if answer is None:
+            self.close()
+            raise KeeperGone(f"the keeper of detached pool {files.name!r} closed without an answer")
+        if not answer["ok"]:
+            self.close()
+            raise PermissionError(answer["error"]) if answer["error"].startswith("refused") \
+                else ValueError(answer["error"])
+        return data if answer["size"] else answer["value"]
+
+    def receive(self) -> Any:
+        """The next message of a stream the last request began (a streamed run's output), as
+        :meth:`request` returns an answer; waits as long as it takes.
+
+        Raises:
+            KeeperGone: the stream ended (the keeper gave it up, or ended).
+        """
+        with self._lock:
+            if self._socket is None:
+                raise KeeperGone(f"the stream of detached pool {self.files.name!r} was closed")
+            try:
+                self._socket.settimeout(None)
+                answer, data = receive(self._stream)
+            except BaseException:
+                self.close()
+                raise
+            if answer is None:
+                self.close()
+                raise KeeperGone(f"the keeper of detached pool {self.files.name!r} ended the stream")
+            return data if answer["size"] else answer["value"]
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = self._stream = None
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def request(files: PoolFiles, op: str, token: bytes | None = None, *, body: bytes = b"",
+            timeout: float = _ANSWER_TIMEOUT, **fields: Any) -> Any:
+    """One request on a connection of its own: see :meth:`Connection.request`."""
+    with Connection(files, token) as connection:
+        return connection.request(op, body=body, timeout=timeout, **fields)
 
 
 def start_detached(name: str, idle_timeout: float = IDLE_TIMEOUT, **options: Any) -> dict[str, Any]:

@@ -4,10 +4,13 @@ Started by :func:`~notebook_accel.launch.detached.client.start_detached` as
 ``python -m notebook_accel.launch.detached.keeper NAME OPTIONS_JSON IDLE_TIMEOUT``: it leaves
 the starter (a fork, so that the kernel is not its parent and never has to reap it), starts the
 :class:`~notebook_accel.WorkerPool` (whose workers end with the keeper, as they would with a
-kernel), then answers one JSON request per connection on its Unix socket: ``info`` and
-``stop``. A connection is answered only if it comes from this user (``SO_PEERCRED``) and
-presents the pool's token. It ends on ``stop``, on SIGTERM, or after ``idle_timeout`` seconds
-without a request, writing why to its log (its stdout).
+kernel), then answers requests on its Unix socket (``framing.py``: one message each way, a
+kernel's connection kept for its next requests), each connection on a thread of its own: ``info``, ``stop``, and the pool's runs and questions
+(``pool_service.py``: a kernel's runs go through here, their output into rings on disk). A
+connection is answered only if it comes from this user (``SO_PEERCRED``) and presents the
+pool's token with its first request. It ends on ``stop``, on SIGTERM, or after
+``idle_timeout`` seconds with no run and no connection (no kernel attached), writing why to its
+log (its stdout).
 """
 
 from __future__ import annotations
@@ -19,14 +22,18 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from typing import Any
 
+from notebook_accel.contract import OPTIONS
+from notebook_accel.launch.detached.framing import receive, send
+from notebook_accel.launch.detached.pool_service import OPS, PoolService
 from notebook_accel.launch.detached.runtime_dir import PoolFiles, pool_files
 
-IDLE_TIMEOUT = 12 * 3600.0  # seconds without a request after which a keeper ends itself
+IDLE_TIMEOUT: float = OPTIONS["idle_timeout"].default  # seconds idle after which a keeper ends
 _READ_TIMEOUT = 5.0  # seconds a connection has to send its request
-_REQUEST_BYTES = 1 << 16
+_TICK = 0.5  # seconds between two looks at the stop and the idle time
 
 
 class _Stopped(Exception):
@@ -40,12 +47,18 @@ def peer_uid(connection: socket.socket) -> int:
 
 
 class Keeper:
-    """Serves one detached pool's socket until it is told to stop or stays idle too long."""
+    """Serves one detached pool's socket (a thread per connection) until it is told to stop
+    or stays idle too long: no run running and no connection open."""
 
     def __init__(self, files: PoolFiles, token: bytes, pool: Any, idle_timeout: float) -> None:
         self.files, self.token, self.pool = files, token, pool
         self.idle_timeout = idle_timeout
         self.since = time.time()
+        self.service = PoolService(pool, files.output)
+        self._stopping = threading.Event()
+        self._open = 0  # connections being answered
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
 
     def info(self) -> dict[str, Any]:
         """Name, pid, ranks, device, state, since, memory (bytes: the keeper's and its ranks')."""
@@ -55,62 +68,102 @@ class Keeper:
         memory = psutil.Process().memory_info().rss + sum(r.rss or 0 for r in ranks)
         return {"name": self.files.name, "pid": os.getpid(), "ranks": len(ranks),
                 "alive": sum(r.alive for r in ranks), "device": self.pool.plan.device_type,
-                "state": "idle", "since": self.since, "memory": memory,
+                "state": self.service.state(), "since": self.since, "memory": memory,
                 "idle_timeout": self.idle_timeout}
 
     def serve(self, server: socket.socket) -> str:
         """Answer requests; returns why it stopped."""
-        last = time.monotonic()
-        while True:
-            left = self.idle_timeout - (time.monotonic() - last)
-            if left <= 0:
-                return f"no request for {self.idle_timeout:g} s (idle_timeout)"
-            server.settimeout(left)
+        server.settimeout(_TICK)
+        while not self._stopping.is_set():
+            with self._lock:
+                if self._open or self.service.running():
+                    self._last = time.monotonic()
+                idle = time.monotonic() - self._last
+            if idle >= self.idle_timeout:
+                return f"no run and no request for {self.idle_timeout:g} s (idle_timeout)"
             try:
                 connection, _ = server.accept()
             except TimeoutError:
                 continue
-            with connection:
-                if self._answer(connection) == "stop":
-                    return "stopped on request"
-            last = time.monotonic()
+            with self._lock:
+                self._open += 1
+            threading.Thread(target=self._connection, args=(connection,), daemon=True,
+                             name="notebook_accel: keeper connection").start()
+        return "stopped on request"
 
-    def _answer(self, connection: socket.socket) -> str | None:
-        """Read one request and answer it; returns its op when it was allowed."""
+    def _connection(self, connection: socket.socket) -> None:
+        try:
+            with connection:
+                self._answer(connection)
+        finally:
+            with self._lock:
+                self._open -= 1
+                self._last = time.monotonic()
+
+    def _answer(self, connection: socket.socket) -> None:
+        """Answer a connection's requests, one at a time, if it is this user's and its first
+        request presents the pool's token."""
         uid = peer_uid(connection)
         if uid != os.getuid():
             _reply(connection, error=f"refused: detached pool {self.files.name!r} belongs to uid "
                                      f"{os.getuid()}, and this connection comes from uid {uid}")
             _log(f"refused a connection from uid {uid}")
-            return None
+            return
+        stream = connection.makefile("rb")
         try:
             connection.settimeout(_READ_TIMEOUT)
-            request = json.loads(connection.makefile("rb").readline(_REQUEST_BYTES))
-            token, op = str(request["token"]).encode(), request["op"]
+            head, body = receive(stream)
+            token, _ = str(head["token"]).encode(), head["op"]
         except (OSError, ValueError, KeyError, TypeError):
             _reply(connection, error="refused: not a request (a JSON line with token and op)")
-            return None
+            return
         if not hmac.compare_digest(token, self.token):
             _reply(connection, error=f"refused: wrong token for detached pool {self.files.name!r} "
                                      f"(the token is in {self.files.token})")
             _log("refused a connection with a wrong token")
-            return None
+            return
+        connection.settimeout(None)  # (a kernel attached may ask nothing for hours)
+        while head is not None and self._one(connection, head, body):
+            try:
+                head, body = receive(stream)
+            except (OSError, ValueError):
+                return
+
+    def _one(self, connection: socket.socket, head: dict[str, Any], body: bytes) -> bool:
+        """Answer one request; returns whether the connection goes on."""
+        op = head.get("op")
+        with self._lock:
+            self._last = time.monotonic()
         if op == "info":
-            _reply(connection, value=self.info())
-        elif op == "stop":
+            return _reply(connection, value=self.info())
+        if op == "stop":
             _reply(connection, value="stopping")
-        else:
-            _reply(connection, error=f"unknown op {op!r}; valid: 'info', 'stop'")
-            return None
-        return op
+            self._stopping.set()
+            return False
+        if op in OPS:
+            answer = self.service.answer(op, head, body)
+            streamed = self.service.streamed()
+            try:
+                send(connection, {"ok": True}, answer)
+            except OSError:
+                if streamed is None:
+                    return False  # the kernel left (a watch stopped, a kernel killed)
+            if streamed is not None:  # a run the kernel shows now: this thread pumps it
+                return self.service.stream(connection, streamed)
+            return True
+        _reply(connection, error=f"unknown op {op!r}; valid: 'info', 'stop', "
+                                 f"{', '.join(repr(o) for o in OPS)}")
+        return False
 
 
-def _reply(connection: socket.socket, value: Any = None, error: str | None = None) -> None:
+def _reply(connection: socket.socket, value: Any = None, error: str | None = None) -> bool:
+    """Answer with a JSON value or an error; returns whether it was sent."""
     answer = {"ok": False, "error": error} if error is not None else {"ok": True, "value": value}
     try:
-        connection.sendall(json.dumps(answer).encode() + b"\n")
+        send(connection, answer)
+        return True
     except OSError:
-        pass  # the client left
+        return False  # the client left
 
 
 def _log(text: str) -> None:

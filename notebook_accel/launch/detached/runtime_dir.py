@@ -4,13 +4,15 @@
 ``/tmp/notebook_accel-UID``. It is made mode 0700 and refused unless it is this user's, not a
 link, and closed to everyone else (someone else's directory at that path could hand us their
 sockets). Each pool has ``NAME.sock`` (the keeper's socket), ``NAME.token`` (0600: what a
-connection presents) and ``NAME.log`` (the keeper's own output, with why it ended).
+connection presents), ``NAME.log`` (the keeper's own output, with why it ended) and
+``NAME.out/`` (its latest run's output, a ring per rank: ``output_ring.py``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -63,6 +65,7 @@ class PoolFiles:
     socket: Path
     token: Path
     log: Path
+    output: Path  # the folder of the latest run's output rings
 
     def read_token(self) -> bytes:
         """The pool's token (what a connection presents)."""
@@ -77,9 +80,11 @@ class PoolFiles:
         return token
 
     def remove(self) -> None:
-        """Remove the socket and the token (the log stays, to say why the pool ended)."""
+        """Remove the socket, the token and the output (the log stays, to say why the pool
+        ended)."""
         for path in (self.socket, self.token):
             path.unlink(missing_ok=True)
+        shutil.rmtree(self.output, ignore_errors=True)
 
 
 def pool_files(name: str) -> PoolFiles:
@@ -93,7 +98,8 @@ def pool_files(name: str) -> PoolFiles:
     if len(os.fsencode(socket)) > _SOCKET_PATH_MAX:
         raise ValueError(f"{socket}: too long for a socket's path ({_SOCKET_PATH_MAX} bytes at "
                          "most); set XDG_RUNTIME_DIR to a shorter directory")
-    return PoolFiles(name, socket, folder / f"{name}.token", folder / f"{name}.log")
+    return PoolFiles(name, socket, folder / f"{name}.token", folder / f"{name}.log",
+                     folder / f"{name}.out")
 
 
 def pool_names() -> list[str]:
