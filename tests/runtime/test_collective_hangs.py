@@ -11,7 +11,7 @@ import pytest
 from notebook_accel import WorkerError, WorkerPool, notebook_launcher
 
 
-def _different_collectives_at_the_same_number():
+def different_collectives_at_the_same_number():
     import torch
     import torch.distributed as dist
 
@@ -29,45 +29,48 @@ def _different_collectives_at_the_same_number():
 def _line_of(text: str) -> int:
     import inspect
 
-    source, first = inspect.getsourcelines(_different_collectives_at_the_same_number)
+    source, first = inspect.getsourcelines(different_collectives_at_the_same_number)
     return first + next(i for i, line in enumerate(source) if text in line)
 
 
-def _said(err: str) -> str:
+def said(err: str) -> str:
+    """The hang's block of last collectives in ``err`` (said once)."""
     assert err.count("last collectives: ") == 1, err
     return err.split("last collectives: ")[1].split("every rank's stack now:")[0]
 
 
-def _assert_names_both(said: str) -> None:
-    number = re.search(r"the ranks called different collectives at #(\d+) \(group default\)", said)
-    assert number, said
-    assert f"rank 0 waits in all_reduce #{number[1]} (float32[1024]" in said, said
-    assert f"rank 1 waits in broadcast #{number[1]} (float32[10]" in said, said
-    assert f"line {_line_of('torch.ones(1024)')}, in _different" in said, said
-    assert f"line {_line_of('torch.ones(10), 0')}, in _different" in said, said
+def assert_names_both(block: str) -> None:
+    """``block`` (the hang's) names rank 0's all_reduce and rank 1's broadcast at one number,
+    each on its own line of :func:`different_collectives_at_the_same_number`."""
+    number = re.search(r"the ranks called different collectives at #(\d+) \(group default\)", block)
+    assert number, block
+    assert f"rank 0 waits in all_reduce #{number[1]} (float32[1024]" in block, block
+    assert f"rank 1 waits in broadcast #{number[1]} (float32[10]" in block, block
+    assert f"line {_line_of('torch.ones(1024)')}, in different" in block, block
+    assert f"line {_line_of('torch.ones(10), 0')}, in different" in block, block
 
 
 def test_a_one_off_launch_names_the_collectives_the_ranks_disagree_on(capsys):
     started = time.monotonic()
     with pytest.raises(WorkerError, match="timed out"):
-        notebook_launcher(_different_collectives_at_the_same_number, num_processes=2,
+        notebook_launcher(different_collectives_at_the_same_number, num_processes=2,
                           hang_after=1, timeout=6, output="all")
     assert time.monotonic() - started < 30
-    _assert_names_both(_said(capsys.readouterr().err))
+    assert_names_both(said(capsys.readouterr().err))
 
 
 @pytest.mark.slow
 def test_a_pools_hang_names_the_collectives_the_ranks_disagree_on(capsys):
     with (WorkerPool(num_processes=2, hang_after=1, timeout=8, stop_wait=1) as pool,
           pytest.raises(WorkerError, match="timed out")):
-        pool.run(_different_collectives_at_the_same_number)
-    _assert_names_both(_said(capsys.readouterr().err))
+        pool.run(different_collectives_at_the_same_number)
+    assert_names_both(said(capsys.readouterr().err))
 
 
 def test_check_collectives_raises_on_each_ranks_line_instead_of_hanging():
     started = time.monotonic()
     with pytest.raises(WorkerError) as failed:
-        notebook_launcher(_different_collectives_at_the_same_number, num_processes=2,
+        notebook_launcher(different_collectives_at_the_same_number, num_processes=2,
                           check_collectives=True, hang_after=30, timeout=30, output="none")
     assert time.monotonic() - started < 20  # raised, not timed out
     error = failed.value
@@ -80,7 +83,7 @@ def test_check_collectives_raises_on_each_ranks_line_instead_of_hanging():
     assert int(last_frame) == line, error.remote_traceback  # the rank's own line, last
 
 
-def _collectives_then_a_sub_group():
+def collectives_then_a_sub_group():
     import torch
     import torch.distributed as dist
 
@@ -92,7 +95,7 @@ def _collectives_then_a_sub_group():
 @pytest.mark.slow
 def test_an_idle_pools_last_collectives_side_by_side():
     with WorkerPool(num_processes=2) as pool:
-        pool.run(_collectives_then_a_sub_group)
+        pool.run(collectives_then_a_sub_group)
         text = pool.collectives(last=2)
         with pytest.raises(ValueError, match="last must be an integer >= 1"):
             pool.collectives(last=0)
