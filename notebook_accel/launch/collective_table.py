@@ -17,7 +17,7 @@ from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.tracebacks import short_place
 from notebook_accel.wire import Collective
 
-_WIDEST = 56  # characters a cell shows at most
+_WIDEST = 64  # characters a cell shows at most
 _GAP = "  "
 _COLUMNS = 8  # columns shown at most, those of the most ranks (the rest are counted)
 
@@ -71,11 +71,14 @@ def _group_table(group: str, known: Mapping[int, tuple[Collective, ...]], last: 
 
 
 def _cell(collective: Collective | None) -> str:
+    """The operation, its tensors (cut short to fit :data:`_WIDEST`: the rest is kept
+    whole), the user's line, and ``waiting`` while the rank is in it."""
     if collective is None:
         return "-"
-    text = " ".join([collective.op, ",".join(collective.tensors)]).strip()
-    if collective.where is not None:
-        text += " " + short_place(collective.where[0], collective.where[1])
-    if not collective.done:
-        text += " waiting"
-    return text if len(text) <= _WIDEST else text[:_WIDEST - 3] + "..."
+    place = "" if collective.where is None else " " + short_place(*collective.where[:2])
+    waiting = "" if collective.done else " waiting"
+    tensors = ",".join(collective.tensors)
+    room = max(8, _WIDEST - len(collective.op) - len(place) - len(waiting) - 1)
+    if len(tensors) > room:
+        tensors = tensors[:room - 3] + "..."
+    return " ".join(filter(None, [collective.op, tensors])) + place + waiting

@@ -104,3 +104,40 @@ def test_an_idle_pools_last_collectives_side_by_side():
     assert "all_reduce float32[3] test_collective_hangs.py:" in lines[2], text
     assert "broadcast int64[2,2] test_collective_hangs.py:" in lines[3], text
     assert int(lines[3].split()[0]) == int(lines[2].split()[0]) + 1
+
+
+def _rank_0_waits_for_rank_1(marker):
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(3))
+    if dist.get_rank() == 1:
+        while not os.path.exists(marker):  # rank 1 elsewhere until the test lets it go
+            time.sleep(0.05)
+    dist.all_reduce(torch.ones(5))  # rank 0 waits here meanwhile
+    return dist.get_rank()
+
+
+@pytest.mark.slow
+def test_a_busy_pools_collectives_show_the_one_a_rank_waits_in(tmp_path):
+    """A background run is in flight and its supervisor reads the channels: the ranks' answers
+    reach pool.collectives() through it, rank 0's all_reduce said as waiting."""
+    marker = tmp_path / "go"
+    with WorkerPool(num_processes=2) as pool:
+        run = pool.submit(_rank_0_waits_for_rank_1, str(marker))
+        deadline = time.monotonic() + 15
+        while "waiting" not in (text := pool.collectives(last=2)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not run.done()
+        lines = text.splitlines()
+        assert lines[1].split() == ["#", "rank", "0", "rank", "1"], text
+        number = int(lines[-1].split()[0])
+        assert re.search(rf"^{number}  all_reduce float32\[5\] test_collective_hangs.py:\d+ waiting\s+-$",
+                         lines[-1]), text
+        assert "all_reduce float32[3]" in lines[-2] and lines[-2].count("all_reduce float32[3]") == 2, text
+        marker.touch()
+        assert run.result(timeout=15) == 0
+        assert pool.run(collectives_then_a_sub_group) is None  # the pool goes on

@@ -45,3 +45,11 @@ def test_1024_ranks_alike_are_one_column_and_past_eight_columns_the_rest_are_cou
     lines = collectives_text(uneven, last=3).splitlines()
     assert lines[1].split()[:3] == ["#", "rank", "0"] and len(lines[1].split()) == 1 + 2 * 8
     assert lines[-1] == "(ranks 8-1023: 1016 other columns, not shown)"
+
+
+def test_a_long_cell_cuts_its_tensors_and_keeps_its_line_and_waiting_whole():
+    many = tuple(f"float32[{n},1024]" for n in range(10))
+    text = collectives_text({0: (_c(1, tensors=many, done=False),)}, last=1)
+    cell = text.splitlines()[-1].split("  ", 1)[1]
+    assert cell.startswith("all_reduce float32[0,1024],float32[1,")
+    assert cell.endswith("... train.py:11 waiting") and len(cell) <= 64, cell
