@@ -99,7 +99,7 @@ def _check_positionals(words: list[str], cell: bool, commands: tuple[str, ...],
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UsageError(f"%accelerate: unknown command {words[0]!r}{hint}; "
                          f"commands: {', '.join(commands)}")
-    if len(words) > 1 + (words[0] in with_argument):
+    if words and len(words) > 1 + (words[0] in with_argument):
         extra = words[2] if words[0] in with_argument else words[1]
         if words[0] in with_argument:
             raise UsageError(f"%accelerate {words[0]}: unexpected {extra!r}; give one directory "
