@@ -141,3 +141,36 @@ def test_a_busy_pools_collectives_show_the_one_a_rank_waits_in(tmp_path):
         marker.touch()
         assert run.result(timeout=15) == 0
         assert pool.run(collectives_then_a_sub_group) is None  # the pool goes on
+
+
+def _a_quiet_group_pushed_out_of_the_ring():
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from notebook_accel import Accelerator
+    from notebook_accel.launch.worker.flight_recorder import RING
+
+    Accelerator()
+    quiet = dist.new_group([0, 1], group_desc="quiet")
+    dist.all_reduce(torch.ones(2), group=quiet)  # used once (an evaluation's group)
+    for _ in range(RING + 100):  # a busy default group (DDP's gradients) fills the ring
+        dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(2), group=quiet)  # rank 0 waits here
+    else:
+        time.sleep(30)  # rank 1 never comes
+
+
+def test_a_rank_whose_ring_lost_a_quiet_group_is_still_said_to_be_short_of_it(capsys):
+    """The ring is the process's: a busy group pushes a quiet group's entries out. The rank
+    that never reached the quiet group's collective is still named, with how far short."""
+    with pytest.raises(WorkerError, match="timed out"):
+        notebook_launcher(_a_quiet_group_pushed_out_of_the_ring, num_processes=2, hang_after=1,
+                          timeout=10, output="all")
+    block = said(capsys.readouterr().err)
+    assert block.startswith("not every rank reached all_reduce #2 (group quiet):"), block
+    assert "rank 0 waits in all_reduce #2 (float32[2]" in block, block
+    assert re.search(r"rank 1 never reached it: it is at .*line \d+, in _a_quiet_group_pushed_out_of_"
+                     r"the_ring \(time.sleep\(30\)  # rank 1 never comes\), 1 collective short", block), block
