@@ -100,7 +100,7 @@ def test_an_idle_pools_last_collectives_side_by_side():
         with pytest.raises(ValueError, match="last must be an integer >= 1"):
             pool.collectives(last=0)
     lines = text.splitlines()
-    assert lines[:2] == ["group default (the last 2):", lines[1]] and lines[1].split() == ["#", "ranks", "0,", "1"]
+    assert lines[:2] == ["group default (the last 2):", lines[1]] and lines[1].split() == ["#", "ranks", "0,", "1"], text
     assert "all_reduce float32[3] test_collective_hangs.py:" in lines[2], text
     assert "broadcast int64[2,2] test_collective_hangs.py:" in lines[3], text
     assert int(lines[3].split()[0]) == int(lines[2].split()[0]) + 1
@@ -129,7 +129,8 @@ def test_a_busy_pools_collectives_show_the_one_a_rank_waits_in(tmp_path):
     with WorkerPool(num_processes=2) as pool:
         run = pool.submit(_rank_0_waits_for_rank_1, str(marker))
         deadline = time.monotonic() + 15
-        while "waiting" not in (text := pool.collectives(last=2)) and time.monotonic() < deadline:
+        while ("float32[5]" not in (text := pool.collectives(last=2))  # (rank 0 there yet)
+               and time.monotonic() < deadline):
             time.sleep(0.2)
         assert not run.done()
         lines = text.splitlines()
