@@ -10,8 +10,9 @@ for each group some rank waits in:
 - the same operation with different tensors (shapes or dtypes);
 - ranks that never reached the number, and where they are instead (from their stacks).
 
-Ranks that say the same thing are one line (``ranks 0-1022``), so 1024 ranks take as many
-lines as there are different answers. Pure functions: the hang watch, one-off launches'
+Ranks that say the same thing are one line (``ranks 0-1022``), most ranks first, so 1024
+ranks take as many lines as there are different answers, and at most 8 of each kind (the
+rest counted on one line: ``ranks 8-1023: 1016 other calls``). Pure functions: the hang watch, one-off launches'
 dumps and a cluster's ranks all feed it alike.
 """
 
@@ -27,6 +28,7 @@ from notebook_accel.wire import Collective
 
 DEFAULT_GROUP = "default"
 _GROUPS_SAID = 3  # groups some rank waits in, said at most (the rest are counted)
+_ANSWERS_SAID = 8  # lines per group, each for the ranks that answer alike (the rest counted)
 
 
 def disagreement(recorders: Mapping[int, Sequence[Collective] | None],
@@ -83,23 +85,35 @@ def _group_text(group: str, known: Mapping[int, tuple[Collective, ...]],
     for rank, c in sorted(at.items()):
         kinds.setdefault((c.op, c.tensors), []).append(rank)
     lines = [_verdict(kinds, [*behind, *ended], number, group)]
-    for (op, tensors), ranks in sorted(kinds.items(), key=lambda kind: -len(kind[1])):
+    ordered = sorted(kinds.items(), key=lambda kind: (-len(kind[1]), kind[1][0]))
+    for (op, tensors), ranks in ordered[:_ANSWERS_SAID]:
         c = at[ranks[0]]
         details = [", ".join(tensors) or "no tensor"]
         where = c.where or (None if c.done else _users_innermost(stacks.get(ranks[0], ())))
         if where is not None:
             details.append(_where(where))
         lines.append(f"  {ranks_text(ranks)} {_verb(ranks, at)} {op} #{number} ({'; '.join(details)})")
-    for where, ranks in _places(behind, stacks).items():
+    lines += _counted([ranks for _, ranks in ordered[_ANSWERS_SAID:]], "other calls")
+    places = sorted(_places(behind, stacks).items(), key=lambda place: (-len(place[1]), place[1][0]))
+    for where, ranks in places[:_ANSWERS_SAID]:
         short = {number - (latest[r].number if latest[r] is not None else 0) for r in ranks}
         count = f"{min(short)}-{max(short)}" if len(short) > 1 else str(short.pop())
         lines.append(f"  {ranks_text(ranks)} never reached it: "
                      f"{'they are' if len(ranks) > 1 else 'it is'} {where}, "
                      f"{count} collective{'' if count == '1' else 's'} short")
+    lines += _counted([ranks for _, ranks in places[_ANSWERS_SAID:]],
+                      "other places, short of it (their stacks are below)")
     if ended:
         lines.append(f"  {ranks_text(ended)} never reached it: "
                      f"{'their runs' if len(ended) > 1 else 'its run'} ended")
     return "\n".join(lines)
+
+
+def _counted(groups: Sequence[Sequence[int]], what: str) -> list[str]:
+    """One line for the answers past :data:`_ANSWERS_SAID` (none: no line)."""
+    if not groups:
+        return []
+    return [f"  {ranks_text([rank for ranks in groups for rank in ranks])}: {len(groups)} {what}"]
 
 
 def _verb(ranks: Sequence[int], at: Mapping[int, Collective]) -> str:

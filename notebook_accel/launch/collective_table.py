@@ -4,7 +4,8 @@ One table per process group; a row per collective number, a column per rank, whe
 whose columns read alike share one (``ranks 0-1022``), so a thousand ranks that agree take
 one column and the one that does not stands out beside it. A cell reads
 ``all_reduce float32[1024] train.py:18``, ``... waiting`` while the rank is still in it,
-``-`` where the rank has no such collective (not issued, or out of its ring).
+``-`` where the rank has no such collective (not issued, or out of its ring). Past 8
+different columns, those of the most ranks are shown and the rest counted on one line.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from notebook_accel.launch.rank_ranges import ranks_text
 from notebook_accel.launch.tracebacks import short_place
 from notebook_accel.wire import Collective
 
-_WIDEST = 56  # characters a cell shows at most
+_WIDEST = 64  # characters a cell shows at most
 _GAP = "  "
+_COLUMNS = 8  # columns shown at most, those of the most ranks (the rest are counted)
 
 
 def collectives_text(recorders: Mapping[int, Sequence[Collective] | None], last: int,
@@ -50,6 +52,12 @@ def _group_table(group: str, known: Mapping[int, tuple[Collective, ...]], last: 
         cells = tuple(_cell(by_rank[rank].get(n)) for n in rows)
         columns.setdefault(cells, []).append(rank)
     ordered = sorted(columns.items(), key=lambda column: column[1][0])
+    if len(ordered) > _COLUMNS:  # the most ranks' columns, still in rank order; the rest counted
+        kept = sorted(ordered, key=lambda column: (-len(column[1]), column[1][0]))[:_COLUMNS]
+        rest = [rank for cells, ranks in ordered if (cells, ranks) not in kept for rank in ranks]
+        ordered = [column for column in ordered if column in kept]
+    else:
+        rest = []
     heads = ["#"] + [ranks_text(ranks) for _, ranks in ordered]
     body = [[str(n)] + [cells[i] for cells, _ in ordered] for i, n in enumerate(rows)]
     widths = [max(len(row[i]) for row in [heads, *body]) for i in range(len(heads))]
@@ -57,15 +65,20 @@ def _group_table(group: str, known: Mapping[int, tuple[Collective, ...]], last: 
     for row in [heads, *body]:
         lines.append(_GAP.join(text.rjust(widths[0]) if i == 0 else text.ljust(widths[i])
                                for i, text in enumerate(row)).rstrip())
+    if rest:
+        lines.append(f"({ranks_text(rest)}: {len(columns) - _COLUMNS} other columns, not shown)")
     return "\n".join(lines)
 
 
 def _cell(collective: Collective | None) -> str:
+    """The operation, its tensors (cut short to fit :data:`_WIDEST`: the rest is kept
+    whole), the user's line, and ``waiting`` while the rank is in it."""
     if collective is None:
         return "-"
-    text = " ".join([collective.op, ",".join(collective.tensors)]).strip()
-    if collective.where is not None:
-        text += " " + short_place(collective.where[0], collective.where[1])
-    if not collective.done:
-        text += " waiting"
-    return text if len(text) <= _WIDEST else text[:_WIDEST - 3] + "..."
+    place = "" if collective.where is None else " " + short_place(*collective.where[:2])
+    waiting = "" if collective.done else " waiting"
+    tensors = ",".join(collective.tensors)
+    room = max(8, _WIDEST - len(collective.op) - len(place) - len(waiting) - 1)
+    if len(tensors) > room:
+        tensors = tensors[:room - 3] + "..."
+    return " ".join(filter(None, [collective.op, tensors])) + place + waiting

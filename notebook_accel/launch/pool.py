@@ -355,7 +355,8 @@ class WorkerPool(BackgroundRuns):
     def collectives(self, last: int = 8, timeout: float = 5.0) -> str:
         """Every rank's last ``last`` collectives per process group, side by side, aligned by
         their number (ranks that read alike share a column): what each rank issued, with
-        dtypes, shapes and the user's line, and which one it still waits in.
+        dtypes, shapes and the user's line, and which one it still waits in; while a
+        background run runs too (its ranks answer even inside a collective).
 
         Example: ``print(pool.collectives(last=4))``.
 
@@ -365,7 +366,8 @@ class WorkerPool(BackgroundRuns):
         """
         if isinstance(last, bool) or not isinstance(last, int) or last < 1:
             raise ValueError(f"collectives(last={last!r}): last must be an integer >= 1")
-        recorders, silent = ask_recorders(self._usable().handles, last, timeout)
+        running = self._background is not None and not self._background.done()
+        recorders, silent = ask_recorders(self._usable().handles, last, timeout, running)
         return collectives_text(recorders, last, silent)
 
     def _run(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],

@@ -17,12 +17,13 @@ from typing import Any
 from notebook_accel.launch.output import OutputRelay
 from notebook_accel.launch.signal_all import signal_all
 from notebook_accel.launch.tracebacks import dump_frames, is_dump_line
-from notebook_accel.launch.worker.flight_recorder import read_dump_line
+from notebook_accel.launch.worker.flight_recorder import DUMP_MARK, read_dump_line
 from notebook_accel.wire import Collective
 
 Frames = tuple[tuple[str, int, str], ...]
 Recorder = tuple[Collective, ...] | None  # a rank's last collectives (None: none came)
-DUMP_WAIT = 0.5  # seconds the dumps have to arrive (written at once, by a signal handler)
+DUMP_WAIT = 0.5  # seconds the stacks have to arrive (written at once, by a signal handler)
+DUMP_LATEST = 3.0  # seconds the recorders' lines have, at most
 
 
 class StackDumps:
@@ -52,8 +53,15 @@ class StackDumps:
         self._since = time.monotonic()
 
     def ready(self) -> bool:
-        """The dumps had their time (read meanwhile by the supervisor's loop)."""
-        return self._since is not None and time.monotonic() - self._since >= DUMP_WAIT
+        """The dumps had their time (read meanwhile by the supervisor's loop): every rank's
+        recorder line came (a thread writes it, after faulthandler's stacks: reading a full
+        ring takes a busy machine a few tenths of a second), or :data:`DUMP_LATEST` passed."""
+        if self._since is None or (waited := time.monotonic() - self._since) < DUMP_WAIT:
+            return False
+        return waited >= DUMP_LATEST or all(
+            any(line.startswith(DUMP_MARK)
+                for line in self.relay.tail(rank, since=marks["stderr"], limit=1000).splitlines())
+            for rank, marks in self._marks.items())
 
     def take(self) -> tuple[dict[int, Frames], dict[int, Recorder]]:
         """Each rank's main-thread frames (empty: no dump came) and last collectives, and its

@@ -45,7 +45,7 @@ from notebook_accel.launch.tracebacks import death_text, main_thread_stack
 from notebook_accel.launch.views import NullView, View
 from notebook_accel.launch.views.text import format_duration
 from notebook_accel.launch.worker.hub_link import memory_moved
-from notebook_accel.launch.worker_stacks import stack_ask
+from notebook_accel.launch.worker_stacks import ANSWERS, stack_ask
 from notebook_accel.wire import (
     DebugEnd,
     Display,
@@ -284,6 +284,7 @@ class Supervisor:
             elif type(message) is DebugEnd:
                 self.prompts.end(worker.rank)
             elif type(message) is Stack:  # not progress: an answer
+                ANSWERS.deliver(worker.rank, message)  # (an ask of pool.collectives())
                 if worker.answered(message):
                     self._check_collective(worker, message)
                 continue

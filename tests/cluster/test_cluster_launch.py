@@ -12,6 +12,7 @@ import pytest
 
 from notebook_accel import WorkerError, notebook_launcher
 from tests.cluster import checks
+from tests.runtime import test_collective_hangs as collective_hangs
 
 pytestmark = pytest.mark.slow
 SHARED_WORKERS = True  # the cluster's raylets and placed agents live for the whole module
@@ -119,6 +120,17 @@ def test_max_restarts_recovers_from_a_crashed_rank_within_5s(cluster, tmp_path, 
 
 def test_the_stop_button_stops_every_rank_within_2s_and_keeps_the_kernels_handler(cluster, capsys):
     checks.check_the_stop_button(lambda job: _launch(cluster, job), capsys)
+
+
+def test_a_hang_across_the_nodes_names_the_collectives_the_ranks_disagree_on(cluster, capsys):
+    """Issue 47 through the per-node hubs: each hub signals its ranks, whose recorders' lines
+    come back over the node links; the block names both operations at the same number."""
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="timed out"):
+        _launch(cluster, collective_hangs.different_collectives_at_the_same_number, hang_after=1,
+                timeout=6, output="all")
+    assert time.monotonic() - started < 20
+    collective_hangs.assert_names_both(collective_hangs.said(capsys.readouterr().err))
 
 
 def test_losing_node_b_fails_the_job_within_10s_naming_it_and_leaves_nothing(cluster, capfd):

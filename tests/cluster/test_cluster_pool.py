@@ -13,6 +13,7 @@ import pytest
 from notebook_accel import WorkerError
 from notebook_accel.launch.pool import WorkerPool
 from tests.cluster import checks
+from tests.runtime import test_collective_hangs as collective_hangs
 
 pytestmark = pytest.mark.slow
 SHARED_WORKERS = True  # the cluster's raylets and placed agents live for the whole module
@@ -80,6 +81,23 @@ def test_a_run_on_one_rank_while_another_node_speaks_keeps_that_news_for_later(c
         assert pool.run_on([0], _a_while_on_this_rank) == [0]
         assert pool.run(_a_while_on_this_rank) == [0, 1]
     assert "rank 1, between runs" in capfd.readouterr().out
+
+
+def test_a_pools_collectives_and_its_hang_are_read_through_the_nodes_hubs(cluster, capsys):
+    """Issue 47 on a cluster pool: ``pool.collectives()`` asks each rank through its node's hub
+    (ranks alike share a column), and a hang names the collectives the ranks disagree on."""
+    with WorkerPool(num_processes=1, num_nodes=2, cluster=cluster.address, hang_after=1,
+                    timeout=8, stop_wait=1) as pool:
+        pool.run(collective_hangs.collectives_then_a_sub_group)
+        table = pool.collectives(last=2).splitlines()
+        assert table[0] == "group default (the last 2):" and table[1].split() == ["#", "ranks", "0,", "1"]
+        assert "all_reduce float32[3]" in table[2] and "broadcast int64[2,2]" in table[3], table
+        capsys.readouterr()
+        started = time.monotonic()
+        with pytest.raises(WorkerError, match="timed out"):
+            pool.run(collective_hangs.different_collectives_at_the_same_number)
+        assert time.monotonic() - started < 20
+    collective_hangs.assert_names_both(collective_hangs.said(capsys.readouterr().err))
 
 
 def test_a_dead_rank_is_forked_again_by_its_nodes_hub_and_the_pool_heals(cluster, capfd):

@@ -214,6 +214,73 @@ dist.all_reduce(torch.ones(1))
     assert "does not use --last" in k.run("%accelerate stacks --last 2").stderr
 
 
+MAIN_ONLY = """
+import time, torch
+from notebook_accel import Accelerator
+accelerator = Accelerator()
+loss = torch.tensor([1.0 + accelerator.process_index])
+if accelerator.is_main_process:
+    mean_loss = accelerator.reduce(loss, "mean")
+{rank_1_goes_on}
+"""
+
+
+def test_a_collective_under_is_main_process_is_named_and_check_collectives_raises_instead(k):
+    """The commonest real bug: a collective inside ``if accelerator.is_main_process:``. The
+    hang block says rank 0 waits in all_reduce #N and rank 1 never reached it, where it is
+    instead; with --check-collectives the ranks raise on their own lines instead of hanging."""
+    pressed = {}
+
+    def press_once_said(result):
+        if "every rank's stack now" in result.stderr and "at" not in pressed:
+            pressed["at"] = time.monotonic()
+            k.manager.interrupt_kernel()
+
+    hung = k.collect(k.execute("%%accelerate" + MAIN_ONLY.format(
+        rank_1_goes_on="time.sleep(60)  # rank 1 goes on with its step")), timeout=90,
+        on_output=press_once_said)
+    assert pressed, (hung.error, hung.stdout, hung.stderr)
+    said = hung.stderr.split("last collectives: ")[1].split("every rank's stack now:")[0]
+    number = re.search(r"^not every rank reached all_reduce #(\d+) \(group default\):", said)
+    assert number, said
+    assert re.search(rf"rank 0 waits in all_reduce #{number[1]} \(float32\[1\]; Cell In\[\d+\], "
+                     r"line 7, in <module>\)", said), said
+    assert re.search(r"rank 1 never reached it: it is at Cell In\[\d+\], line 8, in <module> "
+                     r"\(time.sleep\(60\)  # rank 1 goes on with its step\), 1 collective short",
+                     said), said
+    reduce_is_right(k)
+    started = time.monotonic()
+    checked = k.run("%%accelerate --fresh -n 2 --check-collectives" + MAIN_ONLY.format(
+        rank_1_goes_on="accelerator.wait_for_everyone()"))
+    assert time.monotonic() - started < 60  # raised, not hung
+    error = checked.error["evalue"] + "\n" + checked.traceback
+    assert "DistributedOperationException" in error, error
+    assert "check_collectives: the ranks of the default group called different collectives" in error
+    assert "rank 0: all_reduce(float32[1])" in error and "rank 1: barrier()" in error, error
+    own_line = {"rank 0": "line 7", "rank 1": "line 8"}[re.search(r"rank \d", checked.error["evalue"])[0]]
+    assert re.findall(r"Cell In\[\d+\], line \d+", checked.traceback)[-1].endswith(own_line), error
+
+
+def test_a_busy_pools_collectives_show_the_one_a_rank_waits_in(k, tmp_path):
+    """``%accelerate collectives`` while a background cell runs: rank 0 waits in an all_reduce
+    that rank 1, busy elsewhere, has not joined: the live recorder says so."""
+    k.ok(f"GO = {str(tmp_path / 'go')!r}")
+    k.ok("""%%accelerate --background
+import os, time, torch, torch.distributed as dist
+if dist.get_rank() == 1:
+    while not os.path.exists(GO):
+        time.sleep(0.05)
+dist.all_reduce(torch.ones(5))
+""")
+    deadline = time.monotonic() + 20
+    while "float32[5]" not in (table := k.ok("%accelerate collectives --last 1").stdout):
+        assert time.monotonic() < deadline, table
+    assert re.search(r"^\d+  all_reduce float32\[5\] Cell In\[\d+\]:6 waiting  -$", table, re.M), table
+    k.ok("open(GO, 'w').close()")
+    k.ok("%accelerate watch", timeout=30)
+    reduce_is_right(k)
+
+
 def test_the_stop_after_a_diagnosed_hang_stops_at_once_and_says_why_in_words(k):
     """Rank 1 waits in an all_reduce that rank 0, asleep, has not joined: once the hang watch
     marked both and showed their stacks, one press stops every rank at once (no stop_wait),

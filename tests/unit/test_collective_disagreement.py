@@ -83,3 +83,32 @@ def test_a_waiting_rank_recorded_without_frames_is_placed_by_its_stack():
     text = disagreement({0: (_c(1), bare), 1: (_c(1), bare._replace(op="broadcast"))}, stacks)
     assert 'rank 0 waits in all_reduce #2 (float32[1024]; File "/home/user/train.py", line 30' in text
     assert "rank 1 waits in broadcast #2 (float32[1024])" in text
+
+
+def test_1024_ranks_take_a_line_per_answer_and_at_most_eight_of_each_kind():
+    """A cluster's scale (issue 29's grouping): rank 513 broadcasts where 1019 ranks reduce,
+    ranks 700-703 wait on their loader, rank 900 elsewhere: five lines; then every rank
+    passing its own shape (an uneven last batch) is 8 lines and one that counts the rest."""
+    loader = ((CELL, 9, "train"), (queue.__file__, 1, "get"))
+    stacks = {rank: loader for rank in range(700, 704)}
+    stacks[900] = ((CELL, 40, "evaluate"),)
+    recorders = {rank: _history(412, done=False) for rank in range(1024)}
+    recorders[513] = _history(412, op="broadcast", tensors=("float32[10]",), line=22, done=False)
+    for rank in stacks:
+        recorders[rank] = _history(411)
+    lines = disagreement(recorders, stacks).splitlines()
+    assert lines == [
+        "the ranks called different collectives at #412 (group default):",
+        '  ranks 0-512, 514-699, 704-899, 901-1023 wait in all_reduce #412 (float32[1024]; '
+        'File "/home/user/train.py", line 18, in train)',
+        '  rank 513 waits in broadcast #412 (float32[10]; File "/home/user/train.py", line 22, in train)',
+        '  ranks 700-703 never reached it: they are at File "/home/user/train.py", line 9, in train, '
+        "1 collective short",
+        '  rank 900 never reached it: it is at File "/home/user/train.py", line 40, in evaluate, '
+        "1 collective short"]
+    uneven = {rank: _history(5, tensors=(f"float32[{rank}]",), done=False) for rank in range(1024)}
+    lines = disagreement(uneven).splitlines()
+    assert len(lines) == 1 + 8 + 1, lines
+    assert lines[0] == "the ranks passed different shapes or dtypes to all_reduce #5 (group default):"
+    assert lines[1].startswith("  rank 0 waits in all_reduce #5 (float32[0];")
+    assert lines[-1] == "  ranks 8-1023: 1016 other calls"

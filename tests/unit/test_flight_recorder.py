@@ -87,3 +87,16 @@ def test_a_one_off_workers_line_round_trips():
 def test_switched_on_unless_the_user_chose_a_size():
     assert switch_on({}) == {"TORCH_FR_BUFFER_SIZE": str(flight_recorder.RING)}
     assert switch_on({"TORCH_FR_BUFFER_SIZE": "0"}) == {}
+
+
+def test_a_group_pushed_out_of_the_ring_keeps_its_latest_number():
+    """torch counts every group's collectives beside the ring (``pg_status``): a quiet group
+    whose entries a busy one pushed out is one entry, its number, marked out of the ring."""
+    dump = {"entries": [_entry(n, at=n) for n in range(3000, 3003)],
+            "pg_status": {"0": {"last_enqueued_collective": 3002, "last_completed_collective": 3002},
+                          "1": {"last_enqueued_collective": 7, "last_completed_collective": 7},
+                          "2": {"last_enqueued_collective": -1, "last_completed_collective": -1}},
+            "group_descriptions": {"0": "default_pg", "1": "quiet"}}
+    read = from_dump(dump, last=2)
+    assert read[0] == Collective(7, "quiet", flight_recorder.OUT_OF_RING, (), None, 0.0, None, True)
+    assert [(c.group, c.number) for c in read[1:]] == [("default", 3001), ("default", 3002)]

@@ -11,7 +11,12 @@ watch's ``StackAsk`` (a pool's reader thread), a one-off worker's ``SIGUSR1``, a
 (about a second, once); later reads, and reads without ``where``, take milliseconds.
 
 The ring is the process's, not the group's: :data:`RING` entries, of which
-:func:`recent` keeps the last ``last`` per group (256 by default).
+:func:`recent` keeps the last ``last`` per group (256 by default). A busy group (DDP's
+gradients) pushes a quiet group's entries out after :data:`RING` collectives; torch still
+counts every group's collectives (the dump's ``pg_status``), so such a group is read as
+one entry, its latest number, marked :data:`OUT_OF_RING` (its op, tensors and line are
+gone): a rank that never reached the quiet group's next collective is still said to be
+short of it, by how many.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from notebook_accel.wire import Collective
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"  # torch's setting: entries in the ring (0: off)
 RING = 2048  # the ring's entries when the user did not set BUFFER_ENV
 PER_GROUP = 256  # what a read keeps per group by default
+SIGNALLED = 4  # per group, what a one-off worker writes on SIGUSR1 (the latest is compared)
+OUT_OF_RING = "(out of the ring)"  # the op of a group whose entries the ring no longer holds
 DUMP_MARK = "notebook_accel flight recorder: "  # a one-off worker's stderr line (then JSON)
 _CHECK_MODULE = os.path.join("runtime", "collective_check.py")  # its descriptors' all_gathers
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -59,19 +66,35 @@ def _dump(where: bool) -> dict[str, Any] | None:
     from torch._C import _distributed_c10d as c10d
 
     entries: dict[tuple, Any] = {}
+    counts: dict[str, Any] = {}
     for name in ("_dump_fr_trace", "_dump_nccl_trace"):
         dump = getattr(c10d, name, None)
         if dump is None:
             continue
         try:
-            found = pickle.loads(dump(includeStackTraces=where)).get("entries", [])
+            found = pickle.loads(dump(includeStackTraces=where))
         except Exception:  # noqa: BLE001 - no process group ever made, or the recorder off
             continue
-        for entry in found:
+        for entry in found.get("entries", []):
             key = (str(entry.get("process_group")), entry.get("collective_seq_id"),
                    entry.get("p2p_seq_id"), entry.get("time_created_ns"))
             entries.setdefault(key, entry)
-    return {"entries": list(entries.values())} if entries else None
+        counts.update(found.get("pg_status", {}))
+    if not entries:
+        return None
+    return {"entries": list(entries.values()), "pg_status": counts,
+            "group_descriptions": _group_descriptions()}
+
+
+def _group_descriptions() -> dict[str, str]:
+    """Each live process group's name (``"1"``) -> its description (``"quiet"``)."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        return {c10d._get_process_group_name(group): group.group_desc  # noqa: SLF001
+                for group in c10d._world.pg_names}  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - torch's private names moved: groups named by number
+        return {}
 
 
 def from_dump(dump: Mapping[str, Any], last: int = PER_GROUP) -> tuple[Collective, ...]:
@@ -87,6 +110,13 @@ def from_dump(dump: Mapping[str, Any], last: int = PER_GROUP) -> tuple[Collectiv
         if check:
             collective = collective._replace(op=f"{collective.op} (check_collectives)")
         kept.setdefault(collective.group, []).append(collective)
+    descriptions = dump.get("group_descriptions", {})
+    for name, status in dump.get("pg_status", {}).items():
+        number = int(status.get("last_enqueued_collective", -1))
+        group = group_name((name, descriptions.get(name, "")))
+        if number > 0 and group not in kept:  # its entries pushed out by a busier group's
+            done = int(status.get("last_completed_collective", -1)) >= number
+            kept[group] = [Collective(number, group, OUT_OF_RING, (), None, 0.0, None, done)]
     chosen = [c for group in kept.values() for c in group[-last:]] if last > 0 else []
     return tuple(sorted(chosen, key=lambda c: c.started))
 
@@ -163,7 +193,7 @@ def _answer(read_end: int) -> None:
             return
         if signal.SIGUSR1 in woken:
             with contextlib.suppress(Exception):
-                line = DUMP_MARK + json.dumps([list(c) for c in recent(where=False)]) + "\n"
+                line = DUMP_MARK + json.dumps([list(c) for c in recent(SIGNALLED, where=False)]) + "\n"
                 sys.__stderr__.write(line)  # (the rank's stack, faulthandler's, says where)
                 sys.__stderr__.flush()
 
