@@ -95,8 +95,8 @@ class RunHandle:
 
     def watch(self) -> Any:
         """Show the run in this cell: the lines so far, then live, each line once, until it
-        ends; returns its value then. The stop button (KeyboardInterrupt) stops watching, not
-        the run.
+        ends; then says that it finished and returns its value. The stop button
+        (KeyboardInterrupt) stops watching, not the run.
 
         Raises:
             WorkerError: the run failed.
@@ -111,7 +111,9 @@ class RunHandle:
         if isinstance(self._error, LaunchInterrupted):
             say(f"{self.what} was cancelled: {self._error}", sys.stderr)
             return None
-        return self._outcome()
+        value = self._outcome()
+        say(f"{self.what} finished")
+        return value
 
     def logs(self, rank: int, stream: str | None = None) -> str:
         """Everything ``rank`` printed in this run so far (only ``stream``'s, "stdout" or

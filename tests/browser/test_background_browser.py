@@ -108,8 +108,9 @@ def test_watch_in_the_reopened_page_shows_every_line_of_a_background_run(tmp_pat
             print(f"closed for {reopened - closed:.1f} s; {sum(at > reopened for at in printed)} "
                   f"lines printed after the reopen; watch ended {watched - max(printed):.2f} s "
                   "after the last line")
-            # watch returned at the run's end (a success prints nothing more): its outcome
-            assert re.match(r"\[rank \d\] step 59 at", out.strip().splitlines()[-1]), out
+            # watch returned at the run's end, saying so: its outcome
+            assert re.fullmatch(r"\[notebook_accel\] cell \[\d+\] finished", out.strip().splitlines()[-1]), out
+            assert re.match(r"\[rank \d\] step 59 at", out.strip().splitlines()[-2]), out
             assert _run(page, "outcome").strip() == "outcome: finished True"
             out = _run(page, "stop")
             assert "[notebook_accel] pool stopped" in out, out
