@@ -71,6 +71,21 @@ def open_notebook(page, server: str, name: str) -> None:
     wait_for_kernel(page)
 
 
+def code_cell(page, index: int):
+    """The notebook's ``index``-th code cell."""
+    return page.locator(".jp-Notebook .jp-CodeCell").nth(index)
+
+
+def cell_prompt(cell) -> str:
+    """A cell's input prompt (``[3]:``, ``[*]:``), spaces collapsed."""
+    return " ".join(cell.locator(".jp-InputPrompt").first.inner_text().split())
+
+
+def cell_output(cell) -> str:
+    """A cell's output area, as text."""
+    return cell.locator(".jp-Cell-outputWrapper").inner_text()
+
+
 def lab_env() -> dict[str, str]:
     """The server's environment: this checkout importable (and the test's config dirs)."""
     env = dict(os.environ)

@@ -18,7 +18,10 @@ import time
 from tests.browser_support import (
     BROWSER_MARKS,
     artifacts_dir,
+    cell_output,
+    cell_prompt,
     chromium,
+    code_cell,
     jupyter_lab,
     lab_env,
     notebook_json,
@@ -43,30 +46,22 @@ LINE = re.compile(r"^\[rank (\d)\] step (\d+) at ([\d.]+)$", re.MULTILINE)
 
 
 def _cell(page, name: str):
-    return page.locator(".jp-Notebook .jp-CodeCell").nth(ORDER.index(name))
-
-
-def _prompt(cell) -> str:
-    return " ".join(cell.locator(".jp-InputPrompt").first.inner_text().split())
-
-
-def _output(cell) -> str:
-    return cell.locator(".jp-Cell-outputWrapper").inner_text()
+    return code_cell(page, ORDER.index(name))
 
 
 def _run(page, name: str, timeout_s: float = 40) -> str:
     """Run one cell (Ctrl+Enter in its editor), wait for its new execution count; its output."""
     cell = _cell(page, name)
     cell.scroll_into_view_if_needed()  # Lab renders cells in view only
-    before = _prompt(cell)
+    before = cell_prompt(cell)
     cell.locator(".jp-InputArea-editor").click()
     page.keyboard.press("Control+Enter")
     deadline = time.monotonic() + timeout_s
-    while not (re.fullmatch(r"\[\d+\]:", _prompt(cell)) and _prompt(cell) != before):
+    while not (re.fullmatch(r"\[\d+\]:", cell_prompt(cell)) and cell_prompt(cell) != before):
         assert time.monotonic() < deadline, (
-            f"cell {name!r} did not finish in {timeout_s:g} s:\n{_output(cell)}")
+            f"cell {name!r} did not finish in {timeout_s:g} s:\n{cell_output(cell)}")
         time.sleep(0.1)
-    return _output(cell)
+    return cell_output(cell)
 
 
 def test_watch_in_the_reopened_page_shows_every_line_of_a_background_run(tmp_path):

@@ -16,7 +16,10 @@ from pathlib import Path
 from tests.browser_support import (
     BROWSER_MARKS,
     artifacts_dir,
+    cell_output,
+    cell_prompt,
     chromium,
+    code_cell,
     jupyter_lab,
     lab_env,
     notebook_json,
@@ -45,21 +48,13 @@ PROMPT = re.compile(r"^\[(\d+)\]:$")
 
 
 def _cell(page, name: str):
-    return page.locator(".jp-Notebook .jp-CodeCell").nth(ORDER.index(name))
-
-
-def _prompt(cell) -> str:
-    return " ".join(cell.locator(".jp-InputPrompt").first.inner_text().split())
-
-
-def _output(cell) -> str:
-    return cell.locator(".jp-Cell-outputWrapper").inner_text()
+    return code_cell(page, ORDER.index(name))
 
 
 def _start(page, name: str) -> tuple[object, str]:
     cell = _cell(page, name)
     cell.scroll_into_view_if_needed()
-    before = _prompt(cell)
+    before = cell_prompt(cell)
     cell.locator(".jp-InputArea-editor").click()
     page.keyboard.press("Control+Enter")
     return cell, before
@@ -67,8 +62,8 @@ def _start(page, name: str) -> tuple[object, str]:
 
 def _wait_done(cell, before: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while not (PROMPT.match(_prompt(cell)) and _prompt(cell) != before):
-        assert time.monotonic() < deadline, f"the cell did not finish:\n{_output(cell)}"
+    while not (PROMPT.match(cell_prompt(cell)) and cell_prompt(cell) != before):
+        assert time.monotonic() < deadline, f"the cell did not finish:\n{cell_output(cell)}"
         time.sleep(0.1)
 
 
@@ -101,7 +96,7 @@ def test_breakpoint_on_rank_one_is_answered_in_the_notebooks_input_box(tmp_path)
             open_notebook(page, server, "pdb.ipynb")
             cell, before = _start(page, "start")
             _wait_done(cell, before, 60)
-            assert "pool up: 2 ranks" in _output(cell), _output(cell)
+            assert "pool up: 2 ranks" in cell_output(cell), cell_output(cell)
 
             cell, before = _start(page, "loop")
             expect(cell.locator(".jp-Stdin-input").last).to_be_visible(timeout=30_000)
@@ -111,14 +106,14 @@ def test_breakpoint_on_rank_one_is_answered_in_the_notebooks_input_box(tmp_path)
                                                                           timeout=10_000)
             assert _type_at_prompt(cell, "c").strip() == "(Pdb rank 1)"
             _wait_done(cell, before, 30)
-            out = _output(cell)
+            out = cell_output(cell)
             _shot(page, cell, artifacts / "pdb_prompt_done.png")
             assert "'sum over the ranks: 210.0'" in out, out  # 70 + 140: the normal result
             assert "[rank 0] 42" not in out and "Error" not in out, out
 
             cell, before = _start(page, "stop")
             _wait_done(cell, before, 30)
-            assert "pool stopped" in _output(cell)
+            assert "pool stopped" in cell_output(cell)
         finally:
             page.screenshot(path=str(artifacts / "pdb_prompt_last.png"), full_page=True)
     assert (artifacts / "pdb_prompt.png").stat().st_size > 1000
