@@ -276,8 +276,9 @@ def _one_machine(state: Any, url: str) -> None:
 
 def _writer_group(accelerator: Any) -> Any:
     """A process group for the background writes' collectives (a sharded state's), beside the one
-    training uses (every rank creates it, now); ``None`` where the writes take none."""
-    if accelerator.num_processes == 1 or not accelerator.strategy.checkpointer([], []).reshards:
+    training uses (every rank creates it, now); ``None`` where the writes take none (only FSDP's
+    sharded state is written through ``torch.distributed.checkpoint``, whose writes plan together)."""
+    if accelerator.num_processes == 1 or not getattr(accelerator.strategy.checkpointer([], []), "sharded", False):
         return None
     import torch.distributed as dist
 

@@ -123,11 +123,11 @@ def choose_start_method(requested: str, worker_threads: Callable[[], int | None]
     if requested in ("forkserver", "spawn"):
         return StartChoice(requested, "")
     reason = fork_unsafe_reason()
-    if reason is None and worker_threads is not None and openmp_pool_started():
-        threads = worker_threads()
-        if threads is not None and threads > 1:
-            reason = (f"this kernel has run torch's CPU threads (OpenMP), which a forked worker cannot use "
-                      f"with its {threads} threads")
+    # (without torch here there is no pool: the threads, which detect the hardware, are not asked)
+    threads = worker_threads() if reason is None and worker_threads and "torch" in sys.modules else None
+    if threads is not None and threads > 1 and openmp_pool_started():  # (the probe forks: only then)
+        reason = (f"this kernel has run torch's CPU threads (OpenMP), which a forked worker cannot use "
+                  f"with its {threads} threads")
     if reason is None:
         return StartChoice("fork", "")
     if requested == "fork":
