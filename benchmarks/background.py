@@ -61,7 +61,7 @@ def latency(function, runs: int) -> tuple[float, float]:
 
 def buffer_lines_per_s() -> float:
     """Lines a second through a background run's watch buffer (every line read by a watcher)."""
-    from notebook_accel.launch.run_output import RunOutput
+    from notebook_accel.launch.views.run_output import RunOutput
 
     block = "".join(f"[rank 0] step {i:7d} loss 0.{i:06d}\n" for i in range(50))
     return _lines_per_s(RunOutput(), block, lambda items, dropped: sum(text.count("\n") for _, text in items),

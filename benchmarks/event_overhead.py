@@ -23,7 +23,7 @@ import statistics
 import time
 
 from notebook_accel import WorkerError, notebook_launcher
-from notebook_accel.launch.record import last_launch
+from notebook_accel.launch.views.record import last_launch
 
 
 def train(rounds: int, steps: int, width: int, warmup: int = 200) -> dict:
@@ -97,7 +97,7 @@ def kernel_cost(count: int = 20_000) -> float:
     import os
 
     from notebook_accel.events import EventChannel
-    from notebook_accel.launch.record import LaunchRecord, RankStatus
+    from notebook_accel.launch.views.record import LaunchRecord, RankStatus
     from notebook_accel.launch.worker.main import enlarge_pipe
     from notebook_accel.wire import FrameReader
 

@@ -406,10 +406,10 @@ QUIET_AFTER = 3.0  # s after the ranks' start: a hang's ranks are silent from 1.
 
 def run_scenario(world: int, scenario: str, drivers: int, mode: str = "local") -> dict:
     from magics.view.live_view import LiveView
-    from notebook_accel.launch.errors import WorkerError
-    from notebook_accel.launch.output import OutputRelay
-    from notebook_accel.launch.record import LaunchRecord
-    from notebook_accel.launch.supervisor import Supervisor
+    from notebook_accel.launch.supervision.errors import WorkerError
+    from notebook_accel.launch.supervision.supervisor import Supervisor
+    from notebook_accel.launch.views.output import OutputRelay
+    from notebook_accel.launch.views.record import LaunchRecord
 
     connect = frozen_at = None
     if mode == "local":
@@ -558,7 +558,7 @@ def _pool_workers(cls: type, handles: list, **options):
     """A pool-workers object of ``cls`` (its ``send_runs`` the real one) around ``handles``,
     with the plan of ``options``, without starting anything."""
     from notebook_accel.launch.launcher import plan_launch
-    from notebook_accel.launch.request import LaunchRequest
+    from notebook_accel.launch.planning.request import LaunchRequest
 
     workers = cls.__new__(cls)
     workers.plan = plan_launch(LaunchRequest.from_keywords("notebook_launcher", options), [])
@@ -572,8 +572,8 @@ def _pool_cells(workers) -> dict:
     import io
 
     from notebook_accel.launch.backends.pool import PoolBackend
+    from notebook_accel.launch.handoff.payload import serialise_payload
     from notebook_accel.launch.launcher import launch_once
-    from notebook_accel.launch.payload import serialise_payload
 
     cells = []
     for _ in range(CELLS):
@@ -593,7 +593,7 @@ def run_pool(world: int, hosts: int) -> dict:
     import simulated_nodes
 
     from notebook_accel.launch.backends.cluster import ClusterPoolWorkers
-    from notebook_accel.launch.worker.hub_link import Frame
+    from notebook_accel.launch.worker.hub.hub_link import Frame
 
     handles, links, procs, _, start = simulated_nodes.link_up(world, "pool", hosts)
     nodes = world // simulated_nodes.PER_NODE
@@ -655,8 +655,8 @@ def connect_time(world: int) -> float:
     from notebook_accel.launch.backends import cluster
     from notebook_accel.launch.cluster.channel_server import ChannelServer
     try:  # one link per node (this checkout), or five connections per rank (before the hubs)
-        from notebook_accel.launch.worker.hub_link import HELLO
-        from notebook_accel.launch.worker.hub_link import LINK_CHANNELS as RUN_CHANNELS
+        from notebook_accel.launch.worker.hub.hub_link import HELLO
+        from notebook_accel.launch.worker.hub.hub_link import LINK_CHANNELS as RUN_CHANNELS
     except ImportError:
         from notebook_accel.launch.worker.node_agent import HELLO, RUN_CHANNELS
 

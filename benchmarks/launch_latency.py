@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
 
 from notebook_accel import notebook_launcher  # noqa: E402
-from notebook_accel.launch.ports import free_port  # noqa: E402
+from notebook_accel.launch.handoff.ports import free_port  # noqa: E402
 
 
 def one_allreduce() -> float:

@@ -1,4 +1,4 @@
-"""What keeping every rank's lines costs the kernel (``launch/rank_logs.py``), this checkout
+"""What keeping every rank's lines costs the kernel (``launch/views/rank_logs.py``), this checkout
 against a baseline revision measured in the same run.
 
 One million lines of about 40 characters go into a launch's logs (8 ranks), as a long run's
@@ -24,7 +24,7 @@ LINES = 1_000_000
 def measure() -> dict:
     import psutil
 
-    from notebook_accel.launch.rank_logs import RankLogs
+    from notebook_accel.launch.views.rank_logs import RankLogs
 
     process = psutil.Process()
     texts = [f"epoch {i % 90:2d} step {i:8d} loss 0.{i:08d}" for i in range(LINES)]

@@ -100,9 +100,9 @@ def host_main(address: tuple[str, int], token: bytes, nodes: list[int], scenario
               world: int) -> None:
     """One host: fork its nodes' ranks, say so, and at the kernel's word (the start time, on
     stdin) link each node and pump it on its own thread."""
-    from notebook_accel.launch.worker.hub_link import OUTPUTS, hello
-    from notebook_accel.launch.worker.hub_pump import HubPump
-    from notebook_accel.launch.worker.rank_fork import ForkedRank
+    from notebook_accel.launch.worker.hub.hub_link import OUTPUTS, hello
+    from notebook_accel.launch.worker.hub.hub_pump import HubPump
+    from notebook_accel.launch.worker.hub.rank_fork import ForkedRank
 
     go_r, go_w = os.pipe()
     forked: dict[int, list] = {}

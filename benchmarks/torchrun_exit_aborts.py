@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 
 REPRO = Path(__file__).resolve().parent.parent / "docs" / "repro" / "gloo_exit_abort.py"
 ABORT = "terminate called without an active exception"

@@ -20,7 +20,7 @@ import time
 import psutil
 
 from notebook_accel import WorkerPool, notebook_launcher
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 
 
 def noop() -> None:
@@ -194,7 +194,7 @@ def px(kernel: KernelTimer, cells: int) -> dict[str, float]:
     """)
     started = time.perf_counter() - start
     kernel.run("""
-        from notebook_accel.launch.ports import free_port
+        from notebook_accel.launch.handoff.ports import free_port
         port = free_port()
         view.scatter("rank", [0, 1], flatten=True, block=True)
         view.push({"port": port}, block=True)

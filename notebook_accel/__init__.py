@@ -17,9 +17,9 @@ _peer_paths.install()  # notebook_accel.state, .data_loader, .fsdp...: the peer'
 
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
-    "WorkerPool": "notebook_accel.launch.pool",
-    "WorkerError": "notebook_accel.launch.errors",
-    "last_launch": "notebook_accel.launch.record",
+    "WorkerPool": "notebook_accel.launch.pools.pool",
+    "WorkerError": "notebook_accel.launch.supervision.errors",
+    "last_launch": "notebook_accel.launch.views.record",
     "tqdm": "notebook_accel.observe.progress",
     "PartialState": "notebook_accel.runtime.state",
     "DistributedType": "notebook_accel.runtime.state",
@@ -75,7 +75,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def _deferred_interrupts() -> Any:
-    from notebook_accel.launch.interrupts import deferred_interrupts
+    from notebook_accel.launch.control.interrupts import deferred_interrupts
 
     return deferred_interrupts()
 

@@ -1,7 +1,7 @@
 """The launch options, once: name, type, choices, environment variable, config-file key, flags, help.
 
 Every front end reads this table (with the strategies' own rows, ``strategies/registry.py``),
-through one request object (``launch/request.py``): ``notebook_launcher``'s signature,
+through one request object (``launch/planning/request.py``): ``notebook_launcher``'s signature,
 ``WorkerPool``'s keywords, the ``%%accelerate`` magic's flags (``magics/cell/arguments.py``), the
 ``notebook-accel`` command's flags (``cli/``), the config file's precedence
 (``config/resolve.py``); the config panel's fields are checked against it
@@ -28,7 +28,7 @@ FILE_MIXED_PRECISIONS = (*MIXED_PRECISIONS, "fp8", "auto")  # what the config fi
 DEVICE_TYPES = ("cpu", "cuda", "xla")
 START_METHODS = ("auto", "fork", "forkserver", "spawn")
 OUTPUT_CHOICES = ("all", "main", "none")
-RDZV_BACKENDS = ("static", "c10d")  # both meet at a store the kernel hosts (launch/rdzv.py)
+RDZV_BACKENDS = ("static", "c10d")  # both meet at a store the kernel hosts (launch/planning/rdzv.py)
 # torch.compile through the Accelerator: the peer's DynamoBackend values (lower case) and modes.
 DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser",
                    "cudagraphs", "ofi", "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once",

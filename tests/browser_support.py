@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 
 
 def run_torchrun(args: list[str], nproc: int = 2, timeout: float = 150,

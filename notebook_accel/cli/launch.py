@@ -17,7 +17,7 @@ from typing import Any
 
 from notebook_accel import config as cfgmod
 from notebook_accel import contract
-from notebook_accel.launch.request import LaunchRequest, launch_options
+from notebook_accel.launch.planning.request import LaunchRequest, launch_options
 
 
 def run_script(path: str, argv: list[str]) -> None:
@@ -47,8 +47,8 @@ def _request(args: argparse.Namespace) -> LaunchRequest:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from notebook_accel.launch.errors import WorkerError
     from notebook_accel.launch.launcher import launch_request
+    from notebook_accel.launch.supervision.errors import WorkerError
 
     script = Path(args.script)
     if not script.is_file():

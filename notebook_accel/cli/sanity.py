@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from notebook_accel.launch.request import LaunchRequest
+    from notebook_accel.launch.planning.request import LaunchRequest
 
 FEATURES = 8
 BATCH_PER_PROCESS = 8
@@ -134,8 +134,8 @@ def run_sanity_check(num_processes: int | None = 2, request: LaunchRequest | Non
     Example:
         >>> run_sanity_check(2, start_method="spawn")  # doctest: +SKIP
     """
-    from notebook_accel.launch.errors import WorkerError
     from notebook_accel.launch.launcher import launch_request, notebook_launcher
+    from notebook_accel.launch.supervision.errors import WorkerError
 
     if request is not None and launch_options:
         raise TypeError("give the launch options as request or as keywords, not both")

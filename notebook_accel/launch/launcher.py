@@ -12,21 +12,21 @@ from notebook_accel.config import load_config
 from notebook_accel.config.files import where_in_file
 from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.backends import Backend, backend_class, backend_for
-from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.global_check import warn_missing_globals
-from notebook_accel.launch.interrupts import check_interrupt, deferred_interrupts
-from notebook_accel.launch.options import fill_options
-from notebook_accel.launch.output import OutputRelay
-from notebook_accel.launch.payload import Payload, serialise_payload
-from notebook_accel.launch.plan import LaunchPlan, make_plan, shm_note
-from notebook_accel.launch.rdzv import meeting_point
-from notebook_accel.launch.record import LaunchRecord, remember
-from notebook_accel.launch.request import LaunchRequest, launcher_signature
-from notebook_accel.launch.run_output import RunOutput
-from notebook_accel.launch.shared_tensors import SharedTensors
-from notebook_accel.launch.supervisor import Supervisor
-from notebook_accel.launch.tracebacks import hide_our_frames
+from notebook_accel.launch.control.interrupts import check_interrupt, deferred_interrupts
+from notebook_accel.launch.handoff.payload import Payload, serialise_payload
+from notebook_accel.launch.handoff.shared_tensors import SharedTensors
+from notebook_accel.launch.planning.global_check import warn_missing_globals
+from notebook_accel.launch.planning.options import fill_options
+from notebook_accel.launch.planning.plan import LaunchPlan, make_plan, shm_note
+from notebook_accel.launch.planning.rdzv import meeting_point
+from notebook_accel.launch.planning.request import LaunchRequest, launcher_signature
+from notebook_accel.launch.supervision.errors import WorkerError
+from notebook_accel.launch.supervision.supervisor import Supervisor
+from notebook_accel.launch.supervision.tracebacks import hide_our_frames
 from notebook_accel.launch.views import NullView, make_view
+from notebook_accel.launch.views.output import OutputRelay
+from notebook_accel.launch.views.record import LaunchRecord, remember
+from notebook_accel.launch.views.run_output import RunOutput
 from notebook_accel.launch.views.text import say, starting_text
 from notebook_accel.machine import devices, hardware
 from notebook_accel.machine.launch_kinds import device_launch
@@ -56,7 +56,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), *po
             names the node that did not come.
         rdzv_backend, rdzv_endpoint: ``"static"`` (default) or ``"c10d"``, and where the nodes meet
             (``"host:port"``, instead of ``master_addr`` / ``use_port``); both meet at a store
-            this kernel hosts (``launch/rdzv.py`` says how c10d differs across machines).
+            this kernel hosts (``launch/planning/rdzv.py`` says how c10d differs across machines).
         rdzv_conf, rdzv_id, log_line_prefix_template: the peer's, taken in its positions and
             otherwise unused (one store with no settings; one job; every line is prefixed
             ``[rank N] ``: ``output`` chooses whose lines show).
@@ -193,11 +193,11 @@ def plan_launch(request: LaunchRequest, notes: list[str],
     too small for the job.
 
     Args:
-        filled: the request's options already filled (:func:`~notebook_accel.launch.options.
+        filled: the request's options already filled (:func:`~notebook_accel.launch.planning.options.
             fill_options` with ``notes``), by a caller that needed them first (``WorkerPool``).
     Raises:
         TypeError, ValueError: a bad option, named with its valid values and where it came
-            from; what the GPUs cannot run (see :func:`~notebook_accel.launch.plan.make_plan`).
+            from; what the GPUs cannot run (see :func:`~notebook_accel.launch.planning.plan.make_plan`).
     """
     config_file = request.get("config_file")
     options = fill_options(request, config_file, notes) if filled is None else filled
@@ -240,7 +240,7 @@ def announce_start(count: int, method: str, output: str) -> None:
 
     Slow starts: spawn (every worker imports torch); a forkserver not started yet (it imports
     torch first); fork before this process has imported what forked workers inherit
-    (``launch/warm.py``: torch and its lazy imports). ``make_plan`` calls this before it detects
+    (``launch/worker/warm.py``: torch and its lazy imports). ``make_plan`` calls this before it detects
     the hardware (which imports torch) whenever the count is known without it.
     """
     if output == "none":
@@ -250,7 +250,7 @@ def announce_start(count: int, method: str, output: str) -> None:
 
         slow = getattr(forkserver._forkserver, "_forkserver_pid", None) is None
     else:
-        slow = method == "spawn" or "notebook_accel.launch.warm" not in sys.modules
+        slow = method == "spawn" or "notebook_accel.launch.worker.warm" not in sys.modules
     if slow:
         say(starting_text(count, method))
 

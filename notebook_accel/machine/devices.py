@@ -1,7 +1,7 @@
 """What ``auto`` means on this machine: the device, how many processes "every device" is, and the
 best mixed precision the hardware supports.
 
-The one place that decides it: the launch plan (``launch/plan.py``) and the config panel
+The one place that decides it: the launch plan (``launch/planning/plan.py``) and the config panel
 (``magics/panel/rules.py``) both ask here, so they never disagree (on a TPU both say XLA). Each
 answer is the device's kind's (``machine/launch_kinds.py``); ``auto`` asks the kinds in order.
 Pure functions of :class:`~notebook_accel.machine.hardware.Hardware`: nothing here touches CUDA

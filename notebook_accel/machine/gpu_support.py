@@ -1,6 +1,6 @@
 """What the visible NVIDIA GPUs can do: native bf16, and kernels in the installed torch at all.
 
-The one place that judges it: the launcher refuses a launch with it (``launch/plan.py``) and the
+The one place that judges it: the launcher refuses a launch with it (``launch/planning/plan.py``) and the
 config panel greys out its choices with it (``magics/panel/rules.py``). Nothing here initialises
 CUDA in this process, nor marks it as having done so:
 

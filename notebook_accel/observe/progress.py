@@ -159,7 +159,7 @@ def job_progress(record: Any, rank: int | None = None) -> dict[str, Any] | None:
     (seconds, None when unknown).
 
     Args:
-        record: a :class:`~notebook_accel.launch.record.LaunchRecord`.
+        record: a :class:`~notebook_accel.launch.views.record.LaunchRecord`.
         rank: the slowest rank when the caller knows it (a view's per-node summary, which
             spares a look at every rank's bar).
     """

@@ -10,7 +10,7 @@ one :class:`Kind`, over two private channels:
   :class:`Metrics`, :class:`Memory`, :class:`Dropped` and :class:`RichHidden`; small (one atomic pipe
   write each), coalesced or dropped and counted when the kernel lags.
 
-A warm pool's worker (``launch/pool.py``) also reads a third, **commands** channel
+A warm pool's worker (``launch/pools/pool.py``) also reads a third, **commands** channel
 from the kernel: :class:`Run` (run this payload); after each run's outcome it sends
 :class:`RunDone` on its control channel (it stays up, idle, for the next run). The same
 channel carries the stop button's :class:`StopAsk` / :class:`StopAt`, the live stacks'

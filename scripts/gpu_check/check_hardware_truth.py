@@ -14,7 +14,7 @@ import torch
 from common import GPU, Report
 
 from notebook_accel import notebook_launcher
-from notebook_accel.launch import plan as planmod
+from notebook_accel.launch.planning import plan as planmod
 from notebook_accel.machine import devices, gpu_support, hardware
 
 CU128 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")  # a T4-capable build, on the CPU

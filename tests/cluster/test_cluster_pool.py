@@ -11,7 +11,7 @@ import time
 import pytest
 
 from notebook_accel import WorkerError
-from notebook_accel.launch.pool import WorkerPool
+from notebook_accel.launch.pools.pool import WorkerPool
 from tests.cluster import checks
 from tests.runtime import test_collective_hangs as collective_hangs
 

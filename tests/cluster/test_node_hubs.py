@@ -19,7 +19,7 @@ import pytest
 
 from notebook_accel import WorkerError, notebook_launcher
 from notebook_accel.launch.cluster import placement
-from notebook_accel.launch.pool import WorkerPool
+from notebook_accel.launch.pools.pool import WorkerPool
 from tests.cluster import checks
 
 pytestmark = pytest.mark.slow

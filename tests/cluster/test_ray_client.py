@@ -15,7 +15,7 @@ import pytest
 
 from notebook_accel import notebook_launcher
 from notebook_accel.launch.cluster import placement
-from notebook_accel.launch.pool import WorkerPool
+from notebook_accel.launch.pools.pool import WorkerPool
 from tests.cluster import checks
 from tests.kernel_harness import Kernel
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from notebook_accel.config import load_config
-from notebook_accel.launch.options import worker_strategy_environment
+from notebook_accel.launch.planning.options import worker_strategy_environment
 from tests.runtime_support import run_torchrun
 
 pytestmark = [

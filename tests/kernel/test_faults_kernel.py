@@ -191,7 +191,7 @@ def test_second_interrupt_kills_at_once(fresh_kernel):
     k = fresh_kernel
     # a long grace, so "killed at once" and "killed after the grace" cannot be confused
     k.ok("from notebook_accel import notebook_launcher\n"
-         "import notebook_accel.launch.stopping as p; p.STOP_GRACE = 20")
+         "import notebook_accel.launch.backends.stopping as p; p.STOP_GRACE = 20")
     msg_id = k.execute(textwrap.dedent("""
     def stubborn():
         import signal, time

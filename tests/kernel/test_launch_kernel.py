@@ -243,7 +243,7 @@ def test_busy_port_is_named_and_a_given_free_port_is_used(kernel):
     except ValueError as e:
         print("ValueError:", e, "| busy", busy)
     s.close()
-    from notebook_accel.launch.ports import free_port
+    from notebook_accel.launch.handoff.ports import free_port
     port = free_port()
     print("port", notebook_launcher(lambda: __import__("os").environ["MASTER_PORT"],
                                     num_processes=2, use_port=str(port)) == str(port))

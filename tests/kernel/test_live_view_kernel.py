@@ -7,7 +7,7 @@ import pytest
 # Installed in the kernel before the job: every event the kernel folds into the
 # record is also written down, so the order they arrived in can be checked.
 SPY = """
-from notebook_accel.launch.record import LaunchRecord
+from notebook_accel.launch.views.record import LaunchRecord
 _seen_events = []
 if not hasattr(LaunchRecord, "_unspied_apply"):
     LaunchRecord._unspied_apply = LaunchRecord.apply

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from notebook_accel import Accelerator
-from notebook_accel.launch.rank_identity import RANK_BOUND, rank_bound_kind
+from notebook_accel.launch.handoff.rank_identity import RANK_BOUND, rank_bound_kind
 
 
 @pytest.mark.parametrize(("module", "attribute", "kind"), RANK_BOUND)

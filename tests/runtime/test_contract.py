@@ -42,7 +42,7 @@ def _subparser(name: str) -> argparse.ArgumentParser:
 def test_notebook_launcher_takes_every_option_of_the_table():
     """Its signature is made from the table (contract.OPTIONS and the strategies' rows): the
     peer's positional parameters in the peer's order, the others keyword-only."""
-    from notebook_accel.launch.request import door_options, launch_options
+    from notebook_accel.launch.planning.request import door_options, launch_options
 
     params = inspect.signature(notebook_launcher).parameters
     peer = ["function", "args", "num_processes", "mixed_precision", "use_port", "master_addr",
@@ -59,7 +59,7 @@ def test_notebook_launcher_takes_every_option_of_the_table():
 
 
 def test_vocabularies_are_the_tables():
-    """What takes each vocabulary accepts exactly it. (launch/environment.py, launch/start_method.py
+    """What takes each vocabulary accepts exactly it. (launch/handoff/environment.py, launch/planning/start_method.py
     and config/schema.py import contract's tuples: comparing those names would compare an object
     with itself, so their users are asked instead.)"""
     import multiprocessing
@@ -99,7 +99,7 @@ def test_vocabularies_are_the_tables():
 
 def test_magic_flags_match_the_table():
     from magics.accelerate_magic import AccelerateMagics
-    from notebook_accel.launch.request import launch_options
+    from notebook_accel.launch.planning.request import launch_options
 
     parser = AccelerateMagics.accelerate.parser
     rows = [o for o in launch_options().values() if o.magic_flag]
@@ -266,7 +266,7 @@ def test_panel_code_uses_the_tables_names():
 
     from magics.panel.fsdp import FsdpForm
     from magics.panel.state import FormState, launcher_call, magic_line
-    from notebook_accel.launch.request import door_options, launch_options
+    from notebook_accel.launch.planning.request import door_options, launch_options
 
     state = FormState(device="cpu", num_processes=2, mixed_precision="bf16", start_method="spawn",
                       num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",

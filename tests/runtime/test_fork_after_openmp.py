@@ -12,7 +12,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import torch
     from notebook_accel import notebook_launcher
-    from notebook_accel.launch import start_method
+    from notebook_accel.launch.planning import start_method
 
     def work():
         import torch

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 from tests.runtime_support import run_torchrun
 
 pytestmark = pytest.mark.slow  # two torch start-ups per test

@@ -17,10 +17,10 @@ from notebook_accel import WorkerError
 from notebook_accel.launch.backends import cluster
 from notebook_accel.launch.backends.base import Backend
 from notebook_accel.launch.cluster import placement
+from notebook_accel.launch.handoff.payload import serialise_payload
 from notebook_accel.launch.launcher import launch_once, plan_launch
-from notebook_accel.launch.payload import serialise_payload
-from notebook_accel.launch.request import LaunchRequest
-from notebook_accel.launch.worker.node_hub import NodeHub
+from notebook_accel.launch.planning.request import LaunchRequest
+from notebook_accel.launch.worker.hub.node_hub import NodeHub
 from tests.cluster.checks import wait_until_seen_dead
 from tests.runtime.test_pool import notebook
 
@@ -236,7 +236,7 @@ def test_the_kernel_waits_on_one_descriptor_for_every_rank(monkeypatch):
     """2 nodes x 8 ranks: the supervisor waits on the launch's one inbox, not on descriptors
     per rank (the hubs here share this process, so its own count of descriptors would include
     theirs: benchmarks/kernel_hub_scale.py --modes cluster counts the kernel's alone)."""
-    from notebook_accel.launch.supervisor import Supervisor
+    from notebook_accel.launch.supervision.supervisor import Supervisor
 
     watched = []
     register = Supervisor._register
@@ -329,7 +329,7 @@ def test_a_dead_pool_rank_is_forked_again_by_its_hub_and_healed(monkeypatch, cap
     (rank 0 dead: the new rank 0 hosts the fresh store); what the ranks held alike is restored
     on it, what each held its own is said lost, the others are the same processes and the
     group is whole."""
-    from notebook_accel.launch.pool import WorkerPool
+    from notebook_accel.launch.pools.pool import WorkerPool
 
     _hubs_in_this_process(monkeypatch, 2)
     with WorkerPool(num_processes=2, num_nodes=2, cluster="in-process", output="none",
@@ -354,7 +354,7 @@ def test_a_dead_pool_rank_is_forked_again_by_its_hub_and_healed(monkeypatch, cap
 def test_a_pool_whose_node_is_lost_replaces_every_rank_saying_so(monkeypatch, capfd):
     """Node 1's link ends while the pool is idle (its host gone): no hub is left to fork its
     ranks again, so the pool does not heal but replaces every worker, saying the node was lost."""
-    from notebook_accel.launch.pool import WorkerPool
+    from notebook_accel.launch.pools.pool import WorkerPool
 
     _hubs_in_this_process(monkeypatch, 2)
     made = []

@@ -104,7 +104,7 @@ def test_a_value_refused_after_its_door_names_that_door(monkeypatch, capsys, tmp
 
     from magics import pool as magic_pool
     from magics.accelerate_magic import AccelerateMagics
-    from notebook_accel.launch import pool
+    from notebook_accel.launch.pools import pool
     from notebook_accel.machine import gpu_support, hardware
     from notebook_accel.machine.hardware import Hardware
 

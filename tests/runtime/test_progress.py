@@ -66,7 +66,7 @@ def _train():
 
 def test_in_launched_workers_progress_goes_to_the_kernel_as_events(capfd):
     from notebook_accel import notebook_launcher
-    from notebook_accel.launch.record import last_launch
+    from notebook_accel.launch.views.record import last_launch
 
     results = notebook_launcher(_train, num_processes=2, return_all=True)
     assert results == [(True, ["EventTqdm"], True)] * 2

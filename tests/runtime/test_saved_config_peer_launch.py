@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 from notebook_accel.machine.hardware import Hardware
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from notebook_accel import notebook_launcher
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 
 # 127.0.0.2: a loopback address the plan accepts as "reachable by every node" (not 127.0.0.1).
 NODE_ADDR = "127.0.0.2"

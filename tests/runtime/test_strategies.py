@@ -23,7 +23,7 @@ def test_the_config_sections_and_worker_variables_come_from_the_registry_without
     with pytest.raises(ValueError, match="bad key"):
         registry.worker_environment("FSDP", {"bad key": 1})
     code = ("import sys; from notebook_accel.config import load_config; "
-            "from notebook_accel.launch.options import worker_strategy_environment; "
+            "from notebook_accel.launch.planning.options import worker_strategy_environment; "
             "from notebook_accel.strategies import registry; registry.config_sections(); "
             "registry.worker_environment('DEEPSPEED', {'zero_stage': 2}); "
             "registry.worker_environment('FSDP', {'fsdp_version': 2}); print('torch' in sys.modules)")

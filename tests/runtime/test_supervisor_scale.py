@@ -12,9 +12,9 @@ import time
 
 from notebook_accel import wire
 from notebook_accel.launch.backends.base import WorkerHandle
-from notebook_accel.launch.output import OutputRelay
-from notebook_accel.launch.record import LaunchRecord
-from notebook_accel.launch.supervisor import Supervisor
+from notebook_accel.launch.supervision.supervisor import Supervisor
+from notebook_accel.launch.views.output import OutputRelay
+from notebook_accel.launch.views.record import LaunchRecord
 
 RANKS = 320
 CHANNELS = ("stdout", "stderr", "control", "events", "alive")

@@ -30,11 +30,11 @@ from notebook_accel import WorkerError
 from notebook_accel.launch.backends import cluster
 from notebook_accel.launch.backends.base import Backend
 from notebook_accel.launch.cluster import placement
+from notebook_accel.launch.handoff.payload import serialise_payload
 from notebook_accel.launch.launcher import launch_once, plan_launch
-from notebook_accel.launch.payload import serialise_payload
-from notebook_accel.launch.request import LaunchRequest
-from notebook_accel.launch.worker.hub_link import SILENCE
-from notebook_accel.launch.worker.node_hub import NodeHub
+from notebook_accel.launch.planning.request import LaunchRequest
+from notebook_accel.launch.worker.hub.hub_link import SILENCE
+from notebook_accel.launch.worker.hub.node_hub import NodeHub
 from tests.runtime.test_node_hub import _Actor, _Ray, _Ref
 
 pytestmark = [
@@ -50,7 +50,7 @@ _CLONE_NEWNET = 0x40000000
 # node 1's hub: NodeHub's calls arrive pickled on stdin and are answered on stdout
 _HUB_PROCESS = """
 import os, pickle, struct, sys
-from notebook_accel.launch.worker.node_hub import NodeHub
+from notebook_accel.launch.worker.hub.node_hub import NodeHub
 hub = NodeHub.__new__(NodeHub)  # no torch import: these ranks need none
 while header := sys.stdin.buffer.read(4):
     method, args = pickle.loads(sys.stdin.buffer.read(struct.unpack("!I", header)[0]))

@@ -10,6 +10,6 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _no_openmp_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    from notebook_accel.launch import start_method
+    from notebook_accel.launch.planning import start_method
 
     monkeypatch.setattr(start_method, "openmp_pool_started", lambda: False)

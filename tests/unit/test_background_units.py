@@ -9,16 +9,16 @@ import threading
 
 import pytest
 
-from notebook_accel.launch import interrupts
-from notebook_accel.launch.interrupts import (
+from notebook_accel.launch.control import interrupts
+from notebook_accel.launch.control.interrupts import (
     LaunchInterrupted,
     StopPresses,
     check_interrupt,
     stopped_by,
 )
-from notebook_accel.launch.run_handle import RunHandle
-from notebook_accel.launch.run_output import RunOutput
-from notebook_accel.launch.thread_output import routed_to
+from notebook_accel.launch.pools.run_handle import RunHandle
+from notebook_accel.launch.pools.thread_output import routed_to
+from notebook_accel.launch.views.run_output import RunOutput
 
 
 def test_output_is_numbered_and_read_once_from_any_point():

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from notebook_accel.launch.bounded_selector import BoundedSelector
+from notebook_accel.launch.supervision.bounded_selector import BoundedSelector
 
 
 @pytest.fixture

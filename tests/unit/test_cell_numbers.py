@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from notebook_accel.launch.cells import cell_numbers
-from notebook_accel.launch.payload import load_payload, serialise_payload
+from notebook_accel.launch.handoff.cells import cell_numbers
+from notebook_accel.launch.handoff.payload import load_payload, serialise_payload
 
 
 def _entry(name: str, text: str) -> tuple:

@@ -11,7 +11,7 @@ import threading
 import time
 
 from notebook_accel.launch.cluster.channel_relay import ChannelRelay, RelayedChannels
-from notebook_accel.launch.worker.hub_link import HELLO
+from notebook_accel.launch.worker.hub.hub_link import HELLO
 
 # the relay is generic in its peers' channels: these tests give each peer several (the first
 # one's end is told last), as a hub's one link is the simplest case of it

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from notebook_accel.launch.launcher import plan_launch
-from notebook_accel.launch.request import LaunchRequest
-from notebook_accel.launch.worker.hub_link import HELLO, hello
+from notebook_accel.launch.planning.request import LaunchRequest
+from notebook_accel.launch.worker.hub.hub_link import HELLO, hello
 
 
 def _plan(**explicit):
@@ -132,7 +132,7 @@ def test_a_ray_client_address_that_refuses_is_not_retried(monkeypatch):
 
 
 def test_node_link_frames_reassemble_in_order_whatever_the_reads_cut():
-    from notebook_accel.launch.worker.hub_link import Frame, FrameParser, frame
+    from notebook_accel.launch.worker.hub.hub_link import Frame, FrameParser, frame
 
     sent = [(Frame.STDOUT, 3, b"hello\n"), (Frame.CONTROL, 3, b"x" * 70000),
             (Frame.END, 3, b"\0\0\0\0"), (Frame.BEAT, 0, b"")]
@@ -150,7 +150,7 @@ def test_a_silent_link_ends_its_ranks_without_an_exit_status_and_beats_go_out():
     import time
 
     from notebook_accel.launch.cluster import node_links
-    from notebook_accel.launch.worker.hub_link import SILENCE, Frame, FrameParser, frame
+    from notebook_accel.launch.worker.hub.hub_link import SILENCE, Frame, FrameParser, frame
 
     kernel_end, hub_end = socket.socketpair()
     links = node_links.NodeLinks({0: kernel_end}, {0: [0, 1]})
@@ -182,10 +182,10 @@ def test_a_stop_goes_once_per_node_listing_its_ranks():
     import socket
     import struct
 
+    from notebook_accel.launch.backends.signal_all import signal_all
     from notebook_accel.launch.cluster import node_links
-    from notebook_accel.launch.signal_all import signal_all
-    from notebook_accel.launch.worker import hub_pump
-    from notebook_accel.launch.worker.hub_link import EVERY_RANK, SIGNAL, Frame, FrameParser
+    from notebook_accel.launch.worker.hub import hub_pump
+    from notebook_accel.launch.worker.hub.hub_link import EVERY_RANK, SIGNAL, Frame, FrameParser
 
     pairs = {node: socket.socketpair() for node in (0, 1)}
     links = node_links.NodeLinks({n: k for n, (k, _) in pairs.items()}, {0: [0, 1, 2], 1: [3, 4, 5]})
@@ -224,8 +224,8 @@ def test_a_ranks_memory_goes_to_the_kernel_only_when_it_moved():
     import time
 
     from notebook_accel.launch.cluster import node_links
-    from notebook_accel.launch.worker import hub_pump
-    from notebook_accel.launch.worker.hub_link import Frame, FrameParser
+    from notebook_accel.launch.worker.hub import hub_pump
+    from notebook_accel.launch.worker.hub.hub_link import Frame, FrameParser
 
     class Process:
         rss = 100 << 20
@@ -268,7 +268,7 @@ def test_the_kernel_takes_a_nodes_news_a_few_at_a_time_the_oldest_first():
     import time
 
     from notebook_accel.launch.cluster import node_links
-    from notebook_accel.launch.worker.hub_link import Frame, frame
+    from notebook_accel.launch.worker.hub.hub_link import Frame, frame
 
     kernel_end, hub_end = socket.socketpair()
     links = node_links.NodeLinks({0: kernel_end}, {0: list(range(100))})
@@ -300,7 +300,7 @@ def test_a_pool_runs_payload_goes_to_each_node_as_it_is_whatever_the_socket_take
     import threading
 
     from notebook_accel.launch.cluster import node_links
-    from notebook_accel.launch.worker.hub_link import Frame, FrameParser, read_run
+    from notebook_accel.launch.worker.hub.hub_link import Frame, FrameParser, read_run
 
     kernel_end, hub_end = socket.socketpair()
     kernel_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # many partial writes

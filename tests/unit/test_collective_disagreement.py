@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 
-from notebook_accel.launch.collective_disagreement import disagreement
+from notebook_accel.launch.supervision.collective_disagreement import disagreement
 from notebook_accel.wire import Collective
 
 CELL = "/home/user/train.py"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notebook_accel.launch.collective_table import collectives_text
+from notebook_accel.launch.supervision.collective_table import collectives_text
 from notebook_accel.wire import Collective
 
 

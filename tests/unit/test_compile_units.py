@@ -10,10 +10,10 @@ import yaml
 
 from notebook_accel import Accelerator, DynamoBackend, TorchDynamoPlugin
 from notebook_accel.config import LaunchConfig, load_config
-from notebook_accel.launch.options import fill_options
-from notebook_accel.launch.plan import make_plan
-from notebook_accel.launch.record import LaunchRecord, RankStatus
-from notebook_accel.launch.request import LaunchRequest
+from notebook_accel.launch.planning.options import fill_options
+from notebook_accel.launch.planning.plan import make_plan
+from notebook_accel.launch.planning.request import LaunchRequest
+from notebook_accel.launch.views.record import LaunchRecord, RankStatus
 from notebook_accel.launch.views.text import TextView, rank_states
 from notebook_accel.runtime.compilation import compile_regions
 from notebook_accel.utils import (
@@ -189,7 +189,7 @@ def test_the_magic_the_cli_and_the_pool_take_the_option():
     from magics.accelerate_magic import AccelerateMagics
     from magics.cell.arguments import launch_options
     from notebook_accel.cli.command import _build_parser
-    from notebook_accel.launch.request import door_options
+    from notebook_accel.launch.planning.request import door_options
 
     args = AccelerateMagics.accelerate.parser.parse_args(["--dynamo-backend", "inductor"])
     assert launch_options(args)["dynamo_backend"] == "inductor"

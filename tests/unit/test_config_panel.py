@@ -338,7 +338,7 @@ def test_panel_round_trips_a_deepspeed_file(cfg_path):
     assert _deepspeed_values(config_panel(hardware=CPU2)) == ("DEEPSPEED", 3, "cpu", "cpu", "1.5", True)
 
     from notebook_accel.config import load_config
-    from notebook_accel.launch.options import worker_strategy_environment
+    from notebook_accel.launch.planning.options import worker_strategy_environment
 
     env = worker_strategy_environment(load_config(cfg_path))  # what the launcher makes of it
     assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3" and env["ACCELERATE_GRADIENT_CLIPPING"] == "1.5"

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from notebook_accel.launch.debug_prompt import Prompts
-from notebook_accel.launch.rank_ranges import parse_ranks
-from notebook_accel.launch.stack_groups import group_stacks, headline, stacks_text, users_part
-from notebook_accel.launch.tracebacks import OURS
+from notebook_accel.launch.control.debug_prompt import Prompts
+from notebook_accel.launch.supervision.stack_groups import (
+    group_stacks,
+    headline,
+    stacks_text,
+    users_part,
+)
+from notebook_accel.launch.supervision.tracebacks import OURS
+from notebook_accel.launch.views.rank_ranges import parse_ranks
 from notebook_accel.wire import InputAsk, InputLine
 
 WORKER = OURS[0] + "launch/worker/serve.py"
@@ -43,7 +48,7 @@ def test_stacks_grouped_by_place_innermost_first():
 def test_stacks_and_a_timeouts_traceback_leave_out_the_line_that_runs_a_cell():
     """A %%accelerate cell's body runs from the cell's first line (``exec`` in a ``<module>``
     of the same file): stacks start at the user's own line, as a failure's traceback does."""
-    from notebook_accel.launch.tracebacks import main_thread_stack
+    from notebook_accel.launch.supervision.tracebacks import main_thread_stack
 
     cell = "/tmp/ipykernel_1/3.py"
     runs_it = ((WORKER, 70, "serve"), (OURS[1] + "cell/runner.py", 140, "_in_worker_scope"),
@@ -97,8 +102,8 @@ def test_a_stack_answer_left_unread_by_an_earlier_run_is_not_taken_for_this_runs
     import os
     from types import SimpleNamespace
 
-    from notebook_accel.launch.supervisor import Worker
-    from notebook_accel.launch.worker_stacks import stack_ask
+    from notebook_accel.launch.supervision.supervisor import Worker
+    from notebook_accel.launch.supervision.worker_stacks import stack_ask
     from notebook_accel.wire import FrameReader, Stack
 
     stale = stack_ask()  # asked during an earlier run
@@ -124,9 +129,9 @@ def test_hang_after_is_one_launch_option_of_the_table():
     """notebook_launcher, WorkerPool and %%accelerate take it, checked once, by the table."""
     from magics.accelerate_magic import AccelerateMagics
     from magics.cell.arguments import launch_options
-    from notebook_accel.launch.hang_watch import HANG_AFTER
-    from notebook_accel.launch.plan import make_plan
-    from notebook_accel.launch.request import LaunchRequest, door_options
+    from notebook_accel.launch.planning.plan import make_plan
+    from notebook_accel.launch.planning.request import LaunchRequest, door_options
+    from notebook_accel.launch.supervision.hang_watch import HANG_AFTER
 
     parser = AccelerateMagics.accelerate.parser
     assert launch_options(parser.parse_args(["--hang-after", "2.5"]))["hang_after"] == 2.5
@@ -147,8 +152,8 @@ def test_a_stack_dump_is_kept_out_of_the_cell_and_the_lines_around_it_are_shown(
     dump parsed for its main thread, the rank's other lines shown after all."""
     import io
 
-    from notebook_accel.launch.output import OutputRelay
-    from notebook_accel.launch.tracebacks import dump_frames, is_dump_line
+    from notebook_accel.launch.supervision.tracebacks import dump_frames, is_dump_line
+    from notebook_accel.launch.views.output import OutputRelay
 
     out, err = io.StringIO(), io.StringIO()
     relay = OutputRelay(stdout=out, stderr=err)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from notebook_accel.launch.backends import Backend, backend_for
-from notebook_accel.launch.plan import make_plan
+from notebook_accel.launch.planning.plan import make_plan
 from notebook_accel.machine import devices, hardware
 from notebook_accel.machine.launch_kinds import KINDS, DeviceKind
 from notebook_accel.runtime import device

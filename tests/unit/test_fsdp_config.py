@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from notebook_accel.config import load_config
-from notebook_accel.launch.options import fill_options
+from notebook_accel.launch.planning.options import fill_options
 from notebook_accel.strategies.fsdp.config import plugin_environment, plugin_from_config
 from notebook_accel.strategies.fsdp.plugin import FullyShardedDataParallelPlugin, resolve_plugin
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from magics.panel.rules import precision_choices
-from notebook_accel.launch import plan as planmod
 from notebook_accel.launch.launcher import notebook_launcher, plan_launch
-from notebook_accel.launch.request import LaunchRequest
+from notebook_accel.launch.planning import plan as planmod
+from notebook_accel.launch.planning.request import LaunchRequest
 from notebook_accel.machine import devices, gpu_support, hardware
 from notebook_accel.machine.hardware import Hardware
 
@@ -138,8 +138,9 @@ def test_a_gpu_outside_torchs_build_is_refused_naming_it_and_the_build(machine):
 
 
 def test_the_launcher_and_a_pool_refuse_before_any_worker_starts(machine, monkeypatch):
-    from notebook_accel.launch import launcher, pool
-    from notebook_accel.launch.pool import WorkerPool
+    from notebook_accel.launch import launcher
+    from notebook_accel.launch.pools import pool
+    from notebook_accel.launch.pools.pool import WorkerPool
 
     machine(T4X2)
     started = []  # what would start workers, had the plan passed
@@ -246,7 +247,7 @@ def test_dev_shm_size_is_read_with_statvfs(tmp_path):
 
 _PLAN_TWO = """\
 from notebook_accel.launch.launcher import plan_launch, print_notes
-from notebook_accel.launch.request import LaunchRequest
+from notebook_accel.launch.planning.request import LaunchRequest
 for device in ("cpu", "cpu"):  # the second launch says nothing more
     notes = []
     plan = plan_launch(LaunchRequest({"num_processes": 2, "device": device, "output": "none"}),

@@ -4,8 +4,11 @@ an import cycle, but for the one door into the front end, by design."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grimp
 import pytest
+import tomllib
 
 DOOR = "notebook_accel"
 FRONT_END_DOOR = (DOOR, "magics")  # notebook_accel._front_end: %load_ext, and a launch's live view
@@ -44,3 +47,27 @@ def test_the_check_sees_a_cycle_and_a_door_import():
     assert _cycle_edges(graph) == [(DOOR, f"{DOOR}.a"), (f"{DOOR}.a", f"{DOOR}.b"),
                                    (f"{DOOR}.b", DOOR)]
     assert graph.find_modules_that_directly_import(DOOR) == {f"{DOOR}.b"}
+
+
+LAUNCH = Path(__file__).resolve().parents[2] / "notebook_accel" / "launch"
+WORKER_SIDE = {"worker", "handoff"}  # what a worker process may import of launch/
+
+
+def _launch_members() -> set[str]:
+    """launch/'s packages and top-level modules, by name."""
+    return {p.stem for p in LAUNCH.iterdir()
+            if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
+
+
+def test_the_worker_contract_names_every_kernel_side_package_of_launch():
+    contracts = tomllib.loads((LAUNCH.parents[1] / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    contract = next(c for c in contracts if c["id"] == "worker-no-kernel")
+    forbidden = {m.removeprefix("notebook_accel.launch.") for m in contract["forbidden_modules"]}
+    assert forbidden == _launch_members() - WORKER_SIDE
+
+
+def test_every_folder_of_launch_holds_at_most_twelve_modules():
+    folders = [LAUNCH, *(p for p in LAUNCH.rglob("*") if p.is_dir() and (p / "__init__.py").exists())]
+    crowded = {str(f.relative_to(LAUNCH)): n for f in folders
+               if (n := len([m for m in f.glob("*.py") if m.stem != "__init__"])) > 12}
+    assert crowded == {}

@@ -12,13 +12,13 @@ from collections import Counter
 
 import pytest
 
-from notebook_accel.launch import output
-from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.line_groups import WINDOW, LineGroups
-from notebook_accel.launch.output import OutputRelay
-from notebook_accel.launch.rank_logs import RankLogs
-from notebook_accel.launch.rank_ranges import ranks_text
-from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.supervision.errors import WorkerError
+from notebook_accel.launch.views import output
+from notebook_accel.launch.views.line_groups import WINDOW, LineGroups
+from notebook_accel.launch.views.output import OutputRelay
+from notebook_accel.launch.views.rank_logs import RankLogs
+from notebook_accel.launch.views.rank_ranges import ranks_text
+from notebook_accel.launch.views.record import LaunchRecord, RankStatus
 from notebook_accel.wire import FailureRecord
 
 
@@ -125,7 +125,7 @@ def test_the_cell_gets_at_most_its_budget_whatever_the_ranks_and_every_line_is_k
 
 
 def test_a_ranks_log_keeps_its_share_and_says_what_it_dropped(monkeypatch):
-    from notebook_accel.launch import rank_logs
+    from notebook_accel.launch.views import rank_logs
 
     monkeypatch.setattr(rank_logs, "RANK_MIN", 100)
     monkeypatch.setattr(rank_logs, "LOG_BYTES", 200)
@@ -171,7 +171,7 @@ def test_the_live_view_is_per_node_above_32_ranks_and_at_most_50_kb(world):
 
 
 def test_a_launch_raises_the_soft_open_file_limit_up_to_the_hard_one():
-    from notebook_accel.launch.fd_limit import FDS_PER_RANK, ensure_fd_room, open_fds
+    from notebook_accel.launch.planning.fd_limit import FDS_PER_RANK, ensure_fd_room, open_fds
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < open_fds() + 1000 * FDS_PER_RANK:
@@ -190,7 +190,7 @@ def test_a_launch_raises_the_soft_open_file_limit_up_to_the_hard_one():
 def test_connect_back_checks_the_ranks_every_so_often_not_per_connection():
     from notebook_accel.launch.backends.cluster import _collect
     from notebook_accel.launch.cluster.channel_server import ChannelServer
-    from notebook_accel.launch.worker.hub_link import HELLO, LINK_CHANNELS
+    from notebook_accel.launch.worker.hub.hub_link import HELLO, LINK_CHANNELS
 
     world, calls = 200, []
     server = ChannelServer("127.0.0.1", world)
@@ -422,8 +422,8 @@ def test_a_wakeup_takes_what_is_ready_within_its_budget_and_leaves_the_rest_to_t
     left first, and no line is lost or out of its rank's order."""
     import os
 
-    from notebook_accel.launch import supervisor as watching
     from notebook_accel.launch.backends.base import WorkerHandle
+    from notebook_accel.launch.supervision import supervisor as watching
     from notebook_accel.launch.views import NullView
 
     class Speaking(WorkerHandle):

@@ -10,8 +10,8 @@ import pytest
 
 from notebook_accel.config.schema import LaunchConfig
 from notebook_accel.launch.backends import Backend, backend_for
-from notebook_accel.launch.plan import make_plan
-from notebook_accel.launch.pool import WorkerPool
+from notebook_accel.launch.planning.plan import make_plan
+from notebook_accel.launch.pools.pool import WorkerPool
 from notebook_accel.machine import launch_kinds
 from notebook_accel.machine.launch_kinds import KINDS, DeviceKind, device_launch, runnable_kinds
 
@@ -69,7 +69,7 @@ def test_the_config_file_records_xla_whatever_the_strategy():
 def test_what_a_backend_can_do_it_says_itself_the_launcher_asks_it(monkeypatch, capsys):
     from notebook_accel.launch.backends import backend_class
     from notebook_accel.launch.launcher import print_notes
-    from notebook_accel.launch.start_method import StartChoice
+    from notebook_accel.launch.planning.start_method import StartChoice
 
     class RemoteBackend(FakeBackend):
         local = False  # its workers are not this kernel's processes: no start method of ours

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebook_accel.launch.request import LaunchRequest
+from notebook_accel.launch.planning.request import LaunchRequest
 
 
 def _keywords(door="notebook_launcher", **options):
@@ -59,7 +59,7 @@ def test_each_option_is_checked_once_where_it_enters_and_a_pool_fills_them_once(
     """The request checks an argument, the environment's reader its variable; neither the fill
     nor ``make_plan`` checks them again, and ``WorkerPool`` fills the options once per plan."""
     from notebook_accel.contract import LaunchOption
-    from notebook_accel.launch import pool
+    from notebook_accel.launch.pools import pool
 
     checked, fills = [], []
     check, fill = LaunchOption.check, pool.fill_options
@@ -76,7 +76,7 @@ def test_each_option_is_checked_once_where_it_enters_and_a_pool_fills_them_once(
 def test_notebook_launchers_signature_is_made_once_and_binds_every_call():
     """The signature is made once for the option rows (not at every call), and a call binds
     to it as Python binds one: positional options in the peer's order, its errors as Python's."""
-    from notebook_accel.launch import request as requestmod
+    from notebook_accel.launch.planning import request as requestmod
 
     LaunchRequest.from_call(print, (), 2)
     made = requestmod._signature.cache_info().misses

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from notebook_accel.launch.backends.base import WorkerHandle
-from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.output import OutputRelay
-from notebook_accel.launch.payload import dumps_result, load_payload, serialise_payload
-from notebook_accel.launch.start_method import choose_start_method, fork_unsafe_reason
+from notebook_accel.launch.handoff.payload import dumps_result, load_payload, serialise_payload
+from notebook_accel.launch.planning.start_method import choose_start_method, fork_unsafe_reason
+from notebook_accel.launch.supervision.errors import WorkerError
+from notebook_accel.launch.views.output import OutputRelay
 from notebook_accel.machine import hardware
 
 
@@ -77,7 +77,7 @@ def test_fork_probe_sees_driver_level_cuda_and_uvm():
 def test_choose_start_method_here_and_bad_names():
     assert choose_start_method("auto").method == "fork"
     assert choose_start_method("spawn").method == "spawn"
-    from notebook_accel.launch.request import LaunchRequest
+    from notebook_accel.launch.planning.request import LaunchRequest
 
     with pytest.raises(ValueError, match="'auto', 'fork', 'forkserver', 'spawn'"):  # at its door
         LaunchRequest.from_keywords("notebook_launcher", {"start_method": "threads"})
@@ -218,7 +218,7 @@ def test_visible_devices_filter_and_summary():
 
 
 def test_relay_limits_a_flood_and_says_how_much_was_skipped(monkeypatch):
-    from notebook_accel.launch import output
+    from notebook_accel.launch.views import output
 
     monkeypatch.setattr(output, "BURST_BYTES", 1000)
     monkeypatch.setattr(output, "RATE_BYTES", 0)
@@ -254,7 +254,7 @@ def test_the_traceback_trimmer_knows_the_worker_entry_point():
     """Stack dumps drop the frames above the worker's entry point: its path must exist (it moved once)."""
     import os
 
-    from notebook_accel.launch import tracebacks
+    from notebook_accel.launch.supervision import tracebacks
 
     assert os.path.isfile(tracebacks._WORKER_FILE), tracebacks._WORKER_FILE
 
@@ -264,8 +264,8 @@ def test_a_rank_marked_failed_whose_result_came_after_its_exit_is_still_named():
     arrived. The job's error names rank 1 instead of failing to find a root cause (an IndexError)."""
     import os
 
-    from notebook_accel.launch.record import LaunchRecord
-    from notebook_accel.launch.supervisor import Supervisor
+    from notebook_accel.launch.supervision.supervisor import Supervisor
+    from notebook_accel.launch.views.record import LaunchRecord
 
     class Ended(WorkerHandle):
         def __init__(self, rank):
@@ -344,8 +344,8 @@ class _NoView:
 def test_a_ranks_result_and_last_line_arriving_after_its_end_are_waited_for_over_a_network(grace):
     """A cluster's ranks talk over separate connections: the one that says the rank ended can
     overtake its last output and its result. Local pipes (no grace) have them all by then."""
-    from notebook_accel.launch.record import LaunchRecord
-    from notebook_accel.launch.supervisor import Supervisor
+    from notebook_accel.launch.supervision.supervisor import Supervisor
+    from notebook_accel.launch.views.record import LaunchRecord
 
     record = LaunchRecord(world_size=1, num_processes=1, device_type="cpu", start_method="fork",
                           mixed_precision="no")
@@ -362,7 +362,7 @@ def test_a_ranks_result_and_last_line_arriving_after_its_end_are_waited_for_over
 
 
 def _plan(num_processes, starting, **options):
-    from notebook_accel.launch.plan import make_plan
+    from notebook_accel.launch.planning.plan import make_plan
 
     settings = dict(num_processes=num_processes, mixed_precision=None, use_port=None,
                     master_addr="127.0.0.1", node_rank=0, num_nodes=1, start_method="spawn",
@@ -383,7 +383,7 @@ def test_the_plan_tells_count_and_start_method_before_detecting_the_hardware(mon
     plan = _plan(None, starting, device="cpu")
     assert told == ["detected", (plan.num_processes, "spawn")]
     told.clear()
-    from notebook_accel.launch.request import LaunchRequest
+    from notebook_accel.launch.planning.request import LaunchRequest
 
     for bad in ({"mixed_precision": "fp64"}, {"device": "gpu"}):  # refused at the door: no plan
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -397,11 +397,11 @@ def test_a_launch_says_it_starts_workers_only_when_the_start_takes_seconds(monke
     from notebook_accel.launch.launcher import announce_start
 
     said = "[notebook_accel] starting 2 workers (fork)...\n"
-    monkeypatch.delitem(sys.modules, "notebook_accel.launch.warm", raising=False)
+    monkeypatch.delitem(sys.modules, "notebook_accel.launch.worker.warm", raising=False)
     announce_start(2, "fork", "all")  # torch and the workers' modules still to import
     assert capsys.readouterr() == ("", said)  # a script's stdout is its own (a kernel's: test_cold_start_kernel)
     announce_start(2, "fork", "none")  # the launch shows nothing
-    monkeypatch.setitem(sys.modules, "notebook_accel.launch.warm", sys)
+    monkeypatch.setitem(sys.modules, "notebook_accel.launch.worker.warm", sys)
     announce_start(2, "fork", "main")  # forked workers start warm: a moment
     assert capsys.readouterr().err == ""
     announce_start(1, "spawn", "all")  # every spawned worker imports torch
@@ -458,8 +458,8 @@ class _FailedRank(WorkerHandle):
 def test_once_every_running_rank_has_reported_its_failure_the_rest_are_stopped_at_once(monkeypatch):
     """The kernel gathers the other ranks' reports for a moment after a failure; when every rank
     still running has sent its failure already, nothing is left to gather: no wait."""
-    from notebook_accel.launch import supervisor as watching
-    from notebook_accel.launch.record import LaunchRecord
+    from notebook_accel.launch.supervision import supervisor as watching
+    from notebook_accel.launch.views.record import LaunchRecord
 
     monkeypatch.setattr(watching, "_COLLECT_AFTER_FAILURE", 60.0)
     record = LaunchRecord(world_size=3, num_processes=3, device_type="cpu", start_method="fork",
@@ -475,8 +475,8 @@ def test_once_every_running_rank_has_reported_its_failure_the_rest_are_stopped_a
 def test_a_ranks_memory_that_moved_by_a_few_pages_is_no_news(monkeypatch):
     """A rank's memory is sampled once a second; a figure that moved by 1% or less stays as it
     was (a view shows 3-4 digits: a quiet job's redraw then finds nothing changed)."""
-    from notebook_accel.launch import supervisor as watching
-    from notebook_accel.launch.record import LaunchRecord
+    from notebook_accel.launch.supervision import supervisor as watching
+    from notebook_accel.launch.views.record import LaunchRecord
 
     handle = _FailedRank(0)
     record = LaunchRecord(world_size=1, num_processes=1, device_type="cpu", start_method="fork",

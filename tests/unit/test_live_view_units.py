@@ -9,8 +9,8 @@ import time
 
 from magics.view.live_view import LiveView, render
 from magics.view.plots import MAX_POINTS, Plots, Series, metric_svg
-from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.views import GuardedView
+from notebook_accel.launch.views.record import LaunchRecord, RankStatus
 from notebook_accel.launch.views.text import TextView
 from notebook_accel.observe.progress import job_progress
 

@@ -298,7 +298,7 @@ def test_load_checkpoint_in_model_takes_the_peers_parameters_and_logs_unused_wei
 
 def test_the_peers_rendezvous_arguments_become_our_meeting_point():
     from notebook_accel import notebook_launcher
-    from notebook_accel.launch.rdzv import meeting_point
+    from notebook_accel.launch.planning.rdzv import meeting_point
 
     assert meeting_point("", None, None) == (None, None)
     assert meeting_point("", "10.0.0.1", 29500) == ("10.0.0.1", 29500)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from notebook_accel.launch.stop_agreement import agree_and_stop
+from notebook_accel.launch.control.stop_agreement import agree_and_stop
 from notebook_accel.wire import StopAsk, StopAt, StopCount
 
 

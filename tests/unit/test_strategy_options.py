@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from notebook_accel.launch.options import fill_options
-from notebook_accel.launch.request import LaunchRequest, door_options
+from notebook_accel.launch.planning.options import fill_options
+from notebook_accel.launch.planning.request import LaunchRequest, door_options
 from notebook_accel.strategies.registry import STRATEGIES
 
 

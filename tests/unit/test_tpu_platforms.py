@@ -13,7 +13,7 @@ import pytest
 from magics.panel.rules import default_processes, effective_device, max_processes
 from notebook_accel.launch import launcher
 from notebook_accel.launch.backends import xla as xla_backend
-from notebook_accel.launch.plan import make_plan
+from notebook_accel.launch.planning.plan import make_plan
 from notebook_accel.machine import devices, hardware, tpu, tpu_holders
 from notebook_accel.machine.hardware import Hardware
 

@@ -10,7 +10,7 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.supervision.errors import WorkerError
 from notebook_accel.wire import FailureRecord
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "<cell 3>", line 2\nValueError: bad shape\n'
@@ -63,6 +63,6 @@ def test_a_plain_worker_error_still_has_its_rank_in_failures():
 
 
 def test_importing_worker_error_does_not_import_torch():
-    code = ("import sys; from notebook_accel import WorkerError; import notebook_accel.launch.errors; "
+    code = ("import sys; from notebook_accel import WorkerError; import notebook_accel.launch.supervision.errors; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

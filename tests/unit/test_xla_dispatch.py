@@ -13,7 +13,7 @@ import torch
 from notebook_accel.launch.backends import Backend, backend_for
 from notebook_accel.launch.backends import xla as xla_backend
 from notebook_accel.launch.backends.processes import ProcessBackend
-from notebook_accel.launch.plan import make_plan
+from notebook_accel.launch.planning.plan import make_plan
 from notebook_accel.launch.worker import xla_cores
 from notebook_accel.machine import tpu as detect
 from notebook_accel.runtime import xla as runtime
@@ -229,7 +229,7 @@ def test_root_cause_is_the_earliest_core_failure(tmp_path):
 
 
 def test_a_failing_core_leaves_its_failure_record(monkeypatch, tmp_path):
-    from notebook_accel.launch.payload import serialise_payload
+    from notebook_accel.launch.handoff.payload import serialise_payload
 
     def train():
         raise ValueError("bad lr")
@@ -333,7 +333,7 @@ def test_a_tpu_machine_launches_on_xla_by_default(monkeypatch):
 
 
 def test_config_file_with_distributed_type_xla_is_accepted(tmp_path):
-    from notebook_accel.launch.options import fill_options
+    from notebook_accel.launch.planning.options import fill_options
 
     config = tmp_path / "default_config.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: XLA\n")

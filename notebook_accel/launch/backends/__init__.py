@@ -13,7 +13,7 @@ from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHand
 from notebook_accel.machine.launch_kinds import device_launch
 
 if TYPE_CHECKING:
-    from notebook_accel.launch.plan import LaunchPlan
+    from notebook_accel.launch.planning.plan import LaunchPlan
 
 __all__ = ["Backend", "WorkerGroup", "WorkerHandle", "backend_class", "backend_for"]
 

@@ -17,7 +17,7 @@ then share an ``inbox`` (one descriptor for them all, which says which channels 
 and serve their channels' bytes from memory (:meth:`WorkerHandle.read_output`,
 :meth:`WorkerHandle.frames`), as the cluster's node links do.
 
-Signals go through :func:`~notebook_accel.launch.signal_all.signal_all`, which hands a backend
+Signals go through :func:`~notebook_accel.launch.backends.signal_all.signal_all`, which hands a backend
 whose handles share a way to their workers (``together``: a node's link) the ranks at once, one
 message per node.
 
@@ -36,11 +36,11 @@ from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from notebook_accel import wire
-from notebook_accel.launch.signal_all import signal_all
+from notebook_accel.launch.backends.signal_all import signal_all
 
 if TYPE_CHECKING:
-    from notebook_accel.launch.payload import Payload
-    from notebook_accel.launch.plan import LaunchPlan
+    from notebook_accel.launch.handoff.payload import Payload
+    from notebook_accel.launch.planning.plan import LaunchPlan
     from notebook_accel.wire import Message, RunDone
 
 

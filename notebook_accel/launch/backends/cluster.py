@@ -2,14 +2,14 @@
 
 Ray places one hub per node (``launch/cluster/placement.py``: a placement group spread over the
 nodes, ranks numbered node by node), starts and keeps it. Each launch is one Ray call per hub:
-it forks its node's ranks as a local launch does (``launch/worker/node_hub.py``) and links them
+it forks its node's ranks as a local launch does (``launch/worker/hub/node_hub.py``) and links them
 to the kernel over one ordered connection per node (``launch/cluster/channel_server.py``), or,
 for a Ray Client address, to a relay on the head node that the kernel pumps through Ray
 (``launch/cluster/channel_relay.py``). The kernel takes each link apart into its ranks' channels
 (``launch/cluster/node_links.py``), so the supervisor, output relay, views and failure records
 are the same as for local processes. Rank 0's node hosts the rendezvous store, on a port that
 its hub found free there. A warm pool's dead rank is forked again by its node's hub
-(:meth:`ClusterPoolWorkers.replace`, for a heal: ``launch/pool_heal.py``).
+(:meth:`ClusterPoolWorkers.replace`, for a heal: ``launch/pools/heal.py``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.cluster.channel_relay import RelayedChannels
 from notebook_accel.launch.cluster.channel_server import ChannelServer
 from notebook_accel.launch.cluster.node_links import KINDS, LinkFrames, NodeLinks
-from notebook_accel.launch.environment import worker_environment
-from notebook_accel.launch.fd_limit import ensure_fd_room
-from notebook_accel.launch.payload import Payload
-from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.handoff.environment import worker_environment
+from notebook_accel.launch.handoff.payload import Payload
+from notebook_accel.launch.planning.fd_limit import ensure_fd_room
+from notebook_accel.launch.planning.plan import LaunchPlan
 from notebook_accel.launch.views import in_kernel
 from notebook_accel.launch.worker.main import WorkerSpec
 
@@ -266,7 +266,7 @@ class ClusterPoolWorkers:
     def replace(self, ranks: tuple[int, ...]) -> int:
         """Have the hub of each dead rank of ``ranks`` fork it again, from the spec it was forked
         from (same rank number, device and environment), around a fresh rendezvous store that
-        every rank meets at next (a heal: ``launch/pool_heal.py``); returns the store's port.
+        every rank meets at next (a heal: ``launch/pools/heal.py``); returns the store's port.
 
         As at the launch, rank 0 hosts the store at ``MASTER_ADDR`` (its node's address), on a
         port node 0's hub finds free there; a survivor rank 0 hosts it when it rejoins.

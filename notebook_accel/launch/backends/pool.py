@@ -23,9 +23,9 @@ from notebook_accel.launch.backends.processes import (
     keep_out_of_forks,
     start_workers,
 )
-from notebook_accel.launch.payload import InheritedPayload, Payload
-from notebook_accel.launch.plan import LaunchPlan
-from notebook_accel.launch.rendezvous import Rendezvous
+from notebook_accel.launch.handoff.payload import InheritedPayload, Payload
+from notebook_accel.launch.planning.plan import LaunchPlan
+from notebook_accel.launch.planning.rendezvous import Rendezvous
 from notebook_accel.wire import Run
 
 _CLOSE_GRACE = 2.0  # seconds workers have to leave once their commands pipe is closed
@@ -53,7 +53,7 @@ class PoolWorkers:
     def replace(self, ranks: tuple[int, ...]) -> int:
         """Start new workers in place of the dead ones of ``ranks`` (same rank numbers, device
         and environment), around a fresh rendezvous store that every rank meets at next (a
-        heal: ``launch/pool_heal.py``); returns the store's port."""
+        heal: ``launch/pools/heal.py``); returns the store's port."""
         rendezvous = Rendezvous(self.plan.master_addr, 0)
         local = {self.plan.global_rank(i): i for i in range(self.plan.num_processes)}
         try:

@@ -6,7 +6,7 @@ the kernel does; the OS also kills it when the process that started it dies). On
 rank 0's node the kernel hosts the rendezvous store.
 
 :func:`start_workers` also starts a warm pool's workers (``serve=True``): each then
-reads runs from a fifth pipe, its commands channel (see ``launch/pool.py``).
+reads runs from a fifth pipe, its commands channel (see ``launch/pools/pool.py``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import psutil
 
 from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
 from notebook_accel.launch.cluster.node_join import announce, await_nodes
-from notebook_accel.launch.environment import network_environment, worker_environment
-from notebook_accel.launch.fd_limit import ensure_fd_room
-from notebook_accel.launch.payload import Payload
-from notebook_accel.launch.plan import LaunchPlan
-from notebook_accel.launch.rendezvous import Rendezvous
-from notebook_accel.launch.start_method import get_context, starter_pid
+from notebook_accel.launch.handoff.environment import network_environment, worker_environment
+from notebook_accel.launch.handoff.payload import Payload
+from notebook_accel.launch.planning.fd_limit import ensure_fd_room
+from notebook_accel.launch.planning.plan import LaunchPlan
+from notebook_accel.launch.planning.rendezvous import Rendezvous
+from notebook_accel.launch.planning.start_method import get_context, starter_pid
 from notebook_accel.launch.views import in_kernel
 from notebook_accel.launch.worker.main import WorkerPipes, WorkerSpec, enlarge_pipe, worker_main
 from notebook_accel.launch.worker.main_module import main_module_hidden
@@ -188,7 +188,7 @@ def start_workers(
         # Forked workers inherit what the kernel imported: pay torch's lazy imports
         # (torch._dynamo, which the first optimizer or DDP model imports: ~2 s) once here, not
         # in every launch, nor in a pool's first cell or the rank a heal starts.
-        importlib.import_module("notebook_accel.launch.warm")
+        importlib.import_module("notebook_accel.launch.worker.warm")
     context = get_context(plan.start.method)
     ensure_fd_room(plan.num_processes)
     chosen = tuple(range(plan.num_processes)) if local_ranks is None else local_ranks

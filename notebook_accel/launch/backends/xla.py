@@ -15,8 +15,8 @@ import sys
 
 from notebook_accel.launch.backends.base import Backend, WorkerGroup
 from notebook_accel.launch.backends.processes import ProcessBackend
-from notebook_accel.launch.payload import Payload, serialise_payload
-from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.handoff.payload import Payload, serialise_payload
+from notebook_accel.launch.planning.plan import LaunchPlan
 from notebook_accel.launch.worker.xla_cores import run_cores
 from notebook_accel.machine import hardware
 from notebook_accel.machine.tpu import (

@@ -31,7 +31,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from notebook_accel.launch.cluster.channel_server import ChannelServer
-from notebook_accel.launch.worker.hub_link import LINK_CHANNELS
+from notebook_accel.launch.worker.hub.hub_link import LINK_CHANNELS
 
 BUFFER_LIMIT = 1 << 20  # bytes of one connection held in the relay before it stops reading it
 PULL_LIMIT = 4 << 20  # bytes one pull carries at most

@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from notebook_accel.launch.worker.hub_link import HELLO, LINK_CHANNELS
+from notebook_accel.launch.worker.hub.hub_link import HELLO, LINK_CHANNELS
 
 _HELLO_TIMEOUT = 5.0
 CHECK_EVERY = 0.25  # seconds between two calls of ``check`` while connections arrive

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from notebook_accel.launch.ports import free_port
+from notebook_accel.launch.handoff.ports import free_port
 
 
 @dataclass

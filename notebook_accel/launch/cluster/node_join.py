@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from notebook_accel.launch.interrupts import check_interrupt
-from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.control.interrupts import check_interrupt
+from notebook_accel.launch.planning.plan import LaunchPlan
 
 JOIN_TIMEOUT = 300.0
 _KEY = "notebook_accel/joined/node{}"

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_accel import wire
-from notebook_accel.launch.worker.hub_link import (
+from notebook_accel.launch.worker.hub.hub_link import (
     ANSWERED,
     BEAT_EVERY,
     EVERY_RANK,

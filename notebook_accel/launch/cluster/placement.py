@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from notebook_accel.launch.plan import LaunchPlan
+    from notebook_accel.launch.planning.plan import LaunchPlan
 
 PLACE_TIMEOUT = 20.0  # seconds a placement group may stay pending before the launch is refused
 HUB_TIMEOUT = 120.0  # seconds for the hubs to start (each imports torch)
@@ -165,7 +165,7 @@ def placement_for(plan: LaunchPlan) -> Placement:
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from notebook_accel.launch.worker.node_hub import NodeHub
+    from notebook_accel.launch.worker.hub.node_hub import NodeHub
 
     need = _needs(plan)
     group = placement_group([dict(need) for _ in range(plan.num_nodes)], strategy="STRICT_SPREAD")

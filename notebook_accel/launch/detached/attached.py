@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from notebook_accel.launch.control.interrupts import interrupts_raised
 from notebook_accel.launch.detached.client import (
     Connection,
     KeeperGone,
@@ -28,14 +29,13 @@ from notebook_accel.launch.detached.client import (
 )
 from notebook_accel.launch.detached.output_ring import KEEP_PER_RANK
 from notebook_accel.launch.detached.runtime_dir import PoolFiles, check_name, pool_files
-from notebook_accel.launch.interrupts import interrupts_raised
-from notebook_accel.launch.options import fill_options
-from notebook_accel.launch.payload import serialise_payload
-from notebook_accel.launch.pool import PoolUnavailable
-from notebook_accel.launch.rank_ranges import parse_ranks
-from notebook_accel.launch.request import LaunchRequest
-from notebook_accel.launch.run_handle import RunHandle
-from notebook_accel.launch.tracebacks import hide_our_frames
+from notebook_accel.launch.handoff.payload import serialise_payload
+from notebook_accel.launch.planning.options import fill_options
+from notebook_accel.launch.planning.request import LaunchRequest
+from notebook_accel.launch.pools.pool import PoolUnavailable
+from notebook_accel.launch.pools.run_handle import RunHandle
+from notebook_accel.launch.supervision.tracebacks import hide_our_frames
+from notebook_accel.launch.views.rank_ranges import parse_ranks
 from notebook_accel.launch.views.text import say
 
 DEFAULT_NAME = "pool"  # a detached pool's name when none is given
@@ -342,7 +342,7 @@ class _RemoteOutput:
 
 
 class DetachedRun(RunHandle):
-    """A run on a detached pool, as a :class:`~notebook_accel.launch.run_handle.RunHandle`:
+    """A run on a detached pool, as a :class:`~notebook_accel.launch.pools.run_handle.RunHandle`:
     ``done()``, ``result()``, ``cancel()``, ``watch()`` (from its first line, once, then live;
     the stop button stops watching, not the run), ``logs(rank)``."""
 

@@ -20,7 +20,7 @@ from typing import Any
 from notebook_accel.launch.detached.framing import receive, send
 from notebook_accel.launch.detached.keeper import IDLE_TIMEOUT
 from notebook_accel.launch.detached.runtime_dir import PoolFiles, check_name, pool_files, pool_names
-from notebook_accel.launch.request import LaunchRequest
+from notebook_accel.launch.planning.request import LaunchRequest
 
 START_TIMEOUT = 300.0  # seconds a keeper has to start its pool
 _ANSWER_TIMEOUT = 10.0

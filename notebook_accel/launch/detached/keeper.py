@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     server = pool = None
     try:
         token = files.write_token()
-        from notebook_accel.launch.pool import WorkerPool
+        from notebook_accel.launch.pools.pool import WorkerPool
 
         _log(f"keeper of detached pool {name!r}, pid {os.getpid()}: starting the pool")
         pool = WorkerPool(**json.loads(options))

@@ -1,7 +1,7 @@
 """A detached pool's run output, kept on disk: a bounded ring per rank, read from any number on.
 
 The keeper's runs have no cell: the relay writes what a cell would show into a
-:class:`RingOutput` (a :class:`~notebook_accel.launch.run_output.RunOutput` whose pieces live in
+:class:`RingOutput` (a :class:`~notebook_accel.launch.views.run_output.RunOutput` whose pieces live in
 files, not in memory). Every line gets the next number; a line starting with a rank's prefix
 (``[rank N] ``, the relay's own) goes to that rank's ring, every other piece (notes, rich
 displays) to the ring of notes. A ring is two files of at most half its size each: when the
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from notebook_accel.launch.run_output import RunOutput
+from notebook_accel.launch.views.run_output import RunOutput
 from notebook_accel.wire import Kind
 
 KEEP_PER_RANK = 10 << 20  # bytes on disk per rank (and for the notes): its newest lines

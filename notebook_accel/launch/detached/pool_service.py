@@ -3,7 +3,7 @@
 Each operation is one request on the keeper's socket (``framing.py``) answered by
 :meth:`PoolService.answer`:
 
-- ``plan``: the pool's :class:`~notebook_accel.launch.plan.LaunchPlan`;
+- ``plan``: the pool's :class:`~notebook_accel.launch.planning.plan.LaunchPlan`;
 - ``call``: one of the pool's questions or actions (``ASKED``: ``names_on``, ``revive``...),
   with what it printed;
 - ``submit``: a run of the body (a payload the kernel serialised for the pool, forwarded as
@@ -36,8 +36,8 @@ from typing import Any
 import cloudpickle
 
 from notebook_accel.launch.detached.output_ring import RingOutput
-from notebook_accel.launch.run_handle import RunHandle
-from notebook_accel.launch.thread_output import routed_to
+from notebook_accel.launch.pools.run_handle import RunHandle
+from notebook_accel.launch.pools.thread_output import routed_to
 
 ASKED = ("names_on", "copies_on", "lost", "heals", "status", "revive", "stacks",
          "collectives")  # what a kernel may ask the pool (``call``)

@@ -2,7 +2,7 @@
 
 A view has one method, ``update(record, final=False)``, called about ten times a
 second while the job runs and once with ``final=True`` at the end; it reads the
-:class:`~notebook_accel.launch.record.LaunchRecord` and decides itself when to redraw.
+:class:`~notebook_accel.launch.views.record.LaunchRecord` and decides itself when to redraw.
 
 The engine builds no notebook display itself: the front end offers one with
 :func:`register_kernel_view` (``magics`` does so when it is imported). In a kernel
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from notebook_accel.launch.views.rich_output import in_kernel
 
 if TYPE_CHECKING:  # magics imports this module to register its view: keep it light
-    from notebook_accel.launch.record import LaunchRecord
+    from notebook_accel.launch.views.record import LaunchRecord
 
 
 class View(Protocol):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch.record import LaunchRecord, RankStatus
+from notebook_accel.launch.views.record import LaunchRecord, RankStatus
 from notebook_accel.observe.progress import done_fraction
 
 PER_RANK_LIMIT = 32  # ranks shown one row each up to this many

@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from notebook_accel.launch.rank_ranges import ranks_text  # noqa: F401 - the words every view uses
-from notebook_accel.launch.record import ENDED_STATES as _ENDED
-from notebook_accel.launch.record import LaunchRecord, RankStatus
 from notebook_accel.launch.views.nodes import node_table, per_node, taken_in
+from notebook_accel.launch.views.rank_ranges import ranks_text  # noqa: F401 - the words every view uses
+from notebook_accel.launch.views.record import ENDED_STATES as _ENDED
+from notebook_accel.launch.views.record import LaunchRecord, RankStatus
 from notebook_accel.launch.views.rich_output import in_kernel
 from notebook_accel.observe.progress import bar_label, job_progress
 

@@ -36,8 +36,8 @@ from notebook_accel import events, wire
 from notebook_accel.checkpoint import snapshot_writer
 from notebook_accel.contract import CHECK_COLLECTIVES_ENV
 from notebook_accel.flags import env_flag
-from notebook_accel.launch.environment import DEVICE_TYPE, LOCAL_RANK
-from notebook_accel.launch.payload import Payload, dumps_result, load_payload
+from notebook_accel.launch.handoff.environment import DEVICE_TYPE, LOCAL_RANK
+from notebook_accel.launch.handoff.payload import Payload, dumps_result, load_payload
 from notebook_accel.launch.worker import display as worker_display
 from notebook_accel.launch.worker import flight_recorder
 from notebook_accel.wire import FailureRecord, Kind, Message, Result

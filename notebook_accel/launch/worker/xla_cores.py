@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from notebook_accel import wire
-from notebook_accel.launch import environment as env
-from notebook_accel.launch.payload import dumps_result, load_payload
+from notebook_accel.launch.handoff import environment as env
+from notebook_accel.launch.handoff.payload import dumps_result, load_payload
 from notebook_accel.launch.worker.main_module import main_module_hidden
 from notebook_accel.machine.tpu import bf16_environment
 

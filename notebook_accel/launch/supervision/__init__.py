@@ -1,0 +1,1 @@
+"""Watching a launch: the supervisor's loop, hang watch, stacks, tracebacks and the verdicts that become a WorkerError."""
