@@ -112,6 +112,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
     "notebook_accel.local_sgd": {"notebook_accel.accelerator": "Accelerator"},
     "notebook_accel.accelerator": {
         "notebook_accel.data.dispatch": "DataLoaderDispatcher",
+        "notebook_accel.data.prepare": "skip_first_batches",
         "notebook_accel.data.loader": "prepare_data_loader",
         _AVAILABILITY: "is_bf16_available is_deepspeed_available is_mlu_available is_musa_available "
                        "is_npu_available is_torch_xla_available is_xpu_available",
@@ -129,7 +130,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
                                           "GradientAccumulationPlugin KwargsHandler InitProcessGroupKwargs",
         "notebook_accel.runtime.profiling": "PROFILE_PATTERN_NAME",
         "notebook_accel.runtime.rng_sync": "RNGType",
-        "notebook_accel.runtime.state": "PartialState",
+        "notebook_accel.runtime.state": "DistributedType PartialState",
         "notebook_accel.strategies.deepspeed.plugin": "DeepSpeedPlugin DummyOptim DummyScheduler",
         "notebook_accel.strategies.fsdp.plugin": "FullyShardedDataParallelPlugin",
     },

@@ -19,6 +19,7 @@ from magics import config_hint
 from magics.panel.controls import LABEL, ButtonChoice, field_layout, tip
 from magics.panel.deepspeed import DeepSpeedFields
 from magics.panel.fsdp import FsdpFields
+from magics.panel.own_fields import field_row
 from magics.panel.rules import (
     START_METHOD_TIPS,
     Choice,
@@ -49,7 +50,6 @@ from notebook_accel.config import (
     load_config,
     save_config,
 )
-from notebook_accel.contract import OPTIONS
 from notebook_accel.machine.hardware import Hardware, detect
 
 # "Show as code": a code block in the front end's code font (JupyterLab's variables, else monospace).
@@ -154,7 +154,7 @@ class ConfigPanel(widgets.VBox):
             **tip("; ".join(f"{c.value}: {c.tooltip}" for c in devices)))
         self.num_processes = widgets.IntText(  # not Bounded: it would clamp without a word
             value=state.num_processes, description="Processes",
-            **tip(OPTIONS["num_processes"].help),
+            **tip(field_row("num_processes").help),
             style=LABEL, layout=field_layout())
         self.field_notes = {name: widgets.HTML() for name in _BESIDE}  # shown beside the field
         self.clamp_note = self.field_notes["num_processes"]  # (a clamp is said there too)
@@ -164,24 +164,25 @@ class ConfigPanel(widgets.VBox):
         self.precision_buttons = self.precision.buttons
         self.precision_note = widgets.HTML()
         self.start_method = widgets.Dropdown(
-            options=list(OPTIONS["start_method"].choices), value=state.start_method, description="Start method",
+            options=list(field_row("start_method").choices), value=state.start_method, description="Start method",
             style=LABEL, layout=field_layout(),
             **tip("; ".join(f"{k}: {v}" for k, v in START_METHOD_TIPS.items())))
         self.dynamo_backend = widgets.Dropdown(  # only what runs here (and the file's value)
             options=_options(compile_backend_choices(state.device, hw), state.dynamo_backend),
             value=state.dynamo_backend, description="torch.compile", style=LABEL, layout=field_layout(),
-            **tip(OPTIONS["dynamo_backend"].help))
+            **tip(field_row("dynamo_backend").help))
         self._syncing = False  # set while the panel itself rewrites a field's options
         self.num_machines = _int_field("Machines", state.num_machines, 1, 4096,
-                                       "machines (nodes) in the job; more than 1 shows their "
+                                       f"{field_row('num_machines').help}; more than 1 shows their "
                                        "settings")
         self.machine_rank = _int_field("Machine rank", state.machine_rank, 0, 4095,
-                                       "0 on the main machine, 1.. on the others")
+                                       f"{field_row('machine_rank').help}, 1.. on the others")
         self.main_process_ip = widgets.Text(
             value=state.main_process_ip, description="Main process IP", style=LABEL,
-            layout=field_layout(), placeholder="address of machine 0")
-        self.main_process_port = _int_field("Main process port", state.main_process_port, 0,
-                                            65535, "the same port on every machine; 0: unset")
+            layout=field_layout(), placeholder="address of machine 0", **tip(field_row("main_process_ip").help))
+        self.main_process_port = _int_field("Main process port", state.main_process_port, 0, 65535,
+                                            f"{field_row('main_process_port').help}; the same port "
+                                            "on every machine; 0: unset")
         self.multi_node = widgets.VBox([self.machine_rank, self.main_process_ip,
                                         self.main_process_port])
         self.strategy = FsdpFields(state.fsdp, self._on_change)

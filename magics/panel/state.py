@@ -18,6 +18,7 @@ from magics.panel.deepspeed import (
     deepspeed_messages,
 )
 from magics.panel.fsdp import FsdpForm, apply_form, form_from_config, fsdp_messages
+from magics.panel.own_fields import own_launch_kwargs, own_magic_flags, strategy_row
 from magics.panel.rules import (
     compile_backend_choices,
     default_processes,
@@ -211,31 +212,20 @@ def validate(state: FormState, hw: Hardware) -> list[Message]:
 
 
 def _launch_kwargs(state: FormState, config_file: Path | None) -> list[tuple[str, object]]:
-    kwargs: list[tuple[str, object]] = [("num_processes", state.num_processes)]
-    if state.mixed_precision != "no":
-        kwargs.append(("mixed_precision", state.mixed_precision))
-    if state.start_method != "auto":
-        kwargs.append(("start_method", state.start_method))
-    if state.device != "auto":
-        kwargs.append(("device", state.device))
-    if state.num_machines > 1:
-        kwargs += [("num_nodes", state.num_machines), ("node_rank", state.machine_rank),
-                   ("master_addr", state.main_process_ip.strip())]
-    if state.main_process_port:
-        kwargs.append(("use_port", state.main_process_port))
-    if state.dynamo_backend != "no":
-        kwargs.append(("dynamo_backend", state.dynamo_backend))
+    kwargs = own_launch_kwargs(state)
     kwargs += table_launch_kwargs(state.options)
-    if state.fsdp.strategy == "FSDP":
-        kwargs.append(("fsdp", True))  # its options: the saved file's fsdp_config
+    strategy = strategy_row(state.strategy)
+    if strategy is not None:
+        kwargs.append((strategy.name, True))  # its options: the saved file's section (fsdp_config...)
     if state.strategy == "DEEPSPEED" and config_file and config_file != default_config_path():
-        kwargs.append(("config_file", str(config_file)))  # DeepSpeed: only the file says it
+        kwargs.append(("config_file", str(config_file)))  # DeepSpeed's settings: the file's
     return kwargs
 
 
 def launcher_call(state: FormState, config_file: Path | None = None) -> str:
-    """The equivalent Python, e.g. ``notebook_launcher(train, num_processes=2, mixed_precision='bf16')``.
-    DeepSpeed has no launcher argument: the saved file (``config_file``) says it."""
+    """The equivalent Python, e.g. ``notebook_launcher(train, num_processes=2, mixed_precision='bf16')``;
+    each keyword is its row's name (``own_fields``, ``table_options``). DeepSpeed's settings are
+    the saved file's (``config_file``)."""
     args = ", ".join(f"{k}={v!r}" for k, v in _launch_kwargs(state, config_file))
     note = "train: your training function"
     if state.strategy == "DEEPSPEED":
@@ -245,22 +235,14 @@ def launcher_call(state: FormState, config_file: Path | None = None) -> str:
 
 
 def magic_line(state: FormState, config_file: Path | None = None) -> str:
-    """The equivalent ``%%accelerate`` line. The magic has no multi-node flags, so a
-    multi-node form adds ``--config FILE`` (the file as saved by the panel)."""
-    parts = ["%%accelerate", "-n", str(state.num_processes)]
-    if state.mixed_precision != "no":
-        parts += ["--mixed-precision", state.mixed_precision]
-    if state.start_method != "auto":
-        parts += ["--start-method", state.start_method]
-    if state.device in ("cpu", "cuda"):
-        parts += ["--device", state.device]
-    if state.main_process_port and state.num_machines == 1:
-        parts += ["--port", str(state.main_process_port)]
-    if state.dynamo_backend != "no":
-        parts += ["--dynamo-backend", state.dynamo_backend]
+    """The equivalent ``%%accelerate`` line, each flag its row's. The multi-machine, TPU and
+    DeepSpeed settings are read from the saved file: such a form adds ``--config FILE`` (the file as
+    saved by the panel)."""
+    parts = ["%%accelerate", *own_magic_flags(state)]
     parts += table_magic_flags(state.options)
-    if state.fsdp.strategy == "FSDP":
-        parts.append("--fsdp")
+    strategy = strategy_row(state.strategy)
+    if strategy is not None and strategy.magic_flag:
+        parts.append(strategy.magic_flag)
     if state.num_machines > 1 or state.device == "xla" or state.strategy == "DEEPSPEED":
         path = config_file or default_config_path()
         if path != default_config_path():

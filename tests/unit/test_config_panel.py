@@ -78,7 +78,8 @@ def test_code_equivalents():
             "start_method='fork')") in launcher_call(state)
     assert magic_line(state) == "%%accelerate -n 2 --mixed-precision bf16 --start-method fork"
     multi = FormState(num_machines=2, main_process_ip="10.0.0.1", main_process_port=29500)
-    assert "num_nodes=2, node_rank=0, master_addr='10.0.0.1', use_port=29500" in launcher_call(multi)
+    assert "use_port=29500, master_addr='10.0.0.1', node_rank=0, num_nodes=2" in launcher_call(multi)
+    assert magic_line(multi).startswith("%%accelerate -n 1\n# multi-machine")  # the file says them
 
 
 def test_panel_shows_hardware_and_defaults_without_a_file(cfg_path):
@@ -427,7 +428,7 @@ def test_deepspeed_rules_as_functions():
     assert validate(FormState(num_processes=2, deepspeed=DeepSpeedForm(zero_stage=0,
                                                                       offload_param_device="cpu")), CPU2) == []
     assert magic_line(FormState(num_processes=2, fsdp=FsdpForm(strategy="DEEPSPEED"))) == (
-        "%%accelerate -n 2\n# DeepSpeed settings are read from the saved file")
+        "%%accelerate -n 2 --deepspeed\n# DeepSpeed settings are read from the saved file")
 
 
 # --- issue 36: what is offered, how it is drawn ---------------------------------------------
@@ -694,3 +695,75 @@ def test_the_tables_other_rows_are_fields_snapshots_and_heal_among_them(cfg_path
     assert again["snapshot_every"].value == "50" and again["snapshot_dir"].value == drive
     state = FormState(options={"snapshot_every": "", "snapshot_dir": "", "heal": True, "gpu_ids": ""})
     assert "snapshot" not in launcher_call(state) and "snapshot" not in magic_line(state)  # unset: not shown
+
+
+def test_every_row_is_on_the_panel_and_its_code_is_the_rows(cfg_path):
+    """Each row the panel's own fields show (``panel_field``) has its field, its FormState value
+    and, set to a value other than its default, its keyword in the ``notebook_launcher`` code and
+    its flag in the ``%%accelerate`` line, both read from the row (``own_fields``); the strategy
+    selector's choice is its registry row's. A row added with a ``panel_field`` and no field, or
+    whose code the panel leaves out, fails here."""
+    import dataclasses
+
+    from magics.panel.fsdp import FsdpForm
+    from magics.panel.own_fields import MULTI_MACHINE, attribute, own_rows
+    from magics.panel.table_options import table_rows
+    from notebook_accel.contract import OPTIONS
+
+    panel = config_panel(hardware=CPU2)
+    for option in OPTIONS.values():
+        if option.file_key and option.config_flag and not option.panel_field:
+            assert option.name in panel.table.fields, option.name
+    assert {o.name for o in own_rows()} | {o.name for o in table_rows()} >= {
+        o.name for o in OPTIONS.values() if o.file_key and o.config_flag}
+    assert {o.name for o in own_rows()} >= {"num_processes", "mixed_precision", "device", "use_port"}
+    others = {"choices": "", "int": 2, "str": "10.0.0.7"}
+    for option in own_rows():
+        assert hasattr(panel, option.panel_field), option.name
+        if option.choices:
+            value = next(c for c in option.choices if c not in (option.default, "auto"))
+        else:
+            value = others["int" if option.kind is int else "str"]
+        state = dataclasses.replace(FormState(num_machines=2), **{attribute(option): value})
+        if attribute(option) != "num_machines":
+            assert f"{option.name}={value!r}" in launcher_call(state), option.name
+        single = dataclasses.replace(FormState(), **{attribute(option): value})
+        flag = option.short_flag or option.magic_flag
+        if flag and attribute(option) not in MULTI_MACHINE:
+            assert f"{flag} {value}" in magic_line(single), option.name
+    fsdp = FormState(fsdp=FsdpForm(strategy="FSDP"))
+    assert "fsdp=True" in launcher_call(fsdp) and magic_line(fsdp).endswith(" --fsdp")
+
+
+def test_the_panels_code_follows_its_rows(monkeypatch):
+    """A row's flag changed in the table is the flag the panel's code shows (nothing by hand)."""
+    import dataclasses
+
+    from notebook_accel import contract
+
+    row = contract.OPTIONS["start_method"]
+    monkeypatch.setitem(contract.OPTIONS, "start_method", dataclasses.replace(row, magic_flag="--begin"))
+    assert magic_line(FormState(num_processes=2, start_method="spawn")) == "%%accelerate -n 2 --begin spawn"
+
+
+def test_a_new_row_in_the_file_reaches_the_panel_with_no_panel_edit(cfg_path, monkeypatch):
+    """The recipe of tests/runtime/test_option_doors.py, at the panel's door: one row the config
+    file holds (here an existing file key, ``compute_environment``) and nothing else gives a
+    field that loads the file's value and saves the one typed."""
+    from notebook_accel import contract
+    from notebook_accel.contract import LaunchOption
+
+    row = LaunchOption("compute_environment", str, "where the job runs", argument=False,
+                       file_key="compute_environment", config_flag=True)
+    monkeypatch.setitem(contract.OPTIONS, "compute_environment", row)
+    cfg_path.parent.mkdir(parents=True)
+    cfg_path.write_text("compute_environment: LOCAL_MACHINE\n")
+    panel = config_panel(hardware=CPU2)
+    field = panel.table.fields["compute_environment"]
+    assert field.value == "LOCAL_MACHINE" and field.description == "Compute environment"
+    field.value = "AMAZON_SAGEMAKER"  # the file's own check refuses it: the value did reach the file's config
+    panel.save_button.click()
+    assert "compute_environment" in panel.saved.value and "AMAZON_SAGEMAKER" in panel.saved.value
+    field.value = "local_machine"
+    panel.save_button.click()
+    assert yaml.safe_load(cfg_path.read_text())["compute_environment"] == "LOCAL_MACHINE"
