@@ -24,11 +24,14 @@ from notebook_accel.launch import (
     PoolUnavailable,
     WorkerError,
     WorkerPool,
+    cluster_pools,
     detached_pools,
     format_bytes,
     format_duration,
+    known_cluster,
     ranks_text,
     stop_detached,
+    stop_on_cluster,
 )
 
 _pool: WorkerPool | None = None
@@ -85,12 +88,12 @@ def attach(args: argparse.Namespace) -> None:
     if pool is not None and not (getattr(pool, "detached", False) and pool.name == args.target):
         raise UsageError("a pool is already up in this notebook; %accelerate stop ends it (a "
                          "detached one: leave it with pool.leave(), it goes on) before attaching")
-    if args.target is None and len(detached_pools()) > 1:
+    if args.target is None and len(detached_pools()) + len(_cluster_pools(args)) > 1:
         print("several detached pools are up; %accelerate attach NAME attaches one:")
         pools(args)
         return
     try:
-        _pool = WorkerPool.attach(args.target)
+        _pool = WorkerPool.attach(args.target, args.cluster)
     except ValueError as error:
         raise UsageError(str(error)) from None
     _request = None
@@ -281,7 +284,12 @@ def stop(args: argparse.Namespace) -> None:
     pool = current()
     if args.target is not None and not (getattr(pool, "detached", False) and pool.name == args.target):
         try:
-            stop_detached(args.target)
+            if args.cluster is None and args.target in {p["name"] for p in detached_pools()}:
+                stop_detached(args.target)
+            elif (cluster := args.cluster or known_cluster()) is not None:
+                stop_on_cluster(args.target, cluster)  # its keeper actor, hubs and ranks
+            else:
+                stop_detached(args.target)  # (not up: says which are)
         except ValueError as error:
             raise UsageError(str(error)) from None
         print(f"[notebook_accel] detached pool {args.target!r} stopped")
@@ -334,15 +342,26 @@ def watch(args: argparse.Namespace) -> None:
         handle.watch()
 
 
-def pools(args: argparse.Namespace) -> None:
-    """``%accelerate pools``: this user's detached pools on this machine, one line each."""
-    listed = detached_pools()
+def pools(args: argparse.Namespace | None) -> None:
+    """``%accelerate pools``: this user's detached pools on this machine, and those on the Ray
+    cluster this kernel is connected to (or ``--cluster``), one line each."""
+    listed = detached_pools() + _cluster_pools(args)
     if not listed:
         print("no detached pool is up (a detached pool's keeper owns its workers and outlives "
               "the kernel)")
         return
     for info in listed:
         since = format_duration(time.time() - info["since"])
+        keeper = (f"keeper actor pid {info['pid']} on {info['node']} (Ray cluster "
+                  f"{info['cluster']})" if "cluster" in info else f"keeper pid {info['pid']}")
         print(f"{info['name']}: {info['alive']}/{info['ranks']} ranks on {info['device']}, "
-              f"{info['state']} for {since}, memory {format_bytes(info['memory'])}, keeper pid "
-              f"{info['pid']}")
+              f"{info['state']} for {since}, memory {format_bytes(info['memory'])}, {keeper}")
+
+
+def _cluster_pools(args: argparse.Namespace | None) -> list[dict[str, Any]]:
+    """The detached pools on the Ray cluster named by ``--cluster``, else on the one this
+    kernel is connected to (none connected: none)."""
+    try:
+        return cluster_pools(getattr(args, "cluster", None))
+    except (ValueError, ConnectionError, ImportError) as error:
+        raise UsageError(str(error)) from None

@@ -124,7 +124,10 @@ _CELL_ONLY = {"fresh": ("--fresh", False), "background": ("--background", False)
 # the launch flags each line command reads (None: all of them)
 _READS: dict[str, tuple[str, ...] | None] = {"test": None, "start": None, "restart": None,
                                              "env": ("--config",), "config": ("--config",),
-                                             "snapshots": ("--config",)}
+                                             "snapshots": ("--config",),
+                                             "attach": ("--cluster",),
+                                             "pools": ("--cluster",),
+                                             "stop": ("--cluster",)}
 
 
 def unused_flags(args: argparse.Namespace) -> list[str]:

@@ -28,7 +28,7 @@ from notebook_accel.launch.detached.client import (
     stop_detached,
 )
 from notebook_accel.launch.detached.output_ring import KEEP_PER_RANK
-from notebook_accel.launch.detached.runtime_dir import PoolFiles, check_name, pool_files
+from notebook_accel.launch.detached.runtime_dir import check_name, pool_files
 from notebook_accel.launch.handoff.payload import serialise_payload
 from notebook_accel.launch.planning.options import fill_options
 from notebook_accel.launch.planning.request import LaunchRequest
@@ -59,13 +59,28 @@ class DetachedPool:
 
     detached = True
 
-    def __init__(self, files: PoolFiles) -> None:
-        self.name = files.name
-        self._files = files
+    def __init__(self, name: str, connection: Any, stop: Callable[[], None], log: str) -> None:
+        self.name = name
+        self._connection = connection  # kept: a request costs no connect, no thread
+        self._stop, self._log = stop, log
         self._closed = False
         self._sources_sent: set[str] = set()
-        self._connection = Connection(files)  # kept: a request costs no connect, no thread
         self.plan = self._ask("plan")
+
+    @classmethod
+    def _local(cls, name: str) -> DetachedPool:
+        """The detached pool ``name`` of this machine (its keeper's socket)."""
+        files = pool_files(name)
+        return cls(name, Connection(files), lambda: stop_detached(name), str(files.log))
+
+    @classmethod
+    def _on_cluster(cls, name: str, cluster: str) -> DetachedPool:
+        """The detached pool ``name`` on the Ray cluster ``cluster`` (its keeper actor)."""
+        from notebook_accel.launch.detached import ray_client
+
+        return cls(name, ray_client.connection(name, cluster),
+                   lambda: ray_client.stop_on_cluster(name, cluster),
+                   f"the keeper actor's log on the Ray cluster {cluster!r}")
 
     @classmethod
     def start(cls, options: Mapping[str, Any] | LaunchRequest) -> DetachedPool:
@@ -82,30 +97,59 @@ class DetachedPool:
         filled = fill_options(request, request.get("config_file"))
         name = request.get("name") or DEFAULT_NAME
         pool_options = {key: value for key, value in request.items() if key not in _OWN_ROWS}
+        cluster = filled.get("cluster")
+        if cluster:  # the keeper is a detached actor of that cluster
+            from notebook_accel.launch.detached import ray_client
+
+            check_name(name)
+            ray_client.start_on_cluster(name, cluster, filled["idle_timeout"],
+                                        **{key: value for key, value in pool_options.items()
+                                           if key != "cluster"})
+            return cls._on_cluster(name, cluster)
         start_detached(name, idle_timeout=filled["idle_timeout"], **pool_options)
-        return cls(pool_files(name))
+        return cls._local(name)
 
     @classmethod
-    def attach(cls, name: str | None = None) -> DetachedPool:
-        """Reach the detached pool ``name`` (None: the only one up) from this kernel.
+    def attach(cls, name: str | None = None, cluster: str | None = None) -> DetachedPool:
+        """Reach the detached pool ``name`` (None: the only one up) from this kernel: this
+        machine's, else the Ray cluster's (``cluster``; None: the one this kernel is connected
+        to, else the ``cluster`` option's environment variable or config file).
 
         Raises:
             ValueError: no such pool is up, or none is, or several are and no name was given
                 (naming those up).
         """
-        if name is None:
+        if name is not None:
+            check_name(name)
+        if cluster is None and (name is None or pool_files(name).socket.exists()):
             up = [info["name"] for info in detached_pools()]
-            if len(up) != 1:
-                raise ValueError("no detached pool is up (%accelerate start --detach starts one)"
-                                 if not up else f"several detached pools are up ({', '.join(up)}); "
-                                 "name the one to attach")
-            name = up[0]
-        check_name(name)
-        try:
-            return cls(pool_files(name))
-        except KeeperGone:
+            if name is not None or len(up) == 1:
+                try:
+                    return cls._local(name or up[0])
+                except (KeeperGone, PoolUnavailable):
+                    pass
+            elif up:
+                raise ValueError(f"several detached pools are up ({', '.join(up)}); name the "
+                                 "one to attach")
+        cluster = cluster or known_cluster()
+        if cluster is None:
+            if name is None:
+                raise ValueError("no detached pool is up (%accelerate start --detach starts one; "
+                                 "one on a Ray cluster: attach with --cluster ADDRESS)")
             up = ", ".join(repr(info["name"]) for info in detached_pools()) or "none"
-            raise ValueError(f"no detached pool named {name!r} is up (up: {up})") from None
+            raise ValueError(f"no detached pool named {name!r} is up on this machine (up: {up}); "
+                             "one on a Ray cluster: attach with --cluster ADDRESS "
+                             "(cluster=ADDRESS)")
+        from notebook_accel.launch.detached import ray_client
+
+        if name is None:
+            up = [info["name"] for info in ray_client.cluster_pools(cluster)]
+            if len(up) != 1:
+                raise ValueError(f"no detached pool is up on the Ray cluster {cluster!r}" if not up
+                                 else f"several detached pools are up on the Ray cluster "
+                                 f"{cluster!r} ({', '.join(up)}); name the one to attach")
+            name = up[0]
+        return cls._on_cluster(name, cluster)
 
     # -- talking to the keeper ------------------------------------------------------------------
 
@@ -120,7 +164,7 @@ class DetachedPool:
         except KeeperGone:
             raise hide_our_frames(PoolUnavailable(
                 f"detached pool {self.name!r} is gone: its keeper ended (why: the end of "
-                f"{self._files.log})", f"detached pool {self.name!r} is gone")) from None
+                f"{self._log})", f"detached pool {self.name!r} is gone")) from None
         return self._unpack(data)
 
     def _receive(self) -> Any:
@@ -252,6 +296,7 @@ class DetachedPool:
         except TypeError as error:
             hide_our_frames(error)
             raise
+        stream = stream and self._connection.streams  # (a keeper actor's output is read)
         info = self._ask("submit", timeout=_LONG, body=payload, what=what, advice=advice,
                          ranks=None if ranks is None else list(ranks), stream=stream)
         return DetachedRun(self, info, streaming=stream)
@@ -284,7 +329,7 @@ class DetachedPool:
             self._closed = True
             self._connection.close()
             try:
-                stop_detached(self.name)
+                self._stop()
             except ValueError:
                 pass  # ended already
 
@@ -411,6 +456,14 @@ class DetachedRun(RunHandle):
 
     def unreported_failure(self) -> BaseException | None:
         return None  # the keeper's pool tells it (in the next call that touches the pool)
+
+
+def known_cluster() -> str | None:
+    """The Ray cluster a detached pool is looked for on when none is named: the one this
+    kernel is connected to, else the ``cluster`` option's (environment variable, config file)."""
+    from notebook_accel.launch.cluster import placement
+
+    return placement.connected() or fill_options({}, None).get("cluster") or None
 
 
 def _plain(ranks: int | str | Iterable[int] | None) -> Any:

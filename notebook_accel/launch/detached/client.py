@@ -36,6 +36,8 @@ class Connection:
     next request opens another), so a request cut short (the stop button) leaves nothing
     half-read."""
 
+    streams = True  # a run shown now comes on the connection as it is kept (``receive``)
+
     def __init__(self, files: PoolFiles, token: bytes | None = None) -> None:
         self.files, self._token = files, token
         self._socket: socket.socket | None = None

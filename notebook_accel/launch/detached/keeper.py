@@ -61,15 +61,8 @@ class Keeper:
         self._lock = threading.Lock()
 
     def info(self) -> dict[str, Any]:
-        """Name, pid, ranks, device, state, since, memory (bytes: the keeper's and its ranks')."""
-        import psutil
-
-        ranks = self.pool.status()
-        memory = psutil.Process().memory_info().rss + sum(r.rss or 0 for r in ranks)
-        return {"name": self.files.name, "pid": os.getpid(), "ranks": len(ranks),
-                "alive": sum(r.alive for r in ranks), "device": self.pool.plan.device_type,
-                "state": self.service.state(), "since": self.since, "memory": memory,
-                "idle_timeout": self.idle_timeout}
+        """Name, pid, ranks, device, state, since, memory (``PoolService.describe``)."""
+        return self.service.describe(self.files.name, self.since, self.idle_timeout)
 
     def serve(self, server: socket.socket) -> str:
         """Answer requests; returns why it stopped."""

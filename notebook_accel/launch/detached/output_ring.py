@@ -29,7 +29,7 @@ from notebook_accel.wire import Kind
 
 KEEP_PER_RANK = 10 << 20  # bytes on disk per rank (and for the notes): its newest lines
 BATCH_BYTES = 1 << 20  # what one read hands a watcher, at most
-_RANK_LINE = re.compile(r"\[rank (\d+)\] ")  # OutputRelay.prefix's form
+_RANK_LINE = re.compile(r"\[(?:node \d+ )?rank (\d+)\] ")  # the relay's prefix (a cluster's: with its node)
 _DISPLAY = "display"
 
 

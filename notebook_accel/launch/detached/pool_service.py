@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import queue
 import socket
@@ -75,6 +76,18 @@ class PoolService:
         if handle is None or handle.done():
             return "idle"
         return f"running {handle.what} ({handle.state().removeprefix('running ')})"
+
+    def describe(self, name: str, since: float, idle_timeout: float) -> dict[str, Any]:
+        """What a keeper tells of its pool: name, pid (the keeper's), ranks, alive, device,
+        state, since, memory (bytes: the keeper's and its ranks'), idle_timeout."""
+        import psutil
+
+        ranks = self.pool.status()
+        memory = psutil.Process().memory_info().rss + sum(r.rss or 0 for r in ranks)
+        return {"name": name, "pid": os.getpid(), "ranks": len(ranks),
+                "alive": sum(r.alive for r in ranks), "device": self.pool.plan.device_type,
+                "state": self.state(), "since": since, "memory": memory,
+                "idle_timeout": idle_timeout}
 
     def answer(self, op: str, head: dict[str, Any], body: bytes) -> bytes:
         """The cloudpickled answer to ``op``."""

@@ -141,17 +141,19 @@ class WorkerPool(BackgroundRuns):
         return pool
 
     @staticmethod
-    def attach(name: str | None = None) -> Any:
+    def attach(name: str | None = None, cluster: str | None = None) -> Any:
         """The detached pool ``name`` (None: the only one up), started by any kernel of this
-        user on this machine (``WorkerPool(detach=True, name=...)``): runs on it go through its
-        keeper; its latest run is ``.background`` (``.watch()``: from its first line, once).
+        user on this machine (``WorkerPool(detach=True, name=...)``), or on the Ray cluster
+        ``cluster`` (None: the one this kernel is connected to, or the ``cluster`` option's
+        environment variable or config file): runs on it go through its keeper; its latest
+        run is ``.background`` (``.watch()``: from its first line, once).
 
         Raises:
             ValueError: no such pool is up (naming those that are).
         """
         from notebook_accel.launch import DetachedPool
 
-        return DetachedPool.attach(name)
+        return DetachedPool.attach(name, cluster)
 
     def _open(self, options: dict[str, Any] | LaunchRequest) -> None:
         with deferred_interrupts():
