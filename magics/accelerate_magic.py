@@ -99,9 +99,11 @@ class AccelerateMagics(Magics):
                                  saved, size, complete or not, which one resume() loads
             %accelerate collectives  every rank's last collectives side by side (--last N)
             %accelerate watch    the pool's background cell: its lines so far, then live
-            %accelerate pools    this user's detached pools on this machine
+            %accelerate pools    this user's detached pools on this machine (and on
+                                 the Ray cluster connected, or --cluster ADDRESS)
             %accelerate attach [NAME]  make a detached pool the notebook's pool (from
-                                 any kernel of yours); %accelerate stop NAME ends one
+                                 any kernel of yours; one on a Ray cluster: by name,
+                                 --cluster ADDRESS); %accelerate stop NAME ends one
 
         ``%%accelerate --ranks 1`` (or ``0,2-3``) runs the cell on some ranks of the pool;
         ``breakpoint()`` in a pool cell opens pdb on that rank, in the cell's input box.

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -63,6 +64,8 @@ def test_a_detached_pool_on_ray_outlives_its_driver_and_is_attached_by_name(clus
         print("submitted", flush=True)
         time.sleep(600)  # a kernel, busy, until it is killed
     """)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    bound = threading.Timer(120, driver.kill)  # a driver that never gets there: no hang
+    bound.start()
     try:
         seen = []
         for line in driver.stdout:  # (its own notes, then ours)
@@ -73,6 +76,7 @@ def test_a_detached_pool_on_ray_outlives_its_driver_and_is_attached_by_name(clus
             pytest.fail("the driver did not start the pool:\n" + "".join(seen))
         time.sleep(1.0)  # mid-run
     finally:
+        bound.cancel()
         driver.send_signal(signal.SIGKILL)  # the driver (a kernel) dies
         driver.wait()
     capsys.readouterr()

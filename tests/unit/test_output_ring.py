@@ -31,6 +31,13 @@ def test_every_piece_is_read_once_in_order_from_any_number(tmp_path):
     assert oct(os.stat(tmp_path / "out" / "run.rank0.1").st_mode & 0o777) == "0o600"
 
 
+def test_a_cluster_ranks_lines_go_to_its_own_ring(tmp_path):
+    output = RingOutput(tmp_path / "out")  # a cluster's prefix names the node too
+    output.stdout.write("[node 0 rank 0] a\n[node 1 rank 1] b\n[node 1] not a rank\n")
+    assert sorted(os.listdir(tmp_path / "out")) == ["run.notes.1", "run.rank0.1", "run.rank1.1"]
+    assert output.since(0, 0)[0][1] == ("stdout", "[node 1 rank 1] b\n")
+
+
 def test_each_rank_keeps_its_newest_bytes_and_counts_what_it_dropped(tmp_path):
     output = RingOutput(tmp_path / "out", keep=1000)
     for i in range(200):  # ~14 bytes a line on rank 0: far past its 1000
