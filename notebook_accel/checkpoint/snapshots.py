@@ -102,9 +102,24 @@ class Snapshots:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.writer = SnapshotWriter(self.accelerator.print)
-        self.group = None  # (a heal copies only unsharded state, whose writes take no collective)
+        self.group = None  # made for the new group by ``rejoin`` (the heal calls it on every rank)
         self.host_copy_s, self._counts, self._waiting, self._not_per_step = [], {}, set(), set()
         self._last = time.monotonic()
+        _schedules.add(self)
+
+    def leave_old_group(self) -> None:
+        """The process group this schedule's writes used is gone (a warm pool's heal): the write in
+        flight is left (it may wait for a dead rank's part, or in a collective with it: that snapshot
+        stays incomplete, its ``.tmp`` folder cleared when snapshots are next switched on), the next
+        one does not wait for it, and there is no writer group until ``rejoin``."""
+        self.writer.abandon()
+        self.writer = SnapshotWriter(self.accelerator.print)
+        self.group = None
+
+    def rejoin(self) -> None:
+        """Make the writer group anew in the new process group (a heal; every rank, in the same
+        order: creating a group is a collective)."""
+        self.group = _writer_group(self.accelerator)
 
     def watch_all(self) -> None:
         """Count the steps of the Accelerator's prepared optimizers and schedulers (the hooks are
@@ -196,7 +211,8 @@ class Snapshots:
         self.host_copy_s.append(copy_s)
         meta["host_copy_s"] = copy_s
         meta["bytes"] = sum(_nbytes(part) for part in parts)
-        self.writer.submit(step, lambda: self._write(parts, tmp, final, meta))
+        left, group = self.writer.abandoned, self.group  # (a heal may replace both meanwhile)
+        self.writer.submit(step, lambda: self._write(parts, tmp, final, meta, group, left.is_set))
 
     def _staging(self, step: int, tmp: Path) -> Callable[[int], Path]:
         """Where a library's own writer writes on the training path (DeepSpeed's engine): host memory
@@ -222,14 +238,17 @@ class Snapshots:
             return staged
         return folder
 
-    def _write(self, parts: list[state_parts.Part], tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+    def _write(self, parts: list[state_parts.Part], tmp: Path, final: Path, meta: dict[str, Any],
+               group: Any, left: Callable[[], bool]) -> None:
         state = self.accelerator.state
         tmp.mkdir(parents=True, exist_ok=True)
-        state_parts.write_parts(tmp, parts, self.group)
+        state_parts.write_parts(tmp, parts, group)
         snapshot_dir.mark_done(tmp, state.process_index, self.token)
         if not state.is_main_process:
             return
-        missing = snapshot_dir.wait_for_ranks(tmp, state.num_processes, self.token, RANK_WAIT_S)
+        missing = snapshot_dir.wait_for_ranks(tmp, state.num_processes, self.token, RANK_WAIT_S, stop=left)
+        if left():  # a heal left it: a dead rank's part never comes
+            return
         if missing:
             raise RuntimeError(f"ranks {missing} did not write their part within {RANK_WAIT_S:g} s")
         snapshot_dir.commit(tmp, final, {**meta, "saved_at": time.time()})
@@ -240,6 +259,12 @@ class Snapshots:
     def wait(self) -> None:
         """Wait for the write in flight (``end_training``, a worker's exit)."""
         self.writer.wait()
+
+
+def leave_old_group() -> None:
+    """Every schedule of this process leaves the process group a heal replaced (``Snapshots.leave_old_group``)."""
+    for schedule in list(_schedules):
+        schedule.leave_old_group()
 
 
 def newest_held() -> snapshot_dir.SnapshotInfo | None:
