@@ -32,6 +32,7 @@ import torch
 from notebook_accel.checkpoint import (
     orchestration,
     snapshot_dir,
+    snapshot_peers,
     snapshot_remote,
     state_parts,
     training_state,
@@ -69,16 +70,19 @@ class Snapshots:
     """
 
     def __init__(self, accelerator: Any, steps: int | None, seconds: float | None, directory: Path,
-                 keep: int) -> None:
+                 keep: int, in_peers: bool = False) -> None:
         _check(steps, seconds, keep)
+        _check_in_peers(accelerator, in_peers)
         self.accelerator = accelerator
+        self.in_peers = in_peers and accelerator.num_processes > 1  # (alone: no peer, no heal)
+        self._said_held = False
         self.steps, self.seconds, self.keep = steps, seconds, keep
         self.directory = directory.absolute()
         self.remote = snapshot_remote.remote_of(self.directory)  # a URL this folder mirrors
         if self.remote is not None:
             _one_machine(accelerator.state, self.remote)
         self.token = _shared_directory(accelerator.state, self.directory)
-        self.group = _writer_group(accelerator)
+        self.group = _writer_group(accelerator, self.in_peers)
         self.step = 0  # optimizer steps done
         self.writer = SnapshotWriter(accelerator.print)
         self.host_copy_s: list[float] = []  # what each snapshot cost the training path
@@ -119,7 +123,7 @@ class Snapshots:
     def rejoin(self) -> None:
         """Make the writer group anew in the new process group (a heal; every rank, in the same
         order: creating a group is a collective)."""
-        self.group = _writer_group(self.accelerator)
+        self.group = _writer_group(self.accelerator, self.in_peers)
 
     def watch_all(self) -> None:
         """Count the steps of the Accelerator's prepared optimizers and schedulers (the hooks are
@@ -132,7 +136,9 @@ class Snapshots:
     def describe(self) -> str:
         every = " or ".join(x for x in (self.steps and f"{self.steps:,} steps",
                                         self.seconds and f"{self.seconds:g} s") if x)
-        return f"snapshots every {every} in {self.directory}, keeping {self.keep}"
+        peers = ("; each also kept in the peers' memory for a heal: every rank holds its own part and its "
+                 "neighbour's, about twice its host copy (the first snapshot says the bytes)" if self.in_peers else "")
+        return f"snapshots every {every} in {self.directory}, keeping {self.keep}{peers}"
 
     # ---- counting steps -----------------------------------------------------------------
     def watch_optimizer(self, optimizer: Any) -> None:
@@ -212,7 +218,7 @@ class Snapshots:
         meta["host_copy_s"] = copy_s
         meta["bytes"] = sum(_nbytes(part) for part in parts)
         left, group = self.writer.abandoned, self.group  # (a heal may replace both meanwhile)
-        self.writer.submit(step, lambda: self._write(parts, tmp, final, meta, group, left.is_set))
+        self.writer.submit(step, lambda: self._background(step, parts, tmp, final, meta, group, left.is_set))
 
     def _staging(self, step: int, tmp: Path) -> Callable[[int], Path]:
         """Where a library's own writer writes on the training path (DeepSpeed's engine): host memory
@@ -237,6 +243,21 @@ class Snapshots:
                     + " (this is said once)")
             return staged
         return folder
+
+    def _background(self, step: int, parts: list[state_parts.Part], tmp: Path, final: Path,
+                    meta: dict[str, Any], group: Any, left: Callable[[], bool]) -> None:
+        """The snapshot's background job: kept in the peers' memory first (``in_peers``), then written."""
+        if self.in_peers and group is not None:
+            snapshot_peers.keep(parts, meta, step, str(self.directory), group)
+            if not self._said_held:
+                self._said_held = True
+                own, neighbour = snapshot_peers.held_bytes()
+                world = self.accelerator.num_processes
+                self.accelerator.print(
+                    f"snapshot step {step:,} kept in the peers' memory: rank 0 holds {snapshot_dir.size_text(own + neighbour)} "
+                    f"(its part {snapshot_dir.size_text(own)} + rank {world - 1}'s {snapshot_dir.size_text(neighbour)}); each rank holds its "
+                    "own part and its neighbour's (this is said once)")
+        self._write(parts, tmp, final, meta, group, left)
 
     def _write(self, parts: list[state_parts.Part], tmp: Path, final: Path, meta: dict[str, Any],
                group: Any, left: Callable[[], bool]) -> None:
@@ -299,15 +320,27 @@ def _one_machine(state: Any, url: str) -> None:
                          "mirror folder on one machine; give a folder every machine sees instead")
 
 
-def _writer_group(accelerator: Any) -> Any:
-    """A process group for the background writes' collectives (a sharded state's), beside the one
-    training uses (every rank creates it, now); ``None`` where the writes take none (only FSDP's
-    sharded state is written through ``torch.distributed.checkpoint``, whose writes plan together)."""
-    if accelerator.num_processes == 1 or not getattr(accelerator.strategy.checkpointer([], []), "sharded", False):
+def _writer_group(accelerator: Any, in_peers: bool) -> Any:
+    """A process group for the background jobs' collectives (a sharded state's writes, the parts sent
+    to the peers), beside the one training uses (every rank creates it, now); ``None`` where the jobs
+    take none (only FSDP's sharded state is written through ``torch.distributed.checkpoint``, whose
+    writes plan together)."""
+    sharded = getattr(accelerator.strategy.checkpointer([], []), "sharded", False)
+    if accelerator.num_processes == 1 or not (sharded or in_peers):
         return None
     import torch.distributed as dist
 
     return dist.new_group(backend="gloo")
+
+
+def _check_in_peers(accelerator: Any, in_peers: Any) -> None:
+    if not isinstance(in_peers, bool):
+        raise ValueError(f"snapshot_every(in_peers={in_peers!r}): must be True or False")
+    checkpointer = accelerator.strategy.checkpointer([], [])
+    if in_peers and not getattr(checkpointer, "in_memory", True):
+        raise ValueError(f"snapshot_every(in_peers=True): {type(accelerator.strategy).__name__}'s state is written "
+                         "by its engine into files, which are not kept in memory; in_peers=True works with DDP and "
+                         "FSDP2 (the snapshots on disk still serve resume())")
 
 
 def _check(steps: int | None, seconds: float | None, keep: int) -> None:

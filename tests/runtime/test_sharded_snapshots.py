@@ -139,3 +139,80 @@ def test_a_heal_points_to_the_snapshot_that_holds_the_lost_shards_and_resume_goe
         assert pool.run(POOL_CELLS["setup"], str(tmp_path / "run")) == 10  # prepared again, resumed
         healed = pool.run(POOL_CELLS["train"], 20)
     assert healed.keys() == reference.keys() and all(healed[k].equal(reference[k]) for k in reference)
+
+
+PEER_CELLS = notebook("""
+def setup(directory):
+    global acc, model, opt, loader, step
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from notebook_accel import Accelerator, FullyShardedDataParallelPlugin, set_seed
+    set_seed(0)
+    acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    loader = DataLoader(TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 2, generator=g)),
+                        batch_size=4, shuffle=True)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    acc.snapshot_every(steps=5, dir=directory, in_peers=True)
+    step = acc.resume()
+    return step
+
+def train(until):
+    global step
+    import torch
+    while step < until:
+        for x, y in loader:
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+            step += 1
+            if step == until:
+                break
+    acc.wait_for_snapshots()
+    return {k: v.clone() for k, v in (acc.get_state_dict(model) or {}).items()}
+
+def held():
+    from notebook_accel.checkpoint import snapshot_peers
+    own = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    return snapshot_peers.held_bytes(), own
+""")
+
+
+def test_a_heal_brings_lost_shards_back_from_the_peers_memory_without_disk(tmp_path, capfd):
+    """FSDP2 on 2 ranks, snapshots kept in the peers' memory: rank 1 SIGKILLed after the step-10
+    snapshot, the snapshot folder deleted; the heal brings rank 1's part back from rank 0's memory,
+    resume() goes on from step 10 reading no disk (the loader too), and the weights at step 20 equal
+    an uninterrupted run's. Each rank holds its part and its neighbour's."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    with WorkerPool(num_processes=2, output="none", return_all=True) as pool:
+        assert pool.run(PEER_CELLS["setup"], str(tmp_path / "ref")) == [0, 0]
+        reference = pool.run(PEER_CELLS["train"], 20)[0]
+    with WorkerPool(num_processes=2, output="none", return_all=True) as pool:
+        pool.run(PEER_CELLS["setup"], str(tmp_path / "run"))
+        pool.run(PEER_CELLS["train"], 12)
+        ((own0, got0), params0), ((own1, got1), params1) = pool.run(PEER_CELLS["held"])
+        # each rank: its own part (its shards of the weights and of AdamW's two moments, its random
+        # states; rank 0's also the shared files) and its neighbour's
+        assert got0 == own1 and got1 == own0
+        assert 3 * params1 <= own1 < 3 * params1 + 64 * 1024 and 3 * params0 <= own0 < 3 * params0 + 64 * 1024
+        assert [s.step for s in snapshot_dir.listing(tmp_path / "run") if s.complete] == [5, 10]
+        shutil.rmtree(tmp_path / "run")  # nothing on disk to read from
+        capfd.readouterr()
+        os.kill(pool.status()[1].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while pool.status()[1].alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pool.run(PEER_CELLS["setup"], str(tmp_path / "run")) == [10, 10]  # prepared again, resumed
+        said = capfd.readouterr()
+        said = said.out + said.err
+        assert "rank 1 was killed by SIGKILL while idle. The pool healed" in said, said
+        assert ("restored from the peers' memory (nothing read from disk): snapshot step 10 "
+                "(rank 1's from rank 0's)") in said, said
+        healed = pool.run(PEER_CELLS["train"], 20)[0]
+    assert healed.keys() == reference.keys() and all(healed[k].equal(reference[k]) for k in reference)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import contract
-from notebook_accel.checkpoint import snapshots
+from notebook_accel.checkpoint import snapshot_peers, snapshots
 from notebook_accel.launch.worker import namespace
 from notebook_accel.launch.worker.healing import replicas
 
@@ -49,6 +49,8 @@ class HealReport:
         survivors: how many ranks lived (with one, every name it holds counts as alike).
         seconds: the heal's phases on this rank (``meet``, ``fingerprints``, ``copy``,
             ``rebuild``), for ``benchmarks/heal.py``.
+        peers: where sharded state was lost, what the peers' memory brought back of the newest
+            snapshot, or why it could not (``snapshot_peers.heal``); "" otherwise.
     """
 
     source: int
@@ -60,6 +62,7 @@ class HealReport:
     random_states: bool
     wrappers: int
     seconds: dict[str, float] = field(default_factory=dict)
+    peers: str = ""
 
 
 def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
@@ -120,12 +123,15 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
                            "their copies do not match")
     built = replicas.rebuild_ddps(wrappers, place)
     clock.end("rebuild")
+    shards_lost = any(replicas.lost_shards(why) for why in uncopyable.values())  # (alike on every rank)
+    peers = snapshot_peers.heal(fresh) if shards_lost else ""
+    clock.end("peers")
     rebuilt = tuple(n for n in names if every[source][1][n][1])
     code = set(every[source][3])  # modules and imported code: copied, not worth a word
     restored = tuple(n for n in names if n not in rebuilt and n not in code)
     return HealReport(source=source, survivors=len(survivors), restored=restored,
                       rebuilt=rebuilt, differing=differing, uncopyable=uncopyable,
-                      random_states=random_alike, wrappers=built, seconds=clock.seconds)
+                      random_states=random_alike, wrappers=built, seconds=clock.seconds, peers=peers)
 
 
 class _Phases:
