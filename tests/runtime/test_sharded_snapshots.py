@@ -149,10 +149,11 @@ def setup(directory):
     from notebook_accel import Accelerator, FullyShardedDataParallelPlugin, set_seed
     set_seed(0)
     acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
-    model = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    # (every dimension divisible by 2 and 3: even shards on either world size)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 48), torch.nn.ReLU(), torch.nn.Linear(48, 6))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
-    loader = DataLoader(TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 2, generator=g)),
+    loader = DataLoader(TensorDataset(torch.randn(96, 4, generator=g), torch.randn(96, 6, generator=g)),
                         batch_size=4, shuffle=True)
     model, opt, loader = acc.prepare(model, opt, loader)
     acc.snapshot_every(steps=5, dir=directory, in_peers=True)
@@ -171,7 +172,9 @@ def train(until):
             if step == until:
                 break
     acc.wait_for_snapshots()
-    return {k: v.clone() for k, v in (acc.get_state_dict(model) or {}).items()}
+    # each rank's own shards (get_state_dict on 3 ranks issues more collectives on rank 0 than on the
+    # others, which a pool takes for process groups that disagree: not what this test is about)
+    return [p.to_local().clone() for p in model.parameters()]
 
 def held():
     from notebook_accel.checkpoint import snapshot_peers
@@ -180,39 +183,51 @@ def held():
 """)
 
 
-def test_a_heal_brings_lost_shards_back_from_the_peers_memory_without_disk(tmp_path, capfd):
-    """FSDP2 on 2 ranks, snapshots kept in the peers' memory: rank 1 SIGKILLed after the step-10
-    snapshot, the snapshot folder deleted; the heal brings rank 1's part back from rank 0's memory,
-    resume() goes on from step 10 reading no disk (the loader too), and the weights at step 20 equal
-    an uninterrupted run's. Each rank holds its part and its neighbour's."""
+@pytest.mark.parametrize("world, killed", [(2, (1,)), (3, (1, 2))], ids=["2-ranks-one-lost", "3-ranks-neighbours-lost"])
+def test_a_heal_brings_lost_shards_back_from_the_peers_memory_without_disk(tmp_path, capfd, world, killed):
+    """FSDP2, snapshots kept in the peers' memory: ranks SIGKILLed after the step-10 snapshot. One
+    rank lost: its part comes back from the next rank's memory (the snapshot folder deleted first:
+    nothing on disk to read), resume() goes on from step 10 (the loader too) and the weights at
+    step 20 equal an uninterrupted run's. Two neighbours lost together: said, and resume() reads
+    the disk. Each rank holds its own part and its neighbour's."""
     import os
     import shutil
     import signal
     import time
 
-    with WorkerPool(num_processes=2, output="none", return_all=True) as pool:
-        assert pool.run(PEER_CELLS["setup"], str(tmp_path / "ref")) == [0, 0]
-        reference = pool.run(PEER_CELLS["train"], 20)[0]
-    with WorkerPool(num_processes=2, output="none", return_all=True) as pool:
+    with WorkerPool(num_processes=world, output="none", return_all=True) as pool:
+        assert pool.run(PEER_CELLS["setup"], str(tmp_path / "ref")) == [0] * world
+        reference = pool.run(PEER_CELLS["train"], 20)
+    with WorkerPool(num_processes=world, output="none", return_all=True) as pool:
         pool.run(PEER_CELLS["setup"], str(tmp_path / "run"))
         pool.run(PEER_CELLS["train"], 12)
-        ((own0, got0), params0), ((own1, got1), params1) = pool.run(PEER_CELLS["held"])
-        # each rank: its own part (its shards of the weights and of AdamW's two moments, its random
-        # states; rank 0's also the shared files) and its neighbour's
-        assert got0 == own1 and got1 == own0
-        assert 3 * params1 <= own1 < 3 * params1 + 64 * 1024 and 3 * params0 <= own0 < 3 * params0 + 64 * 1024
+        held = pool.run(PEER_CELLS["held"])
+        for rank, ((own, neighbours), params) in enumerate(held):
+            # its own part (its shards of the weights and of AdamW's two moments, its random states;
+            # rank 0's also the shared files) and rank (r - 1)'s
+            assert neighbours == held[(rank - 1) % world][0][0]
+            assert 3 * params <= own < 3 * params + 64 * 1024
         assert [s.step for s in snapshot_dir.listing(tmp_path / "run") if s.complete] == [5, 10]
-        shutil.rmtree(tmp_path / "run")  # nothing on disk to read from
+        from_peers = len(killed) == 1
+        if from_peers:
+            shutil.rmtree(tmp_path / "run")  # nothing on disk to read from
         capfd.readouterr()
-        os.kill(pool.status()[1].pid, signal.SIGKILL)
+        for rank in killed:
+            os.kill(pool.status()[rank].pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while pool.status()[1].alive and time.monotonic() < deadline:
+        while any(pool.status()[rank].alive for rank in killed) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert pool.run(PEER_CELLS["setup"], str(tmp_path / "run")) == [10, 10]  # prepared again, resumed
+        assert pool.run(PEER_CELLS["setup"], str(tmp_path / "run")) == [10] * world  # prepared again, resumed
         said = capfd.readouterr()
         said = said.out + said.err
-        assert "rank 1 was killed by SIGKILL while idle. The pool healed" in said, said
-        assert ("restored from the peers' memory (nothing read from disk): snapshot step 10 "
-                "(rank 1's from rank 0's)") in said, said
-        healed = pool.run(PEER_CELLS["train"], 20)[0]
-    assert healed.keys() == reference.keys() and all(healed[k].equal(reference[k]) for k in reference)
+        assert "The pool healed" in said, said
+        if from_peers:
+            assert ("restored from the peers' memory (nothing read from disk): snapshot step 10 "
+                    "(rank 1's from rank 0's)") in said, said
+        else:
+            assert ("not in the peers' memory: ranks 1 and 2 were lost together (rank 2 held rank 1's part), "
+                    "so one rank's part of the snapshot is gone with them; accelerator.resume() reads the "
+                    "newest snapshot from disk") in said, said
+        healed = pool.run(PEER_CELLS["train"], 20)
+    assert all(a.equal(b) for mine, theirs in zip(healed, reference, strict=True)
+               for a, b in zip(mine, theirs, strict=True))
