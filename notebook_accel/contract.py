@@ -54,6 +54,7 @@ LAUNCHED_ENV = "NOTEBOOK_ACCEL_LAUNCHED"  # "1" inside a worker started by noteb
 CLUSTER_ENV = "NOTEBOOK_ACCEL_CLUSTER"
 SNAPSHOT_EVERY_ENV = "NOTEBOOK_ACCEL_SNAPSHOT_EVERY"  # also the workers' setting
 SNAPSHOT_DIR_ENV = "NOTEBOOK_ACCEL_SNAPSHOT_DIR"  # also the workers' setting
+SNAPSHOT_IN_PEERS_ENV = "NOTEBOOK_ACCEL_SNAPSHOT_IN_PEERS"  # also the workers' setting
 CHECK_COLLECTIVES_ENV = "NOTEBOOK_ACCEL_CHECK_COLLECTIVES"  # also the workers' setting
 NODE_RANK = "NODE_RANK"  # torchrun's other name for GROUP_RANK
 TORCH_DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"  # the peer's name for the rank's torch device
@@ -317,6 +318,12 @@ _OPTIONS = (
          "every rank sees, such as a mounted Drive's /content/drive/MyDrive/run7",
          metavar="DIR", valid_text="a folder path", env=SNAPSHOT_DIR_ENV, to_workers=str,
          file_key="snapshot_dir", config_flag=True, magic_flag="--snapshot-dir"),
+    _Opt("snapshot_in_peers", bool, "read by Accelerator() in the workers: each snapshot is also "
+         "kept in the peers' memory (every rank holds its part and its neighbour's, about twice "
+         "its host copy), so a warm pool's heal brings back lost FSDP shards without disk "
+         "(accelerator.snapshot_every(in_peers=True))",
+         default=False, env=SNAPSHOT_IN_PEERS_ENV, to_workers=lambda on: "1" if on else "0",
+         file_key="snapshot_in_peers", config_flag=True, magic_flag="--snapshot-in-peers"),
     _Opt("check_collectives", bool, "before each collective, the ranks compare its operation, "
          "dtypes and shapes (one small all_gather): a mismatch raises "
          "DistributedOperationException on each rank's own line, with what every rank passed, "

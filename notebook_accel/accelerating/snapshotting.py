@@ -8,6 +8,7 @@ from pathlib import Path
 
 from notebook_accel import contract
 from notebook_accel.checkpoint import resume, snapshot_place, snapshots
+from notebook_accel.flags import env_flag
 
 
 class Snapshotting:
@@ -33,7 +34,8 @@ class Snapshotting:
             raise ValueError(f"{where}: {error}") from None
 
     def snapshot_every(self, steps: int | None = None, seconds: float | None = None,
-                       dir: str | os.PathLike[str] | None = None, keep: int = 2) -> None:  # noqa: A002 - the issue's name
+                       dir: str | os.PathLike[str] | None = None, keep: int = 2,  # noqa: A002 - the issue's name
+                       in_peers: bool | None = None) -> None:
         """Snapshot the training state every ``steps`` optimizer steps and/or ``seconds``, in the background.
 
         At the end of a step where one falls due, everything ``save_state`` saves (models, optimizers,
@@ -52,10 +54,18 @@ class Snapshotting:
                 ``<project_dir>/snapshots``, else ``./snapshots/<run>`` (``$NOTEBOOK_ACCEL_RUN_NAME``,
                 else ``default``).
             keep: how many complete snapshots to keep.
+            in_peers: also keep the newest snapshot in the peers' memory, for a warm pool's heal
+                (default: the launch option ``snapshot_in_peers``): each rank keeps its part (the host
+                copy, serialised) and sends a copy to rank ``(r + 1) % world`` in the background, so a
+                rank lost with its shards (FSDP2) is brought back without disk; the next ``resume()``
+                loads it. Memory: each rank holds its own part and its neighbour's, about twice its
+                host copy (with FSDP2 about ``2 * state_bytes / world``; with DDP rank 0's part holds
+                the whole model and optimizer, so rank 0 and rank 1 hold one copy each); said at the
+                first snapshot. Two neighbouring ranks lost together fall back to the disk.
 
         Raises:
-            ValueError: neither ``steps`` nor ``seconds``, a bad value, a sharding strategy (FSDP2,
-                DeepSpeed: not built yet), or a directory some rank does not see.
+            ValueError: neither ``steps`` nor ``seconds``, a bad value, ``in_peers`` with DeepSpeed
+                (its engine writes files), or a directory some rank does not see.
 
         Example:
             >>> accelerator.snapshot_every(steps=200)
@@ -65,8 +75,12 @@ class Snapshotting:
         directory = snapshot_place.snapshot_directory(self.project_dir, dir)
         if self._snapshots is not None:
             self._snapshots.wait()
-        self._snapshots = snapshots.Snapshots(self, steps, seconds, directory, keep)
+        if in_peers is None:
+            in_peers = env_flag(contract.SNAPSHOT_IN_PEERS_ENV)
+        self._snapshots = snapshots.Snapshots(self, steps, seconds, directory, keep, in_peers)
         self._snapshots.restart_at(self._resumed_at)
+        if self._snapshots.in_peers:
+            self.print(self._snapshots.describe())
 
     def resume(self, dir: str | os.PathLike[str] | None = None) -> int:  # noqa: A002 - as snapshot_every's
         """Load the newest complete snapshot (``snapshot_every``'s directory, or ``dir``, or the default

@@ -34,7 +34,7 @@ def host_copy(obj: Any, to_cpu: Callable[[Any], Any] | None = None) -> Any:
 
 def nbytes(obj: Any) -> int:
     """Bytes of the tensors in ``obj`` (as ``host_copy`` walks it; a DTensor's own shard)."""
-    if _is_dtensor(obj):
+    if is_dtensor(obj):
         obj = obj.to_local()
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -46,7 +46,7 @@ def nbytes(obj: Any) -> int:
 
 
 def _copy(obj: Any, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
-    if _is_dtensor(obj):
+    if is_dtensor(obj):
         from torch.distributed.tensor import DTensor
 
         local = obj.to_local().detach().to("cpu", copy=True)
@@ -77,7 +77,7 @@ def _copy(obj: Any, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
     return copy.deepcopy(obj)
 
 
-def _is_dtensor(obj: Any) -> bool:
+def is_dtensor(obj: Any) -> bool:
     """``obj`` is a DTensor (without importing ``torch.distributed.tensor`` where nothing made one)."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(obj, module.DTensor)

@@ -92,14 +92,15 @@ def save_accelerator_state(accelerator: Any, output_dir: str | os.PathLike[str] 
 
 
 def load_accelerator_state(accelerator: Any, input_dir: str | os.PathLike[str] | None, weights_only: bool,
-                           strict: bool) -> Path:
-    """``Accelerator.load_state``: the load hooks, the checkpoint, then automatic naming's next number."""
+                           strict: bool, own_shards: dict[str, Any] | None = None) -> Path:
+    """``Accelerator.load_state``: the load hooks, the checkpoint, then automatic naming's next number
+    (``own_shards``: ``training_state.load_state``'s)."""
     path = accelerator.project_configuration.resolve(input_dir, saving=False)
     models = list(accelerator._models)
     for hook in list(accelerator._state_hooks.load.values()):
         hook(models, path)
     items = checkpoint_items(accelerator, models)
-    path = training_state.load_state(path, items, accelerator.state, weights_only, strict)
+    path = training_state.load_state(path, items, accelerator.state, weights_only, strict, own_shards)
     suffix = path.name.removeprefix("checkpoint_")
     if accelerator.project_configuration.automatic_checkpoint_naming and suffix.isdigit():
         accelerator.project_configuration.iteration = int(suffix) + 1

@@ -14,8 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from notebook_accel.checkpoint import orchestration, snapshot_dir, snapshot_remote
+from notebook_accel.checkpoint import (
+    orchestration,
+    snapshot_dir,
+    snapshot_peers,
+    snapshot_remote,
+    state_parts,
+)
 from notebook_accel.checkpoint.snapshot_identity import differences, identity
+from notebook_accel.checkpoint.training_state import write_files
 from notebook_accel.runtime import ops
 
 
@@ -27,6 +34,9 @@ def resume(accelerator: Any, directory: Path) -> int:
         ValueError: the snapshot is of another run shape (the message names the difference).
     """
     directory = directory.absolute()
+    held = snapshot_peers.take_restored(str(directory))  # a heal's, on every rank or none
+    if held is not None:
+        return _resume_from_peers(accelerator, held)
     if accelerator.is_main_process:
         snapshot_remote.pull_newest(directory)  # a URL's newest, into its mirror (one machine)
     newest = snapshot_dir.newest(directory) if accelerator.is_main_process else None
@@ -53,3 +63,22 @@ def resume(accelerator: Any, directory: Path) -> int:
                       f"{where}); {step:,} steps not redone{resharded}")
     return step
 
+
+
+def _resume_from_peers(accelerator: Any, held: snapshot_peers.Restored) -> int:
+    """Load the snapshot a warm pool's heal brought back from the peers' memory (``snapshot_peers``):
+    the files into a private folder in host memory, each rank's shards as they are; no disk read."""
+    found = differences(held.meta, identity(accelerator))
+    if found:
+        raise ValueError(f"cannot resume from the snapshot of step {held.step:,} held in the peers' memory: "
+                         + "; ".join(found) + ". Prepare the objects it was taken with")
+    with state_parts.private_folder("peers") as folder:
+        write_files(folder, held.files)
+        orchestration.load_accelerator_state(accelerator, folder, weights_only=True, strict=True,
+                                             own_shards=held.shards)
+    for loader in accelerator._dataloaders:
+        loader.skip_seen_on_next_pass(accelerator.num_processes)
+    accelerator.print(f"resumed from snapshot step {held.step:,} held in the peers' memory (taken "
+                      f"{snapshot_dir.ago(time.time() - float(held.meta['saved_at']))} ago; nothing read from "
+                      f"{held.directory}); {held.step:,} steps not redone")
+    return held.step

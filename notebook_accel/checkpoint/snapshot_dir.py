@@ -144,6 +144,14 @@ def prune(directory: Path, keep: int) -> list[Path]:
     return gone
 
 
+def size_text(count: int) -> str:
+    """A byte count in words: ``812 B``, ``4.2 kB``, ``1.5 GB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
 def ago(seconds: float) -> str:
     """An age in words: ``42 s``, ``3 min``, ``5.2 h``, ``3 days``."""
     seconds = max(seconds, 0.0)

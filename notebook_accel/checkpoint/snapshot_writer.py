@@ -35,6 +35,7 @@ class SnapshotWriter:
         self._said_wait = False
         self.last_write_s: float | None = None  # seconds the last finished write took
         self.failed: list[tuple[int, BaseException]] = []  # (step, error) of the writes that failed
+        self.abandoned = threading.Event()  # set: the write in flight is left (``abandon``)
         _remember(self)
 
     @property
@@ -66,6 +67,13 @@ class SnapshotWriter:
         if thread is not None:
             thread.join(timeout)
         return not self.busy
+
+    def abandon(self) -> None:
+        """Leave the write in flight to itself (a warm pool's heal: it waits for a dead rank's part,
+        which never comes): its job sees ``abandoned`` set and stops where it waits; nothing waits
+        for it any more (``wait``, ``drain``)."""
+        self.abandoned.set()
+        _writers.discard(self)
 
     def _run(self, step: int, job: Callable[[], None]) -> None:
         start = time.perf_counter()

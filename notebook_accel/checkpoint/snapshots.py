@@ -32,6 +32,7 @@ import torch
 from notebook_accel.checkpoint import (
     orchestration,
     snapshot_dir,
+    snapshot_peers,
     snapshot_remote,
     state_parts,
     training_state,
@@ -69,16 +70,19 @@ class Snapshots:
     """
 
     def __init__(self, accelerator: Any, steps: int | None, seconds: float | None, directory: Path,
-                 keep: int) -> None:
+                 keep: int, in_peers: bool = False) -> None:
         _check(steps, seconds, keep)
+        _check_in_peers(accelerator, in_peers)
         self.accelerator = accelerator
+        self.in_peers = in_peers and accelerator.num_processes > 1  # (alone: no peer, no heal)
+        self._said_held = False
         self.steps, self.seconds, self.keep = steps, seconds, keep
         self.directory = directory.absolute()
         self.remote = snapshot_remote.remote_of(self.directory)  # a URL this folder mirrors
         if self.remote is not None:
             _one_machine(accelerator.state, self.remote)
         self.token = _shared_directory(accelerator.state, self.directory)
-        self.group = _writer_group(accelerator)
+        self.group = _writer_group(accelerator, self.in_peers)
         self.step = 0  # optimizer steps done
         self.writer = SnapshotWriter(accelerator.print)
         self.host_copy_s: list[float] = []  # what each snapshot cost the training path
@@ -102,9 +106,24 @@ class Snapshots:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.writer = SnapshotWriter(self.accelerator.print)
-        self.group = None  # (a heal copies only unsharded state, whose writes take no collective)
+        self.group = None  # made for the new group by ``rejoin`` (the heal calls it on every rank)
         self.host_copy_s, self._counts, self._waiting, self._not_per_step = [], {}, set(), set()
         self._last = time.monotonic()
+        _schedules.add(self)
+
+    def leave_old_group(self) -> None:
+        """The process group this schedule's writes used is gone (a warm pool's heal): the write in
+        flight is left (it may wait for a dead rank's part, or in a collective with it: that snapshot
+        stays incomplete, its ``.tmp`` folder cleared when snapshots are next switched on), the next
+        one does not wait for it, and there is no writer group until ``rejoin``."""
+        self.writer.abandon()
+        self.writer = SnapshotWriter(self.accelerator.print)
+        self.group = None
+
+    def rejoin(self) -> None:
+        """Make the writer group anew in the new process group (a heal; every rank, in the same
+        order: creating a group is a collective)."""
+        self.group = _writer_group(self.accelerator, self.in_peers)
 
     def watch_all(self) -> None:
         """Count the steps of the Accelerator's prepared optimizers and schedulers (the hooks are
@@ -117,7 +136,9 @@ class Snapshots:
     def describe(self) -> str:
         every = " or ".join(x for x in (self.steps and f"{self.steps:,} steps",
                                         self.seconds and f"{self.seconds:g} s") if x)
-        return f"snapshots every {every} in {self.directory}, keeping {self.keep}"
+        peers = ("; each also kept in the peers' memory for a heal: every rank holds its own part and its "
+                 "neighbour's, about twice its host copy (the first snapshot says the bytes)" if self.in_peers else "")
+        return f"snapshots every {every} in {self.directory}, keeping {self.keep}{peers}"
 
     # ---- counting steps -----------------------------------------------------------------
     def watch_optimizer(self, optimizer: Any) -> None:
@@ -196,7 +217,8 @@ class Snapshots:
         self.host_copy_s.append(copy_s)
         meta["host_copy_s"] = copy_s
         meta["bytes"] = sum(_nbytes(part) for part in parts)
-        self.writer.submit(step, lambda: self._write(parts, tmp, final, meta))
+        left, group = self.writer.abandoned, self.group  # (a heal may replace both meanwhile)
+        self.writer.submit(step, lambda: self._background(step, parts, tmp, final, meta, group, left.is_set))
 
     def _staging(self, step: int, tmp: Path) -> Callable[[int], Path]:
         """Where a library's own writer writes on the training path (DeepSpeed's engine): host memory
@@ -222,14 +244,32 @@ class Snapshots:
             return staged
         return folder
 
-    def _write(self, parts: list[state_parts.Part], tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+    def _background(self, step: int, parts: list[state_parts.Part], tmp: Path, final: Path,
+                    meta: dict[str, Any], group: Any, left: Callable[[], bool]) -> None:
+        """The snapshot's background job: kept in the peers' memory first (``in_peers``), then written."""
+        if self.in_peers and group is not None:
+            snapshot_peers.keep(parts, meta, step, str(self.directory), group)
+            if not self._said_held:
+                self._said_held = True
+                own, neighbour = snapshot_peers.held_bytes()
+                world = self.accelerator.num_processes
+                self.accelerator.print(
+                    f"snapshot step {step:,} kept in the peers' memory: rank 0 holds {snapshot_dir.size_text(own + neighbour)} "
+                    f"(its part {snapshot_dir.size_text(own)} + rank {world - 1}'s {snapshot_dir.size_text(neighbour)}); each rank holds its "
+                    "own part and its neighbour's (this is said once)")
+        self._write(parts, tmp, final, meta, group, left)
+
+    def _write(self, parts: list[state_parts.Part], tmp: Path, final: Path, meta: dict[str, Any],
+               group: Any, left: Callable[[], bool]) -> None:
         state = self.accelerator.state
         tmp.mkdir(parents=True, exist_ok=True)
-        state_parts.write_parts(tmp, parts, self.group)
+        state_parts.write_parts(tmp, parts, group)
         snapshot_dir.mark_done(tmp, state.process_index, self.token)
         if not state.is_main_process:
             return
-        missing = snapshot_dir.wait_for_ranks(tmp, state.num_processes, self.token, RANK_WAIT_S)
+        missing = snapshot_dir.wait_for_ranks(tmp, state.num_processes, self.token, RANK_WAIT_S, stop=left)
+        if left():  # a heal left it: a dead rank's part never comes
+            return
         if missing:
             raise RuntimeError(f"ranks {missing} did not write their part within {RANK_WAIT_S:g} s")
         snapshot_dir.commit(tmp, final, {**meta, "saved_at": time.time()})
@@ -240,6 +280,12 @@ class Snapshots:
     def wait(self) -> None:
         """Wait for the write in flight (``end_training``, a worker's exit)."""
         self.writer.wait()
+
+
+def leave_old_group() -> None:
+    """Every schedule of this process leaves the process group a heal replaced (``Snapshots.leave_old_group``)."""
+    for schedule in list(_schedules):
+        schedule.leave_old_group()
 
 
 def newest_held() -> snapshot_dir.SnapshotInfo | None:
@@ -274,15 +320,27 @@ def _one_machine(state: Any, url: str) -> None:
                          "mirror folder on one machine; give a folder every machine sees instead")
 
 
-def _writer_group(accelerator: Any) -> Any:
-    """A process group for the background writes' collectives (a sharded state's), beside the one
-    training uses (every rank creates it, now); ``None`` where the writes take none (only FSDP's
-    sharded state is written through ``torch.distributed.checkpoint``, whose writes plan together)."""
-    if accelerator.num_processes == 1 or not getattr(accelerator.strategy.checkpointer([], []), "sharded", False):
+def _writer_group(accelerator: Any, in_peers: bool) -> Any:
+    """A process group for the background jobs' collectives (a sharded state's writes, the parts sent
+    to the peers), beside the one training uses (every rank creates it, now); ``None`` where the jobs
+    take none (only FSDP's sharded state is written through ``torch.distributed.checkpoint``, whose
+    writes plan together)."""
+    sharded = getattr(accelerator.strategy.checkpointer([], []), "sharded", False)
+    if accelerator.num_processes == 1 or not (sharded or in_peers):
         return None
     import torch.distributed as dist
 
     return dist.new_group(backend="gloo")
+
+
+def _check_in_peers(accelerator: Any, in_peers: Any) -> None:
+    if not isinstance(in_peers, bool):
+        raise ValueError(f"snapshot_every(in_peers={in_peers!r}): must be True or False")
+    checkpointer = accelerator.strategy.checkpointer([], [])
+    if in_peers and not getattr(checkpointer, "in_memory", True):
+        raise ValueError(f"snapshot_every(in_peers=True): {type(accelerator.strategy).__name__}'s state is written "
+                         "by its engine into files, which are not kept in memory; in_peers=True works with DDP and "
+                         "FSDP2 (the snapshots on disk still serve resume())")
 
 
 def _check(steps: int | None, seconds: float | None, keep: int) -> None:

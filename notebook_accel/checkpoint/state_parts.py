@@ -45,6 +45,37 @@ class StagedFolder:
 Part = StateFile | ShardedState | StagedFolder
 
 
+def own_shards(state: Any) -> Any:
+    """``state`` with every DTensor replaced by this rank's own shard (a plain tensor): what a rank
+    holds of a sharded state, restored by ``fill_own_shards`` on the same world size and layout."""
+    from notebook_accel.checkpoint.host_copy import is_dtensor
+
+    if is_dtensor(state):
+        return state.to_local()
+    if isinstance(state, dict):
+        return {k: own_shards(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(own_shards(v) for v in state)
+    return state
+
+
+def fill_own_shards(live: Any, held: Any) -> Any:
+    """``held`` (``own_shards``'s) as ``live`` lays it out: each of ``live``'s DTensors rebuilt around
+    the held shard (its mesh, placements and shape), every other value ``held``'s."""
+    from notebook_accel.checkpoint.host_copy import is_dtensor
+
+    if is_dtensor(live):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(held.to(live.device), live.device_mesh, live.placements, run_check=False,
+                                  shape=live.shape, stride=live.stride())
+    if isinstance(live, dict) and isinstance(held, dict):
+        return {k: fill_own_shards(live[k], v) if k in live else v for k, v in held.items()}
+    if isinstance(live, (list, tuple)) and isinstance(held, (list, tuple)) and len(live) == len(held):
+        return type(held)(fill_own_shards(a, b) for a, b in zip(live, held, strict=True))
+    return held
+
+
 def write_parts(directory: Path, parts: list[Part], group: Any = None) -> None:
     """Write ``parts`` into ``directory`` (every rank calls it, with its own parts: sharded states
     are collectives over ``group``, the default group when ``None``). A staged folder is moved in
@@ -86,6 +117,20 @@ def _copy_in(source: Path, directory: Path) -> None:
             shutil.copyfile(Path(root, name), target / name)
             with open(target / name, "rb+") as f:
                 os.fsync(f.fileno())
+
+
+@contextmanager
+def private_folder(purpose: str) -> Iterator[Path]:
+    """A fresh folder of this process in host memory (``/dev/shm``; the temporary directory where there
+    is none), removed afterwards."""
+    import tempfile
+
+    where = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
+    folder = Path(tempfile.mkdtemp(prefix=f"notebook_accel-{purpose}-", dir=where))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def staging_directory(token: str, step: int, need_bytes: int, one_machine: bool) -> Path | None:

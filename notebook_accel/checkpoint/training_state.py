@@ -73,6 +73,8 @@ class CheckpointFiles:
     safe_serialization: bool = True
     strict: bool = True
     model_states: list[dict[str, Any]] | None = None
+    own_shards: dict[str, Any] | None = None  # loading: this rank's shards by sharded part name, read
+    # instead of the parts' folders (a snapshot brought back from the peers' memory: ``snapshot_peers``)
 
     def write(self, obj: Any, path: Path) -> None:
         """``torch.save`` ``obj`` to ``path``, fsync'd."""
@@ -173,19 +175,21 @@ def save_state(
 
 def load_state(
     input_dir: str | os.PathLike[str], items: CheckpointItems, state: PartialState, weights_only: bool = True,
-    strict: bool = True,
+    strict: bool = True, own_shards: dict[str, Any] | None = None,
 ) -> Path:
     """Restore ``items`` and this process's RNGs from a ``save_state`` directory.
 
     ``strict=False`` lets model weights be missing or extra (a checkpoint that holds only a
-    LoRA adapter, say); it applies to unsharded models, as in the peer.
+    LoRA adapter, say); it applies to unsharded models, as in the peer. ``own_shards``: this rank's
+    shards by sharded part name, loaded instead of the parts' folders (``CheckpointFiles.own_shards``).
 
     Raises:
         FileNotFoundError: missing directory or a missing file for a prepared object.
         ValueError: ``strict=False`` with sharded (FSDP / DeepSpeed) models.
     """
     path = resolve_checkpoint(input_dir)
-    files = CheckpointFiles(path, state.is_main_process, weights_only=weights_only, strict=strict)
+    files = CheckpointFiles(path, state.is_main_process, weights_only=weights_only, strict=strict,
+                            own_shards=own_shards)
     read = files.read_named
     items.checkpointer.load(files)
     for i, obj in enumerate(items.schedulers):

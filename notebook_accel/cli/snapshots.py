@@ -36,13 +36,6 @@ def default_directory(config_file: str | os.PathLike[str] | None = None) -> Path
     return snapshot_place.local_directory(option, "snapshot_dir")
 
 
-def _size(count: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} B"
-
-
 def describe(directory: str | os.PathLike[str], now: float | None = None) -> tuple[bool, str]:
     """The listing of ``directory`` in words; the flag says whether the directory exists.
 
@@ -81,7 +74,7 @@ def describe(directory: str | os.PathLike[str], now: float | None = None) -> tup
         state = "complete" if info.complete else INCOMPLETE
         if newest is not None and info.path == newest.path:
             state += "  <- resume() loads this one"
-        rows.append((f"{info.step:,}", saved, _size(info.size_on_disk()), state))
+        rows.append((f"{info.step:,}", saved, snapshot_dir.size_text(info.size_on_disk()), state))
     head = ("step", "saved", "size", "")
     widths = [max(len(row[i]) for row in (head, *rows)) for i in range(3)]
     lines = [f"snapshots in {directory}"

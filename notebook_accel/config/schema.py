@@ -106,6 +106,7 @@ class LaunchConfig:
     heal: bool | None = None  # our own key: a warm pool replaces a dead rank alone (default true)
     snapshot_every: int | None = None  # our own key: Accelerator() snapshots every N steps
     snapshot_dir: str | None = None  # our own key: where snapshots go (and resume() looks)
+    snapshot_in_peers: bool | None = None  # our own key: snapshots also kept in the peers' memory
     check_collectives: bool | None = None  # our own key: ranks compare each collective first
     idle_timeout: float | None = None  # our own key: seconds a detached pool waits idle, then ends
     extra: dict[str, Any] = field(default_factory=dict)
@@ -140,6 +141,7 @@ class LaunchConfig:
         self.heal = _row("heal", "heal", self.heal)
         self.snapshot_every = _row("snapshot_every", "snapshot_every", self.snapshot_every)
         self.snapshot_dir = _row("snapshot_dir", "snapshot_dir", self.snapshot_dir)
+        self.snapshot_in_peers = _row("snapshot_in_peers", "snapshot_in_peers", self.snapshot_in_peers)
         self.check_collectives = _row("check_collectives", "check_collectives",
                                       self.check_collectives)
         self.idle_timeout = _row("idle_timeout", "idle_timeout", self.idle_timeout)

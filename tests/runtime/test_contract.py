@@ -90,6 +90,7 @@ def test_vocabularies_are_the_tables():
                            "dynamo_backend": "ACCELERATE_DYNAMO_BACKEND",  # the peer's variable
                            "snapshot_every": "NOTEBOOK_ACCEL_SNAPSHOT_EVERY",
                            "snapshot_dir": "NOTEBOOK_ACCEL_SNAPSHOT_DIR",
+                           "snapshot_in_peers": "NOTEBOOK_ACCEL_SNAPSHOT_IN_PEERS",
                            "check_collectives": "NOTEBOOK_ACCEL_CHECK_COLLECTIVES",
                            "heal": "NOTEBOOK_ACCEL_HEAL",
                            "idle_timeout": "NOTEBOOK_ACCEL_IDLE_TIMEOUT"}

@@ -270,7 +270,7 @@ def test_sharded_state_is_named_as_lost_and_why():
         said = _recovery_after(pool, (1,))
         assert said.startswith("The pool healed: rank 1 was replaced"), said
         assert "restored from rank 0 (the only rank left" in said and "plain" in said
-        assert ("acc, model (NotCarried: an FSDP-sharded model: each rank held its own part of it; "
+        assert ("acc, model (ShardsNotCarried: an FSDP-sharded model: each rank held its own part of it; "
                 "no snapshot holds them: prepare it again on every rank)") in said, said
         assert pool.run(CELLS["read_plain"]) == 42
 

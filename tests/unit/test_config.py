@@ -285,7 +285,7 @@ def test_precedence_explicit_over_env_over_file(monkeypatch):
     assert opts == {"num_processes": 4, "mixed_precision": "fp16", "start_method": "spawn",
                     "use_port": 29999, "master_addr": "10.1.1.1", "num_nodes": 2, "node_rank": 1,
                     "device": "cuda", "gpu_ids": "0,1", "cluster": None, "dynamo_backend": None,
-                    "heal": None, "snapshot_every": None, "snapshot_dir": None,
+                    "heal": None, "snapshot_every": None, "snapshot_dir": None, "snapshot_in_peers": None,
                     "check_collectives": None, "idle_timeout": None}
     monkeypatch.setenv("NOTEBOOK_ACCEL_NUM_PROCESSES", "3")
     monkeypatch.setenv("NOTEBOOK_ACCEL_MIXED_PRECISION", "BF16")
@@ -301,7 +301,7 @@ def test_precedence_explicit_over_env_over_file(monkeypatch):
 
 def test_unset_stays_none_without_a_file():
     opts = resolve_launch_options({"num_nodes": None}, None)
-    assert set(opts.values()) == {None} and len(opts) == 16
+    assert set(opts.values()) == {None} and len(opts) == 17
 
 
 def test_heal_from_the_file_and_the_environment(tmp_path, monkeypatch):
@@ -356,3 +356,12 @@ def test_a_switch_takes_true_or_false_only():
     assert OPTIONS["return_all"].check("no") is False
     with pytest.raises(ValueError, match="return_all='sometimes'.*true or false"):
         OPTIONS["return_all"].check("sometimes")
+
+
+def test_snapshot_in_peers_from_the_file_and_the_environment(tmp_path, monkeypatch):
+    """Snapshots kept in the peers' memory is a contract row: the config file's own key, the environment."""
+    path = tmp_path / "c.yaml"
+    path.write_text("snapshot_in_peers: true\n")
+    assert resolve_launch_options({}, load_config(path))["snapshot_in_peers"] is True
+    monkeypatch.setenv("NOTEBOOK_ACCEL_SNAPSHOT_IN_PEERS", "false")
+    assert resolve_launch_options({}, load_config(path))["snapshot_in_peers"] is False

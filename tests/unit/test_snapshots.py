@@ -207,3 +207,29 @@ def test_resume_auto_loads_once_everything_the_snapshot_holds_is_prepared(tmp_pa
                                            r"step 6\) holds 1 dataloaders \(prepared: 0\), not all prepared"):
         _train(third, model3, optimizer3, 1)
     assert snapshot_dir.newest(tmp_path).step == 6
+
+
+def test_a_heal_leaves_a_write_waiting_for_a_dead_ranks_part_and_the_next_snapshot_goes_on(tmp_path, monkeypatch):
+    """A write waits for every rank's part; a rank killed before writing its own never sends it.
+    After a heal (``leave_old_group``) that write stops waiting, stays incomplete, and the next
+    snapshot neither waits for it nor is held back (the hang of test_pool_heal's schedule test)."""
+    from notebook_accel.checkpoint import snapshots
+
+    accelerator, model, optimizer = _prepared()
+    accelerator.snapshot_every(steps=2, dir=tmp_path)
+    monkeypatch.setattr(snapshot_dir, "mark_done", lambda *args: None)  # a part that never comes
+    _train(accelerator, model, optimizer, 2)
+    old = accelerator._snapshots.writer
+    time.sleep(0.2)
+    assert old.busy  # waiting for the missing part (RANK_WAIT_S)
+    snapshots.leave_old_group()
+    monkeypatch.undo()
+    deadline = time.monotonic() + 5
+    while old.busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not old.busy and accelerator._snapshots.writer is not old
+    accelerator._snapshots.rejoin()
+    _train(accelerator, model, optimizer, 2)
+    accelerator.wait_for_snapshots()
+    assert snapshot_dir.newest(tmp_path).step == 4
+    assert (tmp_path / "snapshot_000000002.tmp").is_dir()  # left incomplete, never the newest

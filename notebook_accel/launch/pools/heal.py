@@ -112,6 +112,8 @@ def describe(report: HealReport, dead: tuple[int, ...], dead_names: tuple[str, .
             by_reason.setdefault(reason, []).append(name)
         why = [f"{_listed(names)} ({reason})" for reason, names in by_reason.items()]
         lines.append(f"  not copied to {who} (cannot be copied): {'; '.join(why)}")
+    if report.peers:
+        lines.append(report.peers)
     if not report.random_states:
         why = "rank {report.source}'s alone cannot say" if report.survivors == 1 else "the other ranks' differed"
         start = "starts" if len(dead) == 1 else "start"

@@ -47,6 +47,7 @@ class DeepSpeedCheckpointer:
         return models, optimizers
 
     reshards = False  # ZeRO partitions load on the world size that wrote them
+    in_memory = False  # the engine writes its state into files: not kept in the peers' memory
 
     def save(self, files: CheckpointFiles) -> None:
         """Write every model and optimizer into ``files.directory`` (which exists on every rank);

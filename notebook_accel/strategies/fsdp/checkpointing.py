@@ -33,7 +33,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from notebook_accel.checkpoint.state_parts import Part, ShardedState, quiet_alone, write_parts
+from notebook_accel.checkpoint.state_parts import (
+    Part,
+    ShardedState,
+    fill_own_shards,
+    quiet_alone,
+    write_parts,
+)
 from notebook_accel.checkpoint.training_state import CheckpointFiles, StateFile
 from notebook_accel.strategies.fsdp.state_dict import (
     MODEL_DIR,
@@ -127,9 +133,7 @@ class FsdpCheckpointer:
         directory, is_main, read = files.directory, files.is_main, files.read
         for i, model in enumerate(self.models):
             if self.sharded:
-                state = {MODEL_KEY: get_model_state_dict(model)}
-                with quiet_alone():
-                    dcp.load(state, checkpoint_id=self._folder(directory, f"{MODEL_DIR}_{i}"))
+                state = self._sharded(files, f"{MODEL_DIR}_{i}", {MODEL_KEY: get_model_state_dict(model)})
                 set_model_state_dict(model, state[MODEL_KEY])
             elif isinstance(model, FSDPModule):
                 state = self._read(directory, _file("model", i), read) if is_main else {}
@@ -141,9 +145,8 @@ class FsdpCheckpointer:
             if owner is None:
                 opt.load_state_dict(self._read(directory, _file("optimizer", i), read))
             elif self.sharded:
-                state = {OPTIMIZER_KEY: get_optimizer_state_dict(owner, opt.optimizer)}
-                with quiet_alone():
-                    dcp.load(state, checkpoint_id=self._folder(directory, f"{OPTIMIZER_DIR}_{i}"))
+                state = self._sharded(files, f"{OPTIMIZER_DIR}_{i}",
+                                      {OPTIMIZER_KEY: get_optimizer_state_dict(owner, opt.optimizer)})
                 set_optimizer_state_dict(owner, opt.optimizer, state[OPTIMIZER_KEY])
             elif isinstance(owner, FSDPModule):
                 state = self._read(directory, _file("optimizer", i), read) if is_main else {}
@@ -151,6 +154,18 @@ class FsdpCheckpointer:
             else:
                 state = self._read(directory, _file("optimizer", i), read)
                 set_optimizer_state_dict(owner, opt.optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    def _sharded(self, files: CheckpointFiles, name: str, live: dict[str, Any]) -> dict[str, Any]:
+        """The sharded part ``name`` laid out as ``live``: this rank's own shards where ``files`` holds
+        them (``own_shards``), else read from its folder by ``torch.distributed.checkpoint``."""
+        if files.own_shards is not None:
+            if name not in files.own_shards:
+                raise FileNotFoundError(f"the snapshot held in memory has no sharded {name}; was it taken with "
+                                        "the same prepared objects?")
+            return fill_own_shards(live, files.own_shards[name])
+        with quiet_alone():
+            dcp.load(live, checkpoint_id=self._folder(files.directory, name))
+        return live
 
     @staticmethod
     def _folder(directory: Path, name: str) -> Path:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import contract
+from notebook_accel.checkpoint import snapshot_peers, snapshots
 from notebook_accel.launch.worker import namespace
 from notebook_accel.launch.worker.healing import replicas
 
@@ -48,6 +49,8 @@ class HealReport:
         survivors: how many ranks lived (with one, every name it holds counts as alike).
         seconds: the heal's phases on this rank (``meet``, ``fingerprints``, ``copy``,
             ``rebuild``), for ``benchmarks/heal.py``.
+        peers: where sharded state was lost, what the peers' memory brought back of the newest
+            snapshot, or why it could not (``snapshot_peers.heal``); "" otherwise.
     """
 
     source: int
@@ -59,6 +62,7 @@ class HealReport:
     random_states: bool
     wrappers: int
     seconds: dict[str, float] = field(default_factory=dict)
+    peers: str = ""
 
 
 def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
@@ -70,6 +74,7 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
 
     clock = _Phases()
     replicas.new_heal()
+    snapshots.leave_old_group()  # their writes in flight may wait for a dead rank forever
     rejoin_process_group(rank, world)
     clock.end("meet")
     place = replicas.own_place()
@@ -98,15 +103,18 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
         if random_alike:
             _set_random(values[_RANDOM])
         _adopt_states(values.values())
+        copied = values
     else:
         chosen = {name: namespace.NAMESPACE[name] for name in names}
         if random_alike:
             chosen[_RANDOM] = _random_states()
+        copied = chosen
         packed = replicas.pack(chosen, place, send=rank == source)
         wrappers = packed.ddps
         if rank == source:
             _send(packed, source, copying)
     dist.destroy_process_group(copying)
+    _rejoin_snapshots(copied.values())
     clock.end("copy")
     counts: list[Any] = [None] * world
     dist.all_gather_object(counts, len(wrappers))
@@ -115,12 +123,15 @@ def heal(port: int, fresh: tuple[int, ...]) -> HealReport:
                            "their copies do not match")
     built = replicas.rebuild_ddps(wrappers, place)
     clock.end("rebuild")
+    shards_lost = any(replicas.lost_shards(why) for why in uncopyable.values())  # (alike on every rank)
+    peers = snapshot_peers.heal(fresh) if shards_lost else ""
+    clock.end("peers")
     rebuilt = tuple(n for n in names if every[source][1][n][1])
     code = set(every[source][3])  # modules and imported code: copied, not worth a word
     restored = tuple(n for n in names if n not in rebuilt and n not in code)
     return HealReport(source=source, survivors=len(survivors), restored=restored,
                       rebuilt=rebuilt, differing=differing, uncopyable=uncopyable,
-                      random_states=random_alike, wrappers=built, seconds=clock.seconds)
+                      random_states=random_alike, wrappers=built, seconds=clock.seconds, peers=peers)
 
 
 class _Phases:
@@ -232,6 +243,18 @@ def _receive(source: int, place: replicas.Place, group: Any) -> tuple[dict[str, 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's storage as bytes (a view: filling it fills the tensor)."""
     return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def _rejoin_snapshots(values: Any) -> None:
+    """The copied Accelerators' snapshot schedules make their writer groups in the new group
+    (every rank, in the names' order, which is the same on every rank)."""
+    from notebook_accel.accelerator import Accelerator
+
+    seen: set[int] = set()
+    for value in values:
+        if isinstance(value, Accelerator) and id(value) not in seen and value._snapshots is not None:
+            seen.add(id(value))
+            value._snapshots.rejoin()
 
 
 def _adopt_states(values: Any) -> None:

@@ -44,6 +44,15 @@ class NotCarried(pickle.PicklingError):
     """A value holds what only its own rank can have (a shard, a group other than the default)."""
 
 
+class ShardsNotCarried(NotCarried):
+    """A value holds one rank's part of a sharded state (an FSDP shard, a DeepSpeed engine)."""
+
+
+def lost_shards(why: str) -> bool:
+    """Whether a name's reason for staying behind (the heal's ``uncopyable``) is a sharded state."""
+    return why.startswith(f"{ShardsNotCarried.__name__}:")
+
+
 @dataclass(frozen=True)
 class Place:
     """Where a rank stands: what a carried object's place fields become on the receiver."""
@@ -153,7 +162,7 @@ class _Pickler(cloudpickle.Pickler):
             return _default_group, ()
         kind = rank_bound_kind(obj, self._types)
         if kind in SHARDED:
-            raise NotCarried(f"{kind}: each rank held its own part of it; " + _where_sharded_state_is())
+            raise ShardsNotCarried(f"{kind}: each rank held its own part of it; " + _where_sharded_state_is())
         for cls, fields in self._places:
             if isinstance(obj, cls):
                 state = {k: v for k, v in vars(obj).items() if k not in fields}
@@ -163,8 +172,12 @@ class _Pickler(cloudpickle.Pickler):
 
 def _where_sharded_state_is() -> str:
     """What brings a sharded state back: the newest snapshot, where one holds it."""
+    from notebook_accel.checkpoint.snapshot_peers import held_step
     from notebook_accel.checkpoint.snapshots import newest_held
 
+    in_memory = held_step()
+    if in_memory is not None:
+        return f"the peers' memory holds them (snapshot step {in_memory:,}; see below)"
     held = newest_held()
     if held is None:
         return "no snapshot holds them: prepare it again on every rank"
