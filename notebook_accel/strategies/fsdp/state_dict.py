@@ -52,9 +52,9 @@ def full_state_dict(model: torch.nn.Module, rank0_only: bool = True) -> dict[str
     """Every rank calls it; the gathered weights on the CPU (only on rank 0 when ``rank0_only``,
     other ranks get ``{}``). Tied names share one tensor.
 
-    ``rank0_only`` sends one parameter at a time straight into rank 0's result, so rank 0
-    needs about one model of extra memory and the others none (an all-gather would
-    materialise every full parameter on every rank).
+    ``rank0_only`` gathers one parameter at a time into rank 0's result, so rank 0 needs
+    about one model of extra memory and the others none (an all-gather would materialise
+    every full parameter on every rank).
     """
     if not rank0_only:
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
@@ -90,15 +90,12 @@ def _to_rank0(value: Any) -> Any:
         local = torch.cat([local, local.new_zeros((chunk - local.shape[0], *local.shape[1:]))])
     root = dist.get_global_rank(group, 0)
     if dist.get_rank() != root:
-        dist.send(local.contiguous(), dst=root, group=group)
+        dist.gather(local.contiguous(), dst=root, group=group)
         return None
-    # Point to point, each shard received in place (gloo's gather would stage a flat copy).
+    # A gather, not point to point: every rank issues one collective per parameter, so the
+    # group's collective counts stay equal (a pool's check, the stop button's cut count them).
     full = torch.empty((chunk * world, *value.shape[1:]), dtype=local.dtype, device=local.device)
-    for index, part in enumerate(full.chunk(world)):
-        if index == 0:
-            part.copy_(local)
-        else:
-            dist.recv(part, src=dist.get_global_rank(group, index), group=group)
+    dist.gather(local.contiguous(), gather_list=list(full.chunk(world)), dst=root, group=group)
     full = full[:rows] if chunk * world == rows else full[:rows].clone()
     return full.cpu()
 
