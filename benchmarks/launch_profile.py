@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -310,15 +311,15 @@ def pool_runs(runs: int) -> dict:
     try:
         for name, plain_fn, stamped_fn in (("noop", noop, stamped_noop),
                                            ("all_reduce", one_allreduce, stamped_allreduce)):
-            timed(lambda: plain_pool.run(plain_fn), 50)  # warm
+            timed(functools.partial(plain_pool.run, plain_fn), 50)  # warm
             plain, profiled = [], []
             block = 50  # alternate plain and profiled blocks
             for _ in range(max(1, runs // block)):
-                plain += timed(lambda: plain_pool.run(plain_fn), block)
+                plain += timed(functools.partial(plain_pool.run, plain_fn), block)
                 wrappers = Wrappers(engine_places())
                 try:
-                    profiled += profile_calls(lambda: profiled_pool.run(stamped_fn), block,
-                                              lambda: profiled_pool.run(worker_stamps))
+                    profiled += profile_calls(functools.partial(profiled_pool.run, stamped_fn), block,
+                                              functools.partial(profiled_pool.run, worker_stamps))
                 finally:
                     wrappers.remove()
             results[name] = {"plain": plain, "parts": parts(POOL, profiled)}

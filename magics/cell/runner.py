@@ -36,6 +36,7 @@ class CellCode:
     source: str
     filename: str
     lines: list[str]
+    _code: types.CodeType | None = field(default=None, init=False, repr=False, compare=False)
 
     def register(self) -> None:
         """Put the cell into ``linecache`` (mtime None: never checked on disk)."""
@@ -48,6 +49,11 @@ class CellCode:
         Raises:
             SyntaxError: with the cell's file name and line.
         """
+        if self._code is None:  # compiled once: the kernel's check and the job share it
+            self._code = self._compiled()
+        return self._code
+
+    def _compiled(self) -> types.CodeType:
         tree = ast.parse(self.source, self.filename)
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body[-1]
@@ -113,12 +119,14 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
              "_show": _show_figures, "_name": functools.partial(name_cells, dict(cells or {})),
              "_join": _nothing if pooled else join_process_group}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
-    line_one = compile("(_name(), _join(), exec(_cell, _namespace), _show(), "
-                       "_pack(_namespace, _pull))[4]",
-                       cell.filename, "eval")
+    line_one = _LINE_ONE.replace(co_filename=cell.filename)  # as compiled under that name
     if pooled:
         return functools.partial(_in_worker_scope, line_one, outer, tuple(replace))
     return functools.partial(eval, line_one, outer)
+
+
+_LINE_ONE = compile("(_name(), _join(), exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[4]",
+                    "<%%accelerate cell>", "eval")  # each cell's: this, under the cell's file name
 
 
 def _nothing() -> None:
