@@ -50,17 +50,20 @@ class CellCode:
             SyntaxError: with the cell's file name and line.
         """
         if self._code is None:  # compiled once: the kernel's check and the job share it
-            self._code = self._compiled()
+            self._code = self.compile_tree(ast.parse(self.source, self.filename))
         return self._code
 
-    def _compiled(self) -> types.CodeType:
-        tree = ast.parse(self.source, self.filename)
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = tree.body[-1]
-            tree.body[-1] = ast.copy_location(
-                ast.Assign(targets=[ast.Name(CELL_VALUE, ast.Store())], value=last.value), last)
-            ast.fix_missing_locations(tree)
-        return compile(tree, self.filename, "exec")
+    def compile_tree(self, tree: ast.Module) -> types.CodeType:
+        """:meth:`compile`, from the source already parsed (``tree`` is left as it is)."""
+        if self._code is None:
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = tree.body[-1]
+                value = ast.copy_location(
+                    ast.Assign(targets=[ast.Name(CELL_VALUE, ast.Store())], value=last.value), last)
+                tree = ast.fix_missing_locations(
+                    ast.Module(body=[*tree.body[:-1], value], type_ignores=tree.type_ignores))
+            self._code = compile(tree, self.filename, "exec")
+        return self._code
 
 
 @dataclass
