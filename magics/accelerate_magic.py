@@ -16,7 +16,6 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import parse_argstring
 
 from magics import commands
 from magics import pool as notebook_pool
@@ -27,6 +26,7 @@ from magics.cell.arguments import (
     flags_given,
     launch_options,
     magic_flags,
+    parse_line,
     unused_flags,
 )
 from magics.cell.flag_check import check_words
@@ -115,7 +115,7 @@ class AccelerateMagics(Magics):
         config file (--config, else the default one), then auto-detection.
         """
         check_words(self.accelerate.parser, line, cell is not None, COMMANDS, WITH_ARGUMENT)
-        args = parse_argstring(self.accelerate, line)
+        args = parse_line(self.accelerate, line)
         pool_flags = [f"--no-{o.magic_flag[2:]}" if o.switch and getattr(args, o.name) is False
                       else o.magic_flag for o in OPTIONS.values()
                       if o.pool_only and o.magic_flag and getattr(args, o.name, None) is not None]

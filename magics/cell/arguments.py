@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument, argument_group, magic_arguments
+from IPython.core.magic_arguments import argument, argument_group, magic_arguments, parse_argstring
 
 from notebook_accel.contract import LaunchOption
 from notebook_accel.launch import LaunchRequest
@@ -33,6 +33,26 @@ def _names(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a list of names; give names separated by commas, e.g. model,losses")
     return names
+
+
+_IMMUTABLE = (type(None), bool, int, float, str, tuple)
+_bare: dict[int, tuple[argparse.ArgumentParser, argparse.Namespace | None]] = {}
+
+
+def parse_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
+    """``parse_argstring(magic, line)``; a bare line (no flag: every value its default) is parsed
+    once per parser, and each call gets its own copy (only where every default is immutable)."""
+    if line.strip():
+        return parse_argstring(magic, line)
+    parser = magic.parser
+    kept = _bare.get(id(parser))
+    if kept is None or kept[0] is not parser:
+        parsed = parse_argstring(magic, line)
+        immutable = all(isinstance(value, _IMMUTABLE) for value in vars(parsed).values())
+        kept = _bare[id(parser)] = (parser, parsed if immutable else None)
+    if kept[1] is None:
+        return parse_argstring(magic, line)
+    return argparse.Namespace(**vars(kept[1]))
 
 
 def _flagged() -> list[LaunchOption]:

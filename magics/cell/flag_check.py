@@ -53,10 +53,13 @@ def check_words(parser: argparse.ArgumentParser, line: str, cell: bool,
         UsageError: an unknown flag (with the closest known one), or a word that
             is neither a flag, a flag's value nor (line magic) a command.
     """
+    words = arg_split(line) if line.strip() else []
+    if not any(word.startswith("-") for word in words):  # no flag to check (a bare cell)
+        _check_positionals(words, cell, commands, with_argument)
+        return
     actions = {option: action for action in parser._actions  # noqa: SLF001
                for option in action.option_strings}
     known = sorted(option for option in actions if option.startswith("--"))
-    words = arg_split(line)
     positionals: list[str] = []
     index = 0
     while index < len(words):

@@ -57,7 +57,7 @@ def analyse_cell(source: str | ast.Module) -> CellNames:
     scope = _TopLevel()
     scope.block(tree.body)
     later_reads, global_writes = _inner_scope_globals(
-        source if isinstance(source, str) else ast.unparse(tree))
+        source if isinstance(source, str) else ast.unparse(tree)) if _has_inner_scopes(tree) else ([], [])
     augmented = {node.target.id for node in ast.walk(tree)
                  if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)}
     later_reads += [name for name in global_writes if name in augmented]  # global x; x += 1
@@ -66,6 +66,16 @@ def analyse_cell(source: str | ast.Module) -> CellNames:
     reads = list(dict.fromkeys([*scope.reads, *deferred]))
     assigns = list(dict.fromkeys([*scope.assigns, *global_writes]))
     return CellNames(tuple(reads), tuple(assigns))
+
+
+_INNER_SCOPES = tuple(getattr(ast, name) for name in (
+    "FunctionDef", "AsyncFunctionDef", "Lambda", "ClassDef", "ListComp", "SetComp", "DictComp",
+    "GeneratorExp", "TypeAlias") if hasattr(ast, name))  # what opens a scope of its own
+
+
+def _has_inner_scopes(tree: ast.Module) -> bool:
+    """Whether the cell has a scope below its top level (else its symbol table has no child)."""
+    return any(isinstance(node, _INNER_SCOPES) for node in ast.walk(tree))
 
 
 def _inner_scope_globals(source: str) -> tuple[list[str], list[str]]:

@@ -36,6 +36,7 @@ class CellCode:
     source: str
     filename: str
     lines: list[str]
+    _code: types.CodeType | None = field(default=None, init=False, repr=False, compare=False)
 
     def register(self) -> None:
         """Put the cell into ``linecache`` (mtime None: never checked on disk)."""
@@ -48,13 +49,21 @@ class CellCode:
         Raises:
             SyntaxError: with the cell's file name and line.
         """
-        tree = ast.parse(self.source, self.filename)
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = tree.body[-1]
-            tree.body[-1] = ast.copy_location(
-                ast.Assign(targets=[ast.Name(CELL_VALUE, ast.Store())], value=last.value), last)
-            ast.fix_missing_locations(tree)
-        return compile(tree, self.filename, "exec")
+        if self._code is None:  # compiled once: the kernel's check and the job share it
+            self._code = self.compile_tree(ast.parse(self.source, self.filename))
+        return self._code
+
+    def compile_tree(self, tree: ast.Module) -> types.CodeType:
+        """:meth:`compile`, from the source already parsed (``tree`` is left as it is)."""
+        if self._code is None:
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = tree.body[-1]
+                value = ast.copy_location(
+                    ast.Assign(targets=[ast.Name(CELL_VALUE, ast.Store())], value=last.value), last)
+                tree = ast.fix_missing_locations(
+                    ast.Module(body=[*tree.body[:-1], value], type_ignores=tree.type_ignores))
+            self._code = compile(tree, self.filename, "exec")
+        return self._code
 
 
 @dataclass
@@ -113,12 +122,14 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
              "_show": _show_figures, "_name": functools.partial(name_cells, dict(cells or {})),
              "_join": _nothing if pooled else join_process_group}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
-    line_one = compile("(_name(), _join(), exec(_cell, _namespace), _show(), "
-                       "_pack(_namespace, _pull))[4]",
-                       cell.filename, "eval")
+    line_one = _LINE_ONE.replace(co_filename=cell.filename)  # as compiled under that name
     if pooled:
         return functools.partial(_in_worker_scope, line_one, outer, tuple(replace))
     return functools.partial(eval, line_one, outer)
+
+
+_LINE_ONE = compile("(_name(), _join(), exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[4]",
+                    "<%%accelerate cell>", "eval")  # each cell's: this, under the cell's file name
 
 
 def _nothing() -> None:

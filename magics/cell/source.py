@@ -94,7 +94,7 @@ def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tu
     code.register()
     try:
         tree = ast.parse(code.source, filename)
-        code.compile()  # what parsing misses: `return` outside a function...
+        code.compile_tree(tree)  # what parsing misses: `return` outside a function...
     except SyntaxError as error:
         raise CellSyntaxError(error, f"Cell In[{number}]") from None
     return code, tree

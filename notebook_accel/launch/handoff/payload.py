@@ -110,11 +110,11 @@ class _OutboundPickler(_PayloadPickler):
         super().__init__(file, protocol=protocol)
         self.shared = shared
         self.rank_bound = rank_bound_types()
+        self.rank_bound_classes = tuple(cls for cls, _ in self.rank_bound)  # one check per object
 
     def reducer_override(self, obj):
-        kind = rank_bound_kind(obj, self.rank_bound)
-        if kind is not None:
-            raise RankBoundError(kind, obj)
+        if isinstance(obj, self.rank_bound_classes):
+            raise RankBoundError(rank_bound_kind(obj, self.rank_bound), obj)
         reduced = self.shared.reduce(obj) if self.shared is not None else None
         return reduced if reduced is not None else super().reducer_override(obj)
 
