@@ -21,6 +21,9 @@ from notebook_accel.wire import FailureRecord
 
 ENDED_BY_US = "stopped: killed"  # the headline of a rank the stop had to end (not an outside kill)
 Tail = Callable[[int], str]  # rank -> the last lines of its stderr
+# the candidates' tiers, the cause from the first: a rank's own report, an end without one, a
+# report marked secondary (a consequence of another's failure), a rank only marked failed
+_OWN, _ENDED, _SECONDARY, _MARKED = range(4)
 
 
 def root_cause(workers: Sequence[Worker], record: LaunchRecord, tail: Tail) -> WorkerError:
@@ -29,14 +32,14 @@ def root_cause(workers: Sequence[Worker], record: LaunchRecord, tail: Tail) -> W
     candidates = []
     for w in workers:
         if w.error is not None and not w.interrupted:
-            tier = 2 if w.error.secondary else 0
+            tier = _SECONDARY if w.error.secondary else _OWN
             candidates.append((tier, w.error.timestamp, w))
         elif (w.exited and not (w.stopped and w.handle.describe_end() is None)
               and not (w.returned and w.exitcode == 0)):  # (a lost node's rank, even stopped)
-            candidates.append((1, w.exit_time, w))
+            candidates.append((_ENDED, w.exit_time, w))
     if not candidates:  # a rank marked failed for exiting (code 0) before its result arrived
         failed = [w for w in workers if record.ranks[w.rank].state == RankState.FAILED]
-        candidates = [(3, 0.0, w) for w in failed or workers]
+        candidates = [(_MARKED, 0.0, w) for w in failed or workers]
     candidates.sort(key=lambda c: (c[0], c[1] or 0.0, c[2].rank))
     cause = candidates[0][2]
     record.root_cause = cause.rank
