@@ -9,6 +9,7 @@ from html import escape
 from notebook_accel.launch import (
     LaunchRecord,
     NodeRow,
+    RankState,
     RankStatus,
     abnormal_ranks,
     format_bytes,
@@ -23,12 +24,12 @@ from notebook_accel.launch import (
 )
 
 STATE_COLOURS = {
-    "starting": "#888888",
-    "running": "#1f77b4",
-    "compiling": "#9467bd",
-    "finished": "#2ca02c",
-    "failed": "#d62728",
-    "stopped": "#ff7f0e",
+    RankState.STARTING: "#888888",
+    RankState.RUNNING: "#1f77b4",
+    RankState.COMPILING: "#9467bd",
+    RankState.FINISHED: "#2ca02c",
+    RankState.FAILED: "#d62728",
+    RankState.STOPPED: "#ff7f0e",
 }
 LAST_LINE_CHARS = 120
 
@@ -62,15 +63,15 @@ def _shows_gpu(record: LaunchRecord) -> bool:
 def _state_label(status: RankStatus, root_cause: bool = False) -> str:
     state, exitcode = status.state, status.exitcode
     label = state_text(status)
-    if state in ("failed", "stopped") and exitcode is not None:
+    if state in (RankState.FAILED, RankState.STOPPED) and exitcode is not None:
         label = f"{state} (exit {exitcode})"
     return f"{label} · root cause" if root_cause else label
 
 
 def _colour(record: LaunchRecord, rank: int, state: str) -> str:
     """Red for the root cause only: ranks that failed because of it look like stopped ones."""
-    if state == "failed" and record.root_cause is not None and rank != record.root_cause:
-        return STATE_COLOURS["stopped"]
+    if state == RankState.FAILED and record.root_cause is not None and rank != record.root_cause:
+        return STATE_COLOURS[RankState.STOPPED]
     return STATE_COLOURS.get(state, "#000000")
 
 

@@ -43,6 +43,7 @@ _EXPORTS = {
     "ranks_text": "notebook_accel.launch.views.rank_ranges",
     "parse_ranks": "notebook_accel.launch.views.rank_ranges",
     "RankStatus": "notebook_accel.launch.views.record",
+    "RankState": "notebook_accel.launch.views.record",
     "NodeRow": "notebook_accel.launch.views.nodes",
     "node_rows": "notebook_accel.launch.views.nodes",
     "abnormal_ranks": "notebook_accel.launch.views.nodes",

@@ -21,7 +21,7 @@ from notebook_accel.launch.planning.plan import LaunchPlan, make_plan, shm_note
 from notebook_accel.launch.planning.rdzv import meeting_point
 from notebook_accel.launch.planning.request import LaunchRequest, launcher_signature
 from notebook_accel.launch.supervision.errors import WorkerError
-from notebook_accel.launch.supervision.supervisor import Supervisor
+from notebook_accel.launch.supervision.supervisor import Supervisor, WatchSettings
 from notebook_accel.launch.supervision.tracebacks import hide_our_frames
 from notebook_accel.launch.views import NullView, make_view
 from notebook_accel.launch.views.output import OutputRelay
@@ -287,8 +287,8 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload, remembered
         if into is not None:
             into.record = record
         view = make_view(record, plan.output) if into is None else NullView()
-        workers = Supervisor(group.handles, relay, plan.timeout, record, view, plan.stop_wait,
-                             group.collectives_before, plan.hang_after).run()
+        settings = WatchSettings.of(plan, group.collectives_before)
+        workers = Supervisor(group.handles, relay, record, view, settings).run()
         results = []
         for worker in workers:
             if worker.result is None:

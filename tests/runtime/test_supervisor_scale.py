@@ -12,7 +12,7 @@ import time
 
 from notebook_accel import wire
 from notebook_accel.launch.backends.base import WorkerHandle
-from notebook_accel.launch.supervision.supervisor import Supervisor
+from notebook_accel.launch.supervision.supervisor import Supervisor, WatchSettings
 from notebook_accel.launch.views.output import OutputRelay
 from notebook_accel.launch.views.record import LaunchRecord
 
@@ -75,7 +75,7 @@ def test_320_ranks_with_fds_past_1023_are_supervised_to_the_end():
                 pass
 
         threading.Thread(target=_ranks_end, args=(handles,), daemon=True).start()
-        workers = Supervisor(handles, relay, 30.0, record, NoView()).run()
+        workers = Supervisor(handles, relay, record, NoView(), WatchSettings(timeout=30.0)).run()
         assert all(w.returned for w in workers)
         assert record.outcome == "finished"
         assert out.getvalue() == f"[ranks 0-{RANKS - 1}] epoch 1 done\n"  # one line, deduplicated

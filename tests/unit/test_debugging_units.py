@@ -102,7 +102,7 @@ def test_a_stack_answer_left_unread_by_an_earlier_run_is_not_taken_for_this_runs
     import os
     from types import SimpleNamespace
 
-    from notebook_accel.launch.supervision.supervisor import Worker
+    from notebook_accel.launch.supervision.watched import Worker
     from notebook_accel.launch.supervision.worker_stacks import stack_ask
     from notebook_accel.wire import FrameReader, Stack
 
@@ -131,7 +131,7 @@ def test_hang_after_is_one_launch_option_of_the_table():
     from magics.cell.arguments import launch_options
     from notebook_accel.launch.planning.plan import make_plan
     from notebook_accel.launch.planning.request import LaunchRequest, door_options
-    from notebook_accel.launch.supervision.hang_watch import HANG_AFTER
+    from notebook_accel.launch.supervision.verdicts.hangs import HANG_AFTER
 
     parser = AccelerateMagics.accelerate.parser
     assert launch_options(parser.parse_args(["--hang-after", "2.5"]))["hang_after"] == 2.5

@@ -71,3 +71,13 @@ def test_every_folder_of_launch_holds_at_most_twelve_modules():
     crowded = {str(f.relative_to(LAUNCH)): n for f in folders
                if (n := len([m for m in f.glob("*.py") if m.stem != "__init__"])) > 12}
     assert crowded == {}
+
+
+LONGEST = 450  # lines an engine module may have: what a reader takes in at once (issue 48)
+
+
+def test_no_engine_module_is_over_450_lines():
+    engine = LAUNCH.parent
+    long = {str(p.relative_to(engine)): n for p in engine.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > LONGEST}
+    assert long == {}, "split it by job (docs/architecture.md names the parts)"

@@ -422,6 +422,7 @@ def test_a_wakeup_takes_what_is_ready_within_its_budget_and_leaves_the_rest_to_t
     left first, and no line is lost or out of its rank's order."""
     import os
 
+    from notebook_accel.launch import tuning
     from notebook_accel.launch.backends.base import WorkerHandle
     from notebook_accel.launch.supervision import supervisor as watching
     from notebook_accel.launch.views import NullView
@@ -445,19 +446,19 @@ def test_a_wakeup_takes_what_is_ready_within_its_budget_and_leaves_the_rest_to_t
         def sentinel(self) -> int:
             return self.pipes["alive"][0]
 
-    monkeypatch.setattr(watching, "_WAKEUP_BUDGET", 0.0)
+    monkeypatch.setattr(tuning, "WAKEUP_BUDGET", 0.0)
     handles = [Speaking(rank) for rank in range(8)]
     out = io.StringIO()
     record = LaunchRecord(world_size=8, num_processes=8, device_type="cpu", start_method="fork",
                           mixed_precision="no")
     supervisor = watching.Supervisor(handles, OutputRelay(show="all", stdout=out, stderr=out),
-                                     None, record, view=NullView())
+                                     record, view=NullView())
     try:
         supervisor._register()
         supervisor._poll(0.0)
-        assert len(supervisor._left) == 7 and supervisor._wait_for() == 0.0  # one read: 7 left
+        assert len(supervisor.channels.left) == 7 and supervisor._wait_for() == 0.0  # one read: 7 left
         wakeups = 1
-        while supervisor._left:
+        while supervisor.channels.left:
             supervisor._poll(supervisor._wait_for())
             wakeups += 1
         assert wakeups == 8 and supervisor._wait_for() > 0.0

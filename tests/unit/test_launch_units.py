@@ -265,6 +265,7 @@ def test_a_rank_marked_failed_whose_result_came_after_its_exit_is_still_named():
     import os
 
     from notebook_accel.launch.supervision.supervisor import Supervisor
+    from notebook_accel.launch.supervision.verdicts.root_cause import root_cause
     from notebook_accel.launch.views.record import LaunchRecord
 
     class Ended(WorkerHandle):
@@ -277,11 +278,11 @@ def test_a_rank_marked_failed_whose_result_came_after_its_exit_is_still_named():
 
     record = LaunchRecord(world_size=2, num_processes=2, device_type="cpu", start_method="fork",
                           mixed_precision="no")
-    supervisor = Supervisor([Ended(0), Ended(1)], relay()[0], None, record, view=None)
+    supervisor = Supervisor([Ended(0), Ended(1)], relay()[0], record, view=None)
     for worker in supervisor.workers:
         worker.exited, worker.exit_time, worker.returned = True, time.time(), True
     record.ranks[0].state, record.ranks[1].state = "finished", "failed"
-    error = supervisor._root_cause()
+    error = root_cause(supervisor.workers, record, supervisor._death_tail)
     assert error.rank == 1 and record.root_cause == 1
     assert "rank 1 exited (code 0) before its function returned" in str(error)
 
@@ -351,7 +352,7 @@ def test_a_ranks_result_and_last_line_arriving_after_its_end_are_waited_for_over
                           mixed_precision="no")
     output, out, _ = relay()
     handle = _NetworkRank(grace, late=0.3)
-    supervisor = Supervisor([handle], output, None, record, view=_NoView())
+    supervisor = Supervisor([handle], output, record, view=_NoView())
     if grace:
         (worker,) = supervisor.run()
         assert worker.returned and worker.result == b"42"
@@ -458,15 +459,16 @@ class _FailedRank(WorkerHandle):
 def test_once_every_running_rank_has_reported_its_failure_the_rest_are_stopped_at_once(monkeypatch):
     """The kernel gathers the other ranks' reports for a moment after a failure; when every rank
     still running has sent its failure already, nothing is left to gather: no wait."""
+    from notebook_accel.launch import tuning
     from notebook_accel.launch.supervision import supervisor as watching
     from notebook_accel.launch.views.record import LaunchRecord
 
-    monkeypatch.setattr(watching, "_COLLECT_AFTER_FAILURE", 60.0)
+    monkeypatch.setattr(tuning, "COLLECT_AFTER_FAILURE", 60.0)
     record = LaunchRecord(world_size=3, num_processes=3, device_type="cpu", start_method="fork",
                           mixed_precision="no")
     began = time.monotonic()
     with pytest.raises(WorkerError, match="rank 0 failed: RuntimeError: rank 0") as raised:
-        watching.Supervisor([_FailedRank(rank) for rank in range(3)], relay()[0], None, record,
+        watching.Supervisor([_FailedRank(rank) for rank in range(3)], relay()[0], record,
                             view=_NoView()).run()
     assert time.monotonic() - began < 10  # not the 60 s of gathering
     assert [failure.rank for failure in raised.value.other_failures] == [1, 2]
@@ -481,7 +483,7 @@ def test_a_ranks_memory_that_moved_by_a_few_pages_is_no_news(monkeypatch):
     handle = _FailedRank(0)
     record = LaunchRecord(world_size=1, num_processes=1, device_type="cpu", start_method="fork",
                           mixed_precision="no")
-    supervisor = watching.Supervisor([handle], relay()[0], None, record, view=_NoView())
+    supervisor = watching.Supervisor([handle], relay()[0], record, view=_NoView())
     clock = [1000.0]
     monkeypatch.setattr(watching.time, "monotonic", lambda: clock[0])
     seen = []

@@ -100,7 +100,7 @@ class _Workers:
     ((RunDone(-1, False), RunDone(-1, False)), "finished", None),
 ])
 def test_the_group_is_distrusted_exactly_when_it_could_pair_collectives_wrongly(reports, ended, reason):
-    from notebook_accel.launch.pools.pool import _distrust
+    from notebook_accel.launch.pools.recovery import distrust as _distrust
 
     workers = _Workers(*(_Handle(rank, report) for rank, report in enumerate(reports)))
     found = _distrust(workers, ended)

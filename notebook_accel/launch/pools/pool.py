@@ -11,20 +11,20 @@ broken peer), a rank killed, or ranks whose process groups disagree on how many
 collectives they issued, leave a group that could pair later collectives wrongly; it is
 never reused. When ranks died and others live, the pool heals in place (``heal.py``:
 the dead ranks alone started again, given what the living hold alike); otherwise it
-replaces every worker. Either way it says what was kept and lost.
+replaces every worker. Either way it says what was kept and lost (``recovery.py``).
+
+Here: making the pool and its run path (``run``, ``run_on``, ``debug``, ``restart``,
+``close``); its questions about itself are ``questions.py``'s, its recovery after a run
+``recovery.py``'s, its background runs ``background.py``'s: parts of one ``WorkerPool``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
-import sys
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from notebook_accel.launch.backends.base import WorkerHandle
 from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
 from notebook_accel.launch.control.interrupts import StopPresses, deferred_interrupts, stopped_by
 from notebook_accel.launch.handoff.payload import serialise_payload
@@ -34,23 +34,21 @@ from notebook_accel.launch.planning.options import fill_options
 from notebook_accel.launch.planning.plan import LaunchPlan
 from notebook_accel.launch.planning.request import LaunchRequest
 from notebook_accel.launch.pools.background import BackgroundRuns, PoolBusy
-from notebook_accel.launch.pools.heal import Healed, can_heal, heal_in_place
+from notebook_accel.launch.pools.heal import Healed
+from notebook_accel.launch.pools.questions import PoolQuestions, RankInfo
+from notebook_accel.launch.pools.recovery import PoolRecovery, say_recovery
 from notebook_accel.launch.pools.run_handle import RunHandle
-from notebook_accel.launch.supervision.collective_table import collectives_text
 from notebook_accel.launch.supervision.errors import WorkerError
-from notebook_accel.launch.supervision.stack_groups import stacks_text
-from notebook_accel.launch.supervision.supervisor import ENDED_BY_US, INTERRUPT_GRACE
 from notebook_accel.launch.supervision.tracebacks import hide_our_frames
-from notebook_accel.launch.supervision.worker_stacks import ask_recorders, ask_stacks
+from notebook_accel.launch.supervision.verdicts.root_cause import ENDED_BY_US
+from notebook_accel.launch.tuning import CANCEL_WAIT
 from notebook_accel.launch.views.rank_ranges import parse_ranks
-from notebook_accel.launch.views.text import ranks_text, say
 from notebook_accel.launch.worker.debugger import post_mortem
 from notebook_accel.launch.worker.serve import join_process_group
 from notebook_accel.machine.launch_kinds import device_launch
 from notebook_accel.wire import RunDone
 
-_REPLACED = "the pool's workers were replaced"
-_CANCEL_WAIT = 60.0  # seconds close() waits for a background run to stop before ending it
+__all__ = ["PoolUnavailable", "RankInfo", "WorkerPool"]  # RankInfo: questions.py's
 
 
 class PoolUnavailable(RuntimeError):
@@ -66,17 +64,6 @@ class PoolUnavailable(RuntimeError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class RankInfo:
-    """One worker of a pool, for ``%accelerate status``."""
-
-    rank: int
-    pid: int | None
-    alive: bool
-    exitcode: int | None
-    rss: int | None  # bytes
-
-
 class _Current:
     """The pool's current workers, apart from the pool so that its finaliser can close them."""
 
@@ -89,7 +76,7 @@ class _Current:
             self.workers = None
 
 
-class WorkerPool(BackgroundRuns):
+class WorkerPool(PoolQuestions, PoolRecovery, BackgroundRuns):
     """Warm workers (on this machine, or a Ray cluster's nodes with ``num_nodes`` and
     ``cluster``), which keep their state and process group across runs.
 
@@ -210,75 +197,6 @@ class WorkerPool(BackgroundRuns):
         """True once :meth:`close` was called."""
         return not self._finalizer.alive
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The names living on every rank (a name that a run on some ranks assigned, or that
-        only some ranks assigned, is not one: :meth:`names_on`); none while a worker is gone
-        (:meth:`revive` heals or replaces the workers; ``names_on`` the living ranks still
-        answers)."""
-        return self.names_on()
-
-    def names_on(self, ranks: int | str | Iterable[int] | None = None) -> tuple[str, ...]:
-        """The names living on every one of ``ranks`` (``1``, ``"0,2-3"``, ``[0, 2]``; default:
-        every rank), in the order the first of them reports them."""
-        return self._on_all(ranks, "names")
-
-    @property
-    def copies(self) -> tuple[str, ...]:
-        """Those of :attr:`names` that still hold the copy the notebook sent, on every rank."""
-        return self.copies_on()
-
-    def copies_on(self, ranks: int | str | Iterable[int] | None = None) -> tuple[str, ...]:
-        """Those of :meth:`names_on` ``ranks`` that still hold the notebook's copy on each."""
-        return self._on_all(ranks, "copies")
-
-    def _on_all(self, ranks: int | str | Iterable[int] | None, field: str) -> tuple[str, ...]:
-        """The names in ``field`` (``names``, ``copies``) of the chosen ranks' reports, all."""
-        workers = self._current.workers
-        if workers is None or not self._reports:
-            return ()
-        chosen = range(len(self._reports)) if ranks is None else parse_ranks(
-            ranks, self.plan.world_size)
-        if {h.rank for h in workers.dead()} & set(chosen):  # a gone rank holds nothing
-            return ()
-        first, *rest = (getattr(self._reports[rank], field) for rank in chosen)
-        others = [set(names) for names in rest]
-        return tuple(name for name in first if all(name in names for names in others))
-
-    @property
-    def heals(self) -> bool:
-        """Whether ranks that died now would be healed in place (some live, ``heal=True``, and
-        no node of theirs was lost), not every worker replaced."""
-        workers = self._current.workers
-        if workers is None:
-            return False
-        dead = [h.rank for h in workers.dead()]
-        return can_heal(self.plan, workers, dead) is None
-
-    @property
-    def lost(self) -> tuple[str, ...]:
-        """What replacing the workers now would lose: the names on any rank that hold state
-        (not modules, nor functions and classes imported from one), even when a worker is
-        gone."""
-        return _lost(self._reports)
-
-    def revive(self) -> None:
-        """Recover if a worker is gone (died while idle): heal in place (the dead ranks
-        replaced alone, given what the others hold alike), or, with ``heal=False`` or no rank
-        left, replace every worker; either way say what was kept and lost.
-
-        Raises:
-            PoolUnavailable: the pool is closed.
-            PoolBusy: a background run runs on the pool (:meth:`submit`).
-            WorkerError: the latest background run failed and nobody was told yet.
-        """
-        self._check_background()
-        workers = self._usable()
-        dead = workers.dead()
-        if dead:
-            reason = ", ".join(f"rank {h.rank} {_ended(h)}" for h in dead) + " while idle"
-            _say(self._recover(workers, reason, self._reports))
-
     def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` on every rank of the pool.
 
@@ -342,36 +260,6 @@ class WorkerPool(BackgroundRuns):
                 "failure's frames go with the workers that held them)"))
         self.run_on(rank, post_mortem)
 
-    def stacks(self, timeout: float = 1.0) -> str:
-        """Every rank's current Python stack, ranks at the same place grouped
-        (``ranks 0, 2-7: all_reduce <- step <- train``); idle ranks say so.
-
-        Raises:
-            PoolUnavailable: the pool is closed.
-        """
-        self._refuse_if_busy()
-        workers = self._usable()
-        stacks, silent = ask_stacks(workers.handles, timeout)
-        return stacks_text(stacks, silent)
-
-    def collectives(self, last: int = 8, timeout: float = 5.0) -> str:
-        """Every rank's last ``last`` collectives per process group, side by side, aligned by
-        their number (ranks that read alike share a column): what each rank issued, with
-        dtypes, shapes and the user's line, and which one it still waits in; while a
-        background run runs too (its ranks answer even inside a collective).
-
-        Example: ``print(pool.collectives(last=4))``.
-
-        Raises:
-            ValueError: ``last`` is not an integer >= 1.
-            PoolUnavailable: the pool is closed.
-        """
-        if isinstance(last, bool) or not isinstance(last, int) or last < 1:
-            raise ValueError(f"collectives(last={last!r}): last must be an integer >= 1")
-        running = self._background is not None and not self._background.done()
-        recorders, silent = ask_recorders(self._usable().handles, last, timeout, running)
-        return collectives_text(recorders, last, silent)
-
     def _run(self, ranks: tuple[int, ...] | None, function: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with deferred_interrupts():
@@ -429,7 +317,7 @@ class WorkerPool(BackgroundRuns):
             raise
         finally:
             if ended != "said":
-                _say(self._after_run(workers, ended))
+                say_recovery(self._after_run(workers, ended))
 
     def restart(self) -> None:
         """Replace the workers with fresh ones (their state is dropped)."""
@@ -445,17 +333,8 @@ class WorkerPool(BackgroundRuns):
         """Stop the workers and release everything of the pool (a background run is cancelled
         first, at its consistent cut). Idempotent."""
         if self._background is not None and not self._background.done():
-            self._background.cancel(timeout=_CANCEL_WAIT)
+            self._background.cancel(timeout=CANCEL_WAIT)
         self._finalizer()
-
-    def status(self) -> list[RankInfo]:
-        """One :class:`RankInfo` per rank (none once closed)."""
-        workers = self._current.workers
-        if workers is None:
-            return []
-        dead = {h.rank for h in workers.dead()}  # (a cluster rank whose node was lost: no exit code)
-        return [RankInfo(rank=h.rank, pid=h.pid, alive=h.rank not in dead, exitcode=h.exitcode,
-                         rss=None if h.rank in dead else h.rss()) for h in workers.handles]
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -481,65 +360,6 @@ class WorkerPool(BackgroundRuns):
                                   "the pool is closed")
         return workers
 
-    def _after_run(self, workers: PoolWorkers, ended: str, ours: set[int] = frozenset(),
-                   root: int | None = None) -> str | None:
-        """Keep the workers when every rank is idle with a group it can trust; else heal or
-        replace them. Returns what was done, in words (None: the workers were kept); why, too,
-        unless the failed run's error says it (only its root-cause rank died: ``root``)."""
-        reason = _distrust(workers, ended, ours)
-        reports = tuple(h.last_report for h in workers.handles)
-        if reason is None:
-            self._reports = reports  # (ranks a run on some ranks left idle: their last ones)
-            self._healed = ()
-            return None
-        # a rank without a report of this run keeps its last one (what it held before)
-        merged = tuple(r if r is not None else (self._reports[i] if i < len(self._reports) else None)
-                       for i, r in enumerate(reports))
-        said = ended == "failed" and {h.rank for h in workers.dead()} == {root}
-        return self._recover(workers, reason, merged, cause_said=said)
-
-    def _recover(self, workers: PoolWorkers, reason: str,
-                 reports: tuple[RunDone | None, ...], cause_said: bool = False) -> str:
-        """Heal the dead ranks in place when the pool can, else replace every worker; returns
-        what was done, starting with why (unless ``cause_said``: the run's error says it)."""
-        dead = tuple(h.rank for h in workers.dead())
-        known = tuple(r for r in reports if r is not None)
-        every_name = _lost(known) if known else self.lost
-        if not dead or can_heal(self.plan, workers, list(dead)) is not None:
-            return self._replace(reason, every_name)
-        living = [r for rank, r in enumerate(reports) if rank not in dead and r is not None]
-        theirs = _lost(tuple(r for rank, r in enumerate(reports) if rank in dead and r is not None))
-        again = sorted(set(dead) & set(self._healed))
-        try:
-            self.last_heal = heal_in_place(workers, self.plan, dead, theirs,
-                                           same_cut=len({r.collectives for r in living}) <= 1)
-        except Exception as error:  # noqa: BLE001 - whatever broke the heal, the pool recovers
-            return self._replace(f"{reason}; the heal failed: {str(error).splitlines()[0]}",
-                                 every_name)
-        except KeyboardInterrupt:
-            _say(self._replace(f"{reason}; the heal was interrupted", every_name))
-            raise
-        self._healed = dead
-        self._reports = tuple(h.last_report for h in workers.handles)
-        if self._failed_rank in dead:
-            self._failed_rank = None  # its frames went with it
-        text = self.last_heal.text
-        if again:
-            text += (f"\n{ranks_text(again)} died again in the run right after a heal: if this "
-                     "cell makes it run out of memory (or crash) every time, change the cell "
-                     "before running it again")
-        return text if cause_said else f"{reason}. {text}"
-
-    def _replace(self, reason: str, lost: tuple[str, ...]) -> str:
-        """Replace every worker; returns what was done and lost, in words."""
-        self._failed_rank = None  # its frames are gone with the workers
-        self._healed = ()
-        self._current.close()
-        self._start()
-        return (f"{_REPLACED} ({reason}; a process group that may pair "
-                f"later collectives wrongly is never reused): their state was "
-                f"lost{': ' + _listed(lost) if lost else ''}")
-
 
 def _detached(options: Any) -> bool:
     """Whether ``options`` ask for a detached pool (``detach=True``).
@@ -557,66 +377,4 @@ def _detached(options: Any) -> bool:
     return False
 
 
-def _say(recovery: str | None) -> None:
-    """What a recovery did, in the cell: a heal as information, a replacement (state lost) as
-    a warning."""
-    if recovery and recovery.startswith(_REPLACED):
-        print(f"[notebook_accel] {recovery}", file=sys.stderr, flush=True)
-    elif recovery:
-        say(recovery)
-
-
-def _lost(reports: tuple[RunDone, ...]) -> tuple[str, ...]:
-    """The names holding state on any rank (modules and imported code do not), once each."""
-    lost: dict[str, None] = {}
-    for report in reports:
-        imported = set(report.imported)
-        lost.update((name, None) for name in report.names if name not in imported)
-    return tuple(lost)
-
-
-def _distrust(workers: PoolWorkers, ended: str, ours: set[int] = frozenset()) -> str | None:
-    """Why the workers' process group cannot be trusted after a run that ``ended``
-    (``finished``, ``failed``, ``interrupted``); None: it can. ``ours``: the ranks the stop
-    that followed a failure had to end (said as such, not as an outside kill)."""
-    dead = workers.dead()
-    if dead and ended == "interrupted":  # the supervisor killed the ranks stuck in C++ code
-        return (f"{ranks_text(h.rank for h in dead)} did not stop within {INTERRUPT_GRACE:g} s of "
-                f"the interrupt (blocked in C++ code, e.g. a collective), so we ended "
-                f"{'it' if len(dead) == 1 else 'them'}")
-    if dead:
-        return ", ".join(f"rank {h.rank} was ended by us (blocked in C++ code after the failure, "
-                         f"e.g. in a collective, it did not stop within {INTERRUPT_GRACE:g} s)"
-                         if h.rank in ours else f"rank {h.rank} {_ended(h)}" for h in dead)
-    reports = [h.last_report for h in workers.handles]
-    if any(r is None for r in reports):
-        return "a rank did not end its run"
-    broke = [h.rank for h, r in zip(workers.handles, reports, strict=True) if r.broke_group]
-    if broke:
-        return f"the run ended inside a collective on {ranks_text(broke)}"
-    counts = {r.collectives for r in reports}
-    if len(counts) > 1:
-        return ("the ranks' process groups disagree (collectives issued: "
-                f"{', '.join(str(r.collectives) for r in reports)})")
-    if ended != "finished" and -1 in counts:
-        return "the run failed and the process group cannot be checked"
-    return None
-
-
-def _ended(handle: WorkerHandle) -> str:
-    """How a dead rank ended, in words (a cluster rank whose node was lost has no exit code)."""
-    exitcode = handle.exitcode
-    if exitcode is None:  # its handle says why (a lost node)
-        return handle.describe_end() or "ended without an exit status"
-    if exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
-
-
-def _listed(names: tuple[str, ...], most: int = 20) -> str:
-    more = f" and {len(names) - most} more" if len(names) > most else ""
-    return ", ".join(names[:most]) + more
 

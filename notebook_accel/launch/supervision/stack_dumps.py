@@ -16,14 +16,13 @@ from typing import Any
 
 from notebook_accel.launch.backends.signal_all import signal_all
 from notebook_accel.launch.supervision.tracebacks import dump_frames, is_dump_line
+from notebook_accel.launch.tuning import DUMP_LATEST, DUMP_WAIT
 from notebook_accel.launch.views.output import OutputRelay
 from notebook_accel.launch.worker.flight_recorder import DUMP_MARK, read_dump_line
 from notebook_accel.wire import Collective
 
 Frames = tuple[tuple[str, int, str], ...]
 Recorder = tuple[Collective, ...] | None  # a rank's last collectives (None: none came)
-DUMP_WAIT = 0.5  # seconds the stacks have to arrive (written at once, by a signal handler)
-DUMP_LATEST = 3.0  # seconds the recorders' lines have, at most
 
 
 class StackDumps:

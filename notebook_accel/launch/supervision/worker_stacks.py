@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 from notebook_accel.launch.backends.base import WorkerHandle
+from notebook_accel.launch.tuning import RECORDERS_WAIT, STACKS_WAIT
 from notebook_accel.wire import Collective, Stack, StackAsk
 
 Frames = tuple[tuple[str, int, str], ...]
@@ -61,14 +62,14 @@ def stack_ask(recorder: int = 0, lines: bool = True) -> StackAsk:
 
 
 def ask_stacks(handles: Sequence[WorkerHandle],
-               timeout: float = 1.0) -> tuple[dict[int, Frames], list[int]]:
+               timeout: float = STACKS_WAIT) -> tuple[dict[int, Frames], list[int]]:
     """Every idle worker's main-thread stack; returns (rank -> frames, ranks that did not
     answer within ``timeout`` seconds)."""
     answers, silent = ask_answers(handles, timeout)
     return {rank: stack.frames for rank, stack in answers.items()}, silent
 
 
-def ask_recorders(handles: Sequence[WorkerHandle], last: int, timeout: float = 5.0,
+def ask_recorders(handles: Sequence[WorkerHandle], last: int, timeout: float = RECORDERS_WAIT,
                   running: bool = False
                   ) -> tuple[dict[int, tuple[Collective, ...] | None], list[int]]:
     """Every worker's last ``last`` collectives per group (its flight recorder; a process's
@@ -79,7 +80,7 @@ def ask_recorders(handles: Sequence[WorkerHandle], last: int, timeout: float = 5
     return {rank: stack.recorder for rank, stack in answers.items()}, silent
 
 
-def ask_answers(handles: Sequence[WorkerHandle], timeout: float = 1.0,
+def ask_answers(handles: Sequence[WorkerHandle], timeout: float = STACKS_WAIT,
                 recorder: int = 0, running: bool = False) -> tuple[dict[int, Stack], list[int]]:
     """Every worker's answer to a :class:`StackAsk` (with its last ``recorder`` collectives
     per group); returns (rank -> its answer, ranks that did not answer within ``timeout``

@@ -20,13 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch.views.record import LaunchRecord, RankStatus
+from notebook_accel.launch.views.record import LaunchRecord, RankState, RankStatus
 from notebook_accel.observe.progress import done_fraction
 
 PER_RANK_LIMIT = 32  # ranks shown one row each up to this many
 NODE_ROWS = 32
 ABNORMAL_ROWS = 16
-ABNORMAL_STATES = ("failed", "stopped")
+ABNORMAL_STATES = (RankState.FAILED, RankState.STOPPED)
 LOOK_AGAIN = 0.05  # seconds before a look without news remakes more rows (a redraw: 0.3 s)
 PREPARE_BUDGET = 0.0001  # seconds a wakeup without a redraw spends on the table (see prepare)
 TAKE_IN_CHUNK = 32  # ranks taken in between two looks at the clock
@@ -168,14 +168,14 @@ class NodeTable:
             return
         if old is not None:
             self.states[old] -= 1
-            if old == "failed":
+            if old == RankState.FAILED:
                 self.failed_nodes[node] -= 1
                 if not self.failed_nodes[node]:
                     del self.failed_nodes[node]
         self.states[state] += 1
         self.state_of[rank] = state
         self.membership += 1
-        if state == "failed":
+        if state == RankState.FAILED:
             self.failed_nodes[node] += 1
         _mark(self.abnormal, rank, state in ABNORMAL_STATES)
 
@@ -307,7 +307,7 @@ def abnormal_ranks(record: LaunchRecord) -> tuple[list[RankStatus], int]:
     key = (table.membership, record.root_cause)
     if table.listed is None or table.listed[0] != key:  # (kept until a rank's state changes)
         found = heapq.nsmallest(ABNORMAL_ROWS, (record.ranks[rank] for rank in table.abnormal),
-                                key=lambda s: (s.rank != record.root_cause, s.state != "failed", s.rank))
+                                key=lambda s: (s.rank != record.root_cause, s.state != RankState.FAILED, s.rank))
         table.listed = key, (found, max(0, len(table.abnormal) - ABNORMAL_ROWS))
     return table.listed[1]
 

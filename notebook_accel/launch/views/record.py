@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from notebook_accel.wire import Dropped, Memory, Message, Metrics, Phase, Progress, RichHidden
@@ -17,7 +18,27 @@ from notebook_accel.wire import Dropped, Memory, Message, Metrics, Phase, Progre
 if TYPE_CHECKING:
     from notebook_accel.launch.views.rank_logs import RankLogs
 
-ENDED_STATES = ("finished", "failed", "stopped")  # how a rank ends (no phase replaces them)
+
+
+class RankState(str, Enum):
+    """A rank's state as the kernel shows it; str-valued, so the views and messages read the
+    words themselves (``"running"``, ``f"{state}"`` too). A phase the worker names
+    (``Phase``) that is none of these is shown by its name."""
+
+    __str__ = str.__str__  # the word, as ``enum.StrEnum`` (Python 3.11) says it
+    __format__ = str.__format__
+
+    STARTING = "starting"  # started, not watched yet
+    RUNNING = "running"
+    COMPILING = "compiling"  # a phase: torch.compile at work (runtime/compilation.py)
+    NO_PROGRESS = "no progress"  # a phase: silent for hang_after seconds (the hang watch's mark)
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"  # we stopped it (another rank failed, a timeout, the stop button)
+
+
+ENDED_STATES = frozenset({RankState.FINISHED, RankState.FAILED, RankState.STOPPED})  # how a
+# rank ends (no phase replaces them)
 
 
 @dataclass
@@ -27,7 +48,7 @@ class RankStatus:
     rank: int
     pid: int | None = None
     node: int = 0  # the node it runs on (a cluster's)
-    state: str = "starting"
+    state: RankState | str = RankState.STARTING  # a phase the worker names: its name
     started: float = field(default_factory=time.time)
     ended: float | None = None
     exitcode: int | None = None
@@ -61,9 +82,12 @@ class RankStatus:
         if self.state in ENDED_STATES:
             return
         if name is None:
-            self.state, self.phase_started = "running", None
+            self.state, self.phase_started = RankState.RUNNING, None
         elif self.state != name:
-            self.state, self.phase_started = name, when
+            self.state, self.phase_started = _STATES.get(name, name), when
+
+
+_STATES: dict[str, RankState] = {state.value: state for state in RankState}
 
 
 class WatchedRankStatus(RankStatus):

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from notebook_accel.launch.views.nodes import node_table, per_node, taken_in
 from notebook_accel.launch.views.rank_ranges import ranks_text  # noqa: F401 - the words every view uses
 from notebook_accel.launch.views.record import ENDED_STATES as _ENDED
-from notebook_accel.launch.views.record import LaunchRecord, RankStatus
+from notebook_accel.launch.views.record import LaunchRecord, RankState, RankStatus
 from notebook_accel.launch.views.rich_output import in_kernel
 from notebook_accel.observe.progress import bar_label, job_progress
 
@@ -108,8 +108,8 @@ def rank_states(record: LaunchRecord) -> str:
         if in_phase and state not in _ENDED:
             part += " (" + ", ".join(f"rank {s.rank} for {format_duration(s.phase_elapsed)}"
                                      for s in in_phase[:4]) + ")"
-        if state == "failed":
-            failed = [s for s in abnormal if s.state == "failed"]
+        if state == RankState.FAILED:
+            failed = [s for s in abnormal if s.state == RankState.FAILED]
             part += " (" + ", ".join(
                 f"rank {s.rank}" + (f", exit code {s.exitcode}" if s.exitcode is not None else "")
                 for s in failed[:4]) + ")"
@@ -173,7 +173,7 @@ def _lasting_state(status: RankStatus) -> str:
     seconds = status.phase_elapsed
     if status.state in _ENDED or seconds is None or seconds >= NOTABLE_PHASE:
         return status.state
-    return "running"
+    return RankState.RUNNING
 
 
 class TextView:
@@ -244,7 +244,7 @@ class TextView:
                 notable_at = status.phase_started + NOTABLE_PHASE
                 if status.state not in _ENDED and now < notable_at:
                     counts[status.state] -= 1
-                    counts["running"] += 1
+                    counts[RankState.RUNNING] += 1
                     turns = min(turns, notable_at)
             counted = self._counted = table.membership, turns, tuple(sorted((+counts).items()))
         return counted[2], all(state in _ENDED for state, _ in counted[2])

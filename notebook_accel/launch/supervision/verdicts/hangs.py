@@ -1,13 +1,13 @@
-"""Spot a rank that makes no progress, mark it, and show every rank's stack once.
+"""The hang verdict: spot a rank that makes no progress, mark it, show every rank's stack once.
 
 Progress is anything a rank does that the kernel sees: a line of output, an event, a
 control message, or (a pool's ranks, asked for their stacks while silent) a collective
 issued. A rank silent for ``after`` seconds is marked ``no progress`` in the record (the
 live view and the text view show it, with the time), and every running rank's stack is
-then shown once, grouped (:mod:`.stack_groups`): a pool's ranks answer a ``StackAsk``, a
-one-off launch's dump theirs through faulthandler (:mod:`.stack_dumps`). Above the stacks,
+then shown once, grouped (``supervision/stack_groups.py``): a pool's ranks answer a ``StackAsk``, a
+one-off launch's dump theirs through faulthandler (``supervision/stack_dumps.py``). Above the stacks,
 the ranks' last collectives (their flight recorders) are said as a disagreement at a
-numbered collective (:mod:`.collective_disagreement`): different operations or shapes at
+numbered collective (``supervision/collective_disagreement.py``): different operations or shapes at
 the same number, ranks that never reached it. A rank that moves again loses the mark.
 
 The stacks shown also tell the stop button when its cut cannot be reached
@@ -18,6 +18,7 @@ wait ``stop_wait``; the ranks are stopped at once, saying why in words.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,13 +27,13 @@ from notebook_accel.contract import OPTIONS
 from notebook_accel.launch.supervision.collective_disagreement import disagreement
 from notebook_accel.launch.supervision.stack_dumps import StackDumps
 from notebook_accel.launch.supervision.stack_groups import innermost, stacks_text
+from notebook_accel.launch.tuning import HANG_LOOK_EVERY, HANG_RECORDED
+from notebook_accel.launch.views.output import OutputRelay
 from notebook_accel.launch.views.rank_ranges import ranks_text
-from notebook_accel.launch.views.record import LaunchRecord
+from notebook_accel.launch.views.record import LaunchRecord, RankState
 
-NO_PROGRESS = "no progress"  # the rank's state (a phase) while it makes none
+NO_PROGRESS = RankState.NO_PROGRESS  # the rank's state (a phase) while it makes none
 HANG_AFTER: float = OPTIONS["hang_after"].default  # seconds without progress before a mark
-_LOOK_EVERY = 0.5
-_RECORDED = 4  # collectives per group a silent rank sends (the latest is what is compared)
 
 
 class HangWatch:
@@ -70,7 +71,7 @@ class HangWatch:
     def look(self, workers: Sequence[Any]) -> None:
         """Mark the ranks silent for ``after`` seconds (cheap; looks twice a second)."""
         now = time.monotonic()
-        if self.after is None or now - self._looked < _LOOK_EVERY:
+        if self.after is None or now - self._looked < HANG_LOOK_EVERY:
             return
         self._looked = now
         if self.dumps is not None and self.dumps.taking:
@@ -90,7 +91,7 @@ class HangWatch:
             status = self.record.ranks[w.rank]
             if status.state != NO_PROGRESS:
                 status.enter_phase(NO_PROGRESS, time.time() - (now - self.progress[w.rank]))
-        recorded = 0 if self.said else _RECORDED  # (once said, the count is all that is read)
+        recorded = 0 if self.said else HANG_RECORDED  # (once said, the count is all that is read)
         asked = [w for w in running if w.ask_stack(recorded)]  # a pool's ranks answer
         answered = {w.rank: w.stack for w in asked
                     if w.stack is not None and w.stack.recorder is not None}
@@ -155,3 +156,11 @@ class HangWatch:
         return (f"{ranks_text(w.rank for w in ahead)} {'is' if len(ahead) == 1 else 'are'} "
                 f"blocked in {blocked}, which {ranks_text(behind)} "
                 f"{'has' if len(behind) == 1 else 'have'} not joined")
+
+
+def cell_note(relay: OutputRelay, text: str) -> None:
+    """A note of ours in the cell, below the output gathered so far (what ``report`` says,
+    given ``functools.partial(cell_note, relay)``: a function of the relay, not a method, so
+    no cycle keeps the workers' pipes open after)."""
+    relay.flush()
+    print(f"[notebook_accel] {text}", file=sys.stderr, flush=True)
