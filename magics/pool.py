@@ -32,6 +32,7 @@ from notebook_accel.launch import (
     ranks_text,
     stop_detached,
     stop_on_cluster,
+    where_workers_run,
 )
 
 _pool: WorkerPool | None = None
@@ -69,8 +70,7 @@ def _open(request: LaunchRequest, what: str) -> None:
         raise UsageError(str(error)) from None
     _request = request
     plan = _pool.plan
-    where = (f"{plan.num_nodes} nodes of the Ray cluster {plan.cluster}" if plan.cluster
-             else plan.start.method)
+    where = where_workers_run(plan)
     print(f"[notebook_accel] {what}: {plan.world_size} ranks on {plan.device_type} "
           f"({where}), process group ready, in {time.perf_counter() - started:.2f} s; "
           "%%accelerate cells now run on it (--fresh: on fresh workers)")

@@ -64,6 +64,7 @@ _EXPORTS = {
     "name_cells": "notebook_accel.launch.worker.debugger",
     "worker_scope": "notebook_accel.launch.worker.namespace",
     "start_local_cluster": "notebook_accel.launch.cluster.local_cluster",
+    "where_workers_run": "notebook_accel.launch.backends",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -4,6 +4,7 @@ an import cycle, but for the one door into the front end, by design."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import grimp
@@ -81,3 +82,14 @@ def test_no_engine_module_is_over_450_lines():
     long = {str(p.relative_to(engine)): n for p in engine.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > LONGEST}
     assert long == {}, "split it by job (docs/architecture.md names the parts)"
+
+
+def test_the_backend_is_chosen_only_inside_the_backends():
+    """What a backend can do is asked of it (``local``, ``where``, ``pool_workers``), never read
+    from ``plan.cluster`` elsewhere; the cluster's own machinery (launch/cluster/) reads it."""
+    inside = (LAUNCH / "backends", LAUNCH / "cluster")
+    readers = [str(p.relative_to(LAUNCH.parents[1])) for root in (LAUNCH.parent, LAUNCH.parents[1] / "magics")
+               for p in root.rglob("*.py")
+               if not p.is_relative_to(inside[0]) and not p.is_relative_to(inside[1])
+               and re.search(r"\bplan\.cluster\b", p.read_text())]
+    assert readers == []

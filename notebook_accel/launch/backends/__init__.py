@@ -15,7 +15,7 @@ from notebook_accel.machine.launch_kinds import device_launch
 if TYPE_CHECKING:
     from notebook_accel.launch.planning.plan import LaunchPlan
 
-__all__ = ["Backend", "WorkerGroup", "WorkerHandle", "backend_class", "backend_for"]
+__all__ = ["Backend", "WorkerGroup", "WorkerHandle", "backend_class", "backend_for", "where_workers_run"]
 
 
 def backend_for(plan: LaunchPlan) -> Backend:
@@ -33,3 +33,8 @@ def backend_class(plan: LaunchPlan) -> type[Backend]:
         return ClusterBackend
     module, _, name = device_launch(plan.device_type).backend.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def where_workers_run(plan: LaunchPlan) -> str:
+    """Where the workers of ``plan`` run, in words, as its backend says (a pool's start line)."""
+    return backend_class(plan).where(plan)

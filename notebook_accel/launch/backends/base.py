@@ -202,6 +202,40 @@ class WorkerGroup(abc.ABC):
         """
 
 
+class PoolWorkerSet(abc.ABC):
+    """A warm pool's workers as a backend keeps them across runs (local processes, or a
+    cluster's, forked by its hubs): the pool asks only this.
+
+    Attributes:
+        plan: the plan they were started for.
+        handles: one persistent handle per rank, in rank order (replaced ones included).
+        sources_sent: the notebook cells whose sources the workers already have.
+        local: they are processes of this machine (big tensor arguments reach them in shared
+            memory), as the backend's ``local`` says.
+    """
+
+    local: ClassVar[bool] = True
+    plan: LaunchPlan
+    handles: list[Any]
+    sources_sent: set[str]
+
+    @abc.abstractmethod
+    def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:
+        """Start a run of ``payload`` on ``ranks``; those of ``with_result`` send its value back."""
+
+    @abc.abstractmethod
+    def dead(self) -> list[Any]:
+        """The workers that have ended."""
+
+    @abc.abstractmethod
+    def replace(self, ranks: tuple[int, ...]) -> int:
+        """Start new workers for the dead ``ranks`` around a fresh rendezvous; its port."""
+
+    @abc.abstractmethod
+    def close(self, grace: float = 2.0) -> None:
+        """End every worker and release what the set holds. Idempotent."""
+
+
 class Backend(abc.ABC):
     """How workers are started and reached (local processes, torch_xla, a pool, a cluster).
 
@@ -214,6 +248,11 @@ class Backend(abc.ABC):
 
     name: str = ""
     local: ClassVar[bool] = True
+
+    @classmethod
+    def where(cls, plan: LaunchPlan) -> str:
+        """Where its workers run, in words (a pool's start line): the start method here."""
+        return plan.start.method
 
     def check(self, plan: LaunchPlan) -> None:
         """Refuse, before anything starts, what this backend cannot run from here.

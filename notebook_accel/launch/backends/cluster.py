@@ -21,7 +21,13 @@ from typing import Any
 
 from notebook_accel import wire
 from notebook_accel.contract import MASTER_ADDR, MASTER_PORT, NODE_RANK
-from notebook_accel.launch.backends.base import Backend, WorkerGroup, WorkerHandle, kill_all
+from notebook_accel.launch.backends.base import (
+    Backend,
+    PoolWorkerSet,
+    WorkerGroup,
+    WorkerHandle,
+    kill_all,
+)
 from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.cluster.channel_relay import RelayedChannels
 from notebook_accel.launch.cluster.channel_server import ChannelServer
@@ -138,6 +144,10 @@ class ClusterBackend(Backend):
     name = "cluster"
     local = False
 
+    @classmethod
+    def where(cls, plan: LaunchPlan) -> str:
+        return f"{plan.num_nodes} nodes of the Ray cluster {plan.cluster}"
+
     def check(self, plan: LaunchPlan) -> None:
         if not placement.is_placed(plan):  # placed hubs hold their resources already
             placement.check_capacity(plan)
@@ -241,10 +251,10 @@ def _collect(ray: Any, starts: dict, pids: dict[int, list[int]], wait: bool = Fa
             pids[starts.pop(ref)] = forked
 
 
-class ClusterPoolWorkers:
-    """A warm pool's workers on a cluster: one serving worker per rank, forked by the hubs
-    (the surface of :class:`~.pool.PoolWorkers`: ``handles``, ``send_runs``, ``dead``,
-    ``replace``, ``close``)."""
+class ClusterPoolWorkers(PoolWorkerSet):
+    """A warm pool's workers on a cluster: one serving worker per rank, forked by the hubs."""
+
+    local = False
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan

@@ -17,7 +17,8 @@ import time
 from multiprocessing.connection import wait
 
 from notebook_accel import wire
-from notebook_accel.launch.backends.base import Backend, WorkerGroup, kill_all
+from notebook_accel.launch.backends import backend_class
+from notebook_accel.launch.backends.base import Backend, PoolWorkerSet, WorkerGroup, kill_all
 from notebook_accel.launch.backends.processes import (
     ProcessHandle,
     keep_out_of_forks,
@@ -31,7 +32,7 @@ from notebook_accel.wire import Run
 _CLOSE_GRACE = 2.0  # seconds workers have to leave once their commands pipe is closed
 
 
-class PoolWorkers:
+class PoolWorkers(PoolWorkerSet):
     """One set of warm workers: their handles, the kernel-alive pipe, the rendezvous store."""
 
     def __init__(self, plan: LaunchPlan) -> None:
@@ -116,12 +117,13 @@ class PoolWorkers:
         self.rendezvous.close()
 
 
-def pool_workers(plan: LaunchPlan) -> PoolWorkers:
-    """A pool's workers: local processes, or forked by the agents of a cluster (``plan.cluster``)."""
-    if plan.cluster is not None:
+def pool_workers(plan: LaunchPlan) -> PoolWorkerSet:
+    """A pool's workers: local processes, or, where the plan's backend is not local (a
+    cluster), forked by its nodes' hubs."""
+    if not backend_class(plan).local:
         from notebook_accel.launch.backends.cluster import ClusterPoolWorkers
 
-        return ClusterPoolWorkers(plan)  # type: ignore[return-value] - the same surface
+        return ClusterPoolWorkers(plan)
     return PoolWorkers(plan)
 
 

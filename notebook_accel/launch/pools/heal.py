@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers
+from notebook_accel.launch.backends.base import PoolWorkerSet
+from notebook_accel.launch.backends.pool import PoolBackend
 from notebook_accel.launch.handoff.payload import serialise_payload
 from notebook_accel.launch.launcher import launch_once
 from notebook_accel.launch.planning.plan import LaunchPlan
@@ -32,7 +33,7 @@ HEAL_TIMEOUT = 600.0  # seconds a heal may take before it is stopped and every r
 _SHOWN = 12  # names listed per line before the rest is counted
 
 
-def can_heal(plan: LaunchPlan, workers: PoolWorkers, dead: list[int]) -> str | None:
+def can_heal(plan: LaunchPlan, workers: PoolWorkerSet, dead: list[int]) -> str | None:
     """Why the pool cannot heal ``dead`` ranks in place (None: it can)."""
     if not plan.heal:
         return "heal=False"
@@ -55,7 +56,7 @@ class Healed:
     total: float
 
 
-def heal_in_place(workers: PoolWorkers, plan: LaunchPlan, dead: tuple[int, ...],
+def heal_in_place(workers: PoolWorkerSet, plan: LaunchPlan, dead: tuple[int, ...],
                   dead_names: tuple[str, ...], same_cut: bool) -> Healed:
     """Replace the ``dead`` ranks alone and copy them what the survivors hold alike.
 

@@ -25,7 +25,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from notebook_accel.launch.backends.pool import PoolBackend, PoolWorkers, pool_workers
+from notebook_accel.launch.backends.base import PoolWorkerSet
+from notebook_accel.launch.backends.pool import PoolBackend, pool_workers
 from notebook_accel.launch.control.interrupts import StopPresses, deferred_interrupts, stopped_by
 from notebook_accel.launch.handoff.payload import serialise_payload
 from notebook_accel.launch.handoff.shared_tensors import SharedTensors
@@ -68,7 +69,7 @@ class _Current:
     """The pool's current workers, apart from the pool so that its finaliser can close them."""
 
     def __init__(self) -> None:
-        self.workers: PoolWorkers | None = None
+        self.workers: PoolWorkerSet | None = None
 
     def close(self) -> None:
         if self.workers is not None:
@@ -268,7 +269,7 @@ class WorkerPool(PoolQuestions, PoolRecovery, BackgroundRuns):
                 payload = self._payload(workers, function, args, kwargs, shared)
                 return self._launch(workers, ranks, payload)
 
-    def _ready(self, function: Callable[..., Any]) -> PoolWorkers:
+    def _ready(self, function: Callable[..., Any]) -> PoolWorkerSet:
         """The workers, ready for a run of ``function`` (dead ones healed or replaced first).
 
         Raises:
@@ -285,17 +286,17 @@ class WorkerPool(PoolQuestions, PoolRecovery, BackgroundRuns):
             hide_our_frames(error)
             raise
 
-    def _payload(self, workers: PoolWorkers, function: Callable[..., Any], args: tuple[Any, ...],
+    def _payload(self, workers: PoolWorkerSet, function: Callable[..., Any], args: tuple[Any, ...],
                  kwargs: dict[str, Any], shared: SharedTensors) -> Any:
         try:
             return serialise_payload(
-                function, args, kwargs, shared=shared if self.plan.cluster is None else None,
+                function, args, kwargs, shared=shared if workers.local else None,
                 sources_sent=workers.sources_sent)
         except TypeError as error:
             hide_our_frames(error)
             raise
 
-    def _launch(self, workers: PoolWorkers, ranks: tuple[int, ...] | None, payload: Any,
+    def _launch(self, workers: PoolWorkerSet, ranks: tuple[int, ...] | None, payload: Any,
                 presses: StopPresses | None = None, handle: RunHandle | None = None) -> Any:
         """One run on ``workers``, then the pool's recovery if its group cannot be trusted
         (in a background run's thread: stopped by ``presses``, its output kept in ``handle``)."""
@@ -352,7 +353,7 @@ class WorkerPool(PoolQuestions, PoolRecovery, BackgroundRuns):
         workers = self._current.workers
         return workers is None or bool(workers.dead())
 
-    def _usable(self) -> PoolWorkers:
+    def _usable(self) -> PoolWorkerSet:
         workers = self._current.workers
         if self.closed or workers is None:
             raise PoolUnavailable("this WorkerPool is closed; create a new one, e.g. "

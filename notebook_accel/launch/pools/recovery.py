@@ -12,8 +12,7 @@ import signal
 import sys
 from typing import Any
 
-from notebook_accel.launch.backends.base import WorkerHandle
-from notebook_accel.launch.backends.pool import PoolWorkers
+from notebook_accel.launch.backends.base import PoolWorkerSet, WorkerHandle
 from notebook_accel.launch.planning.plan import LaunchPlan
 from notebook_accel.launch.pools.heal import Healed, can_heal, heal_in_place
 from notebook_accel.launch.tuning import INTERRUPT_GRACE
@@ -50,7 +49,7 @@ class PoolRecovery:
             reason = ", ".join(f"rank {h.rank} {_ended(h)}" for h in dead) + " while idle"
             say_recovery(self._recover(workers, reason, self._reports))
 
-    def _after_run(self, workers: PoolWorkers, ended: str, ours: set[int] = frozenset(),
+    def _after_run(self, workers: PoolWorkerSet, ended: str, ours: set[int] = frozenset(),
                    root: int | None = None) -> str | None:
         """Keep the workers when every rank is idle with a group it can trust; else heal or
         replace them. Returns what was done, in words (None: the workers were kept); why, too,
@@ -67,7 +66,7 @@ class PoolRecovery:
         said = ended == "failed" and {h.rank for h in workers.dead()} == {root}
         return self._recover(workers, reason, merged, cause_said=said)
 
-    def _recover(self, workers: PoolWorkers, reason: str,
+    def _recover(self, workers: PoolWorkerSet, reason: str,
                  reports: tuple[RunDone | None, ...], cause_said: bool = False) -> str:
         """Heal the dead ranks in place when the pool can, else replace every worker; returns
         what was done, starting with why (unless ``cause_said``: the run's error says it)."""
@@ -128,7 +127,7 @@ def lost_names(reports: tuple[RunDone, ...]) -> tuple[str, ...]:
     return tuple(lost)
 
 
-def distrust(workers: PoolWorkers, ended: str, ours: set[int] = frozenset()) -> str | None:
+def distrust(workers: PoolWorkerSet, ended: str, ours: set[int] = frozenset()) -> str | None:
     """Why the workers' process group cannot be trusted after a run that ``ended``
     (``finished``, ``failed``, ``interrupted``); None: it can. ``ours``: the ranks the stop
     that followed a failure had to end (said as such, not as an outside kill)."""
