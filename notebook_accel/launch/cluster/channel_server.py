@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from notebook_accel.launch.worker.hub.hub_link import HELLO, LINK_CHANNELS
 
-_HELLO_TIMEOUT = 5.0
+_HELLO_TIMEOUT = 5.0  # seconds a fresh connection has to say which node it is
 CHECK_EVERY = 0.25  # seconds between two calls of ``check`` while connections arrive
 
 

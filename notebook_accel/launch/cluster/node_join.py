@@ -14,9 +14,9 @@ from datetime import timedelta
 from notebook_accel.launch.control.interrupts import check_interrupt
 from notebook_accel.launch.planning.plan import LaunchPlan
 
-JOIN_TIMEOUT = 300.0
+JOIN_TIMEOUT = 300.0  # seconds every node's kernel has to join (each imports torch)
 _KEY = "notebook_accel/joined/node{}"
-_POLL_S = 0.1
+_POLL_S = 0.1  # seconds between two looks at who has joined
 
 
 def join_deadline(plan: LaunchPlan) -> float:

@@ -22,8 +22,8 @@ from notebook_accel.launch.detached.keeper import IDLE_TIMEOUT
 from notebook_accel.launch.detached.runtime_dir import PoolFiles, check_name, pool_files, pool_names
 from notebook_accel.launch.planning.request import LaunchRequest
 
-START_TIMEOUT = 300.0  # seconds a keeper has to start its pool
-_ANSWER_TIMEOUT = 10.0
+START_TIMEOUT = 300.0  # seconds a keeper (a process, or a Ray actor with its hubs) has to start its pool
+ANSWER_TIMEOUT = 10.0  # seconds a keeper has to answer a question (not a run: those take long)
 
 
 class KeeperGone(ConnectionError):
@@ -44,7 +44,7 @@ class Connection:
         self._stream: Any = None
         self._lock = threading.Lock()  # one request at a time, whichever thread asks
 
-    def request(self, op: str, *, body: bytes = b"", timeout: float = _ANSWER_TIMEOUT,
+    def request(self, op: str, *, body: bytes = b"", timeout: float = ANSWER_TIMEOUT,
                 **fields: Any) -> Any:
         """Send ``op`` (with ``fields`` and ``body``); returns the keeper's value (an answer
         with a body: the body's bytes).
@@ -124,7 +124,7 @@ class Connection:
 
 
 def request(files: PoolFiles, op: str, token: bytes | None = None, *, body: bytes = b"",
-            timeout: float = _ANSWER_TIMEOUT, **fields: Any) -> Any:
+            timeout: float = ANSWER_TIMEOUT, **fields: Any) -> Any:
     """One request on a connection of its own: see :meth:`Connection.request`."""
     with Connection(files, token) as connection:
         return connection.request(op, body=body, timeout=timeout, **fields)

@@ -16,11 +16,9 @@ import time
 from typing import Any
 
 from notebook_accel.launch.cluster import placement
-from notebook_accel.launch.detached.client import KeeperGone
+from notebook_accel.launch.detached.client import ANSWER_TIMEOUT, START_TIMEOUT, KeeperGone
 from notebook_accel.launch.detached.ray_keeper import NAMESPACE, RayKeeper
 
-START_TIMEOUT = 300.0  # seconds the keeper actor has to start its pool (hubs import torch)
-_ANSWER_TIMEOUT = 10.0
 _TOUCH_MOST = 60.0  # seconds between an attached kernel's touches, at most
 _GONE_WAIT = 30.0  # seconds a stopped keeper's actor has to be gone
 
@@ -39,7 +37,7 @@ class RayConnection:
         self._open = threading.Event()
         self._start_touching()
 
-    def request(self, op: str, *, body: bytes = b"", timeout: float = _ANSWER_TIMEOUT,
+    def request(self, op: str, *, body: bytes = b"", timeout: float = ANSWER_TIMEOUT,
                 **fields: Any) -> Any:
         """The keeper's answer to ``op`` (``info``: its info; a pool op: the service's bytes).
 

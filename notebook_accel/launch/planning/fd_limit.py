@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-FDS_PER_RANK = 12
+FDS_PER_RANK = 12  # descriptors the kernel holds per rank (its channels, pipes and sentinel)
 _MARGIN = 256  # for what else the kernel opens meanwhile (sockets, files, the forkserver)
 
 

@@ -30,9 +30,9 @@ from notebook_accel.launch.views.rank_ranges import ranks_text
 from notebook_accel.launch.views.rich_output import show_display
 from notebook_accel.wire import Display, Kind
 
-_TAIL_LINES = 200
-BURST_BYTES = 4 << 20
-RATE_BYTES = 256 << 10
+_TAIL_LINES = 200  # a rank's last lines kept for the error that names it
+BURST_BYTES = 4 << 20  # bytes a rank may print at once before its rate applies
+RATE_BYTES = 256 << 10  # bytes per second a rank may print past its burst (the rest counted)
 CELL_BYTES = 400_000  # bytes per second into the cell, every rank together
 CELL_BURST = 100_000
 DEDUP_ABOVE = 16  # ranks shown: above this, identical lines of many ranks are shown once

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import collections
 
-LOG_BYTES = 256 << 20
-RANK_MIN = 256 << 10
-RANK_MAX = 16 << 20
+LOG_BYTES = 256 << 20  # bytes of every rank's lines kept for one launch, together
+RANK_MIN = 256 << 10  # bytes kept per rank at least, however many ranks
+RANK_MAX = 16 << 20  # bytes kept per rank at most, however few ranks
 
 
 class _Log:
