@@ -244,12 +244,13 @@ def _collect(ray: Any, starts: dict, pids: dict[int, list[int]], wait: bool = Fa
 class ClusterPoolWorkers:
     """A warm pool's workers on a cluster: one serving worker per rank, forked by the hubs
     (the surface of :class:`~.pool.PoolWorkers`: ``handles``, ``send_runs``, ``dead``,
-    ``replace``, ``close``)."""
+    ``replace``, ``close``, ``keeper``)."""
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
         self.links, self.handles = start_ranks(plan, None)
         self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
+        self.keeper = None  # the ranks' one inbox per node is registered per run, then drained
         self.closed = False
 
     def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:

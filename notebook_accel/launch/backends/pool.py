@@ -17,7 +17,7 @@ import time
 from multiprocessing.connection import wait
 
 from notebook_accel import wire
-from notebook_accel.launch.backends.base import Backend, WorkerGroup, kill_all
+from notebook_accel.launch.backends.base import Backend, ChannelKeeper, WorkerGroup, kill_all
 from notebook_accel.launch.backends.processes import (
     ProcessHandle,
     keep_out_of_forks,
@@ -48,6 +48,7 @@ class PoolWorkers:
         self._kept_out = [self.alive_fd, self.rendezvous.fd,
                           *(fd for handle in self.handles for fd in handle.kernel_fds())]
         keep_out_of_forks(self._kept_out)
+        self.keeper = ChannelKeeper()  # a run on every rank: the channels stay registered
         self.closed = False
 
     def replace(self, ranks: tuple[int, ...]) -> int:
@@ -97,6 +98,7 @@ class PoolWorkers:
         if self.closed:
             return
         self.closed = True
+        self.keeper.close()
         for handle in self.handles:
             with contextlib.suppress(OSError):
                 os.close(handle.commands_fd)
@@ -151,4 +153,6 @@ class PoolBackend(Backend):
         run = PoolRun(plan, handles)
         if self.ranks is not None:
             run.collectives_before = before
+        else:  # (a run on some ranks registers theirs for that run only)
+            run.keeper = self.workers.keeper
         return run
