@@ -156,6 +156,12 @@ def _read_exactly(fd: int, size: int) -> bytearray | None:
     return data
 
 
+def send_encoded(fd: int, frame: bytes) -> None:
+    """Write a frame :func:`encode` made to a blocking ``fd`` (one message encoded once for
+    several receivers: a pool run's ``Run``)."""
+    _write_all(fd, frame)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

@@ -81,12 +81,16 @@ class PoolWorkers:
     def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:
         """Start a run on the workers of ``ranks`` (``with_result``: the ranks that send their
         value); the others keep their last report (the group's counts still compare)."""
+        runs = {}  # a Run encoded once per kind (with a result, without): not per rank
         for handle in self.handles:
             if handle.rank not in ranks:
                 continue
             handle.last_report = None
+            returns = handle.rank in with_result
+            if returns not in runs:
+                runs[returns] = wire.encode(Run(payload, returns))
             with contextlib.suppress(BrokenPipeError):  # died just now: the supervisor reports it
-                wire.send(handle.commands_fd, Run(payload, handle.rank in with_result))
+                wire.send_encoded(handle.commands_fd, runs[returns])
 
     def dead(self) -> list[ProcessHandle]:
         """The workers that have ended."""
