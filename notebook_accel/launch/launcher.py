@@ -288,7 +288,7 @@ def launch_once(backend: Backend, plan: LaunchPlan, payload: Payload, remembered
             into.record = record
         view = make_view(record, plan.output) if into is None else NullView()
         settings = WatchSettings.of(plan, group.collectives_before)
-        workers = Supervisor(group.handles, relay, record, view, settings).run()
+        workers = Supervisor(group.handles, relay, record, view, settings, group.keeper).run()
         results = []
         for worker in workers:
             if worker.result is None:

@@ -39,6 +39,7 @@ from notebook_accel.wire.framing import (
     encode_data,
     receive,
     send,
+    send_encoded,
 )
 from notebook_accel.wire.messages import (
     Collective,
@@ -69,5 +70,5 @@ __all__ = [
     "HEADER", "Collective", "DebugEnd", "Display", "Dropped", "FailureRecord", "FrameReader",
     "InputAsk", "InputLine", "Kind", "Memory", "Message", "Metrics", "Phase", "Progress", "Result",
     "RichHidden", "Run", "RunDone", "Stack", "StackAsk", "StopAsk", "StopAt", "StopCount",
-    "decode", "encode", "encode_data", "receive", "send",
+    "decode", "encode", "encode_data", "receive", "send", "send_encoded",
 ]

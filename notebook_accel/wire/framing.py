@@ -62,6 +62,9 @@ def decode(frame: bytes) -> Message:
     return message
 
 
+_READ = 1 << 20  # bytes a read of a channel asks for
+
+
 class FrameReader:
     """The kernel's end of a channel: reassembles messages from non-blocking reads.
 
@@ -96,10 +99,12 @@ class FrameReader:
         return messages, self.open
 
     def _fill(self) -> None:
-        """Append what the channel holds now to ``buffer``; ``open`` False at its end."""
+        """Append what the channel holds now to ``buffer``; ``open`` False at its end (seen by
+        the read after a short one: a short read took all there was, and what comes later, or
+        the end, makes the channel ready again)."""
         while self.open:
             try:
-                chunk = os.read(self.fd, 1 << 20)
+                chunk = os.read(self.fd, _READ)
             except BlockingIOError:
                 break
             except OSError:
@@ -108,6 +113,8 @@ class FrameReader:
                 self.open = False
                 break
             self.buffer += chunk
+            if len(chunk) < _READ:
+                break
 
 
 def send(fd: int, *messages: Message) -> None:
@@ -147,6 +154,12 @@ def _read_exactly(fd: int, size: int) -> bytearray | None:
             return None
         data += chunk
     return data
+
+
+def send_encoded(fd: int, frame: bytes) -> None:
+    """Write a frame :func:`encode` made to a blocking ``fd`` (one message encoded once for
+    several receivers: a pool run's ``Run``)."""
+    _write_all(fd, frame)
 
 
 def _write_all(fd: int, data: bytes) -> None:

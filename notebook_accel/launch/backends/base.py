@@ -173,6 +173,19 @@ def kill_all(handles: Sequence[WorkerHandle], reap_timeout: float = 5.0) -> None
         handle.reap(timeout=reap_timeout)
 
 
+class ChannelKeeper:
+    """Where the supervisor keeps the registered channels of workers that outlive a call (a
+    warm pool's) from one run to the next; closed with the workers."""
+
+    def __init__(self) -> None:
+        self.channels: Any = None  # the supervisor's ReadyChannels (None: none yet)
+
+    def close(self) -> None:
+        if self.channels is not None:
+            self.channels.close()
+            self.channels = None
+
+
 class WorkerGroup(abc.ABC):
     """The workers a backend started for one call.
 
@@ -188,6 +201,9 @@ class WorkerGroup(abc.ABC):
         # a run on some ranks of a pool: their default-group collective counts before it
         # (None: a run on every rank); the supervisor stops one that enters a collective
         self.collectives_before: dict[int, int | None] | None = None
+        # workers that outlive the call: where their channels stay registered between calls
+        # (None: the supervisor registers them for this call only)
+        self.keeper: ChannelKeeper | None = None
 
     def result(self, values: list[Any]) -> Any:
         """The call's return value from the ranks' values: rank 0's, or all with ``return_all``."""
@@ -212,12 +228,15 @@ class PoolWorkerSet(abc.ABC):
         sources_sent: the notebook cells whose sources the workers already have.
         local: they are processes of this machine (big tensor arguments reach them in shared
             memory), as the backend's ``local`` says.
+        keeper: where the supervisor keeps their channels registered between runs (None:
+            registered per run).
     """
 
     local: ClassVar[bool] = True
     plan: LaunchPlan
     handles: list[Any]
     sources_sent: set[str]
+    keeper: ChannelKeeper | None
 
     @abc.abstractmethod
     def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:

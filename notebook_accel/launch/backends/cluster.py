@@ -260,6 +260,7 @@ class ClusterPoolWorkers(PoolWorkerSet):
         self.plan = plan
         self.links, self.handles = start_ranks(plan, None)
         self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
+        self.keeper = None  # the ranks' one inbox per node is registered per run, then drained
         self.closed = False
 
     def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:

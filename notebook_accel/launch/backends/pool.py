@@ -18,7 +18,13 @@ from multiprocessing.connection import wait
 
 from notebook_accel import wire
 from notebook_accel.launch.backends import backend_class
-from notebook_accel.launch.backends.base import Backend, PoolWorkerSet, WorkerGroup, kill_all
+from notebook_accel.launch.backends.base import (
+    Backend,
+    ChannelKeeper,
+    PoolWorkerSet,
+    WorkerGroup,
+    kill_all,
+)
 from notebook_accel.launch.backends.processes import (
     ProcessHandle,
     keep_out_of_forks,
@@ -49,6 +55,7 @@ class PoolWorkers(PoolWorkerSet):
         self._kept_out = [self.alive_fd, self.rendezvous.fd,
                           *(fd for handle in self.handles for fd in handle.kernel_fds())]
         keep_out_of_forks(self._kept_out)
+        self.keeper = ChannelKeeper()  # a run on every rank: the channels stay registered
         self.closed = False
 
     def replace(self, ranks: tuple[int, ...]) -> int:
@@ -81,12 +88,16 @@ class PoolWorkers(PoolWorkerSet):
     def send_runs(self, payload: bytes, with_result: set[int], ranks: set[int]) -> None:
         """Start a run on the workers of ``ranks`` (``with_result``: the ranks that send their
         value); the others keep their last report (the group's counts still compare)."""
+        runs = {}  # a Run encoded once per kind (with a result, without): not per rank
         for handle in self.handles:
             if handle.rank not in ranks:
                 continue
             handle.last_report = None
+            returns = handle.rank in with_result
+            if returns not in runs:
+                runs[returns] = wire.encode(Run(payload, returns))
             with contextlib.suppress(BrokenPipeError):  # died just now: the supervisor reports it
-                wire.send(handle.commands_fd, Run(payload, handle.rank in with_result))
+                wire.send_encoded(handle.commands_fd, runs[returns])
 
     def dead(self) -> list[ProcessHandle]:
         """The workers that have ended."""
@@ -98,6 +109,7 @@ class PoolWorkers(PoolWorkerSet):
         if self.closed:
             return
         self.closed = True
+        self.keeper.close()
         for handle in self.handles:
             with contextlib.suppress(OSError):
                 os.close(handle.commands_fd)
@@ -153,4 +165,6 @@ class PoolBackend(Backend):
         run = PoolRun(plan, handles)
         if self.ranks is not None:
             run.collectives_before = before
+        else:  # (a run on some ranks registers theirs for that run only)
+            run.keeper = self.workers.keeper
         return run

@@ -1,7 +1,9 @@
 """Which of a launch's channels are ready, taken a bounded number at a time.
 
 Every rank's output pipes, control pipe and exit sentinel (or, for a cluster's ranks, their
-group's one inbox) are registered once; events are read when the loop wakes anyway, not woken
+group's one inbox) are registered once; a warm pool keeps one set for its workers' lifetime
+(:meth:`ReadyChannels.kept`), registering again only the ranks whose handle changed (a heal).
+Events are read when the loop wakes anyway, not woken
 per event (a pipe holds ~10k), so they have a selector of their own that tells which ranks have
 some. A select takes at most ``MOST_READY`` channels from the kernel; what a wakeup's budget
 leaves is kept, in order, and taken first by the next wakeup (before the pipes are asked
@@ -17,6 +19,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from notebook_accel.launch.backends.base import ChannelKeeper, WorkerHandle
 from notebook_accel.launch.supervision.bounded_selector import BoundedSelector
 from notebook_accel.launch.supervision.watched import Worker
 from notebook_accel.launch.tuning import MOST_READY
@@ -36,11 +39,46 @@ class ReadyChannels:
         self.inboxes: list[Any] = []  # the groups' inboxes (handles without descriptors)
         self.left: deque[tuple[int, str]] = deque()  # (rank, channel) a wakeup's budget left
         self.events_left: deque[int] = deque()  # the ranks whose events are left
+        # rank -> (the handle its channels are of, their descriptors, its events')
+        self._registered: dict[int, tuple[WorkerHandle, tuple[int, ...], int | None]] = {}
+        self._keeper: ChannelKeeper | None = None  # who keeps these channels between runs
+
+    @classmethod
+    def kept(cls, keeper: ChannelKeeper | None, by_rank: Mapping[int, Worker],
+             record: LaunchRecord) -> ReadyChannels:
+        """The channels ``keeper`` holds from the last run on the same workers (made on the
+        first), for this run's workers and record; :meth:`register` then registers only the
+        ranks whose handle changed. No keeper: channels of this run only."""
+        if keeper is None:
+            return cls(by_rank, record)
+        channels = keeper.channels
+        if channels is None:
+            channels = keeper.channels = cls(by_rank, record)
+            channels._keeper = keeper
+        channels.by_rank, channels.record = by_rank, record
+        channels.left.clear()  # (what is still ready, the selectors tell again)
+        channels.events_left.clear()
+        return channels
 
     def register(self, workers: Sequence[Worker]) -> None:
-        """Register every channel of ``workers`` (a group's inbox once, for all its ranks)."""
+        """Register every channel of ``workers`` (a group's inbox once, for all its ranks)
+        that is not registered yet: a rank's channels once per handle (a replaced handle's
+        are unregistered first; the kernel may have given its closed descriptors' numbers to
+        the new one)."""
         for w in workers:
+            kept = self._registered.get(w.rank)
+            if kept is not None and kept[0] is not w.handle:  # replaced: its channels ended
+                for fd in kept[1]:
+                    self.unregister(fd)
+                self.unregister_events(kept[2])
+                del self._registered[w.rank]
+        for w in workers:
+            if w.rank in self._registered:
+                continue
             inbox = w.handle.inbox
+            self._registered[w.rank] = (w.handle, () if inbox is not None else (
+                w.handle.stdout_fd, w.handle.stderr_fd, w.handle.control_fd, w.handle.sentinel),
+                None if inbox is not None else w.handle.events_fd)
             if inbox is not None:  # one descriptor for the group's every channel
                 if inbox not in self.selector:
                     self.selector.register(inbox, (None, "inbox"))
@@ -115,6 +153,11 @@ class ReadyChannels:
     def busy(self) -> bool:
         """The last wakeup's budget left something ready: the next wakeup must not wait."""
         return bool(self.left or self.events_left)
+
+    def release(self) -> None:
+        """The run is over: close the channels, unless a keeper keeps them for the next."""
+        if self._keeper is None:
+            self.close()
 
     def close(self) -> None:
         self.selector.close()

@@ -23,7 +23,7 @@ import time
 from collections import deque
 
 from notebook_accel.launch import tuning
-from notebook_accel.launch.backends.base import WorkerHandle
+from notebook_accel.launch.backends.base import ChannelKeeper, WorkerHandle
 from notebook_accel.launch.backends.signal_all import signal_all
 from notebook_accel.launch.control.debug_prompt import Prompts
 from notebook_accel.launch.control.interrupts import LaunchInterrupted, check_interrupt
@@ -60,8 +60,10 @@ class Supervisor:
     """Runs the watch loop for one launch: polls the channels, and asks the verdicts."""
 
     def __init__(self, handles: list[WorkerHandle], relay: OutputRelay, record: LaunchRecord,
-                 view: View, settings: WatchSettings | None = None) -> None:
-        """``settings``: the launch's (``WatchSettings.of(plan)``; None: the defaults)."""
+                 view: View, settings: WatchSettings | None = None,
+                 keeper: ChannelKeeper | None = None) -> None:
+        """``settings``: the launch's (``WatchSettings.of(plan)``; None: the defaults);
+        ``keeper``: where workers that outlive the run keep their channels registered."""
         self.workers = workers = [Worker(handle) for handle in handles]
         self.settings = settings = settings or WatchSettings()
         self._looked = 0.0
@@ -76,7 +78,7 @@ class Supervisor:
         for w in workers:
             record.ranks[w.rank] = RankStatus(rank=w.rank, pid=w.pid, node=w.handle.node)
         self.by_rank = {w.rank: w for w in workers}
-        self.channels = ReadyChannels(self.by_rank, record)
+        self.channels = ReadyChannels.kept(keeper, self.by_rank, record)
         self.unfinished = {w.rank for w in workers}
         # memory: each rank sampled once a second, a few per wakeup (a warm pool's first
         # samples wait that long); a rank whose inbox tells when its figure moves (a
@@ -407,14 +409,22 @@ class Supervisor:
     def _finish(self) -> None:
         if self.dumps.taking:  # the job ended while the ranks' stacks were being dumped
             self.dumps.take()
+        ended = False
         for w in self.workers:  # ended meanwhile (with an exit status, or a lost node's rank)
             if not w.exited and (w.exitcode is not None or w.handle.describe_end() is not None):
                 self._on_exit(w)
-        self._drain()
+                ended = True
+        if ended or not self._all_done():
+            self._drain()
         for w in self.workers:
             self.relay.finish(w.rank)
         self._flush()
-        self.channels.close()
+        self.channels.release()
+
+    def _all_done(self) -> bool:
+        """Every rank reported its run's end (``_run_ended`` read its channels then): nothing
+        is left to drain (but a cluster's inboxes, which also tell of ends and memory)."""
+        return not self.channels.inboxes and all(w.run_done for w in self.workers)
 
     # -- verdicts ------------------------------------------------------------------------------
 
