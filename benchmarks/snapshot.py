@@ -16,7 +16,8 @@ noise). ``snapshot_every_unpaced`` writes the same files without ``paced_writes`
 
 Measured (2 shared CPUs, ``6 100 50``, two runs): mean step x0.97 / x1.01 (unpaced x1.06 / x1.10),
 host copy 14-18 ms, each snapshot's stall 19 ms in the median snapshot (unpaced 63 ms), 46 / 58 ms
-in the worst (unpaced 258 / 233 ms; the peer's blocking save 533 / 652 ms).
+in the worst (unpaced 258 / 233 ms; the peer's blocking save 533 / 652 ms); a third run on a busier
+machine (median step 48 ms): 50 ms in the median snapshot (unpaced 45), 164 ms in the worst (unpaced 262).
 """
 
 from __future__ import annotations
