@@ -47,6 +47,9 @@ RUN_NAME_ENV = "NOTEBOOK_ACCEL_RUN_NAME"
 # a schedule's parts that belong to its process: never copied with it (__getstate__)
 _OWN_TO_PROCESS = ("writer", "host_copy_s", "_counts", "_waiting", "_not_per_step", "_last", "group")
 _schedules: weakref.WeakSet[Snapshots] = weakref.WeakSet()  # this process's (``newest_held``)
+# the files written a piece at a time, so that training keeps the cores (``paced_writes``; the
+# benchmark turns it off to compare)
+PACED_WRITES = True
 RANK_WAIT_S = 600.0  # how long rank 0 waits for the other ranks' files before leaving a snapshot out
 
 
@@ -263,7 +266,7 @@ class Snapshots:
                group: Any, left: Callable[[], bool]) -> None:
         state = self.accelerator.state
         tmp.mkdir(parents=True, exist_ok=True)
-        state_parts.write_parts(tmp, parts, group)
+        state_parts.write_parts(tmp, parts, group, paced=PACED_WRITES)
         snapshot_dir.mark_done(tmp, state.process_index, self.token)
         if not state.is_main_process:
             return

@@ -76,13 +76,13 @@ def fill_own_shards(live: Any, held: Any) -> Any:
     return held
 
 
-def write_parts(directory: Path, parts: list[Part], group: Any = None) -> None:
+def write_parts(directory: Path, parts: list[Part], group: Any = None, paced: bool = False) -> None:
     """Write ``parts`` into ``directory`` (every rank calls it, with its own parts: sharded states
     are collectives over ``group``, the default group when ``None``). A staged folder is moved in
-    and removed."""
+    and removed. ``paced``: the files are written a piece at a time (``paced_writes``)."""
     import torch.distributed.checkpoint as dcp
 
-    write_files(directory, [p for p in parts if isinstance(p, StateFile)])
+    write_files(directory, [p for p in parts if isinstance(p, StateFile)], paced)
     for part in parts:
         if isinstance(part, ShardedState):
             with quiet_alone():

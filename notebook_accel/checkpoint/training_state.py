@@ -35,6 +35,7 @@ import torch
 
 from notebook_accel.checkpoint import layout, loader_states, random_states
 from notebook_accel.checkpoint.atomic_dir import AtomicDir, resolve_checkpoint
+from notebook_accel.checkpoint.paced_writes import save_paced
 from notebook_accel.checkpoint.weight_files import save_weights_file
 from notebook_accel.runtime.state import PartialState
 
@@ -115,13 +116,14 @@ class StateFile:
     safetensors: bool = False
 
 
-def write_files(directory: Path, files: list[StateFile]) -> None:
-    """Write (and fsync) every file of ``files`` into ``directory``."""
+def write_files(directory: Path, files: list[StateFile], paced: bool = False) -> None:
+    """Write (and fsync) every file of ``files`` into ``directory``; ``paced``: a piece at a time,
+    pausing between pieces (``paced_writes``: a snapshot's background write)."""
     for file in files:
         if file.safetensors:
-            save_weights_file(file.obj, directory / file.name)
+            save_weights_file(file.obj, directory / file.name, paced)
         else:
-            _write(file.obj, directory / file.name)
+            _write(file.obj, directory / file.name, paced)
 
 
 def state_files(items: CheckpointItems, state: PartialState, owner: bool, step: int | None) -> list[StateFile]:
@@ -142,7 +144,10 @@ def state_files(items: CheckpointItems, state: PartialState, owner: bool, step: 
     return files
 
 
-def _write(obj: Any, path: Path) -> None:
+def _write(obj: Any, path: Path, paced: bool = False) -> None:
+    if paced:
+        save_paced(obj, path)
+        return
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from notebook_accel.checkpoint.paced_writes import save_safetensors_paced
 from notebook_accel.checkpoint.weight_shards import (
     drop_shared,
     parse_size,
@@ -19,8 +20,12 @@ from notebook_accel.checkpoint.weight_shards import (
 from notebook_accel.runtime.device import device_kind
 
 
-def save_weights_file(state: dict[str, torch.Tensor], path: Path) -> None:
-    """One safetensors file of ``state``, tied weights stored once (fsync'd)."""
+def save_weights_file(state: dict[str, torch.Tensor], path: Path, paced: bool = False) -> None:
+    """One safetensors file of ``state``, tied weights stored once (fsync'd); ``paced``: written a
+    piece at a time (``paced_writes``: a snapshot's background write)."""
+    if paced:
+        save_safetensors_paced(drop_shared(state)[0], path, metadata={"format": "pt"})
+        return
     save_object(drop_shared(state)[0], path, safe_serialization=True)
     with open(path, "rb+") as f:
         os.fsync(f.fileno())

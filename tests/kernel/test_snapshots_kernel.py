@@ -93,12 +93,12 @@ STALL_IN_WRITE = f"""
 import pathlib, threading, time
 from notebook_accel.checkpoint import state_parts
 _real_write = state_parts.write_files
-def _stalling(directory, files):
-    _real_write(directory, files[:1])
+def _stalling(directory, files, *how):
+    _real_write(directory, files[:1], *how)
     if threading.current_thread().name == "snapshot-{WRITE_KILLED}" and files:
         pathlib.Path(MARK).write_text("writing")
         time.sleep(600)
-    _real_write(directory, files[1:])
+    _real_write(directory, files[1:], *how)
 state_parts.write_files = _stalling
 """
 

@@ -32,11 +32,11 @@ def save(directory: str, value: float, kill_after_writes: int | None, kill_at_re
     calls = {"write": 0, "rename": 0}
     real_write, real_rename = checkpoint._write, os.rename
 
-    def write(obj, path):
+    def write(obj, path, *how):
         if accelerator.is_main_process and calls["write"] == kill_after_writes:
             os.kill(os.getpid(), signal.SIGKILL)
         calls["write"] += 1
-        real_write(obj, path)
+        real_write(obj, path, *how)
 
     def rename(src, dst):
         real_rename(src, dst)

@@ -51,10 +51,10 @@ def train(directory: str, kill: tuple[str, int] | None, auto: bool = False, stop
         point = kill[0]
         real_write, real_rename = training_state._write, atomic_dir.os.rename
 
-        def write(obj, path):
+        def write(obj, path, *how):
             if point == "write" and mine().name == f"snapshot-{KILLED_STEP}":
                 os.kill(os.getpid(), signal.SIGKILL)
-            real_write(obj, path)
+            real_write(obj, path, *how)
 
         def rename(src, dst):
             if point == "rename" and mine().name == f"snapshot-{KILLED_STEP}":

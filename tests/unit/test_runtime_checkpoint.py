@@ -112,10 +112,10 @@ def test_crash_inside_save_state_leaves_previous_checkpoint_loadable(tmp_path, m
     train(acc, model, opt, sched, loader)
     real_write = ckpt._write
 
-    def crashing_write(obj, path):
+    def crashing_write(obj, path, *how):
         if path.name == "optimizer.bin":
             raise OSError("disk full (injected)")
-        real_write(obj, path)
+        real_write(obj, path, *how)
 
     monkeypatch.setattr(ckpt, "_write", crashing_write)
     with pytest.raises(OSError, match="injected"):

@@ -118,8 +118,8 @@ def test_a_write_that_dies_midway_leaves_the_previous_snapshot_the_newest(tmp_pa
     weights = [p.detach().clone() for p in model.parameters()]
     real = state_parts.write_files
 
-    def dies_after_one_file(directory, files):
-        real(directory, files[:1])
+    def dies_after_one_file(directory, files, *how):
+        real(directory, files[:1], *how)
         raise OSError("disk gone")
 
     monkeypatch.setattr(state_parts, "write_files", dies_after_one_file)
