@@ -115,6 +115,7 @@ def test_a_detached_pool_on_ray_outlives_its_driver_and_is_attached_by_name(clus
 
     stop(argparse.Namespace(target="rayexp", cluster=None))
     assert "detached pool 'rayexp' stopped" in capsys.readouterr().out
+    pool.leave()  # (its connection stops touching the keeper: nothing of this test goes on)
     import ray
 
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True)

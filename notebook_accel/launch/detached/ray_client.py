@@ -66,11 +66,16 @@ class RayConnection:
                          name=f"notebook_accel: attached to {self.name}").start()
 
     def _touch(self) -> None:
+        ray = placement.ray_module()
         while self._open.is_set():
             time.sleep(self._every)
-            if self._open.is_set():
-                with contextlib.suppress(Exception):  # (gone: the next request says so)
-                    self.actor.touch.remote()
+            if not self._open.is_set():
+                return
+            try:
+                ray.get(self.actor.touch.remote(), timeout=ANSWER_TIMEOUT)
+            except Exception:  # the keeper is gone (stopped, or its cluster): touch no more;
+                self._open.clear()  # a later request says it is gone, or touches again
+                return
 
     def receive(self) -> Any:
         raise KeeperGone("a keeper actor streams nothing: read the run's output with since")
