@@ -123,19 +123,22 @@ def heal(fresh: tuple[int, ...]) -> str:
                 continue
             if rank == holder:
                 assert _neighbour is not None
-                _send(_neighbour.blob, needing, group)
+                dist.send_object_list([_neighbour.blob], needing, group=group)
             elif rank == needing:
-                _own = Part(step, directory, rank, _receive(holder, group))
+                received = [None]
+                dist.recv_object_list(received, holder, group=group)
+                _own = Part(step, directory, rank, received[0])
         assert _own is not None and _own.step == step
         content = _own.content()
-        shared = _broadcast(_shared_blob(content) if rank == 0 else b"", 0, group)
+        shared = [_shared_blob(content) if rank == 0 else None]
+        dist.broadcast_object_list(shared, 0, group=group)
     finally:
         dist.destroy_process_group(group)
     if rank not in fresh and _neighbour is not None and _neighbour.step != step:
         _neighbour = None  # (a newer part than the snapshot brought back: never used)
     if rank in fresh:
         _neighbour = None  # rank (r - 1)'s part is not held here until the next snapshot
-    common = torch.load(io.BytesIO(shared), weights_only=False)
+    common = torch.load(io.BytesIO(shared[0]), weights_only=False)
     files = {**common["files"], **content["files"]}
     _restored = Restored(step, directory, [StateFile(n, obj, safe) for n, (obj, safe) in files.items()],
                          content["shards"], common["meta"])
@@ -200,27 +203,6 @@ def _swap(blob: bytes, to: int, source: int, group: Any) -> bytes:
     sent = dist.isend(_as_tensor(blob), to, group=group)
     dist.recv(data, source, group=group)
     sent.wait()
-    return data.numpy().tobytes()
-
-
-def _send(blob: bytes, to: int, group: Any) -> None:
-    dist.send(torch.tensor([len(blob)], dtype=torch.int64), to, group=group)
-    dist.send(_as_tensor(blob), to, group=group)
-
-
-def _receive(source: int, group: Any) -> bytes:
-    size = torch.empty(1, dtype=torch.int64)
-    dist.recv(size, source, group=group)
-    data = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(data, source, group=group)
-    return data.numpy().tobytes()
-
-
-def _broadcast(blob: bytes, source: int, group: Any) -> bytes:
-    size = torch.tensor([len(blob)], dtype=torch.int64)
-    dist.broadcast(size, source, group=group)
-    data = _as_tensor(blob) if dist.get_rank() == source else torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.broadcast(data, source, group=group)
     return data.numpy().tobytes()
 
 
