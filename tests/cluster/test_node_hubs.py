@@ -132,16 +132,19 @@ def test_sockets_and_threads_of_the_kernel_do_not_grow_with_ranks_and_memory_is_
 
 
 def _count_ray_calls(monkeypatch) -> collections.Counter:
-    """Count the kernel's calls of Ray's API (``ray.get``, ``put``, ``wait``, ``nodes``...) and of
-    its actors' methods (each ``.remote``) from now on."""
+    """Count the calls of Ray's API (``ray.get``, ``put``, ``wait``, ``nodes``...) and of its
+    actors' methods (each ``.remote``) that this thread makes from now on (a thread of an
+    earlier test, such as an attached kernel's touches of a detached keeper, is not counted)."""
     import ray
     from ray.actor import ActorMethod
 
     calls: collections.Counter = collections.Counter()
+    counting = threading.get_ident()
 
     def counted(name, original):
         def call(*args, **kwargs):
-            calls[name] += 1
+            if threading.get_ident() == counting:
+                calls[name] += 1
             return original(*args, **kwargs)
         return call
 
@@ -150,7 +153,8 @@ def _count_ray_calls(monkeypatch) -> collections.Counter:
     remote = ActorMethod._remote
 
     def actor_call(self, *args, **kwargs):
-        calls[f"{self._method_name}.remote"] += 1
+        if threading.get_ident() == counting:
+            calls[f"{self._method_name}.remote"] += 1
         return remote(self, *args, **kwargs)
 
     monkeypatch.setattr(ActorMethod, "_remote", actor_call)
