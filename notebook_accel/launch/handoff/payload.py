@@ -33,6 +33,12 @@ from notebook_accel.launch.handoff.rank_identity import (
 from notebook_accel.launch.handoff.shared_tensors import SharedTensors
 
 _MAX_DEPTH = 12
+# Built-in types no rank-bound class can be (none subclasses them): most of what a payload
+# holds, checked without an isinstance against classes whose metaclass answers in Python
+_NEVER_RANK_BOUND = frozenset({
+    types.FunctionType, types.CodeType, types.CellType, types.ModuleType, types.MethodType,
+    types.BuiltinFunctionType, dict, tuple, list, set, frozenset, str, bytes, int, float, bool,
+    type(None)})
 _MAX_SOURCE_BYTES = 4 << 20
 
 
@@ -113,7 +119,7 @@ class _OutboundPickler(_PayloadPickler):
         self.rank_bound_classes = tuple(cls for cls, _ in self.rank_bound)  # one check per object
 
     def reducer_override(self, obj):
-        if isinstance(obj, self.rank_bound_classes):
+        if type(obj) not in _NEVER_RANK_BOUND and isinstance(obj, self.rank_bound_classes):
             raise RankBoundError(rank_bound_kind(obj, self.rank_bound), obj)
         reduced = self.shared.reduce(obj) if self.shared is not None else None
         return reduced if reduced is not None else super().reducer_override(obj)
