@@ -113,11 +113,14 @@ def _wrapped(original, key: str, clear: bool = False):
 
 
 class Wrappers:
-    """Stamp wrappers put on ``(owner, attribute, key[, clear])`` places; ``remove`` restores them."""
+    """Stamp wrappers put on ``(owner, attribute, key[, clear])`` places (those that exist);
+    ``remove`` restores them."""
 
     def __init__(self, places) -> None:
         self.saved = []
         for owner, attribute, key, *clear in places:
+            if not hasattr(owner, attribute):  # an older revision's engine (--baseline)
+                continue
             own = attribute in vars(owner)
             original = getattr(owner, attribute)
             self.saved.append((owner, attribute, vars(owner).get(attribute), own))
