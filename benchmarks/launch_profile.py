@@ -7,7 +7,9 @@ One process, 2 workers, CPU/gloo. Rows, each with median and p99 over the repeti
   (the peer; its ``Accelerator``) for the ratio;
 - ``pool.run(noop)`` and ``pool.run`` of a 1-element ``all_reduce``;
 - a ``%%accelerate`` cell on the notebook's pool (``x = 1``, and one with an ``all_reduce``),
-  through the magic's own code path in an in-process IPython shell (no kernel, no ZMQ).
+  through the magic's own code path in an in-process IPython shell (no kernel, no ZMQ);
+- the machine's floor under a pool run: a byte written to two forked Python processes that
+  wait in ``poll`` and write it back (no pickle, no threads, no bookkeeping).
 
 The parts come from ``time.perf_counter_ns`` stamps taken by wrappers this script puts around
 the engine's functions (the kernel's, and the worker's, which forked workers inherit); nothing
@@ -27,6 +29,8 @@ import functools
 import io
 import json
 import os
+import select
+import signal
 import statistics
 import sys
 import time
@@ -379,9 +383,40 @@ def magic_cells(cells: int) -> dict | None:
     return results
 
 
+def pipe_floor(rounds: int = 3000) -> list[float]:
+    """The machine's floor under a pool run: the kernel writes a byte to each of two forked
+    Python processes, which wait in ``poll`` and write it back (no pickle, no threads)."""
+    ends, children = [], []
+    for _ in range(2):
+        down, up = os.pipe(), os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child echoes until it is killed
+            poller = select.poll()
+            poller.register(down[0], select.POLLIN)
+            while poller.poll():
+                os.write(up[1], os.read(down[0], 1))
+        ends.append((down[1], up[0]))
+        children.append((pid, (*down, *up)))
+    times = []
+    for _ in range(rounds):
+        start = _now()
+        for down, _up in ends:
+            os.write(down, b"x")
+        for _down, up in ends:
+            os.read(up, 1)
+        times.append((_now() - start) / 1e9)
+    for pid, fds in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        for fd in fds:
+            os.close(fd)
+    return times
+
+
 def measure(options: argparse.Namespace) -> dict:
     """Every figure, as JSON-ready values (medians and p99s in seconds)."""
     figures: dict = {"cores": os.cpu_count()}
+    figures["floor: 2 processes echo a byte"] = {"total": summary(pipe_floor())}
     launch = one_off(options.launches)
     pools = pool_runs(options.runs)
     cells = magic_cells(options.cells)
