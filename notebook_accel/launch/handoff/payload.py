@@ -23,6 +23,7 @@ from typing import Any
 
 import cloudpickle
 
+from notebook_accel.launch.handoff import tensor_bytes
 from notebook_accel.launch.handoff.cells import compiled_cells
 from notebook_accel.launch.handoff.rank_identity import (
     RankBoundError,
@@ -103,9 +104,19 @@ _cloudpickle_code_reduce = cloudpickle.cloudpickle._code_reduce
 
 
 class _PayloadPickler(cloudpickle.CloudPickler):
+    """cloudpickle, keeping code objects' file names, with plain CPU tensors as their bytes
+    (:mod:`.tensor_bytes`)."""
+
     dispatch_table = collections.ChainMap(
         {types.CodeType: _code_reduce_keeping_filename}, cloudpickle.CloudPickler.dispatch_table
     )
+
+    def reducer_override(self, obj):
+        if type(obj) not in _NEVER_RANK_BOUND:  # (none of those is a tensor either)
+            reduced = tensor_bytes.reduce(obj)
+            if reduced is not None:
+                return reduced
+        return super().reducer_override(obj)
 
 
 class _OutboundPickler(_PayloadPickler):
