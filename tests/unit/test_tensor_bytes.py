@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import warnings
 
@@ -88,3 +89,13 @@ def test_a_payload_argument_crosses_the_same_way():
 
     function, args, _ = load_payload(serialise_payload(add, (torch.ones(3), torch.arange(3.0)), {}))
     assert torch.equal(function(*args), torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_the_tensor_keeps_the_bytes_it_was_read_from_alive():
+    blob = dumps_result(torch.arange(100_000, dtype=torch.float32))
+    tensor = pickle.loads(blob)
+    del blob
+    gc.collect()
+    filler = [bytearray(400_000) for _ in range(50)]  # memory freed under it would be reused here
+    assert torch.equal(tensor, torch.arange(100_000, dtype=torch.float32))
+    assert tensor.untyped_storage().nbytes() == 400_000 and all(not any(f[:8]) for f in filler)
