@@ -36,7 +36,7 @@ from magics.cell.runner import CELL_VALUE, cell_job
 from magics.cell.shipping import check_defined, collect_names
 from magics.cell.source import cell_number, make_cell_code
 from notebook_accel.contract import OPTIONS
-from notebook_accel.launch import LaunchInterrupted, WorkerError, cell_numbers, deferred_interrupts
+from notebook_accel.launch import LaunchInterrupted, WorkerError, deferred_interrupts
 
 
 @magics_class
@@ -185,8 +185,7 @@ class AccelerateMagics(Magics):
             pull = (*pull, CELL_VALUE)
         job = cell_job(code, shipment.values, shipment.modules, tuple(pull),
                        pooled=pool is not None, replace=tuple(crossing.replace),
-                       pack_rank=None if ranks is None else ranks[0], asked=args.pull is not None,
-                       cells=dict(cell_numbers(self.shell)))
+                       pack_rank=None if ranks is None else ranks[0], asked=args.pull is not None)
         number = cell_number(self.shell)
         LEDGER.record_sent(shipment.values, number, on_pool=pool is not None)
         crossings.report_kept(crossing)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch import dumps_result, join_process_group, name_cells, worker_scope
+from notebook_accel.launch import dumps_result, join_process_group, worker_scope
 
 CELL_VALUE = "_accelerate_cell_value_"  # the value of a cell's last expression, on rank 0
 
@@ -85,8 +85,7 @@ class PulledNames:
 
 def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
              pull: tuple[str, ...], pooled: bool = False, replace: tuple[str, ...] = (),
-             pack_rank: int | None = None, asked: bool = False,
-             cells: dict[str, int] | None = None) -> Callable[[], PulledNames | None]:
+             pack_rank: int | None = None, asked: bool = False) -> Callable[[], PulledNames | None]:
     """The callable the launcher runs on every worker: run the cell, then pack the names.
 
     The cell runs in a fresh namespace holding the shipped names (modules travel as
@@ -107,8 +106,6 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
             None: the node's first worker.
         asked: ``pull`` was named by the user (``--pull``): each name is tried, even an
             iterator (else iterators and generators stay behind quietly: :func:`left_behind`).
-        cells: the notebook's cells (file name -> ``In [N]``), for a debugger on the worker
-            to name them as tracebacks do (``Cell In[5], line 4``).
     Returns:
         A picklable callable returning :class:`PulledNames` on the node's first
         worker (None elsewhere, or when ``pull`` is empty).
@@ -119,7 +116,7 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     outer = {"_cell": cell.compile(), "_namespace": namespace, "__tracebackhide__": True,
              "_pull": tuple(pull),
              "_pack": functools.partial(_pack_on_first_worker, rank=pack_rank, asked=asked),
-             "_show": _show_figures, "_name": functools.partial(name_cells, dict(cells or {})),
+             "_show": _show_figures,
              "_join": _nothing if pooled else join_process_group}
     # exec() is built in, so no Python frame stands between the magic line and the cell.
     line_one = _LINE_ONE.replace(co_filename=cell.filename)  # as compiled under that name
@@ -128,7 +125,7 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
     return functools.partial(eval, line_one, outer)
 
 
-_LINE_ONE = compile("(_name(), _join(), exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[4]",
+_LINE_ONE = compile("(_join(), exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[3]",
                     "<%%accelerate cell>", "eval")  # each cell's: this, under the cell's file name
 
 

@@ -61,7 +61,6 @@ _EXPORTS = {
     "fork_unsafe_reason": "notebook_accel.launch.planning.start_method",
     "deferred_interrupts": "notebook_accel.launch.control.interrupts",
     "LaunchInterrupted": "notebook_accel.launch.control.interrupts",
-    "name_cells": "notebook_accel.launch.worker.debugger",
     "worker_scope": "notebook_accel.launch.worker.namespace",
     "start_local_cluster": "notebook_accel.launch.cluster.local_cluster",
     "where_workers_run": "notebook_accel.launch.backends",

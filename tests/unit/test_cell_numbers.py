@@ -62,3 +62,39 @@ def test_ipython7_cell_sources_travel_to_spawned_workers(ipython7):
     load_payload(payload)
     linecache.checkcache("/tmp/ipykernel_1/111.py")
     assert linecache.getline("/tmp/ipykernel_1/111.py", 2) == "    return 1\n"
+
+
+def test_a_warm_pools_payloads_carry_only_the_cells_its_workers_do_not_have(monkeypatch):
+    """Sources and numbers travel with a payload once per set of workers, so a pool cell of a
+    long session does not carry (nor look through) every cell run before it."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from notebook_accel.launch.handoff import cells
+
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr(cells, "notebook_shell", lambda: shell)
+    for number in range(3):
+        shell.run_cell(f"value_{number} = {number}", store_history=True)
+
+    def numbered() -> dict[str, int]:
+        return {name: n for name, n in shell.compile._filename_map.items()
+                if name in linecache.cache}
+
+    def f():
+        return 1
+
+    sent = cells.SentCells()
+    first = pickle.loads(serialise_payload(f, (), {}, sent=sent))
+    assert numbered().items() <= first[4].items() and set(numbered()) <= set(first[3])
+    again = pickle.loads(serialise_payload(f, (), {}, sent=sent))
+    assert again[3] == {} and again[4] == {}  # the workers have them
+    shell.run_cell("value_3 = 3", store_history=True)
+    (newest,) = set(numbered()) - set(first[4])
+    third = pickle.loads(serialise_payload(f, (), {}, sent=sent))
+    assert third[4] == {newest: numbered()[newest]} and list(third[3]) == [newest]
+    fresh = pickle.loads(serialise_payload(f, (), {}))  # new workers: everything
+    assert numbered().items() <= fresh[4].items()
+    monkeypatch.setattr(cells, "NUMBERS", {})
+    monkeypatch.setattr("notebook_accel.launch.handoff.payload.NUMBERS", cells.NUMBERS)
+    load_payload(serialise_payload(f, (), {}))
+    assert numbered().items() <= cells.NUMBERS.items()  # where a worker's debugger reads them

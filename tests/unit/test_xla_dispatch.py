@@ -180,7 +180,7 @@ def test_xla_backend_starts_one_host_worker_running_torch_xla_launcher(torch_xla
     backend = xla_backend.XlaBackend(hosts)
     backend.check(_plan(xla=job))
     assert backend.start(_plan(xla=job), b"user payload") == "the host worker's group"
-    (plan, (function, args, kwargs, _sources)), = hosts.started
+    (plan, (function, args, kwargs, _sources, _numbers)), = hosts.started
     assert plan.num_processes == 1 and plan.return_all is False and plan.device_type == "xla"
     assert function is xla_cores.run_cores
     assert args == (b"user payload", None, True, "fork", "TPU", "all") and kwargs == {}

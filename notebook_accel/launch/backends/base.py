@@ -39,6 +39,7 @@ from notebook_accel import wire
 from notebook_accel.launch.backends.signal_all import signal_all
 
 if TYPE_CHECKING:
+    from notebook_accel.launch.handoff.cells import SentCells
     from notebook_accel.launch.handoff.payload import Payload
     from notebook_accel.launch.planning.plan import LaunchPlan
     from notebook_accel.wire import Message, RunDone
@@ -225,7 +226,7 @@ class PoolWorkerSet(abc.ABC):
     Attributes:
         plan: the plan they were started for.
         handles: one persistent handle per rank, in rank order (replaced ones included).
-        sources_sent: the notebook cells whose sources the workers already have.
+        cells_sent: what the workers already have of the notebook's cells.
         local: they are processes of this machine (big tensor arguments reach them in shared
             memory), as the backend's ``local`` says.
         keeper: where the supervisor keeps their channels registered between runs (None:
@@ -235,7 +236,7 @@ class PoolWorkerSet(abc.ABC):
     local: ClassVar[bool] = True
     plan: LaunchPlan
     handles: list[Any]
-    sources_sent: set[str]
+    cells_sent: SentCells
     keeper: ChannelKeeper | None
 
     @abc.abstractmethod

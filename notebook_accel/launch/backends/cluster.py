@@ -32,6 +32,7 @@ from notebook_accel.launch.cluster import placement
 from notebook_accel.launch.cluster.channel_relay import RelayedChannels
 from notebook_accel.launch.cluster.channel_server import ChannelServer
 from notebook_accel.launch.cluster.node_links import KINDS, LinkFrames, NodeLinks
+from notebook_accel.launch.handoff.cells import SentCells
 from notebook_accel.launch.handoff.environment import worker_environment
 from notebook_accel.launch.handoff.payload import Payload
 from notebook_accel.launch.planning.fd_limit import ensure_fd_room
@@ -259,7 +260,7 @@ class ClusterPoolWorkers(PoolWorkerSet):
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
         self.links, self.handles = start_ranks(plan, None)
-        self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
+        self.cells_sent = SentCells()  # what the workers have of the notebook's cells
         self.keeper = None  # the ranks' one inbox per node is registered per run, then drained
         self.closed = False
 

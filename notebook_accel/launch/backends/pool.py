@@ -30,6 +30,7 @@ from notebook_accel.launch.backends.processes import (
     keep_out_of_forks,
     start_workers,
 )
+from notebook_accel.launch.handoff.cells import SentCells
 from notebook_accel.launch.handoff.payload import InheritedPayload, Payload
 from notebook_accel.launch.planning.plan import LaunchPlan
 from notebook_accel.launch.planning.rendezvous import Rendezvous
@@ -50,7 +51,7 @@ class PoolWorkers(PoolWorkerSet):
         except BaseException:
             self.rendezvous.close()
             raise
-        self.sources_sent: set[str] = set()  # notebook cells whose sources the workers have
+        self.cells_sent = SentCells()  # what the workers have of the notebook's cells
         self._alive_fds = [self.alive_fd]  # one per start: the first, then each heal's
         self._kept_out = [self.alive_fd, self.rendezvous.fd,
                           *(fd for handle in self.handles for fd in handle.kernel_fds())]

@@ -28,6 +28,7 @@ from notebook_accel.launch.detached.client import (
 )
 from notebook_accel.launch.detached.detached_run import DetachedRun
 from notebook_accel.launch.detached.runtime_dir import check_name, pool_files
+from notebook_accel.launch.handoff.cells import SentCells
 from notebook_accel.launch.handoff.payload import serialise_payload
 from notebook_accel.launch.planning.options import fill_options
 from notebook_accel.launch.planning.request import LaunchRequest
@@ -61,7 +62,7 @@ class DetachedPool:
         self._connection = connection  # kept: a request costs no connect, no thread
         self._stop, self._log = stop, log
         self._closed = False
-        self._sources_sent: set[str] = set()
+        self._cells_sent = SentCells()  # what the keeper's workers have of the notebook's cells
         self.plan = self._ask("plan")
 
     @classmethod
@@ -289,7 +290,7 @@ class DetachedPool:
             raise hide_our_frames(TypeError(f"function={function!r} is not callable; pass the "
                                             "function to run"))
         try:
-            payload = serialise_payload(function, args, kwargs, sources_sent=self._sources_sent)
+            payload = serialise_payload(function, args, kwargs, sent=self._cells_sent)
         except TypeError as error:
             hide_our_frames(error)
             raise

@@ -5,14 +5,18 @@ IPython 7 keeps none: a cell's file name is ``<ipython-input-N-hash>`` or, under
 a temporary file name (``/tmp/ipykernel_1/2.py``) that says nothing of ``N``; its compiled
 cells are in ``linecache._ipython_cache`` (with a modification time, unlike IPython 8's). There
 the map is rebuilt from the history: a cell's cached text is its input, raw or transformed.
-This module is the one place that knows the difference.
+This module is the one place that knows the difference. It also keeps what a warm pool's
+workers already have of the cells (``SentCells``), so a payload carries only the new ones, and
+a worker's registry of the cells' numbers (``NUMBERS``: its debugger names them).
 """
 
 from __future__ import annotations
 
 import linecache
 import re
+import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 _INPUT_NAME = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
@@ -45,3 +49,27 @@ def cell_numbers(shell: Any) -> Mapping[str, int]:
         if number is not None:
             numbers[filename] = number
     return numbers
+
+
+def notebook_shell() -> Any:
+    """The kernel's IPython shell, or None (IPython not imported, or no shell running)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+@dataclass
+class SentCells:
+    """What some workers already have of the notebook's cells (warm workers keep them from run to
+    run): the cells' sources, by file name, and their numbers; a payload carries only the rest."""
+
+    sources: set[str] = field(default_factory=set)
+    numbers: dict[str, int] = field(default_factory=dict)
+
+    def new_numbers(self) -> dict[str, int]:
+        """The notebook's cell numbers these workers do not have yet (or have another of)."""
+        numbers = cell_numbers(notebook_shell())
+        return dict(numbers.items() - self.numbers.items()) if numbers else {}
+
+
+# a worker's side: the notebook cells the kernel named (file name -> In [N]), for its debugger
+NUMBERS: dict[str, int] = {}

@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 
 from notebook_accel.launch.handoff import tensor_bytes
-from notebook_accel.launch.handoff.cells import compiled_cells
+from notebook_accel.launch.handoff.cells import NUMBERS, SentCells, compiled_cells
 from notebook_accel.launch.handoff.rank_identity import (
     RankBoundError,
     advice,
@@ -55,26 +55,27 @@ Payload = bytes | InheritedPayload  # what the workers get
 
 def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = False,
                       shared: SharedTensors | None = None,
-                      sources_sent: set[str] | None = None) -> Payload:
-    """Serialise ``(function, args, kwargs)`` plus the notebook cell sources.
+                      sent: SentCells | None = None) -> Payload:
+    """Serialise ``(function, args, kwargs)`` plus the notebook cells' sources and numbers.
 
     Args:
         inherit: the workers are forked: a payload holding ``multiprocessing`` objects
             (which only travel by inheritance) is inherited instead.
         shared: big CPU tensors go into its shared memory (the workers map one copy);
             close it once the workers have run.
-        sources_sent: the cells whose sources these workers already have (warm workers keep
-            them); only the others are sent, and added to it.
+        sent: what these workers already have of the notebook's cells (warm workers keep
+            them); only the rest is sent, and added to it.
 
     Raises:
         TypeError: a value cannot be serialised (and cannot be inherited); the message names its path.
     """
     try:
-        sources = _cell_sources(sources_sent or set())
-        data = _dumps((function, tuple(args), dict(kwargs), sources), _OutboundPickler,
+        sent = sent if sent is not None else SentCells()
+        sources, numbers = _cell_sources(sent.sources), sent.new_numbers()
+        data = _dumps((function, tuple(args), dict(kwargs), sources, numbers), _OutboundPickler,
                       shared=shared)
-        if sources_sent is not None:
-            sources_sent.update(sources)
+        sent.sources.update(sources)
+        sent.numbers.update(numbers)
         return data
     except RankBoundError as exc:
         where = _locate_rank_bound(exc.value, function, args, kwargs)
@@ -143,11 +144,12 @@ def _dumps(obj: Any, pickler_class: type = _PayloadPickler, **options: Any) -> b
 
 
 def load_payload(data: Payload) -> tuple[Any, tuple, dict]:
-    """Inverse of :func:`serialise_payload`; registers the shipped cell sources."""
+    """Inverse of :func:`serialise_payload`; registers the shipped cells' sources (``linecache``)
+    and numbers (``cells.NUMBERS``)."""
     if isinstance(data, InheritedPayload):
         return data.function, data.args, data.kwargs
     try:
-        function, args, kwargs, sources = pickle.loads(data)
+        function, args, kwargs, sources, numbers = pickle.loads(data)
     except ModuleNotFoundError as error:
         raise ModuleNotFoundError(
             f"{error}, which the kernel imported the function or an argument from. Functions and "
@@ -156,16 +158,22 @@ def load_payload(data: Payload) -> tuple[Any, tuple, dict]:
             "on its PYTHONPATH); or define them in the notebook", name=error.name) from None
     for filename, entry in sources.items():
         linecache.cache.setdefault(filename, entry)
+    NUMBERS.update(numbers)
     return function, args, kwargs
 
 
 def _cell_sources(skip: set[str]) -> dict[str, tuple]:
-    """linecache entries of notebook cells (they exist in memory only), for tracebacks."""
+    """linecache entries of notebook cells (they exist in memory only), for tracebacks; those
+    in ``skip`` (the workers have them) and real files (the worker reads them itself, and they
+    join ``skip``) are left out: a payload of a long session looks only at what is new."""
     sources, total, cells = {}, 0, compiled_cells()
-    for filename, entry in list(linecache.cache.items()):
-        if (filename in skip or len(entry) != 4 or (entry[1] is not None and filename not in cells)
-                or os.path.exists(filename)):  # the stat last: every run asks
-            continue  # a real file: the worker reads it itself
+    for filename in linecache.cache.keys() - skip:
+        entry = linecache.cache.get(filename)
+        if entry is None or len(entry) != 4:
+            continue
+        if (entry[1] is not None and filename not in cells) or os.path.exists(filename):
+            skip.add(filename)  # a real file
+            continue
         size = sum(len(line) for line in entry[2])
         if total + size > _MAX_SOURCE_BYTES:
             break

@@ -291,7 +291,7 @@ class WorkerPool(PoolQuestions, PoolRecovery, BackgroundRuns):
         try:
             return serialise_payload(
                 function, args, kwargs, shared=shared if workers.local else None,
-                sources_sent=workers.sources_sent)
+                sent=workers.cells_sent)
         except TypeError as error:
             hide_our_frames(error)
             raise

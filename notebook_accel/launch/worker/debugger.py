@@ -8,7 +8,7 @@ channel in a kernel, the terminal elsewhere) and sends the line back on the comm
 channel (:class:`~notebook_accel.wire.InputLine`), where the worker's reader thread hands
 it to :func:`feed`. The prompt names the rank: ``(Pdb rank 1)``. Where it stands reads as in
 a traceback: ``> Cell In[5], line 4, in inner()``, for the notebook cells the kernel named
-(:func:`name_cells`), not the kernel's temporary file.
+(``handoff.cells.NUMBERS``, sent with the payloads), not the kernel's temporary file.
 
 The stop button while a prompt waits raises KeyboardInterrupt out of pdb (pdb itself
 would only cancel the command), so the run ends as any interrupted run.
@@ -20,14 +20,14 @@ import os
 import pdb
 import queue
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
+from notebook_accel.launch.handoff.cells import NUMBERS
 from notebook_accel.wire import DebugEnd, InputAsk, InputLine
 
 _lines: queue.Queue[str | None] = queue.Queue()
-_cells: dict[str, int] = {}  # a notebook cell's file name -> its number (In [N])
 _send: Callable[[Any], None] | None = None  # sends a message on the control channel
 
 
@@ -38,12 +38,6 @@ def install(send: Callable[[Any], None]) -> None:
     _send = send
     if not os.environ.get("PYTHONBREAKPOINT"):
         sys.breakpointhook = _breakpoint
-
-
-def name_cells(numbers: Mapping[str, int]) -> None:
-    """The kernel's notebook cells (file name -> ``In [N]``), for the debugger to say
-    ``Cell In[N], line L`` where it stands, as tracebacks do."""
-    _cells.update(numbers)
 
 
 def feed(message: InputLine) -> None:
@@ -86,7 +80,7 @@ class RankPdb(_Pdb):
         for its file and line."""
         text = super().format_stack_entry(frame_lineno, lprefix)
         frame, line = frame_lineno
-        number = _cells.get(frame.f_code.co_filename)
+        number = NUMBERS.get(frame.f_code.co_filename)
         if number is None:
             return text
         place = f"{self.canonic(frame.f_code.co_filename)}({line!r})"
