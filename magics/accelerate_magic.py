@@ -12,6 +12,7 @@ workers lack are shipped.
 from __future__ import annotations
 
 import ast
+import collections
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -174,7 +175,7 @@ class AccelerateMagics(Magics):
             raise UsageError(f"--push {','.join(missing)}: the notebook has no such name")
         if not any(isinstance(node, ast.ImportFrom) and node.names[0].name == "*"
                    for node in ast.walk(tree)):  # `import *` binds names we cannot know
-            check_defined(names.reads, names.assigns, {**dict.fromkeys(on_workers), **user_ns})
+            check_defined(names.reads, names.assigns, collections.ChainMap(user_ns, dict.fromkeys(on_workers)))
         crossing = crossings.choose(names.reads, user_ns, LEDGER, on_workers,
                                     pool.copies_on(ranks) if pool is not None else (), args.push)
         shipment = collect_names(crossing.send, user_ns, self.shell.user_ns_hidden, LEDGER)

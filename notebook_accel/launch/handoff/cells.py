@@ -12,6 +12,7 @@ a worker's registry of the cells' numbers (``NUMBERS``: its debugger names them)
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import re
 import sys
@@ -64,11 +65,26 @@ class SentCells:
 
     sources: set[str] = field(default_factory=set)
     numbers: dict[str, int] = field(default_factory=dict)
+    _map: Mapping[str, int] | None = None  # IPython 8's map as last sent, and its length then
+    _map_length: int = 0
 
-    def new_numbers(self) -> dict[str, int]:
-        """The notebook's cell numbers these workers do not have yet (or have another of)."""
+    def new_numbers(self) -> tuple[dict[str, int], tuple[Mapping[str, int], int]]:
+        """The notebook's cell numbers these workers do not have yet (or have another of), and
+        the mark that :meth:`sent` takes once they are on their way. IPython 8's map only grows
+        (a cell's file name is new at each run), so only its new end is read."""
         numbers = cell_numbers(notebook_shell())
-        return dict(numbers.items() - self.numbers.items()) if numbers else {}
+        if numbers is self._map:
+            new = dict(itertools.islice(numbers.items(), self._map_length, None))
+        else:  # IPython 7's, rebuilt at each call: compared whole
+            new = dict(numbers.items() - self.numbers.items())
+        return new, (numbers, len(numbers))
+
+    def sent(self, sources: Mapping[str, Any], numbers: dict[str, int],
+             mark: tuple[Mapping[str, int], int]) -> None:
+        """These sources and numbers are on their way to the workers."""
+        self.sources.update(sources)
+        self.numbers.update(numbers)
+        self._map, self._map_length = mark
 
 
 # a worker's side: the notebook cells the kernel named (file name -> In [N]), for its debugger

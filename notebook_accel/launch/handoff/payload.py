@@ -71,11 +71,10 @@ def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = 
     """
     try:
         sent = sent if sent is not None else SentCells()
-        sources, numbers = _cell_sources(sent.sources), sent.new_numbers()
+        sources, (numbers, mark) = _cell_sources(sent.sources), sent.new_numbers()
         data = _dumps((function, tuple(args), dict(kwargs), sources, numbers), _OutboundPickler,
                       shared=shared)
-        sent.sources.update(sources)
-        sent.numbers.update(numbers)
+        sent.sent(sources, numbers, mark)
         return data
     except RankBoundError as exc:
         where = _locate_rank_bound(exc.value, function, args, kwargs)
