@@ -65,15 +65,15 @@ class SentCells:
 
     sources: set[str] = field(default_factory=set)
     numbers: dict[str, int] = field(default_factory=dict)
-    _map: Mapping[str, int] | None = None  # IPython 8's map as last sent, and its length then
-    _map_length: int = 0
+    _map: Mapping[str, int] | None = field(default=None, repr=False)  # IPython 8's map as last
+    _map_length: int = field(default=0, repr=False)  # sent, and its length then
 
     def new_numbers(self) -> tuple[dict[str, int], tuple[Mapping[str, int], int]]:
         """The notebook's cell numbers these workers do not have yet (or have another of), and
         the mark that :meth:`sent` takes once they are on their way. IPython 8's map only grows
         (a cell's file name is new at each run), so only its new end is read."""
         numbers = cell_numbers(notebook_shell())
-        if numbers is self._map:
+        if numbers is self._map and len(numbers) >= self._map_length:
             new = dict(itertools.islice(numbers.items(), self._map_length, None))
         else:  # IPython 7's, rebuilt at each call: compared whole
             new = dict(numbers.items() - self.numbers.items())
