@@ -32,7 +32,7 @@ from magics.cell.arguments import (
 )
 from magics.cell.flag_check import check_words
 from magics.cell.ledger import LEDGER
-from magics.cell.names import analyse_cell, imported_names
+from magics.cell.names import imported_names
 from magics.cell.runner import CELL_VALUE, cell_job
 from magics.cell.shipping import check_defined, collect_names
 from magics.cell.source import cell_number, make_cell_code
@@ -154,8 +154,7 @@ class AccelerateMagics(Magics):
         if args.last is not None:
             raise UsageError("--last goes with %accelerate collectives (a line magic), not a cell")
         raw_cell, self._raw_cell = self._raw_cell, None
-        code, tree = make_cell_code(self.shell, line, body, raw_cell)
-        names = analyse_cell(tree)
+        code, tree, names = make_cell_code(self.shell, line, body, raw_cell)
         pool = None if args.fresh else notebook_pool.current()
         if pool is not None and flags_given(args):
             raise UsageError(f"{', '.join(flags_given(args))}: this cell would run on the pool, "

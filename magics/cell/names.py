@@ -15,6 +15,7 @@ compiler's own scoping) unless the cell binds them at top level somewhere.
 from __future__ import annotations
 
 import ast
+import functools
 import symtable
 from dataclasses import dataclass
 
@@ -66,6 +67,18 @@ def analyse_cell(source: str | ast.Module) -> CellNames:
     reads = list(dict.fromkeys([*scope.reads, *deferred]))
     assigns = list(dict.fromkeys([*scope.assigns, *global_writes]))
     return CellNames(tuple(reads), tuple(assigns))
+
+
+@functools.lru_cache(maxsize=64)
+def parsed_cell(source: str) -> tuple[ast.Module, CellNames]:
+    """A cell's parsed module and its names, kept for the last 64 texts (a cell run again is
+    not parsed and walked again). The module is shared: read it, never change it.
+
+    Raises:
+        SyntaxError: the code does not parse (nothing is kept).
+    """
+    tree = ast.parse(source)
+    return tree, analyse_cell(tree)
 
 
 _INNER_SCOPES = tuple(getattr(ast, name) for name in (

@@ -12,6 +12,7 @@ import sys
 import traceback
 from typing import Any
 
+from magics.cell.names import CellNames, parsed_cell
 from magics.cell.runner import CellCode
 from notebook_accel.launch import cell_numbers
 
@@ -69,7 +70,8 @@ def cell_number(shell: Any) -> int:
     return shell.execution_count
 
 
-def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tuple[CellCode, ast.Module]:
+def make_cell_code(shell: Any, line: str, body: str,
+                   raw_cell: str | None) -> tuple[CellCode, ast.Module, CellNames]:
     """Compile-check the body in the kernel and describe it for the workers.
 
     Args:
@@ -77,7 +79,7 @@ def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tu
         line: the magic's arguments; body: the cell body.
         raw_cell: the whole cell as typed, when known.
     Returns:
-        The :class:`CellCode` and the parsed body (for name analysis).
+        The :class:`CellCode`, the parsed body (shared: read it only) and its names.
     Raises:
         CellSyntaxError: the body does not compile; it names the cell's line.
     """
@@ -93,8 +95,9 @@ def make_cell_code(shell: Any, line: str, body: str, raw_cell: str | None) -> tu
     code = CellCode("\n" * offset + body, filename, lines)
     code.register()
     try:
-        tree = ast.parse(code.source, filename)
+        tree, names = parsed_cell(code.source)
         code.compile_tree(tree)  # what parsing misses: `return` outside a function...
     except SyntaxError as error:
+        error.filename = filename  # (a parse names no file: the text is what is kept)
         raise CellSyntaxError(error, f"Cell In[{number}]") from None
-    return code, tree
+    return code, tree, names

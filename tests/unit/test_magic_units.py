@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from magics.cell.names import analyse_cell
+from magics.cell.names import analyse_cell, parsed_cell
 
 
 @pytest.mark.parametrize("source, reads, assigns", [
@@ -158,3 +158,12 @@ def test_cell_job_runs_the_cell_and_its_traceback_starts_at_the_magic_line(monke
     shown = [(frame.f_code.co_filename, line) for frame, line in frames
              if not frame.f_locals.get("__tracebackhide__")]  # what the worker reports
     assert shown == [("<failing-cell>", 4)]
+
+
+def test_a_cell_run_again_is_not_parsed_and_analysed_again():
+    text = "import torch\nt = torch.ones(1)\nu = t + v"
+    tree, names = parsed_cell(text)
+    assert parsed_cell(text) == (tree, names) and parsed_cell(text)[0] is tree
+    assert names == analyse_cell(text) == analyse_cell(tree)
+    with pytest.raises(SyntaxError):
+        parsed_cell("x = (")
