@@ -7,6 +7,10 @@ A state dict holds the live tensors (a model's parameters, an optimizer's moment
 step changes in place, so every tensor is copied, to the CPU; containers are rebuilt around the
 copies and other values deep-copied (a scheduler's lists). Tensors that are the same view of one
 storage (tied weights) stay one tensor, so the weight files store them once, as ``save_state``'s do.
+
+Given an earlier copy of the same state (``into``: the previous snapshot's, once written), each tensor
+is copied into that copy's tensor of the same shape, dtype and strides: pages already in memory, not
+fresh ones the kernel must fault in and zero on the training path (a copy 3-4x faster on CPU here).
 """
 
 from __future__ import annotations
@@ -19,17 +23,19 @@ from typing import Any
 import torch
 
 
-def host_copy(obj: Any, to_cpu: Callable[[Any], Any] | None = None) -> Any:
+def host_copy(obj: Any, to_cpu: Callable[[Any], Any] | None = None, into: Any = None) -> Any:
     """``obj`` with every tensor copied to host memory and every container rebuilt.
 
     Args:
         obj: a state dict, or any nesting of dicts, lists and tuples holding tensors and plain values.
         to_cpu: the device kind's copy to the CPU, applied first where a device needs its own
             (XLA's: one graph run for all tensors); CUDA tensors are copied by ``Tensor.to``.
+        into: an earlier ``host_copy`` of the same state that nothing reads any more: its tensors are
+            overwritten and returned where they match (the rest is copied anew).
     """
     if to_cpu is not None:
         obj = to_cpu(obj)
-    return _copy(obj, {})
+    return _copy(obj, {}, into, set())
 
 
 def nbytes(obj: Any) -> int:
@@ -45,18 +51,20 @@ def nbytes(obj: Any) -> int:
     return 0
 
 
-def _copy(obj: Any, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
+def _copy(obj: Any, seen: dict[tuple[Any, ...], torch.Tensor], old: Any, used: set[int]) -> Any:
+    """``seen``: the copies made so far by view (tied weights); ``used``: the ids of ``into``'s tensors
+    overwritten so far (each at most once, though ``into`` tied two that are no longer tied)."""
     if is_dtensor(obj):
         from torch.distributed.tensor import DTensor
 
-        local = obj.to_local().detach().to("cpu", copy=True)
+        local = _tensor_copy(obj.to_local(), old.to_local() if is_dtensor(old) else None, used)
         return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False,
                                   shape=obj.shape, stride=obj.stride())
     if isinstance(obj, torch.Tensor):
         key = _view_key(obj)
         if key is not None and key in seen:
             return seen[key]
-        copied = obj.detach().to("cpu", copy=True)
+        copied = _tensor_copy(obj, old, used)
         if key is not None:
             seen[key] = copied
         return copied
@@ -65,16 +73,29 @@ def _copy(obj: Any, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
             out = type(obj)()  # an OrderedDict stays one: a module's state dict
         except TypeError:
             out = {}
+        olds = old if isinstance(old, dict) else {}
         for k, v in obj.items():
-            out[k] = _copy(v, seen)
+            out[k] = _copy(v, seen, olds.get(k), used)
         if hasattr(obj, "_metadata"):  # a module state dict's versions, which load_state_dict reads
             out._metadata = copy.deepcopy(obj._metadata)
         return out
-    if isinstance(obj, list):
-        return [_copy(v, seen) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_copy(v, seen) for v in obj)
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        olds = old if type(old) is type(obj) and len(old) == len(obj) else [None] * len(obj)
+        copied = [_copy(v, seen, o, used) for v, o in zip(obj, olds, strict=True)]
+        return copied if isinstance(obj, list) else tuple(copied)
     return copy.deepcopy(obj)
+
+
+def _tensor_copy(tensor: torch.Tensor, old: Any, used: set[int]) -> torch.Tensor:
+    """``tensor`` copied to the CPU: into ``old`` where it is a CPU tensor of the same shape, dtype and
+    strides (what a fresh copy would be) not overwritten yet, else into a new one."""
+    tensor = tensor.detach()
+    if (type(old) is torch.Tensor and id(old) not in used and old.device.type == "cpu"
+            and old.dtype == tensor.dtype and old.shape == tensor.shape and old.stride() == tensor.stride()
+            and old.storage_offset() == 0 and old is not tensor):
+        used.add(id(old))
+        return old.copy_(tensor)
+    return tensor.to("cpu", copy=True)
 
 
 def is_dtensor(obj: Any) -> bool:

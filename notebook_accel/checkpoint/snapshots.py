@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from notebook_accel.checkpoint import (
@@ -45,12 +46,15 @@ from notebook_accel.runtime import ops
 
 RUN_NAME_ENV = "NOTEBOOK_ACCEL_RUN_NAME"
 # a schedule's parts that belong to its process: never copied with it (__getstate__)
-_OWN_TO_PROCESS = ("writer", "host_copy_s", "_counts", "_waiting", "_not_per_step", "_last", "group")
+_OWN_TO_PROCESS = ("writer", "host_copy_s", "_counts", "_waiting", "_not_per_step", "_last", "group", "_spare")
 _schedules: weakref.WeakSet[Snapshots] = weakref.WeakSet()  # this process's (``newest_held``)
 # the files written a piece at a time, so that training keeps the cores (``paced_writes``; the
 # benchmark turns it off to compare)
 PACED_WRITES = True
 RANK_WAIT_S = 600.0  # how long rank 0 waits for the other ranks' files before leaving a snapshot out
+# a written snapshot's host copy is kept for the next one's copy while it takes at most this share of
+# the host memory still available (``Snapshots._spare``)
+SPARE_SHARE = 0.5
 
 
 def default_directory(project_dir: str | os.PathLike[str] | None) -> Path:
@@ -89,6 +93,10 @@ class Snapshots:
         self.step = 0  # optimizer steps done
         self.writer = SnapshotWriter(accelerator.print)
         self.host_copy_s: list[float] = []  # what each snapshot cost the training path
+        # the last written snapshot's host copy, by part name: the next copy overwrites it (``host_copy``'s
+        # ``into``) instead of faulting fresh pages in on the training path; set by the writer's job when
+        # it is done with it, taken (and cleared) by ``take``
+        self._spare: dict[str, Any] | None = None
         self._counts: dict[int, int] = {}  # id(optimizer) -> its real steps
         self._pending: int | None = None  # a due step whose snapshot waits for the schedulers
         self._waiting: set[int] = set()
@@ -111,7 +119,7 @@ class Snapshots:
         self.writer = SnapshotWriter(self.accelerator.print)
         self.group = None  # made for the new group by ``rejoin`` (the heal calls it on every rank)
         self.host_copy_s, self._counts, self._waiting, self._not_per_step = [], {}, set(), set()
-        self._last = time.monotonic()
+        self._last, self._spare = time.monotonic(), None
         _schedules.add(self)
 
     def leave_old_group(self) -> None:
@@ -213,7 +221,8 @@ class Snapshots:
         owner = accelerator.is_main_process
         parts = (items.checkpointer.snapshot_parts(items.model_states, owner, self._staging(step, tmp))
                  + training_state.state_files(items, accelerator.state, owner, accelerator.step))
-        parts = [_host_copied(part) for part in parts]
+        spare, self._spare = (self._spare if not self.writer.busy else None), None
+        parts = [_host_copied(part, spare) for part in parts]
         meta = {"step": step, "token": self.token, **identity(accelerator)} if owner else {}
         self._last = time.monotonic()
         copy_s = time.perf_counter() - start
@@ -249,7 +258,15 @@ class Snapshots:
 
     def _background(self, step: int, parts: list[state_parts.Part], tmp: Path, final: Path,
                     meta: dict[str, Any], group: Any, left: Callable[[], bool]) -> None:
-        """The snapshot's background job: kept in the peers' memory first (``in_peers``), then written."""
+        """The snapshot's background job: kept in the peers' memory first (``in_peers``), then written;
+        its host copy is then the next snapshot's to overwrite (``_spare``)."""
+        try:
+            self._keep_and_write(step, parts, tmp, final, meta, group, left)
+        finally:
+            self._spare = _spare_of(parts, meta["bytes"])
+
+    def _keep_and_write(self, step: int, parts: list[state_parts.Part], tmp: Path, final: Path,
+                        meta: dict[str, Any], group: Any, left: Callable[[], bool]) -> None:
         if self.in_peers and group is not None:
             snapshot_peers.keep(parts, meta, step, str(self.directory), group)
             if not self._said_held:
@@ -299,13 +316,23 @@ def newest_held() -> snapshot_dir.SnapshotInfo | None:
     return max(held, key=lambda info: info.saved_at) if held else None
 
 
-def _host_copied(part: state_parts.Part) -> state_parts.Part:
-    """``part`` with its state copied to host memory (a staged folder is there already)."""
+def _host_copied(part: state_parts.Part, spare: dict[str, Any] | None) -> state_parts.Part:
+    """``part`` with its state copied to host memory (into the same part's copy in ``spare``, a written
+    snapshot's, where it matches; a staged folder is there already)."""
     if isinstance(part, StateFile):
-        return StateFile(part.name, host_copy(part.obj), part.safetensors)
+        return StateFile(part.name, host_copy(part.obj, into=(spare or {}).get(part.name)), part.safetensors)
     if isinstance(part, state_parts.ShardedState):
-        return state_parts.ShardedState(part.name, host_copy(part.state))
+        return state_parts.ShardedState(part.name, host_copy(part.state, into=(spare or {}).get(part.name)))
     return part
+
+
+def _spare_of(parts: list[state_parts.Part], copied_bytes: int) -> dict[str, Any] | None:
+    """A written snapshot's host copy by part name, kept for the next copy where it takes at most
+    ``SPARE_SHARE`` of the host memory available now (else ``None``: freed, the next copy is fresh)."""
+    if copied_bytes > SPARE_SHARE * psutil.virtual_memory().available:
+        return None
+    return {part.name: part.obj if isinstance(part, StateFile) else part.state
+            for part in parts if isinstance(part, (StateFile, state_parts.ShardedState))}
 
 
 def _nbytes(part: state_parts.Part) -> int:

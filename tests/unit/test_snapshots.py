@@ -8,6 +8,7 @@ import time
 from collections import OrderedDict
 
 import pytest
+import safetensors.torch
 import torch
 
 from notebook_accel import Accelerator
@@ -35,6 +36,33 @@ def test_the_host_copy_is_training_proof_and_keeps_tied_weights_one():
     assert torch.equal(copied["a"], torch.ones(3, 2)) and copied["c"] == {"lr": [0.1]}
     assert copied["a"] is copied["b"]  # tied: one tensor, stored once
     assert type(copied) is OrderedDict and copied._metadata == {"": {"version": 1}}
+
+
+def test_a_host_copy_into_an_earlier_one_overwrites_its_matching_tensors_only():
+    weight, bias = torch.ones(3, 2), torch.zeros(2)
+    first = host_copy({"w": weight, "tied": weight, "b": bias, "steps": [torch.tensor(1.0)]})
+    weight.add_(1)
+    second = host_copy({"w": weight, "tied": weight.clone(), "b": torch.zeros(5), "steps": [torch.tensor(2.0)]},
+                       into=first)
+    assert second["w"] is first["w"] and torch.equal(second["w"], torch.full((3, 2), 2.0))  # its pages, new values
+    assert second["tied"] is not second["w"] and torch.equal(second["tied"], second["w"])  # tied once, not now
+    assert second["b"].shape == (5,) and second["b"] is not first["b"]  # another shape: a fresh copy
+    assert second["steps"][0] is first["steps"][0] and second["steps"][0].item() == 2.0
+    assert host_copy({"w": weight.t()}, into=first)["w"] is not first["w"]  # other strides: fresh
+
+
+def test_a_snapshot_copies_into_the_last_written_ones_host_copy(tmp_path):
+    accelerator, model, optimizer = _prepared()
+    accelerator.snapshot_every(steps=1, dir=tmp_path, keep=3)
+    _train(accelerator, model, optimizer, 1)
+    accelerator.wait_for_snapshots()
+    first = list(accelerator._snapshots._spare["model.safetensors"].values())
+    _train(accelerator, model, optimizer, 1)
+    accelerator.wait_for_snapshots()
+    second = list(accelerator._snapshots._spare["model.safetensors"].values())
+    assert len(second) == len(first) and all(a is b for a, b in zip(first, second, strict=True))
+    snapshot = safetensors.torch.load_file(tmp_path / "snapshot_000000002" / "model.safetensors")
+    assert all(torch.equal(snapshot[k], v) for k, v in model.state_dict().items())  # the step-2 weights
 
 
 def test_a_snapshot_is_complete_only_once_every_rank_is_in_and_it_is_renamed(tmp_path):
