@@ -16,10 +16,12 @@ noise). ``snapshot_every_fresh`` copies into fresh memory each time (the last wr
 copy not kept for the next), ``snapshot_every_unpaced`` writes the same files without ``paced_writes``'
 pauses.
 
-Measured (2 shared CPUs, ``6 100 50``, two runs): mean step x0.97 / x1.01 (unpaced x1.06 / x1.10),
-host copy 14-18 ms, each snapshot's stall 19 ms in the median snapshot (unpaced 63 ms), 46 / 58 ms
-in the worst (unpaced 258 / 233 ms; the peer's blocking save 533 / 652 ms); a third run on a busier
-machine (median step 48 ms): 50 ms in the median snapshot (unpaced 45), 164 ms in the worst (unpaced 262).
+Measured (2 shared CPUs, training on both): ``3 200 50`` (96 MB): host copy 8 ms (19 ms into fresh
+memory), mean step x1.06 (fresh copies x1.00: within the runs' noise), each snapshot's stall 23 ms in
+the median snapshot, 65 ms in the worst (fresh 26 / 44, unpaced 208 / 281, the peer's blocking save
+528 / 705; the same steps without snapshots 6 / 25). ``1 100 50 6600`` (1 GB): mean step x1.04, host
+copy 68 ms (the first 255 ms; every copy fresh 1.6-2.1 s), longest step 271 ms over the median (the
+peer's blocking save 5.6 s).
 """
 
 from __future__ import annotations
