@@ -64,6 +64,13 @@ def k(magic_kernel):
     return magic_kernel
 
 
+@pytest.fixture(autouse=True)
+def _no_pool_left(k):
+    """Each test starts its own pool: one a failed test left is stopped (no failure cascades)."""
+    yield
+    k.run("%accelerate stop")
+
+
 def _pid_of(k: Kernel, rank: int) -> int:
     return int(re.search(rf"rank {rank}: pid (\d+)", k.ok("%accelerate status").stdout).group(1))
 
@@ -89,16 +96,26 @@ def test_a_killed_rank_is_replaced_alone_and_the_same_cell_goes_on_bit_for_bit(k
     failed = k.collect(msg)
     assert failed.error is not None, failed
     said = failed.error["evalue"]
-    assert said.startswith("rank 1 was killed by SIGKILL\nThe pool healed: rank 1 was replaced in "), said
-    assert "  restored from rank 0: history, step\n" in said, said
+    # rank 2 waiting in a collective on rank 0 (which left it at the failure) cannot be interrupted:
+    # it is ended too (said), and rank 0, the one rank left, is the source of every name
+    stuck = "rank 2 was ended by us (blocked in C++ code after the failure" in said
+    if not stuck:
+        assert said.startswith("rank 1 was killed by SIGKILL\nThe pool healed: rank 1 was replaced in "), said
+        assert "  restored from rank 0: history, step\n" in said, said
+        lost = next(line for line in said.splitlines() if line.startswith("  lost with rank 1 (each rank "
+                                                                         "held its own value): "))
+        assert set(lost.split(": ")[1].split(", ")) == {"mine", "g", "x", "loss"}, said  # per-rank data
+    else:
+        assert "The pool healed: ranks 1, 2 were replaced in " in said, said
+        restored = next(line for line in said.splitlines() if line.startswith("  restored from rank 0 (the "
+                                                                             "only rank left"))
+        assert {"history", "step", "mine"} <= set(restored.split("): ")[1].split(", ")), said
     assert "  rebuilt for the new group: acc, model, opt, sched\n" in said, said
-    lost = next(line for line in said.splitlines() if line.startswith("  lost with rank 1 (each rank "
-                                                                     "held its own value): "))
-    assert set(lost.split(": ")[1].split(", ")) == {"mine", "g", "x", "loss"}, said  # per-rank data
     assert "Run the cell again to go on." in said
     assert "Run the cell again to go on." in "\n".join(failed.error["traceback"])  # as shown
-    assert [_pid_of(k, rank) for rank in range(3)][::2] == pids[::2]  # the others kept theirs
-    assert _pid_of(k, 1) != pids[1]
+    kept = (0,) if stuck else (0, 2)
+    assert [_pid_of(k, rank) for rank in kept] == [pids[rank] for rank in kept]  # the others kept theirs
+    assert all(_pid_of(k, rank) != pids[rank] for rank in {0, 1, 2} - set(kept))
     k.ok(TRAIN)  # the same cell, unchanged: goes on from where every rank stopped
     k.ok(LOOK)
     assert k.value("looked") == (3.0, True, 120, 120)  # all_reduce of ones, replicas equal
