@@ -13,7 +13,7 @@ import linecache
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,14 +85,12 @@ class PulledNames:
 
 def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
              pull: tuple[str, ...], pooled: bool = False, replace: tuple[str, ...] = (),
-             pack_rank: int | None = None, asked: bool = False) -> Callable[[], PulledNames | None]:
+             pack_rank: int | None = None, asked: bool = False) -> CellJob:
     """The callable the launcher runs on every worker: run the cell, then pack the names.
 
     The cell runs in a fresh namespace holding the shipped names (modules travel as
     references and are imported again in the worker; everything else by value), with
-    the process group ready, as on a pool's workers. The callable is ``eval`` of one
-    line that hides itself (``__tracebackhide__``), so a failing worker's traceback
-    shows the cell's own frames and no frame of this module.
+    the process group ready, as on a pool's workers.
 
     Args:
         cell: the code to run.
@@ -107,22 +105,47 @@ def cell_job(cell: CellCode, values: dict[str, Any], modules: dict[str, str],
         asked: ``pull`` was named by the user (``--pull``): each name is tried, even an
             iterator (else iterators and generators stay behind quietly: :func:`left_behind`).
     Returns:
-        A picklable callable returning :class:`PulledNames` on the node's first
+        A picklable :class:`CellJob` returning :class:`PulledNames` on the node's first
         worker (None elsewhere, or when ``pull`` is empty).
     """
     namespace: dict[str, Any] = {"__name__": "__main__"}
     namespace.update({name: importlib.import_module(module) for name, module in modules.items()})
     namespace.update(values)
-    outer = {"_cell": cell.compile(), "_namespace": namespace, "__tracebackhide__": True,
-             "_pull": tuple(pull),
-             "_pack": functools.partial(_pack_on_first_worker, rank=pack_rank, asked=asked),
-             "_show": _show_figures,
-             "_join": _nothing if pooled else join_process_group}
-    # exec() is built in, so no Python frame stands between the magic line and the cell.
-    line_one = _LINE_ONE.replace(co_filename=cell.filename)  # as compiled under that name
-    if pooled:
-        return functools.partial(_in_worker_scope, line_one, outer, tuple(replace))
-    return functools.partial(eval, line_one, outer)
+    return CellJob(cell.compile(), namespace, tuple(pull), pooled, tuple(replace), pack_rank, asked)
+
+
+@dataclass
+class CellJob:
+    """A cell as the workers run it (:func:`cell_job`). It travels as its fields, the class by
+    reference (the workers import this module): one code object and the names, nothing by value
+    that the workers already have.
+
+    Calling it evaluates one line compiled under the cell's file name that hides itself
+    (``__tracebackhide__``), and ``exec`` is built in, so a failing worker's traceback shows the
+    cell's own frames and no frame of this module.
+    """
+
+    code: types.CodeType
+    namespace: dict[str, Any]
+    pull: tuple[str, ...]
+    pooled: bool
+    replace: tuple[str, ...]
+    pack_rank: int | None
+    asked: bool
+
+    def __call__(self) -> PulledNames | None:
+        __tracebackhide__ = True  # noqa: F841 - read by the worker's traceback formatter
+        outer = {"_cell": self.code, "__tracebackhide__": True, "_pull": self.pull,
+                 "_pack": functools.partial(_pack_on_first_worker, rank=self.pack_rank, asked=self.asked),
+                 "_show": _show_figures, "_join": _nothing if self.pooled else join_process_group}
+        line_one = _LINE_ONE.replace(co_filename=self.code.co_filename)  # as compiled under that name
+        if not self.pooled:
+            return eval(line_one, {**outer, "_namespace": self.namespace})  # noqa: S307 - our own line
+        with worker_scope(self.namespace, self.replace) as scope:
+            try:
+                return eval(line_one, {**outer, "_namespace": scope})  # noqa: S307 - as above
+            finally:
+                scope.pop(CELL_VALUE, None)  # the magic's, not a name of the user's
 
 
 _LINE_ONE = compile("(_join(), exec(_cell, _namespace), _show(), _pack(_namespace, _pull))[3]",
@@ -131,16 +154,6 @@ _LINE_ONE = compile("(_join(), exec(_cell, _namespace), _show(), _pack(_namespac
 
 def _nothing() -> None:
     return None
-
-
-def _in_worker_scope(line_one: types.CodeType, outer: dict[str, Any],
-                     replace: tuple[str, ...]) -> PulledNames | None:
-    __tracebackhide__ = True  # noqa: F841 - read by the worker's traceback formatter
-    with worker_scope(outer["_namespace"], replace) as scope:
-        try:
-            return eval(line_one, {**outer, "_namespace": scope})  # noqa: S307 - as above
-        finally:
-            scope.pop(CELL_VALUE, None)  # the magic's, not a name of the user's
 
 
 def _show_figures() -> None:

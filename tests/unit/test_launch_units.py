@@ -117,6 +117,26 @@ def test_payload_round_trip_and_results_move_off_device():
     assert torch.equal(back["m"].weight, model.weight)
 
 
+def test_code_travels_whole_with_its_file_name_and_odd_constants_the_slower_way():
+    import marshal
+    import types
+
+    def outer(x):
+        def inner(y):
+            return x + y
+        return inner(1)
+
+    outer.__code__ = outer.__code__.replace(co_filename="/tmp/ipykernel_1/7.py")
+    function, _, _ = load_payload(serialise_payload(outer, (), {}))
+    assert function(2) == 3 and function.__code__.co_filename == "/tmp/ipykernel_1/7.py"
+    assert function.__code__.co_consts == outer.__code__.co_consts  # nested code included
+    odd = compile("x = 1", "<cell-9>", "exec").replace(co_consts=(frozenset({object}),))
+    with pytest.raises(ValueError):
+        marshal.dumps(odd)  # a constant marshal cannot write: cloudpickle's way, same file name
+    code = load_payload(serialise_payload(print, (odd,), {}))[1][0]
+    assert isinstance(code, types.CodeType) and code.co_filename == "<cell-9>"
+
+
 def test_worker_error_pickles_and_renders_for_ipython():
     from notebook_accel.wire import FailureRecord
 
