@@ -56,14 +56,20 @@ class CellCode:
     def compile_tree(self, tree: ast.Module) -> types.CodeType:
         """:meth:`compile`, from the source already parsed (``tree`` is left as it is)."""
         if self._code is None:
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = tree.body[-1]
-                value = ast.copy_location(
-                    ast.Assign(targets=[ast.Name(CELL_VALUE, ast.Store())], value=last.value), last)
-                tree = ast.fix_missing_locations(
-                    ast.Module(body=[*tree.body[:-1], value], type_ignores=tree.type_ignores))
-            self._code = compile(tree, self.filename, "exec")
+            self._code = _compiled(self.source, self.filename, tree)
         return self._code
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(source: str, filename: str, tree: ast.Module) -> types.CodeType:
+    """``tree``, the parse of ``source``, compiled under ``filename`` with its last expression's value
+    kept; a cell run again under the same name (Jupyter names a cell by its text) is not compiled
+    again (code objects are immutable: shared)."""
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = tree.body[-1]
+        value = ast.copy_location(ast.Assign(targets=[ast.Name(CELL_VALUE, ast.Store())], value=last.value), last)
+        tree = ast.fix_missing_locations(ast.Module(body=[*tree.body[:-1], value], type_ignores=tree.type_ignores))
+    return compile(tree, filename, "exec")
 
 
 @dataclass

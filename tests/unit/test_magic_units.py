@@ -167,3 +167,17 @@ def test_a_cell_run_again_is_not_parsed_and_analysed_again():
     assert names == analyse_cell(text) == analyse_cell(tree)
     with pytest.raises(SyntaxError):
         parsed_cell("x = (")
+
+
+def test_a_cell_run_again_under_its_name_is_not_compiled_again():
+    from magics.cell.runner import CELL_VALUE, CellCode
+
+    text = "\nx = 2\nx * 3"
+    tree, _ = parsed_cell(text)
+    first = CellCode(text, "/tmp/ipykernel_1/1234.py", []).compile_tree(tree)
+    assert CellCode(text, "/tmp/ipykernel_1/1234.py", []).compile_tree(tree) is first  # Jupyter: same text, same name
+    other = CellCode(text, "<ipython-input-5-ab>", []).compile_tree(tree)
+    assert other is not first and other.co_filename == "<ipython-input-5-ab>"
+    namespace = {}
+    exec(other, namespace)
+    assert namespace[CELL_VALUE] == 6 and not hasattr(tree.body[-1], "targets")  # the shared tree left as it was
