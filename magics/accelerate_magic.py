@@ -119,8 +119,7 @@ class AccelerateMagics(Magics):
         args = parse_line(self.accelerate, line)
         pool_flags = [f"--no-{o.magic_flag[2:]}" if o.switch and getattr(args, o.name) is False
                       else o.magic_flag for o in OPTIONS.values()
-                      if o.pool_only and o.magic_flag and getattr(args, o.name, None) is not None
-                      ] if line.strip() else []  # (flags come from the line alone)
+                      if o.pool_only and o.magic_flag and getattr(args, o.name, None) is not None]
         if pool_flags and args.command not in ("start", "restart"):
             raise UsageError(f"{', '.join(pool_flags)} set{'s' if len(pool_flags) == 1 else ''} "
                              "the notebook's pool: use with %accelerate start (or restart)")
@@ -157,7 +156,7 @@ class AccelerateMagics(Magics):
         raw_cell, self._raw_cell = self._raw_cell, None
         code, tree, names = make_cell_code(self.shell, line, body, raw_cell)
         pool = None if args.fresh else notebook_pool.current()
-        if pool is not None and line.strip() and flags_given(args):
+        if pool is not None and flags_given(args):
             raise UsageError(f"{', '.join(flags_given(args))}: this cell would run on the pool, "
                              "which keeps the flags it was started with; add --fresh to run it "
                              "on fresh workers with these flags, or %accelerate stop and start "
