@@ -79,7 +79,7 @@ def _crash_on_rank_17():
     import time
 
     if os.environ["RANK"] == "17":
-        time.sleep(1.0)
+        time.sleep(3.0)  # after every other rank printed its pid (32 ranks starting on 2 busy cores took over 1 s)
         raise RuntimeError("boom on node B")
     print(f"pid={os.getpid()}", flush=True)
     time.sleep(60)
