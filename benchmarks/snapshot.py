@@ -13,21 +13,24 @@ of a snapshot on the training path; the longest step's stall should be about tha
 background write's time, the blocking saves' stall, and each snapshot's stall (its worst step of
 the ``WINDOW`` from its step on; the same steps of the runs without snapshots are the machine's
 noise). ``snapshot_every_fresh`` copies into fresh memory each time (the last written snapshot's host
-copy not kept for the next), ``snapshot_every_unpaced`` writes the same files without ``paced_writes``'
-pauses.
+copy not kept for the next), ``snapshot_every_cached`` writes through the page cache (no ``O_DIRECT``,
+as on a file system that refuses it), ``snapshot_every_unpaced`` writes the same files without
+``paced_writes``' pauses.
 
-Measured (2 shared CPUs, training on both): ``3 200 50`` (96 MB): host copy 8 ms (19 ms into fresh
-memory), mean step x1.06 (fresh copies x1.00: within the runs' noise), each snapshot's stall 23 ms in
-the median snapshot, 65 ms in the worst (fresh 26 / 44, unpaced 208 / 281, the peer's blocking save
-528 / 705; the same steps without snapshots 6 / 25). ``1 100 50 6600`` (1 GB): mean step x1.04, host
-copy 68 ms (the first 255 ms; every copy fresh 1.6-2.1 s), longest step 271 ms over the median (the
-peer's blocking save 5.6 s). ``3 200 50 2048 1`` (training on one thread, a core left to the write as
-on a GPU): each snapshot's stall 13 ms in the median snapshot (host copy 9 ms; without snapshots 5 ms),
-45 ms in the worst (without snapshots 21 ms).
+Measured (2 shared CPUs, training on both): ``3 200 50`` (96 MB): host copy 7 ms (21 ms into fresh
+memory), mean step within the runs' noise of none, each snapshot's stall 15 ms in the median
+snapshot, 53 ms in the worst (page cache 16 / 27, fresh 21 / 30, unpaced 231 / 272, the peer's
+blocking save 478 / 579; the same steps without snapshots 8 / 15). ``1 100 50 6600`` (1 GB): mean
+step x1.008 (page cache x1.110), host copy 57 ms (the first 231 ms), write 1.8 s (page cache
+7.5 s), longest step 236 ms over the median (page cache 1.5 s, the peer's blocking save 4.7 s).
+``3 200 50 2048 1`` (training on one thread, a core left to the write as on a GPU): each snapshot's
+stall 18 ms in the median snapshot (host copy 10 ms; without snapshots 16 ms, a noisy run), 39 ms
+in the worst (without snapshots 46 ms).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -42,6 +45,7 @@ EVERY = int(sys.argv[3]) if len(sys.argv) > 3 else 50
 WIDTH = int(sys.argv[4]) if len(sys.argv) > 4 else 2048
 THREADS = int(sys.argv[5]) if len(sys.argv) > 5 else None  # training's CPU threads (1: a core left to the write, as with a GPU)
 BATCH = 32
+DIRECT = getattr(os, "O_DIRECT", 0)  # the paced writes' flag (the page-cache variant sets 0)
 WINDOW = 15  # steps from a snapshot's step on (its host copy, then its write) where its stall is looked for
 
 
@@ -64,9 +68,10 @@ def run(variant: str, workdir: Path) -> tuple[list[float], dict[str, float]]:
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     net, opt = acc.prepare(net, opt)
     if variant.startswith("snapshot_every"):
-        from notebook_accel.checkpoint import snapshots
+        from notebook_accel.checkpoint import paced_writes, snapshots
 
         snapshots.PACED_WRITES = variant != "snapshot_every_unpaced"
+        paced_writes.DIRECT = 0 if variant == "snapshot_every_cached" else DIRECT
         snapshots.SPARE_SHARE = 0.0 if variant == "snapshot_every_fresh" else 0.5  # 0: no copy kept for the next
         acc.snapshot_every(steps=EVERY, dir=workdir / "snapshots", keep=2)
     x = torch.randn(BATCH, WIDTH)
@@ -94,7 +99,8 @@ def run(variant: str, workdir: Path) -> tuple[list[float], dict[str, float]]:
 def main() -> None:
     if THREADS is not None:
         torch.set_num_threads(THREADS)
-    variants = ("none", "snapshot_every", "snapshot_every_fresh", "snapshot_every_unpaced", "save_state", "peer")
+    variants = ("none", "snapshot_every", "snapshot_every_fresh", "snapshot_every_cached", "snapshot_every_unpaced",
+                "save_state", "peer")
     steps: dict[str, list[float]] = {v: [] for v in variants}
     windows: dict[str, list[float]] = {v: [] for v in variants}  # each snapshot's worst step over the median
     extras: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
@@ -116,12 +122,13 @@ def main() -> None:
     print(f"{'variant':<34}{'mean step ms':>14}{'longest ms':>12}{'vs none':>9}")
     names = {"none": "no snapshots", "snapshot_every": "snapshot_every (ours, async)",
              "snapshot_every_fresh": "snapshot_every, fresh host copies",
+             "snapshot_every_cached": "snapshot_every, via page cache",
              "snapshot_every_unpaced": "snapshot_every, writes unpaced",
              "save_state": "save_state (ours, blocking)", "peer": "save_state (peer 1.x, blocking)"}
     for variant in variants:
         mean = statistics.mean(steps[variant])
         print(f"{names[variant]:<34}{1000 * mean:>14.1f}{1000 * max(steps[variant]):>12.1f}{mean / base:>9.3f}")
-    for variant in ("snapshot_every", "snapshot_every_fresh", "snapshot_every_unpaced"):
+    for variant in ("snapshot_every", "snapshot_every_fresh", "snapshot_every_cached", "snapshot_every_unpaced"):
         copy_ms = statistics.median(e["host_copy_ms"] for e in extras[variant])
         first_ms = statistics.median(e["first_copy_ms"] for e in extras[variant])
         write_ms = statistics.mean(e["write_ms"] for e in extras[variant])
@@ -129,7 +136,7 @@ def main() -> None:
               f"background write {write_ms:.0f} ms")
     stall = {v: (max(steps[v]) - statistics.median(steps[v])) * 1000 for v in variants}
     print(f"longest step's stall over the median step: snapshot_every {stall['snapshot_every']:.0f} ms "
-          f"(fresh copies {stall['snapshot_every_fresh']:.0f} ms, unpaced {stall['snapshot_every_unpaced']:.0f} ms), none {stall['none']:.0f} ms, "
+          f"(fresh copies {stall['snapshot_every_fresh']:.0f} ms, page cache {stall['snapshot_every_cached']:.0f} ms, unpaced {stall['snapshot_every_unpaced']:.0f} ms), none {stall['none']:.0f} ms, "
           f"save_state {stall['save_state']:.0f} ms, peer {stall['peer']:.0f} ms "
           f"(peer/snapshot_every: {stall['peer'] / max(stall['snapshot_every'], 1e-9):.1f}x)")
     print(f"each snapshot's stall (its worst step of the {WINDOW} from its step on, over the run's median; "

@@ -1,12 +1,16 @@
-"""A snapshot's files written in small pieces with pauses between them, so that the background write
-never holds a CPU core for long: training's threads get it back within a piece.
+"""A snapshot's files written in small pieces with pauses between them, straight to the disk where
+it allows, so that the background write takes as little CPU from training as it can.
 
 On a machine with few cores, training's intra-op threads use every one; a write that runs for
 tens of milliseconds at a time (``safetensors``' ``save_file``, one ``write`` of a whole tensor, an
 ``fsync`` racing the writes) takes a core from one of them, and every parallel region of the step
 waits for that thread: the step stalls several times longer than the write's CPU time. Written
-piece by piece (``PIECE`` bytes, then ``PAUSE`` seconds asleep, the GIL released), the same bytes
-cost the training about their copy into the page cache, spread over the steps.
+piece by piece (``PIECE`` bytes, then ``PAUSE`` seconds asleep, the GIL released), the cost is
+spread over the steps. Each piece goes out with ``O_DIRECT`` from a page-aligned buffer: the
+kernel neither copies it into the page cache nor writes it back later (96 MB: 8-19 ms of CPU
+instead of 30-40 here), and the snapshot does not push the user's data out of the cache. A
+file system that refuses ``O_DIRECT`` (tmpfs, a FUSE mount such as Google Drive) is written
+through the page cache instead, the same bytes.
 
 The files are the same as the unpaced writers' (``safetensors``' layout, byte for byte; ``torch.save``
 through a file object): ``load_state``, the peer's and ``resume()`` read them unchanged.
@@ -14,7 +18,10 @@ through a file object): ``load_state``, the peer's and ``resume()`` read them un
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import mmap
 import os
 import time
 from pathlib import Path
@@ -23,7 +30,9 @@ from typing import Any
 import torch
 
 PIECE = 1 << 20  # bytes written at a time
+DIRECT = getattr(os, "O_DIRECT", 0)  # the flag (Linux; 0 elsewhere, or set to 0: through the page cache)
 PAUSE = 0.001  # seconds asleep after each piece
+BLOCK = 4096  # what O_DIRECT asks of a write's length and place (a multiple of every disk's block)
 
 # safetensors' dtype names, in the order of its ``Dtype`` (it writes the tensors by dtype, last first)
 _ORDER = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64",
@@ -36,24 +45,37 @@ _DTYPES = {getattr(torch, name): code for name, code in (
 
 
 class PacedFile:
-    """A binary file opened for writing whose ``write`` goes out at most ``PIECE`` bytes at a time,
-    pausing ``PAUSE`` seconds after each ``PIECE`` bytes (small writes, such as ``torch.save``'s
-    headers, add up to a piece); ``close`` fsyncs it."""
+    """A binary file opened for writing whose bytes go out ``PIECE`` at a time, with a pause of
+    ``PAUSE`` seconds after each piece, through a page-aligned buffer: with ``O_DIRECT`` where
+    the file system takes it (``direct``), through the page cache otherwise; ``close`` writes
+    the rest and fsyncs it."""
 
     def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._written = 0
-        self._since_pause = 0  # bytes written since the last pause
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        self.direct = bool(DIRECT) and PIECE % BLOCK == 0
+        try:
+            self._fd = os.open(path, flags | (DIRECT if self.direct else 0), 0o644)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.direct = False  # the file system refuses O_DIRECT
+            self._fd = os.open(path, flags, 0o644)
+        self._buffer = mmap.mmap(-1, PIECE)  # page-aligned, as O_DIRECT asks
+        self._piece = memoryview(self._buffer)
+        self._filled = 0  # bytes of the piece in the buffer
+        self._out = 0  # bytes in the file (of the pieces written)
+        self._written = 0  # bytes given to ``write``
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         done = 0
         while done < len(view):
-            wrote = os.write(self._fd, view[done:done + PIECE - self._since_pause])
-            done += wrote
-            self._since_pause += wrote
-            if self._since_pause >= PIECE:
-                self._since_pause = 0
+            size = min(PIECE - self._filled, len(view) - done)
+            self._piece[self._filled:self._filled + size] = view[done:done + size]
+            self._filled += size
+            done += size
+            if self._filled == PIECE:
+                self._write_piece(PIECE)
                 time.sleep(PAUSE)
         self._written += len(view)
         return len(view)
@@ -62,13 +84,35 @@ class PacedFile:
         return self._written
 
     def flush(self) -> None:
-        """Nothing is buffered here (``torch.save`` calls it)."""
+        """Nothing before ``close`` (``torch.save`` calls it): a piece goes out whole."""
 
     def close(self) -> None:
         try:
+            if self._filled:  # the last piece: O_DIRECT writes whole blocks, cut off after
+                self._write_piece(-(-self._filled // BLOCK) * BLOCK if self.direct else self._filled)
+                os.ftruncate(self._fd, self._written)
             os.fsync(self._fd)
         finally:
-            os.close(self._fd)
+            os.close(self._fd)  # (the buffer goes with this object: a failed write's traceback may still hold a view of it)
+
+    def _write_piece(self, size: int) -> None:
+        """Write the buffer's first ``size`` bytes (the piece; padded to whole blocks, if direct)."""
+        try:
+            self._write_all(self._piece[:size])
+        except OSError as exc:
+            if not self.direct or exc.errno != errno.EINVAL:
+                raise
+            # the file system took O_DIRECT at open but refuses the write: the page cache from here on
+            self.direct = False
+            fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~DIRECT)
+            os.lseek(self._fd, self._out, os.SEEK_SET)
+            self._write_all(self._piece[:self._filled])
+        self._out += self._filled
+        self._filled = 0
+
+    def _write_all(self, data: memoryview) -> None:
+        while len(data):
+            data = data[os.write(self._fd, data):]
 
     def __enter__(self) -> PacedFile:
         return self
