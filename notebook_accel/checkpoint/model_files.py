@@ -30,12 +30,17 @@ class PlainCheckpointer:
         models: the prepared models.
         optimizers: the prepared optimizers.
         to_cpu: the strategy's copy to the CPU (a collective on XLA: every process takes part).
+        live: ``to_cpu`` leaves the tensors as they are, so ``snapshot_parts`` holds the live tensors,
+            made without a copy or a collective (``live_parts``: a snapshot schedule may then make
+            its first copy's memory ahead).
     """
 
-    def __init__(self, models: list[torch.nn.Module], optimizers: list[Any], to_cpu: Callable[[Any], Any]) -> None:
+    def __init__(self, models: list[torch.nn.Module], optimizers: list[Any], to_cpu: Callable[[Any], Any],
+                 live: bool = False) -> None:
         self.models = models
         self.optimizers = optimizers
         self.to_cpu = to_cpu
+        self.live_parts = live
 
     def save(self, files: CheckpointFiles) -> None:
         """The models' states (``files.model_states`` when save hooks left them) and the optimizers'."""

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from notebook_accel.checkpoint.model_files import PlainCheckpointer
 from notebook_accel.runtime import compilation, precision
-from notebook_accel.runtime.device import device_kind
+from notebook_accel.runtime.device import TorchDevice, device_kind
 from notebook_accel.runtime.gradient_state import GradientState
 from notebook_accel.runtime.optim import AcceleratedOptimizer
 from notebook_accel.runtime.state import DistributedType, collective_backend
@@ -239,4 +239,5 @@ class Strategy(ABC):
         """What writes and reads the models and optimizers in ``save_state`` / ``load_state``: an object
         with ``save(files)`` and ``load(files)`` (``checkpoint.training_state.CheckpointFiles``); here the
         plain files, copied to the CPU first (``checkpoint.model_files.PlainCheckpointer``)."""
-        return PlainCheckpointer(models, optimizers, self.to_cpu)
+        return PlainCheckpointer(models, optimizers, self.to_cpu,
+                                 live=type(self.device_kind).to_cpu is TorchDevice.to_cpu)

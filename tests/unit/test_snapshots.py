@@ -13,7 +13,7 @@ import torch
 
 from notebook_accel import Accelerator
 from notebook_accel.checkpoint import snapshot_dir, state_parts
-from notebook_accel.checkpoint.host_copy import host_copy
+from notebook_accel.checkpoint.host_copy import blank, host_copy
 from notebook_accel.checkpoint.snapshot_writer import SnapshotWriter
 
 
@@ -63,6 +63,61 @@ def test_a_snapshot_copies_into_the_last_written_ones_host_copy(tmp_path):
     assert len(second) == len(first) and all(a is b for a, b in zip(first, second, strict=True))
     snapshot = safetensors.torch.load_file(tmp_path / "snapshot_000000002" / "model.safetensors")
     assert all(torch.equal(snapshot[k], v) for k, v in model.state_dict().items())  # the step-2 weights
+
+
+def test_a_blank_is_the_host_copy_without_its_values_and_a_copy_goes_into_it():
+    weight = torch.randn(300, 70)
+    state = OrderedDict(a=weight, b=weight.detach(), t=weight.t(), c={"lr": [0.1]}, n=3,
+                        e=torch.zeros(0), h=torch.ones(5, dtype=torch.bfloat16))
+    made = blank(state)
+    assert made["a"] is made["b"] and made["c"] == {"lr": [0.1]} and made["n"] == 3  # tied: one
+    for key in ("a", "t", "e", "h"):
+        assert made[key].device.type == "cpu" and made[key].dtype == state[key].dtype
+        assert made[key].shape == state[key].shape and made[key].stride() == state[key].stride()
+    copied = host_copy(state, into=made)
+    assert copied["a"] is made["a"] and copied["t"] is made["t"] and copied["h"] is made["h"]  # its memory
+    assert torch.equal(copied["a"], weight) and torch.equal(copied["t"], weight.t())  # the values
+
+
+def test_the_first_snapshot_copies_into_memory_made_ahead_after_the_first_step(tmp_path):
+    accelerator, model, optimizer = _prepared()
+    accelerator.snapshot_every(steps=3, dir=tmp_path, keep=3)
+    _train(accelerator, model, optimizer, 1)
+    ahead = accelerator._snapshots._first_copy
+    deadline = time.monotonic() + 10
+    while ahead.ready() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    made = list(ahead.ready()["model.safetensors"].values())
+    _train(accelerator, model, optimizer, 2)  # the snapshot of step 3
+    accelerator.wait_for_snapshots()
+    copied = list(accelerator._snapshots._spare["model.safetensors"].values())
+    assert len(copied) == len(made) and all(a is b for a, b in zip(made, copied, strict=True))
+    snapshot = safetensors.torch.load_file(tmp_path / "snapshot_000000003" / "model.safetensors")
+    assert all(torch.equal(snapshot[k], v) for k, v in model.state_dict().items())
+
+
+def test_memory_made_ahead_that_is_not_ready_is_not_waited_for(tmp_path, monkeypatch):
+    from notebook_accel.checkpoint import snapshots
+
+    release = threading.Event()
+    monkeypatch.setattr(snapshots, "blank", lambda state: release.wait(10) and None)
+    accelerator, model, optimizer = _prepared()
+    accelerator.snapshot_every(steps=2, dir=tmp_path, keep=3)
+    _train(accelerator, model, optimizer, 2)  # due while the memory is still being made: a fresh copy
+    release.set()
+    accelerator.wait_for_snapshots()
+    assert [s.step for s in snapshot_dir.listing(tmp_path)] == [2]
+    assert accelerator._snapshots._first_copy is snapshots._Blank.TAKEN
+
+
+def test_no_memory_is_made_ahead_where_it_would_not_fit(tmp_path, monkeypatch):
+    from notebook_accel.checkpoint import snapshots
+
+    monkeypatch.setattr(snapshots, "SPARE_SHARE", 0.0)
+    accelerator, model, optimizer = _prepared()
+    accelerator.snapshot_every(steps=3, dir=tmp_path, keep=3)
+    _train(accelerator, model, optimizer, 1)
+    assert accelerator._snapshots._first_copy is snapshots._Blank.TAKEN
 
 
 def test_a_snapshot_is_complete_only_once_every_rank_is_in_and_it_is_renamed(tmp_path):
