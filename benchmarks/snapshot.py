@@ -17,12 +17,14 @@ copy not kept for the next), ``snapshot_every_cached`` writes through the page c
 as on a file system that refuses it), ``snapshot_every_unpaced`` writes the same files without
 ``paced_writes``' pauses.
 
-Measured (2 shared CPUs, training on both): ``3 200 50`` (96 MB): host copy 7 ms (21 ms into fresh
-memory), mean step within the runs' noise of none, each snapshot's stall 15 ms in the median
-snapshot, 53 ms in the worst (page cache 16 / 27, fresh 21 / 30, unpaced 231 / 272, the peer's
-blocking save 478 / 579; the same steps without snapshots 8 / 15). ``1 100 50 6600`` (1 GB): mean
-step x1.008 (page cache x1.110), host copy 57 ms (the first 231 ms), write 1.8 s (page cache
-7.5 s), longest step 236 ms over the median (page cache 1.5 s, the peer's blocking save 4.7 s).
+Measured (2 shared CPUs, training on both; two runs each): ``3 200 50`` (96 MB): host copy 7-9 ms (the
+first too: its memory is made ahead; 23-26 ms into fresh memory), mean step within the runs' noise
+of none, each snapshot's stall 15-19 ms in the median snapshot, 53-54 ms in the worst (page cache
+16-27 / 27-50, fresh 21-24 / 30-48, unpaced 210-231 / 272-282, the peer's blocking save 478-571 /
+579-778; the same steps without snapshots 6-8 / 15-30). ``1 100 50 6600`` (1 GB): mean step
+x1.007-1.008 (page cache x1.11-1.56), host copy 43-57 ms (the first 62 ms made ahead, 231 ms
+without), write 1.8-1.9 s (page cache 6.4-7.5 s), each snapshot's stall 101 ms in the median
+snapshot (none 48, a noisy run; the peer's blocking save 4.7-6.6 s).
 ``3 200 50 2048 1`` (training on one thread, a core left to the write as on a GPU): each snapshot's
 stall 18 ms in the median snapshot (host copy 10 ms; without snapshots 16 ms, a noisy run), 39 ms
 in the worst (without snapshots 46 ms).

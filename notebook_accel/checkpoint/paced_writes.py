@@ -9,7 +9,7 @@ piece by piece (``PIECE`` bytes, then ``PAUSE`` seconds asleep, the GIL released
 spread over the steps. Each piece goes out with ``O_DIRECT`` from a page-aligned buffer: the
 kernel neither copies it into the page cache nor writes it back later (96 MB: 8-19 ms of CPU
 instead of 30-40 here), and the snapshot does not push the user's data out of the cache. A
-file system that refuses ``O_DIRECT`` (tmpfs, a FUSE mount such as Google Drive) is written
+file system that refuses ``O_DIRECT`` (some FUSE mounts, tmpfs before Linux 6.6) is written
 through the page cache instead, the same bytes.
 
 The files are the same as the unpaced writers' (``safetensors``' layout, byte for byte; ``torch.save``
