@@ -70,11 +70,11 @@ def run(variant: str, workdir: Path) -> tuple[list[float], dict[str, float]]:
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     net, opt = acc.prepare(net, opt)
     if variant.startswith("snapshot_every"):
-        from notebook_accel.checkpoint import paced_writes, snapshots
+        from notebook_accel.checkpoint import copy_memory, paced_writes, snapshots
 
         snapshots.PACED_WRITES = variant != "snapshot_every_unpaced"
         paced_writes.DIRECT = 0 if variant == "snapshot_every_cached" else DIRECT
-        snapshots.SPARE_SHARE = 0.0 if variant == "snapshot_every_fresh" else 0.5  # 0: no copy kept for the next
+        copy_memory.SPARE_SHARE = 0.0 if variant == "snapshot_every_fresh" else 0.5  # 0: no copy kept for the next
         acc.snapshot_every(steps=EVERY, dir=workdir / "snapshots", keep=2)
     x = torch.randn(BATCH, WIDTH)
     times, extra = [], {}

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
 import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from notebook_accel.checkpoint import (
@@ -39,7 +37,8 @@ from notebook_accel.checkpoint import (
     state_parts,
     training_state,
 )
-from notebook_accel.checkpoint.host_copy import blank, host_copy, nbytes
+from notebook_accel.checkpoint.copy_memory import MadeAhead, fits, host_copied, spare_of
+from notebook_accel.checkpoint.host_copy import nbytes
 from notebook_accel.checkpoint.snapshot_identity import identity
 from notebook_accel.checkpoint.snapshot_writer import SnapshotWriter
 from notebook_accel.checkpoint.training_state import StateFile
@@ -54,9 +53,6 @@ _schedules: weakref.WeakSet[Snapshots] = weakref.WeakSet()  # this process's (``
 # benchmark turns it off to compare)
 PACED_WRITES = True
 RANK_WAIT_S = 600.0  # how long rank 0 waits for the other ranks' files before leaving a snapshot out
-# a written snapshot's host copy is kept for the next one's copy while it takes at most this share of
-# the host memory still available (``Snapshots._spare``)
-SPARE_SHARE = 0.5
 
 
 def default_directory(project_dir: str | os.PathLike[str] | None) -> Path:
@@ -100,7 +96,7 @@ class Snapshots:
         # it is done with it, taken (and cleared) by ``take``
         self._spare: dict[str, Any] | None = None
         # the first snapshot's: memory made ahead by a background thread after the first step (``_blank_ahead``)
-        self._first_copy: _Blank | None = None
+        self._first_copy: MadeAhead | None = None
         self._counts: dict[int, int] = {}  # id(optimizer) -> its real steps
         self._pending: int | None = None  # a due step whose snapshot waits for the schedulers
         self._waiting: set[int] = set()
@@ -229,8 +225,8 @@ class Snapshots:
                  + training_state.state_files(items, accelerator.state, owner, accelerator.step))
         spare, self._spare = (self._spare if not self.writer.busy else None), None
         if spare is None and self._first_copy is not None:
-            spare, self._first_copy = self._first_copy.ready(), _Blank.TAKEN
-        parts = [_host_copied(part, spare) for part in parts]
+            spare, self._first_copy = self._first_copy.ready(), MadeAhead.NONE
+        parts = [host_copied(part, spare) for part in parts]
         meta = {"step": step, "token": self.token, **identity(accelerator)} if owner else {}
         self._last = time.monotonic()
         copy_s = time.perf_counter() - start
@@ -245,18 +241,18 @@ class Snapshots:
         copy made ahead without its values, by a background thread (``host_copy.blank``), so that the
         first copy too overwrites pages already in memory (at 1 GB here 57 ms, not 231). Only where
         the checkpointer's parts are the live tensors (made without a copy or a collective: not
-        DeepSpeed's, FSDP's or XLA's), and not where it would take more than ``SPARE_SHARE`` of the
-        host memory available."""
-        self._first_copy = _Blank.TAKEN
+        DeepSpeed's, FSDP's or XLA's), and not where it would take more than its share of the
+        host memory available (``copy_memory.SPARE_SHARE``)."""
+        self._first_copy = MadeAhead.NONE
         items = orchestration.checkpoint_items(self.accelerator)
         if not getattr(items.checkpointer, "live_parts", False):
             return
         parts = (items.checkpointer.snapshot_parts(None, self.accelerator.is_main_process, None)
                  + training_state.state_files(items, self.accelerator.state, self.accelerator.is_main_process,
                                               self.accelerator.step))
-        if not _fits(sum(_nbytes(part) for part in parts)):
+        if not fits(sum(_nbytes(part) for part in parts)):
             return
-        self._first_copy = _Blank(parts)
+        self._first_copy = MadeAhead(parts)
 
     def _staging(self, step: int, tmp: Path) -> Callable[[int], Path]:
         """Where a library's own writer writes on the training path (DeepSpeed's engine): host memory
@@ -289,7 +285,7 @@ class Snapshots:
         try:
             self._keep_and_write(step, parts, tmp, final, meta, group, left)
         finally:
-            self._spare = _spare_of(parts, meta["bytes"])
+            self._spare = spare_of(parts, meta["bytes"])
 
     def _keep_and_write(self, step: int, parts: list[state_parts.Part], tmp: Path, final: Path,
                         meta: dict[str, Any], group: Any, left: Callable[[], bool]) -> None:
@@ -340,63 +336,6 @@ def newest_held() -> snapshot_dir.SnapshotInfo | None:
     found = [snapshot_dir.newest(schedule.directory) for schedule in list(_schedules)]
     held = [info for info in found if info is not None]
     return max(held, key=lambda info: info.saved_at) if held else None
-
-
-def _host_copied(part: state_parts.Part, spare: dict[str, Any] | None) -> state_parts.Part:
-    """``part`` with its state copied to host memory (into the same part's copy in ``spare``, a written
-    snapshot's, where it matches; a staged folder is there already)."""
-    if isinstance(part, StateFile):
-        return StateFile(part.name, host_copy(part.obj, into=(spare or {}).get(part.name)), part.safetensors)
-    if isinstance(part, state_parts.ShardedState):
-        return state_parts.ShardedState(part.name, host_copy(part.state, into=(spare or {}).get(part.name)))
-    return part
-
-
-def _spare_of(parts: list[state_parts.Part], copied_bytes: int) -> dict[str, Any] | None:
-    """A written snapshot's host copy by part name, kept for the next copy where it takes at most
-    ``SPARE_SHARE`` of the host memory available now (else ``None``: freed, the next copy is fresh)."""
-    return _by_name(parts) if _fits(copied_bytes) else None
-
-
-def _fits(copied_bytes: int) -> bool:
-    """A host copy of ``copied_bytes`` may be kept: at most ``SPARE_SHARE`` of the memory available now."""
-    return copied_bytes <= SPARE_SHARE * psutil.virtual_memory().available
-
-
-def _by_name(parts: list[state_parts.Part]) -> dict[str, Any]:
-    """The states of the parts held in memory, by part name (what ``_host_copied``'s ``spare`` is)."""
-    return {part.name: part.obj if isinstance(part, StateFile) else part.state
-            for part in parts if isinstance(part, (StateFile, state_parts.ShardedState))}
-
-
-class _Blank:
-    """The first snapshot's host copy, made ahead without its values by a background thread
-    (``Snapshots._blank_ahead``); ``TAKEN``: none to make (made and taken, or not made here)."""
-
-    TAKEN: _Blank
-
-    def __init__(self, parts: list[state_parts.Part] | None) -> None:
-        self._made: dict[str, Any] | None = None
-        self._thread: threading.Thread | None = None
-        if parts:
-            self._thread = threading.Thread(target=self._make, args=(_by_name(parts),),
-                                            name="notebook_accel snapshot memory", daemon=True)
-            self._thread.start()
-
-    def _make(self, states: dict[str, Any]) -> None:
-        try:
-            self._made = {name: blank(state) for name, state in states.items()}
-        except Exception:  # noqa: BLE001 - then the first copy goes into fresh memory, as without it
-            self._made = None
-
-    def ready(self) -> dict[str, Any] | None:
-        """The copy made ahead, if it is done (not waited for: else the first copy is fresh)."""
-        if self._thread is None or self._thread.is_alive():
-            return None
-        return self._made
-
-
-_Blank.TAKEN = _Blank(None)
 
 
 def _nbytes(part: state_parts.Part) -> int:

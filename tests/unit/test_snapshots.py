@@ -97,27 +97,27 @@ def test_the_first_snapshot_copies_into_memory_made_ahead_after_the_first_step(t
 
 
 def test_memory_made_ahead_that_is_not_ready_is_not_waited_for(tmp_path, monkeypatch):
-    from notebook_accel.checkpoint import snapshots
+    from notebook_accel.checkpoint import copy_memory
 
     release = threading.Event()
-    monkeypatch.setattr(snapshots, "blank", lambda state: release.wait(10) and None)
+    monkeypatch.setattr(copy_memory, "blank", lambda state: release.wait(10) and None)
     accelerator, model, optimizer = _prepared()
     accelerator.snapshot_every(steps=2, dir=tmp_path, keep=3)
     _train(accelerator, model, optimizer, 2)  # due while the memory is still being made: a fresh copy
     release.set()
     accelerator.wait_for_snapshots()
     assert [s.step for s in snapshot_dir.listing(tmp_path)] == [2]
-    assert accelerator._snapshots._first_copy is snapshots._Blank.TAKEN
+    assert accelerator._snapshots._first_copy is copy_memory.MadeAhead.NONE
 
 
 def test_no_memory_is_made_ahead_where_it_would_not_fit(tmp_path, monkeypatch):
-    from notebook_accel.checkpoint import snapshots
+    from notebook_accel.checkpoint import copy_memory
 
-    monkeypatch.setattr(snapshots, "SPARE_SHARE", 0.0)
+    monkeypatch.setattr(copy_memory, "SPARE_SHARE", 0.0)
     accelerator, model, optimizer = _prepared()
     accelerator.snapshot_every(steps=3, dir=tmp_path, keep=3)
     _train(accelerator, model, optimizer, 1)
-    assert accelerator._snapshots._first_copy is snapshots._Blank.TAKEN
+    assert accelerator._snapshots._first_copy is copy_memory.MadeAhead.NONE
 
 
 def test_a_snapshot_is_complete_only_once_every_rank_is_in_and_it_is_renamed(tmp_path):
