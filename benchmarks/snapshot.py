@@ -32,7 +32,6 @@ in the worst (without snapshots 46 ms).
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -41,13 +40,15 @@ from pathlib import Path
 
 import torch
 
+from notebook_accel.checkpoint import paced_writes
+
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 150
 EVERY = int(sys.argv[3]) if len(sys.argv) > 3 else 50
 WIDTH = int(sys.argv[4]) if len(sys.argv) > 4 else 2048
 THREADS = int(sys.argv[5]) if len(sys.argv) > 5 else None  # training's CPU threads (1: a core left to the write, as with a GPU)
 BATCH = 32
-DIRECT = getattr(os, "O_DIRECT", 0)  # the paced writes' flag (the page-cache variant sets 0)
+DIRECT = paced_writes.DIRECT  # the paced writes' O_DIRECT flag (the page-cache variant sets 0)
 WINDOW = 15  # steps from a snapshot's step on (its host copy, then its write) where its stall is looked for
 
 
@@ -70,7 +71,7 @@ def run(variant: str, workdir: Path) -> tuple[list[float], dict[str, float]]:
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     net, opt = acc.prepare(net, opt)
     if variant.startswith("snapshot_every"):
-        from notebook_accel.checkpoint import copy_memory, paced_writes, snapshots
+        from notebook_accel.checkpoint import copy_memory, snapshots
 
         snapshots.PACED_WRITES = variant != "snapshot_every_unpaced"
         paced_writes.DIRECT = 0 if variant == "snapshot_every_cached" else DIRECT

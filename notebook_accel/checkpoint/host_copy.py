@@ -42,9 +42,9 @@ def host_copy(obj: Any, to_cpu: Callable[[Any], Any] | None = None, into: Any = 
 
 
 def blank(obj: Any) -> Any:
-    """What ``host_copy(obj)`` makes, but the tensors' values left out (whatever the memory held): every tensor a CPU
-    tensor of the same shape, dtype and strides (tied ones one tensor), each of its memory pages
-    touched, so that the kernel has faulted them in. A ``host_copy(obj, into=blank(obj))`` then
+    """What ``host_copy(obj)`` makes, but the tensors' values left out (whatever the memory held):
+    every tensor a CPU tensor of the same shape, dtype and strides (tied ones one tensor), each of
+    its memory pages touched, so that the kernel has faulted them in. A ``host_copy(obj, into=blank(obj))`` then
     copies into resident memory. Reads only the tensors' shapes (a background thread may call it
     while training changes the values)."""
     return _copy(obj, {}, None, set(), _blank_tensor)

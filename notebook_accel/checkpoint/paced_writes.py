@@ -7,8 +7,9 @@ tens of milliseconds at a time (``safetensors``' ``save_file``, one ``write`` of
 waits for that thread: the step stalls several times longer than the write's CPU time. Written
 piece by piece (``PIECE`` bytes, then ``PAUSE`` seconds asleep, the GIL released), the cost is
 spread over the steps. Each piece goes out with ``O_DIRECT`` from a page-aligned buffer: the
-kernel neither copies it into the page cache nor writes it back later (96 MB: 8-19 ms of CPU
-instead of 30-40 here), and the snapshot does not push the user's data out of the cache. A
+kernel neither copies it into the page cache nor writes it back later (96 MB here: the writing
+thread 19-21 ms of CPU instead of 33-34, the machine 10-20 instead of 30-50;
+``benchmarks/paced_write_cpu.py``), and the snapshot does not push the user's data out of the cache. A
 file system that refuses ``O_DIRECT`` (some FUSE mounts, tmpfs before Linux 6.6) is written
 through the page cache instead, the same bytes.
 
