@@ -6,8 +6,9 @@ One process, 2 workers, CPU/gloo. Rows, each with median and p99 over the repeti
   ``reduce``, alternated with Hugging Face Accelerate's ``notebook_launcher`` of the same function
   (the peer; its ``Accelerator``) for the ratio;
 - ``pool.run(noop)`` and ``pool.run`` of a 1-element ``all_reduce``;
-- a ``%%accelerate`` cell on the notebook's pool (``x = 1``, and one with an ``all_reduce``),
-  through the magic's own code path in an in-process IPython shell (no kernel, no ZMQ); and
+- a ``%%accelerate`` cell on the notebook's pool (``x = 1``, one with an ``all_reduce``, and
+  an 80-line cell, a training cell's size, run again with ``--no-pull``), through the magic's own
+  code path in an in-process IPython shell (no kernel, no ZMQ); and
   ``x = 1`` again after 2,000 cells of a session (a payload must not grow with them);
 - the machine's floor under a pool run: a byte written to two forked Python processes that
   wait in ``poll`` and write it back (no pickle, no threads, no bookkeeping).
@@ -348,10 +349,13 @@ def magic_cells(cells: int) -> dict | None:
     shell.run_line_magic("load_ext", "notebook_accel")
     bodies = {"x = 1": "x = 1",
               "all_reduce": "import torch, torch.distributed as dist\n"
-                            "t = torch.ones(1)\ndist.all_reduce(t)"}
+                            "t = torch.ones(1)\ndist.all_reduce(t)",
+              LONG_CELL: "%%accelerate --no-pull\n" + long_cell()}
 
     def cell(body: str):
-        return lambda: shell.run_cell_magic("accelerate", "", body)
+        line, _, text = body.removeprefix("%%accelerate").partition("\n") if body.startswith(
+            "%%") else ("", "", body)
+        return lambda: shell.run_cell_magic("accelerate", line.strip(), text)
 
     def worker() -> list:
         from magics import pool as notebook_pool
@@ -393,6 +397,16 @@ def magic_cells(cells: int) -> dict | None:
 
 
 LONG_SESSION = 2000  # cells run before the last row's (a day's notebook)
+LONG_CELL = "80 lines, --no-pull"
+
+
+def long_cell(lines: int = 80) -> str:
+    """A training cell's size: a function of ``lines`` lines defined, nothing run (``--no-pull``:
+    what the row measures is the magic's own work on a long cell, run again)."""
+    body = [f"    h{i} = max(h{i - 1} * w{i % 4} + b{i % 4}, 0) if i > 0 else x" for i in
+            range(1, lines - 2)]
+    return "def forward(x, w0, w1, w2, w3, b0, b1, b2, b3, i=1):\n    h0 = x\n" + "\n".join(
+        body) + f"\n    return h{lines - 3}"
 
 
 def pipe_floor(rounds: int = 3000) -> list[float]:

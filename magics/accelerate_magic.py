@@ -28,6 +28,7 @@ from magics.cell.arguments import (
     launch_options,
     magic_flags,
     parse_line,
+    pool_flags_given,
     unused_flags,
 )
 from magics.cell.flag_check import check_words
@@ -36,7 +37,6 @@ from magics.cell.names import imported_names
 from magics.cell.runner import CELL_VALUE, cell_job
 from magics.cell.shipping import check_defined, collect_names
 from magics.cell.source import cell_number, make_cell_code
-from notebook_accel.contract import OPTIONS
 from notebook_accel.launch import LaunchInterrupted, WorkerError, deferred_interrupts
 
 
@@ -117,9 +117,7 @@ class AccelerateMagics(Magics):
         """
         check_words(self.accelerate.parser, line, cell is not None, COMMANDS, WITH_ARGUMENT)
         args = parse_line(self.accelerate, line)
-        pool_flags = [f"--no-{o.magic_flag[2:]}" if o.switch and getattr(args, o.name) is False
-                      else o.magic_flag for o in OPTIONS.values()
-                      if o.pool_only and o.magic_flag and getattr(args, o.name, None) is not None]
+        pool_flags = pool_flags_given(args)
         if pool_flags and args.command not in ("start", "restart"):
             raise UsageError(f"{', '.join(pool_flags)} set{'s' if len(pool_flags) == 1 else ''} "
                              "the notebook's pool: use with %accelerate start (or restart)")
@@ -172,8 +170,7 @@ class AccelerateMagics(Magics):
         missing = [name for name in args.push if name not in user_ns]
         if missing:
             raise UsageError(f"--push {','.join(missing)}: the notebook has no such name")
-        if not any(isinstance(node, ast.ImportFrom) and node.names[0].name == "*"
-                   for node in ast.walk(tree)):  # `import *` binds names we cannot know
+        if not names.star_import:  # `import *` binds names we cannot know
             check_defined(names.reads, names.assigns, collections.ChainMap(user_ns, dict.fromkeys(on_workers)))
         crossing = crossings.choose(names.reads, user_ns, LEDGER, on_workers,
                                     pool.copies_on(ranks) if pool is not None else (), args.push)

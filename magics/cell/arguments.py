@@ -10,6 +10,7 @@ default for one cell only; a ``switch`` row is a pair, ``--fsdp`` / ``--no-fsdp`
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -55,8 +56,12 @@ def parse_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
     return argparse.Namespace(**vars(kept[1]))
 
 
-def _flagged() -> list[LaunchOption]:
-    return [option for option in options_table().values() if option.magic_flag]
+@functools.cache
+def _flagged() -> tuple[tuple[LaunchOption, str], ...]:
+    """The launch options that have a flag, each with its name in the parsed line; read once,
+    when the magic's parser is built (its flags are fixed from then on)."""
+    return tuple((option, _dest(option)) for option in options_table().values()
+                 if option.magic_flag)
 
 
 def _dest(option: LaunchOption) -> str:
@@ -104,7 +109,7 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
                       "force, else ./snapshots/<run>); with attach or stop: a detached pool's "
                       "name"),
         argument_group("launch (unset: environment, then config file, then auto-detection)"),
-        *(flag for option in _flagged() for flag in _flags(option)),
+        *(flag for option, _ in _flagged() for flag in _flags(option)),
         argument_group("output"),
         argument("--main-only", dest="output", action="store_const", const="main",
                  help="show only rank 0's output (same as --output main)"),
@@ -135,7 +140,14 @@ def magic_flags(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def flags_given(args: argparse.Namespace) -> list[str]:
     """The launch flags set on the line (``--num-processes``...), as written in ``--help``."""
-    return [option.magic_flag for option in _flagged() if getattr(args, _dest(option)) is not None]
+    return [option.magic_flag for option, dest in _flagged() if getattr(args, dest) is not None]
+
+
+def pool_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags set on the line that only a pool's start takes (``--heal``, ``--no-heal``...)."""
+    return [f"--no-{option.magic_flag[2:]}" if option.switch and getattr(args, dest) is False
+            else option.magic_flag for option, dest in _flagged()
+            if option.pool_only and getattr(args, dest) is not None]
 
 
 _CELL_ONLY = {"fresh": ("--fresh", False), "background": ("--background", False),
@@ -170,6 +182,6 @@ def launch_options(args: argparse.Namespace) -> LaunchRequest:
     """
     try:
         return LaunchRequest.from_flags(
-            {option.name: getattr(args, _dest(option)) for option in _flagged()}, "magic")
+            {option.name: getattr(args, dest) for option, dest in _flagged()}, "magic")
     except ValueError as error:
         raise UsageError(str(error)) from None

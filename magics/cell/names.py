@@ -27,10 +27,13 @@ class CellNames:
     Attributes:
         reads: names the cell may read before binding them, in order of first use.
         assigns: names the cell binds at top level, in order of first binding.
+        star_import: the cell has a ``from module import *``, which binds names no reading
+            of the text can know.
     """
 
     reads: tuple[str, ...]
     assigns: tuple[str, ...]
+    star_import: bool = False
 
 
 def imported_names(tree: ast.Module) -> set[str]:
@@ -52,21 +55,25 @@ def analyse_cell(source: str | ast.Module) -> CellNames:
 
     Example:
         >>> analyse_cell("y = f(x)\\nx = 1")
-        CellNames(reads=('f', 'x'), assigns=('y', 'x'))
+        CellNames(reads=('f', 'x'), assigns=('y', 'x'), star_import=False)
     """
     tree = ast.parse(source) if isinstance(source, str) else source
     scope = _TopLevel()
     scope.block(tree.body)
     later_reads, global_writes = _inner_scope_globals(
         source if isinstance(source, str) else ast.unparse(tree)) if _has_inner_scopes(tree) else ([], [])
-    augmented = {node.target.id for node in ast.walk(tree)
-                 if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)}
+    augmented, star_import = set(), False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            augmented.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom) and node.names[0].name == "*":
+            star_import = True
     later_reads += [name for name in global_writes if name in augmented]  # global x; x += 1
     assigned_anywhere = set(scope.assigns)
     deferred = [name for name in later_reads if name not in assigned_anywhere]
     reads = list(dict.fromkeys([*scope.reads, *deferred]))
     assigns = list(dict.fromkeys([*scope.assigns, *global_writes]))
-    return CellNames(tuple(reads), tuple(assigns))
+    return CellNames(tuple(reads), tuple(assigns), star_import)
 
 
 @functools.lru_cache(maxsize=64)

@@ -49,6 +49,29 @@ def test_names_read_and_assigned(source, reads, assigns):
     assert list(names.assigns) == assigns
 
 
+@pytest.mark.parametrize("source, star", [
+    ("from os.path import *\nx = join('a')", True),
+    ("if flag:\n    from math import *", True),
+    ("from os.path import join\nimport math\nx = join('a')", False),
+])
+def test_a_star_import_is_known_from_the_one_reading_of_the_cell(source, star):
+    assert analyse_cell(source).star_import is star
+    assert parsed_cell(source)[1].star_import is star
+
+
+def test_flags_only_a_pool_start_takes_are_named_as_written():
+    from IPython.core.magic_arguments import parse_argstring
+
+    from magics.accelerate_magic import AccelerateMagics
+    from magics.cell.arguments import flags_given, pool_flags_given
+
+    magic = AccelerateMagics.accelerate
+    assert pool_flags_given(parse_argstring(magic, "-n 2")) == []
+    assert pool_flags_given(parse_argstring(magic, "--no-heal")) == ["--no-heal"]
+    assert pool_flags_given(parse_argstring(magic, "--heal")) == ["--heal"]
+    assert flags_given(parse_argstring(magic, "-n 2 --heal")) == ["--num-processes", "--heal"]
+
+
 def test_every_unshippable_name_is_listed_with_its_reason():
     from magics.cell.shipping import UnshippableNamesError, collect_names
 
