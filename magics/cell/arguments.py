@@ -37,23 +37,20 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 _IMMUTABLE = (type(None), bool, int, float, str, tuple)
-_bare: dict[int, tuple[argparse.ArgumentParser, argparse.Namespace | None]] = {}
 
 
 def parse_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
-    """``parse_argstring(magic, line)``; a bare line (no flag: every value its default) is parsed
-    once per parser, and each call gets its own copy (only where every default is immutable)."""
-    if line.strip():
-        return parse_argstring(magic, line)
-    parser = magic.parser
-    kept = _bare.get(id(parser))
-    if kept is None or kept[0] is not parser:
-        parsed = parse_argstring(magic, line)
-        immutable = all(isinstance(value, _IMMUTABLE) for value in vars(parsed).values())
-        kept = _bare[id(parser)] = (parser, parsed if immutable else None)
-    if kept[1] is None:
-        return parse_argstring(magic, line)
-    return argparse.Namespace(**vars(kept[1]))
+    """``parse_argstring(magic, line)``; a line parsed before (a cell run again) is not parsed
+    again: each call gets its own copy, where every value is immutable (the last 64 lines)."""
+    kept = _parsed(magic, line)
+    return parse_argstring(magic, line) if kept is None else argparse.Namespace(**vars(kept))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(magic: Callable[..., Any], line: str) -> argparse.Namespace | None:
+    """The line parsed, to be copied; None where a value could be changed in place."""
+    parsed = parse_argstring(magic, line)
+    return parsed if all(isinstance(v, _IMMUTABLE) for v in vars(parsed).values()) else None
 
 
 @functools.cache

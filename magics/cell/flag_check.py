@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 
 from IPython.core.error import UsageError
 from IPython.utils.process import arg_split
@@ -39,6 +40,7 @@ def _takes_value(action: argparse.Action) -> bool:
         action, (argparse._StoreConstAction, argparse._HelpAction))  # noqa: SLF001
 
 
+@functools.lru_cache(maxsize=64)  # a line that passed is not checked again (errors: not kept)
 def check_words(parser: argparse.ArgumentParser, line: str, cell: bool,
                 commands: tuple[str, ...], with_argument: tuple[str, ...] = ()) -> None:
     """Refuse unknown flags and stray words in a magic line, naming them.

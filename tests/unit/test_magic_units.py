@@ -72,6 +72,26 @@ def test_flags_only_a_pool_start_takes_are_named_as_written():
     assert flags_given(parse_argstring(magic, "-n 2 --heal")) == ["--num-processes", "--heal"]
 
 
+def test_a_flags_line_run_again_is_parsed_once_and_each_cell_gets_its_own_copy(monkeypatch):
+    from magics.accelerate_magic import AccelerateMagics
+    from magics.cell import arguments
+
+    magic = AccelerateMagics.accelerate
+    first = arguments.parse_line(magic, "--pull a,b --ranks 1")
+
+    def parse_again(*_):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(arguments, "parse_argstring", parse_again)
+    second = arguments.parse_line(magic, "--pull a,b --ranks 1")
+    assert vars(first) == vars(second) and first is not second
+    assert second.pull == ("a", "b") and second.ranks == "1"
+    second.pull = ()  # a cell's changes stay its own
+    assert arguments.parse_line(magic, "--pull a,b --ranks 1").pull == ("a", "b")
+    with pytest.raises(AssertionError, match="parsed again"):
+        arguments.parse_line(magic, "--pull c")  # a line not seen before is parsed
+
+
 def test_every_unshippable_name_is_listed_with_its_reason():
     from magics.cell.shipping import UnshippableNamesError, collect_names
 
