@@ -98,3 +98,37 @@ def test_a_warm_pools_payloads_carry_only_the_cells_its_workers_do_not_have(monk
     monkeypatch.setattr("notebook_accel.launch.handoff.payload.NUMBERS", cells.NUMBERS)
     load_payload(serialise_payload(f, (), {}))
     assert numbered().items() <= cells.NUMBERS.items()  # where a worker's debugger reads them
+
+
+def test_a_payload_reads_only_linecache_names_added_since_and_those_left(monkeypatch):
+    """linecache only appends: the sources after the last name sent are the new ones; a lazy
+    entry, one over the budget and one whose last name is gone are still sent, once."""
+    from notebook_accel.launch.handoff import cells, payload
+
+    def cell(name: str, text: str = "x = 1\n") -> tuple:  # IPython 8's: no modification time
+        return (len(text), None, [text], name)
+
+    cache = {"<cell 1>": cell("<cell 1>"), "<lazy>": (lambda: ["z = 3\n"],)}
+    monkeypatch.setattr(linecache, "cache", cache)
+    sent = cells.SentCells()
+
+    def sources() -> list[str]:
+        return list(pickle.loads(serialise_payload(len, (), {}, sent=sent))[3])
+
+    assert sources() == ["<cell 1>"]  # the lazy entry holds no lines yet: left
+    assert sources() == []
+    cache["<cell 2>"] = cell("<cell 2>")
+    cache["<lazy>"] = cell("<lazy>", "z = 3\n")  # read in place, before the last name sent
+    assert sorted(sources()) == ["<cell 2>", "<lazy>"]
+    del cache["<cell 1>"]
+    cache["<cell 1>"] = cell("<cell 1>")  # dropped and read again: the workers have it
+    assert sources() == []
+    del cache["<cell 1>"]  # the last name sent is gone: every name is looked at again
+    cache["<cell 3>"] = cell("<cell 3>")
+    cache["<cell 4>"] = cell("<cell 4>")
+    assert sources() == ["<cell 3>", "<cell 4>"]
+    monkeypatch.setattr(payload, "_MAX_SOURCE_BYTES", 10)
+    cache["<cell 5>"], cache["<cell 6>"] = cell("<cell 5>", "a = 1234\n"), cell("<cell 6>", "b = 5678\n")
+    assert sources() == ["<cell 5>"]  # over the budget: the next payload's
+    assert sources() == ["<cell 6>"]
+    assert sources() == []

@@ -67,24 +67,51 @@ class SentCells:
     numbers: dict[str, int] = field(default_factory=dict)
     _map: Mapping[str, int] | None = field(default=None, repr=False)  # IPython 8's map as last
     _map_length: int = field(default=0, repr=False)  # sent, and its length then
+    _last_file: str | None = field(default=None, repr=False)  # linecache's last name as last sent
+    _left: tuple[str, ...] = field(default=(), repr=False)  # names read then, to read again
+
+    def unread_files(self) -> tuple[list[str], str | None]:
+        """linecache's file names that may hold a source these workers lack, in linecache's
+        order, and the mark :meth:`sent` takes. linecache only appends (a name read again, after
+        its entry was dropped, comes last too), so only the names after the last one as last
+        sent are new, with those left then (an entry not read yet, a source over the budget);
+        all of them when that name is gone."""
+        cache = linecache.cache
+        try:
+            last = next(reversed(cache), None)
+            if self._last_file is None or self._last_file not in cache:
+                return [name for name in list(cache) if name not in self.sources], last
+            new = []
+            for name in reversed(cache):
+                if name == self._last_file:
+                    break
+                new.append(name)
+        except RuntimeError:  # another thread changed linecache meanwhile: read it whole
+            return [name for name in list(cache) if name not in self.sources], None
+        names = dict.fromkeys([*self._left, *reversed(new)])
+        return [name for name in names if name not in self.sources], last
 
     def new_numbers(self) -> tuple[dict[str, int], tuple[Mapping[str, int], int]]:
         """The notebook's cell numbers these workers do not have yet (or have another of), and
         the mark that :meth:`sent` takes once they are on their way. IPython 8's map only grows
-        (a cell's file name is new at each run), so only its new end is read."""
+        (a cell's file name is new at each run), so only its new end is read, from the end."""
         numbers = cell_numbers(notebook_shell())
         if numbers is self._map and len(numbers) >= self._map_length:
-            new = dict(itertools.islice(numbers.items(), self._map_length, None))
+            new = dict(reversed(list(itertools.islice(reversed(numbers.items()),
+                                                      len(numbers) - self._map_length))))
         else:  # IPython 7's, rebuilt at each call: compared whole
             new = dict(numbers.items() - self.numbers.items())
         return new, (numbers, len(numbers))
 
     def sent(self, sources: Mapping[str, Any], numbers: dict[str, int],
-             mark: tuple[Mapping[str, int], int]) -> None:
-        """These sources and numbers are on their way to the workers."""
+             mark: tuple[Mapping[str, int], int], files: tuple[str | None, tuple[str, ...]]
+             ) -> None:
+        """These sources and numbers are on their way to the workers; ``files``: the mark of
+        :meth:`unread_files` and the names it gave that are left to read again."""
         self.sources.update(sources)
         self.numbers.update(numbers)
         self._map, self._map_length = mark
+        self._last_file, self._left = files
 
 
 # a worker's side: the notebook cells the kernel named (file name -> In [N]), for its debugger

@@ -72,10 +72,11 @@ def serialise_payload(function: Any, args: tuple, kwargs: dict, inherit: bool = 
     """
     try:
         sent = sent if sent is not None else SentCells()
-        sources, (numbers, mark) = _cell_sources(sent.sources), sent.new_numbers()
+        (names, last), (numbers, mark) = sent.unread_files(), sent.new_numbers()
+        sources, left = _cell_sources(names, sent.sources)
         data = _dumps((function, tuple(args), dict(kwargs), sources, numbers), _OutboundPickler,
                       shared=shared)
-        sent.sent(sources, numbers, mark)
+        sent.sent(sources, numbers, mark, (last, left))
         return data
     except RankBoundError as exc:
         where = _locate_rank_bound(exc.value, function, args, kwargs)
@@ -166,24 +167,29 @@ def load_payload(data: Payload) -> tuple[Any, tuple, dict]:
     return function, args, kwargs
 
 
-def _cell_sources(skip: set[str]) -> dict[str, tuple]:
-    """linecache entries of notebook cells (they exist in memory only), for tracebacks; those
-    in ``skip`` (the workers have them) and real files (the worker reads them itself, and they
-    join ``skip``) are left out: a payload of a long session looks only at what is new."""
-    sources, total, cells = {}, 0, compiled_cells()
-    for filename in linecache.cache.keys() - skip:
+def _cell_sources(names: list[str], skip: set[str]) -> tuple[dict[str, tuple], tuple[str, ...]]:
+    """linecache entries of notebook cells (they exist in memory only), for tracebacks, among
+    ``names`` (``SentCells.unread_files``: a payload of a long session looks only at what is
+    new); real files (the worker reads them itself) join ``skip``. Returns the sources and the
+    names left to read again (an entry not read yet, a source over the budget)."""
+    sources, left, total, cells = {}, [], 0, compiled_cells()
+    for index, filename in enumerate(names):
         entry = linecache.cache.get(filename)
-        if entry is None or len(entry) != 4:
+        if entry is None:
+            continue  # dropped: one that comes back is read then
+        if len(entry) != 4:
+            left.append(filename)  # a lazy entry: read once it holds its lines
             continue
         if (entry[1] is not None and filename not in cells) or os.path.exists(filename):
             skip.add(filename)  # a real file
             continue
         size = sum(len(line) for line in entry[2])
         if total + size > _MAX_SOURCE_BYTES:
+            left += names[index:]
             break
         # No modification time: linecache.checkcache keeps it (IPython 7's cells have one).
         sources[filename], total = (entry[0], None, entry[2], entry[3]), total + size
-    return sources
+    return sources, tuple(left)
 
 
 def _picklable(obj: Any) -> Exception | None:
