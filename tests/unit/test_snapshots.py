@@ -316,3 +316,30 @@ def test_a_heal_leaves_a_write_waiting_for_a_dead_ranks_part_and_the_next_snapsh
     accelerator.wait_for_snapshots()
     assert snapshot_dir.newest(tmp_path).step == 4
     assert (tmp_path / "snapshot_000000002.tmp").is_dir()  # left incomplete, never the newest
+
+
+def test_a_plain_snapshot_and_save_import_nothing_of_torchs_distributed_checkpoint(tmp_path):
+    """Its import (80 modules, 60 ms with the interpreter held) was the first background write's
+    stall on training: only a sharded state's write may import it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from notebook_accel import Accelerator
+        acc = Accelerator(cpu=True)
+        net = torch.nn.Linear(4, 4)
+        model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        acc.snapshot_every(steps=1, dir={str(tmp_path / "snaps")!r})
+        for _ in range(2):
+            acc.backward(model(torch.ones(2, 4)).sum()); opt.step(); opt.zero_grad()
+        acc.wait_for_snapshots()
+        acc.save_state({str(tmp_path / "saved")!r})
+        print("dcp" if "torch.distributed.checkpoint" in sys.modules else "none")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "none"
+    assert (tmp_path / "saved").is_dir() and any((tmp_path / "snaps").iterdir())
