@@ -9,7 +9,8 @@ One process, 2 workers, CPU/gloo. Rows, each with median and p99 over the repeti
 - a ``%%accelerate`` cell on the notebook's pool (``x = 1``, one with an ``all_reduce``, and
   an 80-line cell, a training cell's size, run again with ``--no-pull``), through the magic's own
   code path in an in-process IPython shell (no kernel, no ZMQ); and
-  ``x = 1`` again after 2,000 cells of a session (a payload must not grow with them);
+  ``x = 1`` again after 2,000 cells of a session (a payload must not grow with them), then
+  with 350 names living on the ranks (what each run's end reports);
 - the machine's floor under a pool run: a byte written to two forked Python processes that
   wait in ``poll`` and write it back (no pickle, no threads, no bookkeeping).
 
@@ -391,6 +392,9 @@ def magic_cells(cells: int) -> dict | None:
                 shell.run_cell(f"value_{number} = {number}", store_history=True)
             timed(cell("x = 1"), 30)
             results[f"x = 1, after {LONG_SESSION:,} cells"] = {"plain": timed(cell("x = 1"), cells)}
+            shell.run_cell_magic("accelerate", "--no-pull", MANY_NAMES)
+            timed(cell("x = 1"), 30)
+            results["x = 1, 350 names on ranks"] = {"plain": timed(cell("x = 1"), cells)}
         finally:
             shell.run_line_magic("accelerate", "stop")
     return results
@@ -398,6 +402,10 @@ def magic_cells(cells: int) -> dict | None:
 
 LONG_SESSION = 2000  # cells run before the last row's (a day's notebook)
 LONG_CELL = "80 lines, --no-pull"
+# a notebook an hour in: 350 names living on the ranks (data, 50 functions, modules), which
+# every run's end reports to the kernel
+MANY_NAMES = ("import math, os, json\nfor i in range(300):\n    globals()[f'v{i}'] = i\n"
+              "for i in range(50):\n    exec(f'def f{i}(): return {i}')\n")
 
 
 def long_cell(lines: int = 80) -> str:

@@ -46,6 +46,16 @@ def test_imported_names_are_told_apart_from_state():
     assert set(namespace.names()) - set(namespace.imported()) == {"Mine", "helper", "steps"}
 
 
+def test_names_leave_out_only_the_dunders_and_imported_ones_follow_their_order():
+    names = ["__name__", "__", "_", "_private", "__init__", "_`", "^up", "Z", "a", "__x__", "_a"]
+    namespace.NAMESPACE.update(dict.fromkeys(names, 0))
+    assert namespace.names() == tuple(sorted(n for n in names if not n.startswith("__")))
+    with namespace.worker_scope({}) as scope:
+        exec("import os, sys as _sys\ndef own(): pass\nfrom json import dumps", scope)  # noqa: S102
+    living = namespace.names()
+    assert namespace.imported(living) == namespace.imported() == ("_sys", "dumps", "os")
+
+
 def test_names_assigned_before_an_exception_stay_and_deleted_names_go():
     with pytest.raises(ZeroDivisionError), namespace.worker_scope({}) as scope:
         exec("kept = 1\n1 / 0", scope)  # noqa: S102

@@ -72,8 +72,11 @@ class PoolQuestions:
         if {h.rank for h in workers.dead()} & set(chosen):  # a gone rank holds nothing
             return ()
         first, *rest = (getattr(self._reports[rank], field) for rank in chosen)
-        others = [set(names) for names in rest]
-        return tuple(name for name in first if all(name in names for names in others))
+        rest = [names for names in rest if names != first]  # (ranks mostly hold the same)
+        if not rest:
+            return first
+        common = set(first).intersection(*rest)
+        return tuple(name for name in first if name in common)
 
     @property
     def heals(self) -> bool:

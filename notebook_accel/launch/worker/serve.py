@@ -88,10 +88,11 @@ def _serve_run(spec: WorkerSpec, pipes: WorkerPipes, run: Run) -> None:
     if at_cut:  # the stop button, at the point every rank agreed on: the group is whole
         outcome = dataclasses.replace(outcome, exc_type="KeyboardInterrupt",
                                       headline="KeyboardInterrupt")
+    living = namespace.names()
     send(pipes, outcome, RunDone(collectives=default_count(),
                                  broke_group=not at_cut and _broke_group(outcome),
-                                 names=namespace.names(), copies=namespace.copies(),
-                                 imported=namespace.imported()))
+                                 names=living, copies=namespace.copies(),
+                                 imported=namespace.imported(living)))
 
 
 def join_process_group() -> None:
