@@ -17,11 +17,13 @@ copy not kept for the next), ``snapshot_every_cached`` writes through the page c
 as on a file system that refuses it), ``snapshot_every_unpaced`` writes the same files without
 ``paced_writes``' pauses.
 
-Measured (2 shared CPUs, training on both; two runs each): ``3 200 50`` (96 MB): host copy 7-9 ms (the
-first too: its memory is made ahead; 23-26 ms into fresh memory), mean step within the runs' noise
-of none, each snapshot's stall 15-19 ms in the median snapshot, 53-54 ms in the worst (page cache
-16-27 / 27-50, fresh 21-24 / 30-48, unpaced 210-231 / 272-282, the peer's blocking save 478-571 /
-579-778; the same steps without snapshots 6-8 / 15-30). ``1 100 50 6600`` (1 GB): mean step
+Measured (2 shared CPUs, training on both; two runs each): ``3 200 50`` (96 MB), 2026-12-07: host
+copy 6 ms (the first too: its memory is made ahead; 15-20 ms into fresh memory), each snapshot's
+stall 10-11 ms in the median snapshot, 17-51 ms in the worst (page cache 34-52 / 80-117, fresh 25-31
+/ 78-106, unpaced 22-89 / 92-153, the peer's blocking save 212-223 / 224-232; the same steps without
+snapshots 5 / 12-13), mean step x1.05-1.10, within the runs' noise (fresh x1.03-1.04); 2026-12-06,
+a slower disk, before the first write stopped importing ``torch.distributed.checkpoint``: stall
+15-19 / 53-54 ms, the peer's save 478-571 / 579-778. ``1 100 50 6600`` (1 GB): mean step
 x1.007-1.008 (page cache x1.11-1.56), host copy 43-57 ms (the first 62 ms made ahead, 231 ms
 without), write 1.8-1.9 s (page cache 6.4-7.5 s), each snapshot's stall 101 ms in the median
 snapshot (none 48, a noisy run; the peer's blocking save 4.7-6.6 s).
