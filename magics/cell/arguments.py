@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -53,12 +54,18 @@ def _parsed(magic: Callable[..., Any], line: str) -> argparse.Namespace | None:
     return parsed if all(isinstance(v, _IMMUTABLE) for v in vars(parsed).values()) else None
 
 
-@functools.cache
+_rows: tuple[tuple[LaunchOption, ...], tuple[tuple[LaunchOption, str], ...]] = ((), ())
+
+
 def _flagged() -> tuple[tuple[LaunchOption, str], ...]:
-    """The launch options that have a flag, each with its name in the parsed line; read once,
-    when the magic's parser is built (its flags are fixed from then on)."""
-    return tuple((option, _dest(option)) for option in options_table().values()
-                 if option.magic_flag)
+    """The launch options that have a flag, each with its name in the parsed line: the table's as
+    it is now (a row added is a flag of the parsers built from then on), worked out again only
+    when a row changed."""
+    global _rows
+    rows = tuple(options_table().values())
+    if len(rows) != len(_rows[0]) or not all(map(operator.is_, rows, _rows[0])):
+        _rows = (rows, tuple((option, _dest(option)) for option in rows if option.magic_flag))
+    return _rows[1]
 
 
 def _dest(option: LaunchOption) -> str:
