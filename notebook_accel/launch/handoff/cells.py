@@ -12,6 +12,7 @@ a worker's registry of the cells' numbers (``NUMBERS``: its debugger names them)
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import linecache
 import re
@@ -76,20 +77,17 @@ class SentCells:
         its entry was dropped, comes last too), so only the names after the last one as last
         sent are new, with those left then (an entry not read yet, a source over the budget);
         all of them when that name is gone."""
-        cache = linecache.cache
-        try:
-            last = next(reversed(cache), None)
-            if self._last_file is None or self._last_file not in cache:
-                return [name for name in list(cache) if name not in self.sources], last
-            new = []
-            for name in reversed(cache):
-                if name == self._last_file:
-                    break
-                new.append(name)
-        except RuntimeError:  # another thread changed linecache meanwhile: read it whole
-            return [name for name in list(cache) if name not in self.sources], None
-        names = dict.fromkeys([*self._left, *reversed(new)])
-        return [name for name in names if name not in self.sources], last
+        cache, new = linecache.cache, None
+        if self._last_file is not None and self._last_file in cache:
+            with contextlib.suppress(RuntimeError):  # another thread changed linecache: read it whole
+                new = list(itertools.takewhile(self._last_file.__ne__, reversed(cache)))
+        if new is None:
+            names = list(cache)
+            last = names[-1] if names else None
+        else:
+            names = [*self._left, *reversed(new)]
+            last = new[0] if new else self._last_file
+        return [name for name in dict.fromkeys(names) if name not in self.sources], last
 
     def new_numbers(self) -> tuple[dict[str, int], tuple[Mapping[str, int], int]]:
         """The notebook's cell numbers these workers do not have yet (or have another of), and

@@ -41,7 +41,7 @@ def _sorted_without_dunders(keys: Iterable[str]) -> tuple[str, ...]:
     (a namespace of hundreds of names is read at every run's end)."""
     ordered = sorted(keys)
     start, end = bisect.bisect_left(ordered, "__"), bisect.bisect_left(ordered, "_`")
-    return tuple(ordered[:start] + ordered[end:]) if end > start else tuple(ordered)
+    return tuple(ordered[:start] + ordered[end:])
 
 
 def imported(living: tuple[str, ...] | None = None) -> tuple[str, ...]:
