@@ -100,3 +100,18 @@ def test_a_group_pushed_out_of_the_ring_keeps_its_latest_number():
     read = from_dump(dump, last=2)
     assert read[0] == Collective(7, "quiet", flight_recorder.OUT_OF_RING, (), None, 0.0, None, True)
     assert [(c.group, c.number) for c in read[1:]] == [("default", 3001), ("default", 3002)]
+
+
+def test_an_idle_ranks_read_waits_for_torch_to_mark_its_ended_collectives(monkeypatch):
+    """torch marks a collective ended on the backend's thread, after the rank's wait returned:
+    between runs an entry still ``scheduled`` is read again until marked; during a run (the
+    hang watch) it is read once, and one that never ends is given up after SETTLE_S."""
+    reads = iter([{"entries": [_entry(1), _entry(2, retired=False)]}] * 3
+                 + [{"entries": [_entry(1), _entry(2)]}])
+    monkeypatch.setattr(flight_recorder, "_dump", lambda where: next(reads))
+    assert [c.done for c in flight_recorder.recent(settle=True)] == [True, True]
+    reads = iter([{"entries": [_entry(2, retired=False)]}, {"entries": [_entry(2)]}])
+    assert [c.done for c in flight_recorder.recent()] == [False]  # in a run: read as it is
+    monkeypatch.setattr(flight_recorder, "SETTLE_S", 0.05)
+    monkeypatch.setattr(flight_recorder, "_dump", lambda where: {"entries": [_entry(2, retired=False)]})
+    assert [c.done for c in flight_recorder.recent(settle=True)] == [False]

@@ -28,6 +28,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from notebook_accel.wire import Collective
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"  # torch's setting: entries in the ring (0: off)
 RING = 2048  # the ring's entries when the user did not set BUFFER_ENV
 PER_GROUP = 256  # what a read keeps per group by default
+SETTLE_S = 0.5  # how long an idle rank's read waits for torch to mark its ended collectives
 SIGNALLED = 4  # per group, what a one-off worker writes on SIGUSR1 (the latest is compared)
 OUT_OF_RING = "(out of the ring)"  # the op of a group whose entries the ring no longer holds
 DUMP_MARK = "notebook_accel flight recorder: "  # a one-off worker's stderr line (then JSON)
@@ -53,11 +55,24 @@ def switch_on(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {} if environ.get(BUFFER_ENV) else {BUFFER_ENV: str(RING)}
 
 
-def recent(last: int = PER_GROUP, where: bool = True) -> tuple[Collective, ...]:
+def recent(last: int = PER_GROUP, where: bool = True, settle: bool = False) -> tuple[Collective, ...]:
     """This process's last ``last`` collectives per group, oldest first (empty: no recorder,
-    or nothing recorded yet); ``where`` False: without the user's frame (a fast read)."""
+    or nothing recorded yet); ``where`` False: without the user's frame (a fast read).
+
+    ``settle``: the main thread is in no collective (an idle pool's rank), so an entry not yet
+    marked ended is read again, for up to :data:`SETTLE_S`. torch marks a collective ended
+    on the backend's own thread, after the rank's wait has returned: a read right after it
+    finds the entry still ``scheduled`` (one read in six, back to back on 2 cores)."""
     dump = _dump(where)
+    deadline = time.monotonic() + SETTLE_S
+    while settle and dump and not _all_ended(dump) and time.monotonic() < deadline:
+        time.sleep(0.001)
+        dump = _dump(where)
     return from_dump(dump, last) if dump else ()
+
+
+def _all_ended(dump: Mapping[str, Any]) -> bool:
+    return all(_collective(entry).done for entry in dump["entries"])
 
 
 def _dump(where: bool) -> dict[str, Any] | None:

@@ -112,6 +112,11 @@ def begin_run() -> None:
         _watch()
 
 
+def in_run() -> bool:
+    """The main thread is running a run's function."""
+    return _state.running
+
+
 def end_run() -> None:
     """The run ended: later signals are ignored, the profile function is gone."""
     sys.setprofile(None)
