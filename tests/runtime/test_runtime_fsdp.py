@@ -110,9 +110,10 @@ def test_checkpoint_memory(runs):
         memory = rank["memory"]
         assert memory["save_growth"] <= 0.10 * memory["model_bytes"], memory
     rank0 = runs["train"][0]["memory"]
-    # one full copy of the weights, plus the allocator's slack (RSS peaks of 1.37x and 1.5x seen
-    # in 2 of 17 runs on 2 cores); a second full copy would be 2x
-    assert rank0["gathered"] == 8 and rank0["gather_growth"] <= 1.6 * rank0["model_bytes"], rank0
+    # one full copy of the weights, plus the gathers' buffers and the allocator's slack, which
+    # come in 4 MB blocks whatever the model's size: 1.24-1.75x with 8 layers of 4 MB, 1.12-1.31x
+    # with these 16 (8 runs on 2 cores); a second full copy would be 2x and more
+    assert rank0["gathered"] == 16 and rank0["gather_growth"] <= 1.6 * rank0["model_bytes"], rank0
 
 
 def test_sharded_resume_in_a_fresh_launch_is_bit_exact(runs):

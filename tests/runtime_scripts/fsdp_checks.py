@@ -297,7 +297,7 @@ class PeakRss:
 def check_checkpoint_memory() -> None:
     """RSS growth while saving a sharded checkpoint, and rank 0's while gathering the full weights."""
     torch.manual_seed(0)
-    big = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(8)])
+    big = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(16)])
     model_bytes = sum(p.numel() * p.element_size() for p in big.parameters())
     acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP",
                                                                  min_num_params=1_000_000))
