@@ -175,6 +175,47 @@ def test_a_silent_link_ends_its_ranks_without_an_exit_status_and_beats_go_out():
         hub_end.close()
 
 
+def test_a_rank_sigkilled_as_its_node_is_lost_died_with_it():
+    """A node's loss kills its ranks, and its hub may report a rank's SIGKILL just before its
+    link ends: that rank is lost with its node (its exit status kept), where a rank that failed
+    otherwise, or a SIGKILL before the launch closed the links, is not."""
+    import signal
+    import socket
+
+    from notebook_accel.launch.backends.cluster import HubHandle
+    from notebook_accel.launch.cluster import node_links
+    from notebook_accel.launch.worker.hub.hub_link import EXIT, Frame, frame
+
+    def ended(exits: dict[int, int], then_lost: bool) -> dict[int, node_links.RankChannels]:
+        kernel_end, hub_end = socket.socketpair()
+        links = node_links.NodeLinks({0: kernel_end}, {0: [0, 1, 2]})
+        try:
+            hub_end.sendall(b"".join(frame(Frame.END, rank, EXIT.pack(code)) for rank, code in exits.items()))
+            assert all(links.ends[rank].ended.wait(2) for rank in exits)
+            if then_lost:
+                hub_end.close()
+                assert links.ends[2].ended.wait(2)
+        finally:
+            links.close()
+            hub_end.close()
+        return links.ends
+
+    ends = ended({0: -signal.SIGKILL, 1: 1}, then_lost=True)
+    assert (ends[0].exitcode, ends[0].lost) == (-signal.SIGKILL, "its node's link ended")
+    assert (ends[1].exitcode, ends[1].lost) == (1, None)
+    assert (ends[2].exitcode, ends[2].lost) == (None, "its node's link ended")
+    handle = object.__new__(HubHandle)
+    handle._ends = ends[0]
+    assert handle.describe_end() == ("was killed by SIGKILL: its node or its Ray worker was lost "
+                                     "(its node's link ended)")
+    handle._ends = ends[2]
+    assert handle.describe_end().startswith("ended without an exit status: its node")
+    handle._ends = ends[1]
+    assert handle.describe_end() is None
+    ends = ended({0: -signal.SIGKILL}, then_lost=False)  # then the launch closed its links
+    assert ends[0].lost is None and ends[2].lost == "the launch ended"
+
+
 def test_a_stop_goes_once_per_node_listing_its_ranks():
     """signal_all: one SIGNAL frame per node (every rank of it: none listed), read back by the
     hub as the live ranks it is for; the terminate carries the hub's 2 s grace."""

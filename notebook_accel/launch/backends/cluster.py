@@ -98,7 +98,8 @@ class HubHandle(WorkerHandle):
     def describe_end(self) -> str | None:
         if self._ends.lost is None:
             return None
-        return f"ended without an exit status: its node or its Ray worker was lost ({self._ends.lost})"
+        how = "ended without an exit status" if self._ends.exitcode is None else "was killed by SIGKILL"
+        return f"{how}: its node or its Ray worker was lost ({self._ends.lost})"
 
     def command(self, message: wire.Message) -> bool:
         return self.persistent and self._links.command(self.rank, wire.encode(message))

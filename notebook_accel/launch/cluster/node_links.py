@@ -56,6 +56,7 @@ BACKLOG_LIMIT = 32 << 20  # bytes of a node's ranks held here before its link is
 NAMES = {Frame.STDOUT: "stdout", Frame.STDERR: "stderr", Frame.CONTROL: "control",
          Frame.EVENTS: "events"}
 KINDS = {name: kind for kind, name in NAMES.items()}
+DIED_WITH_NODE = 2.0  # seconds: a rank SIGKILLed this long before its node's link ended died with it
 SIGNALS = {  # a handle's method -> (signal, to its process group, SIGKILL after, on the hub)
     "terminate": (signal.SIGTERM, True, STOP_GRACE),
     "kill": (signal.SIGKILL, True, 0.0),
@@ -72,7 +73,8 @@ class RankChannels:
     node: int
     held: dict[Frame, bytearray] = field(default_factory=dict)
     exitcode: int | None = None  # once ended: its exit code (None: lost, no exit status)
-    lost: str | None = None  # why it ended without an exit status (its node's link ended)
+    lost: str | None = None  # why its node's link ended, when the rank ended with it
+    ended_at: float | None = None  # when its exit status came (the monotonic clock)
     rss: int | None = None  # its resident memory, as its hub measured it last (bytes)
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -332,6 +334,7 @@ class NodeLinks:
                     continue
                 if kind is Frame.END:
                     (ends.exitcode,) = EXIT.unpack(body)
+                    ends.ended_at = time.monotonic()
                     ends.ended.set()  # after its bytes: they are all held already
                     self._tell(rank, "exit")
                 elif kind is Frame.MEMORY:  # (sent when it moved)
@@ -354,9 +357,11 @@ class NodeLinks:
                 if node in self._open:
                     self._selector.register(self.links[node], selectors.EVENT_READ, node)
 
-    def _lose(self, node: int, why: str) -> None:
+    def _lose(self, node: int, why: str, lost: bool = True) -> None:
         """``node``'s link is gone: its ranks that had not ended end without an exit status
-        (what they sent before stays to be read)."""
+        (what they sent before stays to be read). Where the node was ``lost`` (not closed by
+        the launch's end), a rank killed by SIGKILL just before (:data:`DIED_WITH_NODE`) died
+        with it (its hub reported a kill that its node's end caused): it is lost too."""
         if node not in self._open:
             return
         self._open.discard(node)
@@ -372,12 +377,15 @@ class NodeLinks:
                     ends.lost = why
                     ends.ended.set()
                     self._tell(rank, "exit")
+                elif (lost and ends.exitcode == -signal.SIGKILL and ends.ended_at is not None
+                      and time.monotonic() - ends.ended_at <= DIED_WITH_NODE):
+                    ends.lost = why
         with self._answered:
             self._answered.notify_all()  # a question to its hub waits no longer
 
     def _shut(self) -> None:
         for node in list(self._open):
-            self._lose(node, "the launch ended")
+            self._lose(node, "the launch ended", lost=False)
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
