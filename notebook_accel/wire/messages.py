@@ -340,7 +340,8 @@ Collective.__module__ = __package__  # pickled inside a Stack by its public name
 @message(Kind.STACK_ASK)
 class StackAsk(Message):
     """Kernel -> a pool worker, at any time: send your main thread's stack (answered by the
-    worker's reader thread, whatever the main thread does). ``ask``: the kernel's number for
+    worker's main thread between runs, by its reader thread during one, whatever the main thread
+    does). ``ask``: the kernel's number for
     this request, echoed in the answer (an answer that arrives after its asker stopped
     reading must not pass for the answer to a later request). ``recorder``: send the last
     collectives too (at most that many per group; 0: none), with the user's line each was

@@ -24,7 +24,7 @@ from notebook_accel.launch.control.interrupts import take_interrupt
 from notebook_accel.launch.views.text import ranks_text, say
 from notebook_accel.wire import StopAsk, StopAt, StopCount
 
-ASK_WAIT = 1.0  # seconds every rank has to answer (its reader thread answers in milliseconds)
+ASK_WAIT = 1.0  # seconds every rank has to answer (they answer in milliseconds, from LOOK_EVERY into a run)
 STOP_WAIT: float = OPTIONS["stop_wait"].default  # seconds every rank has to reach the cut
 LOOK_EVERY = 0.05  # seconds between looks at where the ranks stand while they run to the cut
 SAY_AFTER = 0.5  # a stop that takes longer says what it waits for

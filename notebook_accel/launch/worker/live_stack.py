@@ -1,7 +1,8 @@
 """A pool worker's answer to :class:`~notebook_accel.wire.StackAsk`: where its main thread is now.
 
-Read by the worker's reader thread from ``sys._current_frames()``, so it answers while the
-main thread computes, sleeps or waits inside a collective.
+Read from ``sys._current_frames()`` by the worker's reader thread during a run (by the main
+thread itself between runs), so it answers while the main thread computes, sleeps or waits
+inside a collective.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ payload (same outcome messages), with the function bound to this rank's namespac
 run is over and whether the process group can still be trusted.
 
 SIGINT (how the kernel stops a run) raises KeyboardInterrupt only while a run is in
-progress; an interrupt that arrives after the run ended is ignored. Between runs and
-during them the reader thread also answers stack requests (:mod:`.live_stack`) and
-feeds the debugger's prompt (:mod:`.debugger`: ``breakpoint()``, a post-mortem).
+progress; an interrupt that arrives after the run ended is ignored. The commands channel's
+reader (:class:`.stop_cut.Commands`: the main thread between runs, a thread of its own
+during them) also answers stack requests (:mod:`.live_stack`) and feeds the debugger's
+prompt (:mod:`.debugger`: ``breakpoint()``, a post-mortem).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ agree on a cut first:
    raises :class:`CutInterrupt` where it waits.
 
 The kernel bounds the wait and falls back to an immediate stop (``StopAt(None)``) for
-a rank that cannot reach the cut. The reader thread is also the worker's one reader
-of its commands channel: it hands runs to the main loop through a queue.
+a rank that cannot reach the cut. Between runs the main thread reads the commands channel
+itself; a run that lasts lends it to the reader thread (:class:`Commands`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import signal
 import sys
 import sysconfig
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -67,6 +68,7 @@ class _State:
 
 
 _state = _State()
+LOOK_EVERY = 0.05  # seconds: how often the reader thread looks for a run to take the channel in
 _internal_dirs: tuple[str, ...] | None = None
 
 
@@ -194,46 +196,103 @@ def where_now(thread_id: int) -> tuple[tuple[tuple[str, int, int], ...], bool]:
 
 
 class Commands:
-    """The worker's reader of its commands channel: runs go to the main loop
-    (:meth:`next`); stop requests are answered here, whatever the main thread does."""
+    """The worker's commands channel: runs go to the main loop (:meth:`next`); stop and stack
+    asks are answered whatever the main thread does.
+
+    Between runs the main thread reads the channel itself, so a run's arrival wakes one
+    thread, not a reader thread that then wakes the main thread. A run lends the channel to
+    the reader thread, which answers the asks while the run's function computes or waits in a
+    collective. It takes the loan up at its next look (every :data:`LOOK_EVERY` s), so a short
+    run (a cell, ``pool.run(noop)``) wakes no second thread at all; an ask in a run's first
+    moments is answered that much later. At the run's end a byte on a wake pipe ends the
+    reader's reading; a lock keeps the two threads from reading at once."""
 
     def __init__(self, fd: int, answer: Any, handlers: dict[type, Any] | None = None) -> None:
         self.fd = fd
-        self.handlers = handlers or {}  # other commands: message type -> its handler (this thread)
+        self.handlers = handlers or {}  # other commands: message type -> its handler (either thread)
         global _answer
         _answer = answer  # sends a message on the control channel (thread-safe)
         self.main = threading.main_thread().ident
-        self.queue: queue.Queue[Any] = queue.Queue()
-        threading.Thread(target=self._read, name="notebook_accel commands", daemon=True).start()
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # what the reader read for next()
+        self._reading = threading.Lock()  # held to read a message, and to change the two below
+        self._lent = False  # a run runs: the reader thread may read the channel
+        self._polling = False  # the reader thread reads it (a byte on _wake ends that)
+        self._wake_read, self._wake = os.pipe()
+        self._poller = select.poll()  # the main thread's
+        self._poller.register(fd, select.POLLIN | select.POLLHUP)
+        threading.Thread(target=self._read_during_runs, name="notebook_accel commands",
+                         daemon=True).start()
 
     def next(self) -> Any:
         """The next run (None: the kernel closed the channel)."""
-        return self.queue.get()
-
-    def _read(self) -> None:
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN | select.POLLHUP)
+        with self._reading:
+            self._lent, woken = False, self._polling
+        if woken:
+            os.write(self._wake, b"\0")
         while True:
             try:
-                poller.poll()
-                message = wire.receive(self.fd)
-            except OSError:
-                message = None
-            if message is None:
-                self.queue.put(None)
-                return
-            if type(message) is StopAsk:
-                if _state.active:
-                    _say_where()
-            elif type(message) is StopAt:
-                if _state.active:
-                    self._stop_at(message)
-            elif type(message) in self.handlers:
-                self.handlers[type(message)](message)
-            else:
-                if type(message) is Run:  # stop requests from now on are for this run
-                    _state.reset(active=True)
-                self.queue.put(message)
+                message = self.queue.get_nowait()  # a run (or the end) the reader thread read
+            except queue.Empty:
+                self._poller.poll()
+                with self._reading:
+                    if not self._poller.poll(0):
+                        continue  # the reader thread, lent the last run, read it
+                    message = self._receive()
+            if not self._handled(message):
+                break
+        self._lent = message is not None
+        return message
+
+    def _read_during_runs(self) -> None:
+        poller, channel = select.poll(), select.poll()  # (a poll object is one thread's)
+        for each in (poller, channel):
+            each.register(self.fd, select.POLLIN | select.POLLHUP)
+        poller.register(self._wake_read, select.POLLIN)
+        while True:
+            time.sleep(LOOK_EVERY)
+            with self._reading:
+                if not self._lent:
+                    continue
+                self._polling = True
+            while True:
+                ready = dict(poller.poll())
+                if self._wake_read in ready:
+                    os.read(self._wake_read, 64)
+                with self._reading:
+                    if not self._lent:  # the run ended: the main thread reads from now on
+                        self._polling = False
+                        break
+                    if not channel.poll(0):
+                        continue
+                    message = self._receive()
+                if not self._handled(message):
+                    self.queue.put(message)
+                    if message is None:
+                        return
+
+    def _receive(self) -> Any:
+        try:
+            return wire.receive(self.fd)
+        except OSError:
+            return None
+
+    def _handled(self, message: Any) -> bool:
+        """Handle a stop or stack ask here; False for a run or the end (None)."""
+        if message is None:
+            return False
+        if type(message) is StopAsk:
+            if _state.active:
+                _say_where()
+        elif type(message) is StopAt:
+            if _state.active:
+                self._stop_at(message)
+        elif type(message) in self.handlers:
+            self.handlers[type(message)](message)
+        else:
+            if type(message) is Run:  # stop requests from now on are for this run
+                _state.reset(active=True)
+            return False
+        return True
 
     def _stop_at(self, message: StopAt) -> None:
         """A cut (or a new one, further on), or stop now: a waiting main thread is woken;
