@@ -112,7 +112,7 @@ def test_checkpoint_memory(runs):
     rank0 = runs["train"][0]["memory"]
     # one full copy of the weights, plus the gathers' buffers and the allocator's slack, which
     # come in 4 MB blocks whatever the model's size: 1.24-1.75x with 8 layers of 4 MB, 1.12-1.31x
-    # with these 16 (8 runs on 2 cores); a second full copy would be 2x and more
+    # with these 16 (4 runs each on 2 cores); a second full copy would be 2x and more
     assert rank0["gathered"] == 16 and rank0["gather_growth"] <= 1.6 * rank0["model_bytes"], rank0
 
 
