@@ -201,13 +201,14 @@ def test_a_rank_sigkilled_as_its_node_is_lost_died_with_it():
         return links.ends
 
     ends = ended({0: -signal.SIGKILL, 1: 1}, then_lost=True)
-    assert (ends[0].exitcode, ends[0].lost) == (-signal.SIGKILL, "its node's link ended")
+    why = ends[2].lost  # (the link's end read, or a beat that found it broken first)
+    assert why in ("its node's link ended", "its link to the kernel broke"), why
+    assert (ends[0].exitcode, ends[0].lost) == (-signal.SIGKILL, why)
     assert (ends[1].exitcode, ends[1].lost) == (1, None)
-    assert (ends[2].exitcode, ends[2].lost) == (None, "its node's link ended")
+    assert ends[2].exitcode is None
     handle = object.__new__(HubHandle)
     handle._ends = ends[0]
-    assert handle.describe_end() == ("was killed by SIGKILL: its node or its Ray worker was lost "
-                                     "(its node's link ended)")
+    assert handle.describe_end() == f"was killed by SIGKILL: its node or its Ray worker was lost ({why})"
     handle._ends = ends[2]
     assert handle.describe_end().startswith("ended without an exit status: its node")
     handle._ends = ends[1]
