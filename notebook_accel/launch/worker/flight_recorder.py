@@ -62,7 +62,7 @@ def recent(last: int = PER_GROUP, where: bool = True, settle: bool = False) -> t
     ``settle``: the main thread is in no collective (an idle pool's rank), so an entry not yet
     marked ended is read again, for up to :data:`SETTLE_S`. torch marks a collective ended
     on the backend's own thread, after the rank's wait has returned: a read right after it
-    finds the entry still ``scheduled`` (one read in six, back to back on 2 cores)."""
+    often finds the entry still ``scheduled``."""
     dump = _dump(where)
     deadline = time.monotonic() + SETTLE_S
     while settle and dump and not _all_ended(dump) and time.monotonic() < deadline:
@@ -72,7 +72,11 @@ def recent(last: int = PER_GROUP, where: bool = True, settle: bool = False) -> t
 
 
 def _all_ended(dump: Mapping[str, Any]) -> bool:
-    return all(_collective(entry).done for entry in dump["entries"])
+    return all(map(_ended, dump["entries"]))
+
+
+def _ended(entry: Mapping[str, Any]) -> bool:
+    return bool(entry.get("retired")) or entry.get("state") == "completed"
 
 
 def _dump(where: bool) -> dict[str, Any] | None:
@@ -148,7 +152,7 @@ def _collective(entry: Mapping[str, Any]) -> Collective:
         where=users_frame(entry.get("frames", ())),
         started=entry.get("time_created_ns", 0) / 1e9,
         ended=None if completed is None else completed / 1e9,
-        done=bool(entry.get("retired")) or entry.get("state") == "completed",
+        done=_ended(entry),
     )
 
 
